@@ -1,0 +1,245 @@
+"""The asyncio engine: one instance's model, KV pool, scheduler and streaming outputs.
+
+The engine loop, top-down, one step at a time:
+1. apply aborts that arrived since the last step;
+2. ask the scheduler for a batch (or sleep until a request arrives);
+3. run the forward pass and sampling on the single compute thread, so the event loop keeps
+   serving I/O while the model runs;
+4. advance progress, append sampled tokens, check stop conditions, stream increments.
+
+All scheduler and request state is touched only on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+from typing import AsyncIterator, Sequence
+
+import msgspec
+import torch
+
+from .block_manager import BlockManager, BlockUsage
+from .detokenizer import Detokenizer
+from .kv_pool import allocate_kv_pool, parse_dtype
+from .model_loader import load_model
+from .model_runner import ModelRunner
+from .request import FinishReason, Request, RequestOutput, RequestStatus
+from .request_stream import RequestStream
+from .sampling_params import InvalidRequestError, SamplingParams
+from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    model: str = "tiny"  # preset name or Hugging Face-format directory
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_blocks: int = 1024
+    max_model_len: int = 1024
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                               max_model_len=self.max_model_len, enable_chunked_prefill=self.enable_chunked_prefill)
+
+    def validate(self) -> None:
+        for field in ("block_size", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field}: must be positive, got {getattr(self, field)}")
+        if self.num_blocks * self.block_size < self.max_model_len:
+            raise ValueError(f"num_blocks * block_size ({self.num_blocks * self.block_size} tokens) must hold "
+                             f"max_model_len ({self.max_model_len}) tokens")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
+
+
+class EngineStats(msgspec.Struct):
+    num_running: int
+    num_waiting: int
+    blocks: BlockUsage
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        config.validate()
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = parse_dtype(config.dtype)
+        self.model, self.tokenizer = load_model(config.model, self.device, self.dtype)
+        self.model_config = self.model.config
+        if config.max_model_len > self.model_config.max_position_embeddings:
+            raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's "
+                             f"max_position_embeddings ({self.model_config.max_position_embeddings})")
+        self.kv_pool = allocate_kv_pool(self.model_config, config.num_blocks, config.block_size, self.dtype,
+                                        self.device)
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler_config(), self.block_manager)
+        self.runner = ModelRunner(self.model, self.kv_pool)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
+        self._streams: dict[str, RequestStream] = {}
+        self._pending_aborts: set[str] = set()
+        self._ids = itertools.count()
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minipd-compute")
+        self._wakeup: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+
+    # ---- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._loop_task is None:
+            self._wakeup = asyncio.Event()
+            self._loop_task = asyncio.create_task(self._run(), name="minipd-engine")
+
+    async def close(self) -> None:
+        """Abort every request, stop the loop and the compute thread."""
+        for request_id in list(self._streams):
+            self.abort(request_id)
+        if self._loop_task is not None:
+            self._apply_aborts()
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+            self._loop_task = None
+        self._executor.shutdown(wait=True)
+
+    async def __aenter__(self) -> "Engine":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # ---- requests ---------------------------------------------------------------------
+    def make_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                     request_id: str | None = None) -> Request:
+        """Validate and tokenize; raises InvalidRequestError naming the bad field."""
+        params = (params or SamplingParams()).with_seed()
+        params.validate(self.model_config.vocab_size)
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt", "must not be empty")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt)
+            if not token_ids:
+                raise InvalidRequestError("prompt_token_ids", "must not be empty")
+            vocab = self.model_config.vocab_size
+            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+            if bad:
+                raise InvalidRequestError("prompt_token_ids", f"ids {bad[:5]} outside the vocabulary [0, {vocab})")
+        if len(token_ids) >= self.config.max_model_len:
+            raise InvalidRequestError(
+                "prompt", f"{len(token_ids)} tokens; max_model_len is {self.config.max_model_len} "
+                          f"(the prompt must leave room for at least one output token)")
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        return Request(request_id, token_ids, params)
+
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+               request_id: str | None = None) -> RequestStream:
+        """Validate, enqueue and return the request's output stream."""
+        if self._loop_task is None:
+            raise RuntimeError("engine not started: use `async with Engine(...)` or `await engine.start()`")
+        request = self.make_request(prompt, params, request_id)
+        stream = RequestStream(request, self.abort)
+        self._streams[request.request_id] = stream
+        self.scheduler.add(request)
+        self._wakeup.set()
+        return stream
+
+    async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; leaving the loop early aborts the request."""
+        async with self.submit(prompt, params, request_id) as stream:
+            async for output in stream:
+                yield output
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a running or waiting request; False if it is unknown or already finished."""
+        if request_id not in self._streams:
+            return False
+        self._pending_aborts.add(request_id)
+        self._wakeup.set()
+        return True
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.usage())
+
+    # ---- the loop ---------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._apply_aborts()
+            output = self.scheduler.schedule()
+            if not output.chunks:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                sampled = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks)
+            except Exception as exc:  # a failed step fails its requests, not the engine
+                log.exception("engine step failed")
+                self._fail(output, exc)
+                continue
+            self.scheduler.update_computed(output)
+            self._process(output, sampled)
+
+    def _process(self, output: SchedulerOutput, sampled: list[int]) -> None:
+        tokens = iter(sampled)
+        for chunk in output.chunks:
+            if chunk.samples:
+                self._append_token(chunk.request, next(tokens))
+
+    def _append_token(self, request: Request, token: int) -> None:
+        if request.status is not RequestStatus.RUNNING:
+            return
+        params = request.sampling
+        request.token_ids.append(token)
+        is_stop_token = token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
+        finish = self.detokenizer.update(request, token, is_stop_token)
+        if finish is None and (request.num_output_tokens >= params.max_tokens
+                               or request.num_tokens >= self.config.max_model_len):
+            finish = FinishReason.LENGTH
+        self._emit(request, finish)
+
+    def _emit(self, request: Request, finish: FinishReason | None, error: str | None = None) -> None:
+        stream = self._streams.get(request.request_id)
+        if finish is not None:
+            self.scheduler.finish(request)
+            self._streams.pop(request.request_id, None)
+        if stream is None:
+            return
+        new_tokens = request.output_token_ids[request.num_tokens_sent:]
+        request.num_tokens_sent = request.num_output_tokens
+        text = self.detokenizer.take_text(request, finished=finish is not None)
+        if not new_tokens and not text and finish is None:
+            return
+        stream.put(RequestOutput(
+            request_id=request.request_id, token_ids=new_tokens, text=text, finished=finish is not None,
+            finish_reason=None if finish is None else finish.value, num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens, num_cached_tokens=request.num_cached_tokens,
+            error=error))
+
+    def _apply_aborts(self) -> None:
+        if not self._pending_aborts:
+            return
+        for request_id in self._pending_aborts:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                self._emit(stream.request, FinishReason.ABORT)
+        self._pending_aborts.clear()
+
+    def _fail(self, output: SchedulerOutput, exc: Exception) -> None:
+        for chunk in output.chunks:
+            self._emit(chunk.request, FinishReason.ABORT, error=f"engine step failed: {type(exc).__name__}: {exc}")

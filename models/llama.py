@@ -1,0 +1,156 @@
+"""Llama-architecture decoder (Llama and Qwen2 families) with paged attention.
+
+Module and parameter names equal Hugging Face's (`model.layers.0.self_attn.q_proj.weight`,
+`lm_head.weight`, ...) so a HF state dict loads without renaming.
+
+Two entry points share the weights:
+- `forward`: the serving path; writes each layer's new K/V into the paged pool, calls
+  `layer_hook(i)` right after layer i's K/V is written (the pool rows of that layer are
+  final from then on for the tokens of this step), and returns logits only for the rows
+  that need sampling.
+- `forward_reference`: full causal attention over one sequence, no cache; the oracle the
+  tests compare the paged path against.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+from .paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
+from .rope import RotaryEmbedding
+
+LayerHook = Callable[[int], None]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, d
+        self.q_proj = nn.Linear(h, config.num_heads * d, bias=config.attention_bias)
+        self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.attention_bias)
+        self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.attention_bias)
+        self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
+        self.scale = d ** -0.5
+
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding):
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k = rope(positions, q, k)
+        return q, k, v
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaBackbone(nn.Module):
+    """Named `model` inside `LlamaForCausalLM`, as in HF."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.config = config
+        self.model = LlamaBackbone(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.to(device=device, dtype=dtype)
+        self.rope = RotaryEmbedding(config, torch.device(device), dtype)
+        self.requires_grad_(False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
+                meta: AttentionMetadata, logits_indices: torch.Tensor, buffers: GatherBuffers,
+                layer_hook: LayerHook | None = None) -> torch.Tensor:
+        """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim].
+
+        Returns logits [len(logits_indices), vocab] in float32.
+        """
+        x = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            residual = x
+            h = layer.input_layernorm(x)
+            attn = layer.self_attn
+            q, k, v = attn.qkv(h, positions, self.rope)
+            write_kv(kv_pool[i], k, v, meta)
+            if layer_hook is not None:
+                layer_hook(i)
+            o = paged_attention(q, kv_pool[i], meta, buffers, attn.scale)
+            x = residual + attn.o_proj(o.flatten(1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.model.norm(x[logits_indices])
+        return F.linear(x, self.lm_head_weight).float()
+
+    @torch.inference_mode()
+    def forward_reference(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Logits [T, vocab] (float32) of one sequence with full causal attention, no cache."""
+        positions = torch.arange(input_ids.shape[0], device=input_ids.device)
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            attn = layer.self_attn
+            q, k, v = attn.qkv(layer.input_layernorm(x), positions, self.rope)
+            x = x + attn.o_proj(causal_attention(q, k, v, attn.scale).flatten(1))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return F.linear(self.model.norm(x), self.lm_head_weight).float()
+
+
+def init_random_weights(model: LlamaForCausalLM, seed: int) -> None:
+    """Deterministic random weights (generated on the CPU, so every device gets the same)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
+                values = torch.ones(param.shape)
+            elif name.endswith(".bias"):
+                values = torch.randn(param.shape, generator=gen) * 0.02
+            else:
+                fan_in = param.shape[-1]
+                values = torch.randn(param.shape, generator=gen) * fan_in ** -0.5
+            param.copy_(values.to(param.dtype))

@@ -1,0 +1,103 @@
+"""Paged attention over a block-table KV pool, in plain torch (device-agnostic).
+
+Pool layout of one layer (a view of the instance's pool): `[num_blocks, 2, block_size,
+num_kv_heads, head_dim]`; index 0 of dim 1 is K, 1 is V. A step's tokens are flattened:
+the decode tokens come first (one per sequence), then each prefill chunk's tokens.
+
+The model runner builds one `AttentionMetadata` per step; every layer reuses it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+
+class PrefillSpan(NamedTuple):
+    """One sequence's chunk of new tokens inside the flattened step."""
+
+    query_start: int  # index of its first token in the step
+    query_len: int  # new tokens in this chunk
+    context_len: int  # tokens in the cache after this step (cached prefix + chunk)
+    block_ids: torch.Tensor  # [ceil(context_len / block_size)] int64, on the pool's device
+    mask: torch.Tensor | None  # [query_len, context_len] bool; None means plain causal
+
+
+class AttentionMetadata(NamedTuple):
+    """Where a step's new K/V go and what each query attends to."""
+
+    slot_blocks: torch.Tensor  # [T] int64: block id for each token's new K/V
+    slot_offsets: torch.Tensor  # [T] int64: offset inside that block
+    num_decodes: int  # the first num_decodes tokens are single-token decode steps
+    decode_block_table: torch.Tensor  # [num_decodes * decode_max_blocks] int64, padded with any valid id
+    decode_max_blocks: int
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, decode_max_blocks * block_size] bool
+    prefills: tuple[PrefillSpan, ...]
+
+
+class GatherBuffers:
+    """Preallocated K and V gather buffers for batched decode, grown on demand (never shrunk).
+
+    Paged decode must gather each sequence's blocks into one contiguous run; allocating that
+    every layer of every step costs page faults, so the buffers live as long as the runner.
+    """
+
+    def __init__(self, block_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+        self._block_shape = block_shape  # (block_size, kv_heads, head_dim)
+        self._dtype, self._device = dtype, device
+        self._k = torch.empty((0, *block_shape), dtype=dtype, device=device)
+        self._v = torch.empty_like(self._k)
+
+    def get(self, num_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if num_blocks > self._k.shape[0]:
+            capacity = max(num_blocks, 2 * self._k.shape[0])
+            self._k = torch.zeros((capacity, *self._block_shape), dtype=self._dtype, device=self._device)
+            self._v = torch.zeros_like(self._k)
+        return self._k[:num_blocks], self._v[:num_blocks]
+
+
+def write_kv(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
+    """Store the step's new K/V ([T, kv_heads, head_dim]) into their slots."""
+    layer_kv[:, 0][meta.slot_blocks, meta.slot_offsets] = k
+    layer_kv[:, 1][meta.slot_blocks, meta.slot_offsets] = v
+
+
+def paged_attention(q: torch.Tensor, layer_kv: torch.Tensor, meta: AttentionMetadata,
+                    buffers: GatherBuffers, scale: float) -> torch.Tensor:
+    """Attention of q ([T, heads, head_dim]) over the cached K/V; returns [T, heads, head_dim].
+
+    The step's own K/V must already be written (see `write_kv`).
+    """
+    out = torch.empty_like(q)
+    num_decodes = meta.num_decodes
+    if num_decodes:
+        _, _, block_size, kv_heads, head_dim = layer_kv.shape
+        k_buf, v_buf = buffers.get(meta.decode_block_table.numel())
+        torch.index_select(layer_kv[:, 0], 0, meta.decode_block_table, out=k_buf)
+        torch.index_select(layer_kv[:, 1], 0, meta.decode_block_table, out=v_buf)
+        seq_len = meta.decode_max_blocks * block_size
+        k = k_buf.view(num_decodes, seq_len, kv_heads, head_dim).transpose(1, 2)
+        v = v_buf.view(num_decodes, seq_len, kv_heads, head_dim).transpose(1, 2)
+        qd = q[:num_decodes].unsqueeze(2)  # [D, heads, 1, head_dim]
+        od = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
+        out[:num_decodes] = od.squeeze(2)
+    for span in meta.prefills:
+        end = span.query_start + span.query_len
+        kv = layer_kv[span.block_ids]  # [blocks, 2, block_size, kv_heads, head_dim]
+        k = kv[:, 0].flatten(0, 1)[: span.context_len].transpose(0, 1).unsqueeze(0)
+        v = kv[:, 1].flatten(0, 1)[: span.context_len].transpose(0, 1).unsqueeze(0)
+        qp = q[span.query_start:end].transpose(0, 1).unsqueeze(0)
+        op = F.scaled_dot_product_attention(qp, k, v, attn_mask=span.mask, is_causal=span.mask is None,
+                                            scale=scale, enable_gqa=True)
+        out[span.query_start:end] = op[0].transpose(0, 1)
+    return out
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Full causal attention without a cache (the reference path): [T, heads|kv_heads, head_dim]."""
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                       v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=scale,
+                                       enable_gqa=True)
+    return o[0].transpose(0, 1)

@@ -1,0 +1,102 @@
+"""Rotary position embeddings with the usual scaling options (HF `rope_scaling`).
+
+`RotaryEmbedding` precomputes cos/sin tables for every position up to
+`max_position_embeddings` once; applying it is an index and two fused multiply-adds.
+The inverse-frequency formulas follow Hugging Face's `modeling_rope_utils` so that
+checkpoints behave the same here and there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import ModelConfig, RopeScaling
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
+    return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling, max_pos: int) -> torch.Tensor:
+    old_context_len = s.original_max_position_embeddings or max_pos
+    low_freq_wavelen = old_context_len / s.low_freq_factor
+    high_freq_wavelen = old_context_len / s.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (old_context_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_inv_freq(dim: int, base: float, s: RopeScaling, max_pos: int) -> tuple[torch.Tensor, float]:
+    original_max = s.original_max_position_embeddings or max_pos
+    if s.attention_factor is not None:
+        attention_factor = s.attention_factor
+    elif s.mscale and s.mscale_all_dim:
+        attention_factor = _yarn_mscale(s.factor, s.mscale) / _yarn_mscale(s.factor, s.mscale_all_dim)
+    else:
+        attention_factor = _yarn_mscale(s.factor)
+
+    def correction_dim(num_rotations: float) -> float:
+        return (dim * math.log(original_max / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(s.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(s.beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    extrapolation_weight = 1 - ramp
+    inv_freq = (1 / (s.factor * pos_freqs)) * (1 - extrapolation_weight) + (1 / pos_freqs) * extrapolation_weight
+    return inv_freq, attention_factor
+
+
+def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
+    """Return (inverse frequencies [head_dim/2] in float64, attention scaling of cos/sin)."""
+    dim, base, s = config.head_dim, config.rope_theta, config.rope_scaling
+    rope_type = "default" if s is None else s.rope_type
+    if rope_type == "default":
+        return _default_inv_freq(dim, base), 1.0
+    if rope_type == "linear":
+        return _default_inv_freq(dim, base) / s.factor, 1.0
+    if rope_type == "llama3":
+        return _llama3_inv_freq(_default_inv_freq(dim, base), s, config.max_position_embeddings), 1.0
+    if rope_type == "yarn":
+        return _yarn_inv_freq(dim, base, s, config.max_position_embeddings)
+    raise ValueError(f"rope_scaling.rope_type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Applies RoPE (rotate-half convention, as Llama and Qwen2 use) to q and k."""
+
+    def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype):
+        super().__init__()
+        inv_freq, attention_factor = rope_inv_freq(config)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float64)
+        freqs = torch.outer(positions, inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        # Computed in float32 like HF, then cast, so low-precision dtypes round the same way.
+        self.register_buffer("cos", (emb.float().cos() * attention_factor).to(device=device, dtype=dtype),
+                             persistent=False)
+        self.register_buffer("sin", (emb.float().sin() * attention_factor).to(device=device, dtype=dtype),
+                             persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim]; positions: [T]."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
