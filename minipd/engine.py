@@ -64,6 +64,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
 class EngineStats(msgspec.Struct):
     num_running: int
     num_waiting: int
+    num_preemptions: int  # since start
     blocks: BlockUsage
 
 
@@ -90,12 +91,14 @@ class Engine:
         self._ids = itertools.count()
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minipd-compute")
         self._wakeup: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None  # set while the loop waits for work
         self._loop_task: asyncio.Task | None = None
 
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         if self._loop_task is None:
             self._wakeup = asyncio.Event()
+            self._idle = asyncio.Event()
             self._loop_task = asyncio.create_task(self._run(), name="minipd-engine")
 
     async def close(self) -> None:
@@ -155,6 +158,7 @@ class Engine:
         stream = RequestStream(request, self.abort)
         self._streams[request.request_id] = stream
         self.scheduler.add(request)
+        self._idle.clear()
         self._wakeup.set()
         return stream
 
@@ -170,11 +174,23 @@ class Engine:
         if request_id not in self._streams:
             return False
         self._pending_aborts.add(request_id)
+        self._idle.clear()
         self._wakeup.set()
         return True
 
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until the engine has nothing to run (aborts applied); False on timeout."""
+        if self._idle is None:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
     def stats(self) -> EngineStats:
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.block_manager.usage())
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.scheduler.num_preemptions,
+                           self.block_manager.usage())
 
     # ---- the loop ---------------------------------------------------------------------
     async def _run(self) -> None:
@@ -184,7 +200,9 @@ class Engine:
             output = self.scheduler.schedule()
             if not output.chunks:
                 self._wakeup.clear()
+                self._idle.set()
                 await self._wakeup.wait()
+                self._idle.clear()
                 continue
             try:
                 sampled = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks)

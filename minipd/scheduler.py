@@ -59,6 +59,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self.num_preemptions = 0  # since start, for metrics and tests
 
     @property
     def has_work(self) -> bool:
@@ -164,6 +165,7 @@ class Scheduler:
         self._release(request)
         request.status = RequestStatus.WAITING
         request.num_preemptions += 1
+        self.num_preemptions += 1
         self.waiting.appendleft(request)
 
     def _release(self, request: Request) -> None:

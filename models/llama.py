@@ -25,6 +25,7 @@ from .paged_attention import AttentionMetadata, GatherBuffers, causal_attention,
 from .rope import RotaryEmbedding
 
 LayerHook = Callable[[int], None]
+RANDOM_LINEAR_GAIN = 2.0
 
 
 class RMSNorm(nn.Module):
@@ -151,6 +152,8 @@ def init_random_weights(model: LlamaForCausalLM, seed: int) -> None:
             elif name.endswith(".bias"):
                 values = torch.randn(param.shape, generator=gen) * 0.02
             else:
-                fan_in = param.shape[-1]
-                values = torch.randn(param.shape, generator=gen) * fan_in ** -0.5
+                # Linear weights at twice the fan-in scale keep the random model from collapsing
+                # into repeating one token, so greedy outputs make a discriminating test oracle.
+                gain = 1.0 if name.endswith("embed_tokens.weight") else RANDOM_LINEAR_GAIN
+                values = torch.randn(param.shape, generator=gen) * gain * param.shape[-1] ** -0.5
             param.copy_(values.to(param.dtype))

@@ -1,0 +1,94 @@
+"""The `minipd` command: one binary, the role chosen by `--role`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+ROLES = {
+    "both": "colocated instance: prefill and decode on one engine, with chunked prefill (the baseline)",
+}
+
+DESCRIPTION = """minipd: a small prefill/decode disaggregated LLM serving engine.
+
+Roles:
+""" + "\n".join(f"  {name:8} {text}" for name, text in ROLES.items()) + """
+
+`minipd --role ROLE --help` lists the flags of that role."""
+
+
+def _role_parser(role: str | None) -> argparse.ArgumentParser:
+    from .engine_args import add_engine_arguments
+
+    parser = argparse.ArgumentParser(prog="minipd", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--role", required=True, choices=sorted(ROLES), help="what this process runs")
+    parser.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+                        help="logging verbosity (default: %(default)s)")
+    if role is None:
+        return parser
+    add_engine_arguments(parser)
+    if role == "both":
+        _add_demo_arguments(parser)
+    return parser
+
+
+def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("local demo (prompts in, tokens and latencies out)")
+    g.add_argument("--prompt", action="append", default=[],
+                   help="a prompt to answer; repeat for several (they run batched). Without any, prompts are "
+                        "read one per line from standard input")
+    g.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per prompt (default: %(default)s)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature; 0 is greedy (default: %(default)s)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default: %(default)s)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 disables (default: 0)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+
+
+def _role_of(argv: list[str]) -> str | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--role", choices=sorted(ROLES))
+    known, _ = pre.parse_known_args(argv)
+    return known.role
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        role = _role_of(argv)
+    except SystemExit as exc:  # an unknown role: show the full usage
+        _role_parser(None).parse_args(argv)
+        return int(exc.code or 2)
+    parser = _role_parser(role)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.torch_threads:
+        import torch
+        torch.set_num_threads(args.torch_threads)
+    try:
+        import uvloop
+    except ImportError:  # uvloop is a dependency, but a plain asyncio loop works too
+        uvloop = None
+    from .engine import Engine
+    from .engine_args import engine_config_from_args
+    from .local_demo import run_demo
+    from .sampling_params import InvalidRequestError, SamplingParams
+
+    try:
+        config = engine_config_from_args(args)
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
+        params.validate(vocab_size=2**31)  # token-id fields are checked against the model later
+        engine = Engine(config)
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+    runner = uvloop.run if uvloop else asyncio.run
+    return runner(run_demo(engine, args.prompt, params))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Fixtures: one background event loop per session, engines that are checked for leaks after every test."""
+
+from __future__ import annotations
+
+import pytest
+
+from minipd.engine import Engine, EngineConfig
+
+from loop_thread import LoopThread
+
+_live_engines: list[Engine] = []
+
+
+@pytest.fixture(scope="session")
+def loop_thread():
+    lt = LoopThread()
+    yield lt
+    lt.close()
+
+
+@pytest.fixture(scope="session")
+def make_engine(loop_thread):
+    """Build and start an engine on the shared loop; every one is closed at the end of the session."""
+    engines: list[Engine] = []
+
+    def factory(**overrides) -> Engine:
+        async def build() -> Engine:
+            engine = Engine(EngineConfig(**overrides))
+            await engine.start()
+            return engine
+        engine = loop_thread.run(build())
+        engines.append(engine)
+        _live_engines.append(engine)
+        return engine
+
+    yield factory
+    for engine in engines:
+        loop_thread.run(engine.close())
+        _live_engines.remove(engine)
+
+
+@pytest.fixture(autouse=True)
+def pools_back_to_full(loop_thread):
+    """After every test, every live engine has no requests and all of its blocks free."""
+    yield
+    for engine in _live_engines:
+        stats = loop_thread.run(_settled_stats(engine))
+        assert stats.num_running == 0 and stats.num_waiting == 0, f"requests left behind: {stats}"
+        assert stats.blocks.num_free == stats.blocks.num_blocks, f"blocks leaked: {stats.blocks}"
+
+
+IDLE_TIMEOUT_S = 10.0
+
+
+async def _settled_stats(engine: Engine):
+    await engine.wait_idle(IDLE_TIMEOUT_S)  # aborts are applied by the engine loop
+    return engine.stats()
