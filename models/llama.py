@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from .paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
-from .rope import RotaryEmbedding
+from .rope import RotaryEmbedding, apply_rope
 
 LayerHook = Callable[[int], None]
 RANDOM_LINEAR_GAIN = 2.0
@@ -35,10 +35,29 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        # HF normalises in float32 and casts back before the weight; match its rounding.
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+def _fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases) of linears that read the same input into one tensor,
+    and re-point each linear's parameters at its slice, so one matmul replaces several while
+    the HF parameter names (and in-place loading into them) keep working."""
+    weight = torch.cat([m.weight.data for m in linears])
+    bias = torch.cat([m.bias.data for m in linears]) if linears[0].bias is not None else None
+    start = 0
+    for m in linears:
+        end = start + m.out_features
+        m.weight.data = weight[start:end]
+        if bias is not None:
+            m.bias.data = bias[start:end]
+        start = end
+    return weight, bias
 
 
 class Attention(nn.Module):
@@ -51,14 +70,18 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.attention_bias)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
         self.scale = d ** -0.5
+        self.qkv_weight: torch.Tensor | None = None
+        self.qkv_bias: torch.Tensor | None = None
 
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding):
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        q, k = rope(positions, q, k)
-        return q, k, v
+    def fuse(self) -> None:
+        self.qkv_weight, self.qkv_bias = _fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Projected q [T, heads, d], rotated k and v [T, kv_heads, d]."""
+        t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(t, heads + 2 * kv_heads, d)
+        qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # q and k rotated in one go
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
 
 
 class MLP(nn.Module):
@@ -67,9 +90,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_weight: torch.Tensor | None = None
+
+    def fuse(self) -> None:
+        self.gate_up_weight, _ = _fuse_linears([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -101,6 +129,9 @@ class LlamaForCausalLM(nn.Module):
         self.to(device=device, dtype=dtype)
         self.rope = RotaryEmbedding(config, torch.device(device), dtype)
         self.requires_grad_(False)
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -115,11 +146,12 @@ class LlamaForCausalLM(nn.Module):
         Returns logits [len(logits_indices), vocab] in float32.
         """
         x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope(positions)
         for i, layer in enumerate(self.model.layers):
             residual = x
             h = layer.input_layernorm(x)
             attn = layer.self_attn
-            q, k, v = attn.qkv(h, positions, self.rope)
+            q, k, v = attn.qkv(h, cos, sin)
             write_kv(kv_pool[i], k, v, meta)
             if layer_hook is not None:
                 layer_hook(i)
@@ -134,9 +166,10 @@ class LlamaForCausalLM(nn.Module):
         """Logits [T, vocab] (float32) of one sequence with full causal attention, no cache."""
         positions = torch.arange(input_ids.shape[0], device=input_ids.device)
         x = self.model.embed_tokens(input_ids)
+        cos, sin = self.rope(positions)
         for layer in self.model.layers:
             attn = layer.self_attn
-            q, k, v = attn.qkv(layer.input_layernorm(x), positions, self.rope)
+            q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
             x = x + attn.o_proj(causal_attention(q, k, v, attn.scale).flatten(1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         return F.linear(self.model.norm(x), self.lm_head_weight).float()

@@ -60,8 +60,7 @@ class GatherBuffers:
 
 def write_kv(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
     """Store the step's new K/V ([T, kv_heads, head_dim]) into their slots."""
-    layer_kv[:, 0][meta.slot_blocks, meta.slot_offsets] = k
-    layer_kv[:, 1][meta.slot_blocks, meta.slot_offsets] = v
+    layer_kv[meta.slot_blocks, :, meta.slot_offsets] = torch.stack((k, v), dim=1)
 
 
 def paged_attention(q: torch.Tensor, layer_kv: torch.Tensor, meta: AttentionMetadata,

@@ -76,7 +76,7 @@ def rope_inv_freq(config: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Applies RoPE (rotate-half convention, as Llama and Qwen2 use) to q and k."""
+    """cos/sin tables for RoPE (rotate-half convention, as Llama and Qwen2 use)."""
 
     def __init__(self, config: ModelConfig, device: torch.device, dtype: torch.dtype):
         super().__init__()
@@ -90,13 +90,13 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("sin", (emb.float().sin() * attention_factor).to(device=device, dtype=dtype),
                              persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, heads, head_dim], k: [T, kv_heads, head_dim]; positions: [T]."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for `positions` ([T]), shaped [T, 1, head_dim] to broadcast over heads."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x ([T, heads, head_dim]) by the angles whose cos/sin come from `RotaryEmbedding`."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
