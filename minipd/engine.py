@@ -247,7 +247,7 @@ class Engine:
             request_id=request.request_id, token_ids=new_tokens, text=text, finished=finish is not None,
             finish_reason=None if finish is None else finish.value, num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens, num_cached_tokens=request.num_cached_tokens,
-            error=error))
+            error=error, queue_time_s=request.queue_time_s))
 
     def _apply_aborts(self) -> None:
         if not self._pending_aborts:

@@ -34,6 +34,7 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     num_output_tokens: int = 0  # total so far
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     error: str | None = None  # set when the request failed inside the engine
+    queue_time_s: float | None = None  # arrival to first scheduled, once known
 
 
 class Request:
@@ -51,11 +52,18 @@ class Request:
         self.num_computed_tokens = 0  # leading tokens whose KV is in the pool
         self.num_cached_tokens = 0  # of the prompt, found in the prefix cache
         self.num_preemptions = 0
+        self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         # detokenization state
         self.output_text = ""
         self.num_text_sent = 0
         self.num_tokens_sent = 0
+
+    @property
+    def queue_time_s(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
 
     @property
     def num_tokens(self) -> int:

@@ -13,6 +13,7 @@ how much prefill work one step may carry.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Iterable, NamedTuple
 
@@ -148,6 +149,7 @@ class Scheduler:
             request.block_ids, request.num_computed_tokens = bm.allocate(request.token_ids)
             if request.num_preemptions == 0:
                 request.num_cached_tokens = request.num_computed_tokens
+                request.first_scheduled_time = time.monotonic()
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
             self.running.append(request)
