@@ -31,8 +31,23 @@ def _role_parser(role: str | None) -> argparse.ArgumentParser:
         return parser
     add_engine_arguments(parser)
     if role == "both":
+        _add_http_arguments(parser)
         _add_demo_arguments(parser)
     return parser
+
+
+def _add_http_arguments(parser: argparse.ArgumentParser) -> None:
+    from .http_server import DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS
+
+    g = parser.add_argument_group("OpenAI-compatible HTTP API (served when --port is given)")
+    g.add_argument("--port", type=int, default=None,
+                   help="serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics on this "
+                        "port instead of running the local prompt demo; 0 picks a free port, announced on stdout")
+    g.add_argument("--host", default=DEFAULT_HOST, help="address to bind (default: %(default)s)")
+    g.add_argument("--served-model-name", default=None,
+                   help="the model id clients pass as `model` (default: the --model value)")
+    g.add_argument("--max-waiting-requests", type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
+                   help="answer 503 with Retry-After while this many requests wait already (default: %(default)s)")
 
 
 def _add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,11 +98,27 @@ def main(argv: list[str] | None = None) -> int:
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                                 top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
         params.validate(vocab_size=2**31)  # token-id fields are checked against the model later
+        http_config = _http_config_from_args(args)
         engine = Engine(config)
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
     runner = uvloop.run if uvloop else asyncio.run
+    if http_config is not None:
+        from .http_server import serve_engine
+
+        return runner(serve_engine(engine, args.served_model_name or args.model, http_config))
     return runner(run_demo(engine, args.prompt, params))
+
+
+def _http_config_from_args(args: argparse.Namespace):
+    """The HTTP front's config when `--port` is given, else None (run the local demo)."""
+    if args.port is None:
+        return None
+    from .http_server import HttpConfig
+
+    config = HttpConfig(host=args.host, port=args.port, max_waiting_requests=args.max_waiting_requests)
+    config.validate()
+    return config
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
-from typing import AsyncIterator, Sequence
+import time
+from typing import AsyncIterator, Callable, Sequence
 
 import msgspec
 import torch
@@ -24,6 +25,7 @@ import torch
 from .block_manager import BlockManager, BlockUsage
 from .detokenizer import Detokenizer
 from .kv_pool import allocate_kv_pool, parse_dtype
+from .kv_sink import KVSink
 from .model_loader import load_model
 from .model_runner import ModelRunner
 from .request import FinishReason, Request, RequestOutput, RequestStatus
@@ -32,6 +34,18 @@ from .sampling_params import InvalidRequestError, SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 log = logging.getLogger(__name__)
+
+
+class NoCapacity(RuntimeError):
+    """Not enough free KV blocks for a reservation right now; try later or elsewhere."""
+
+
+def _notify_layer(sinks: list[KVSink], layer: int) -> None:
+    for sink in sinks:
+        try:
+            sink.on_layer(layer)
+        except Exception:  # one sink's failure must not stop the others or the engine
+            log.exception("KV sink failed on layer %d", layer)
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -115,6 +129,11 @@ class Engine:
             self._loop_task = None
         self._executor.shutdown(wait=True)
 
+    @property
+    def is_running(self) -> bool:
+        """True from `start()` until `close()`, while the engine loop is alive."""
+        return self._loop_task is not None and not self._loop_task.done()
+
     async def __aenter__(self) -> "Engine":
         await self.start()
         return self
@@ -152,10 +171,62 @@ class Engine:
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                request_id: str | None = None) -> RequestStream:
         """Validate, enqueue and return the request's output stream."""
+        request = self.make_request(prompt, params, request_id)
+        return self._enqueue(request)
+
+    def submit_prefill(self, token_ids: Sequence[int], params: SamplingParams, request_id: str,
+                       sink: KVSink) -> RequestStream:
+        """Prefill only: compute the prompt's KV in one step, sample the first token, and hand
+        the KV to `sink` (see kv_sink.py). The stream yields that one token."""
+        request = self.make_request(token_ids, msgspec.structs.replace(params, max_tokens=1), request_id)
+        if request.num_tokens > self.config.max_num_batched_tokens:
+            raise InvalidRequestError("prompt", f"{request.num_tokens} tokens exceed this prefill instance's "
+                                                f"max_num_batched_tokens ({self.config.max_num_batched_tokens})")
+        request.kv_sink = sink
+        return self._enqueue(request)
+
+    def reserve(self, token_ids: Sequence[int]) -> tuple[list[int], int]:
+        """Blocks for a prompt whose KV will arrive from a prefill instance (decode role).
+
+        Returns (block ids for the whole prompt, leading tokens already held here thanks to the
+        prefix cache). The caller owns the blocks: `adopt` them or `release_blocks` them.
+        """
+        if len(token_ids) >= self.config.max_model_len:
+            raise InvalidRequestError("prompt", f"{len(token_ids)} tokens; max_model_len is "
+                                                f"{self.config.max_model_len}")
+        bm = self.block_manager
+        if bm.num_new_blocks_for(token_ids) > bm.num_free_blocks:
+            raise NoCapacity(f"{bm.blocks_for(len(token_ids))} blocks needed, {bm.num_free_blocks} free")
+        return bm.allocate(token_ids)
+
+    def adopt(self, token_ids: Sequence[int], block_ids: list[int], num_cached_tokens: int, first_token: int,
+              params: SamplingParams, request_id: str) -> RequestStream:
+        """Continue a request whose prompt KV is in `block_ids` (received) and whose first token
+        was sampled elsewhere; takes ownership of the blocks. The stream starts with `first_token`."""
+        request = self.make_request(token_ids, params, request_id)
+        if not 0 <= first_token < self.model_config.vocab_size:
+            raise InvalidRequestError("first_token", f"{first_token} outside the vocabulary")
+        request.block_ids = block_ids
+        request.num_computed_tokens = request.num_tokens
+        request.num_cached_tokens = num_cached_tokens
+        request.first_scheduled_time = request.arrival_time
+        self.block_manager.register_computed(block_ids, request.token_ids, request.num_tokens)
+        stream = RequestStream(request.request_id, self.abort, request)
+        self._streams[request.request_id] = stream
+        self.scheduler.add_running(request)
+        self._append_token(request, first_token)
+        self._idle.clear()
+        self._wakeup.set()
+        return stream
+
+    def release_blocks(self, block_ids: Sequence[int]) -> None:
+        """Give back blocks handed out by `reserve` or to a KV sink."""
+        self.block_manager.free(block_ids)
+
+    def _enqueue(self, request: Request) -> RequestStream:
         if self._loop_task is None:
             raise RuntimeError("engine not started: use `async with Engine(...)` or `await engine.start()`")
-        request = self.make_request(prompt, params, request_id)
-        stream = RequestStream(request, self.abort)
+        stream = RequestStream(request.request_id, self.abort, request)
         self._streams[request.request_id] = stream
         self.scheduler.add(request)
         self._idle.clear()
@@ -204,14 +275,30 @@ class Engine:
                 await self._wakeup.wait()
                 self._idle.clear()
                 continue
+            sinks = [c.request.kv_sink for c in output.chunks if c.request.kv_sink is not None]
+            hook = self._layer_hook(loop, sinks) if sinks else None
+            step_start = time.perf_counter()
             try:
-                sampled = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks)
+                sampled = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks, hook)
             except Exception as exc:  # a failed step fails its requests, not the engine
                 log.exception("engine step failed")
                 self._fail(output, exc)
                 continue
+            step_times = (step_start, time.perf_counter())
+            for chunk in output.chunks:
+                chunk.request.step_times = step_times
             self.scheduler.update_computed(output)
             self._process(output, sampled)
+
+    def _layer_hook(self, loop: asyncio.AbstractEventLoop, sinks: list[KVSink]) -> Callable[[int], None]:
+        """Runs on the compute thread after each layer's K/V write; tells the sinks on the loop."""
+        is_cuda = self.device.type == "cuda"
+
+        def layer_done(layer: int) -> None:
+            if is_cuda:  # the sinks read the pool from other streams/threads: the write must have landed
+                torch.cuda.current_stream(self.device).synchronize()
+            loop.call_soon_threadsafe(_notify_layer, sinks, layer)
+        return layer_done
 
     def _process(self, output: SchedulerOutput, sampled: list[int]) -> None:
         tokens = iter(sampled)
@@ -234,7 +321,7 @@ class Engine:
     def _emit(self, request: Request, finish: FinishReason | None, error: str | None = None) -> None:
         stream = self._streams.get(request.request_id)
         if finish is not None:
-            self.scheduler.finish(request)
+            self._finish(request, finish, error)
             self._streams.pop(request.request_id, None)
         if stream is None:
             return
@@ -248,6 +335,17 @@ class Engine:
             finish_reason=None if finish is None else finish.value, num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens, num_cached_tokens=request.num_cached_tokens,
             error=error, queue_time_s=request.queue_time_s))
+
+    def _finish(self, request: Request, finish: FinishReason, error: str | None) -> None:
+        sink = request.kv_sink
+        if sink is None:
+            self.scheduler.finish(request)
+        elif finish is not FinishReason.ABORT and request.num_output_tokens:
+            sink.on_prefilled(request.output_token_ids[0], self.scheduler.finish(request, free_blocks=False),
+                              request.step_times)
+        else:
+            self.scheduler.finish(request)
+            sink.on_failed(error or "aborted")
 
     def _apply_aborts(self) -> None:
         if not self._pending_aborts:

@@ -52,6 +52,8 @@ class Request:
         self.num_computed_tokens = 0  # leading tokens whose KV is in the pool
         self.num_cached_tokens = 0  # of the prompt, found in the prefix cache
         self.num_preemptions = 0
+        self.kv_sink = None  # a KVSink when the KV is sent to another instance
+        self.step_times = (0.0, 0.0)  # perf_counter start/end of the last step that ran it
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         # detokenization state

@@ -15,9 +15,9 @@ class RequestStream:
     exception, a client disconnect, `break`) aborts the request, so its blocks are freed.
     """
 
-    def __init__(self, request: Request, abort: Callable[[str], bool]):
-        self.request = request
-        self.request_id = request.request_id
+    def __init__(self, request_id: str, abort: Callable[[str], object], request: Request | None = None):
+        self.request = request  # the engine's request, when the stream comes from a local engine
+        self.request_id = request_id
         self._abort = abort
         self._queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self.finished = False

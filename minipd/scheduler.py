@@ -82,7 +82,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = self._chunk_size(request, budget)
+            num_new = self._chunk_size(request, request.num_tokens - request.num_computed_tokens, budget)
             if num_new == 0:
                 i += 1
                 continue
@@ -102,24 +102,36 @@ class Scheduler:
             self.block_manager.register_computed(request.block_ids, request.token_ids,
                                                  min(request.num_computed_tokens, request.num_prompt_tokens))
 
-    def finish(self, request: Request) -> None:
-        """Remove a request from the queues and free its blocks. Safe to call once per request."""
+    def finish(self, request: Request, free_blocks: bool = True) -> list[int]:
+        """Remove a request from the queues; its blocks are freed, or returned to the caller
+        (who must free them) with `free_blocks=False`. Later calls for the request do nothing."""
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
         elif request.status is RequestStatus.WAITING:
             self.waiting.remove(request)
         else:
-            return
+            return []
         request.status = RequestStatus.FINISHED
-        self._release(request)
+        if free_blocks:
+            self._release(request)
+            return []
+        block_ids, request.block_ids = request.block_ids, []
+        return block_ids
 
     def requests(self) -> Iterable[Request]:
         yield from self.running
         yield from self.waiting
 
     # ---- internals --------------------------------------------------------------------
-    def _chunk_size(self, request: Request, budget: int) -> int:
-        return self._chunk_size_from(request.num_tokens - request.num_computed_tokens, budget)
+    def _chunk_size(self, request: Request, remaining: int, budget: int) -> int:
+        """Tokens to run now: all that remain if they fit, else a chunk when chunking is on.
+
+        A request whose KV is sent elsewhere is never chunked: its layer-wise sender relies on
+        each layer being final for the whole prompt after one step.
+        """
+        if remaining <= budget:
+            return remaining
+        return budget if self.config.enable_chunked_prefill and request.kv_sink is None else 0
 
     def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
         return ScheduledChunk(request, num_new, request.num_computed_tokens + num_new == request.num_tokens)
@@ -143,7 +155,7 @@ class Scheduler:
             if bm.num_new_blocks_for(request.token_ids) > bm.num_free_blocks:
                 break
             match = bm.match_prefix(request.token_ids)
-            num_new = self._chunk_size_from(request.num_tokens - match.num_tokens, budget)
+            num_new = self._chunk_size(request, request.num_tokens - match.num_tokens, budget)
             if num_new == 0:
                 break
             request.block_ids, request.num_computed_tokens = bm.allocate(request.token_ids)
@@ -156,11 +168,6 @@ class Scheduler:
             chunks.append(self._chunk(request, num_new))
             budget -= num_new
         return budget
-
-    def _chunk_size_from(self, remaining: int, budget: int) -> int:
-        if remaining <= budget:
-            return remaining
-        return budget if self.config.enable_chunked_prefill else 0
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

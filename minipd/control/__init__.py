@@ -1,0 +1,1 @@
+"""Control plane: typed msgpack messages over length-prefixed asyncio streams."""

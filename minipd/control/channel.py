@@ -1,0 +1,190 @@
+"""A control-plane connection: length-prefixed msgpack frames over an asyncio stream.
+
+Frame: 4-byte big-endian length, then one msgpack-encoded `AnyMessage`. Frames above
+`max_frame_bytes` or that do not decode as a known message close the connection with a
+logged reason (the peer is broken or hostile; nothing from it is trusted afterwards).
+
+A `Channel` multiplexes many requests: `call()` sends a `Call` and waits, with a timeout, for
+the `Reply` carrying the same `call_id`; every other incoming message goes to the handler.
+When the connection ends, pending calls fail with `ChannelClosed` and `closed` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import struct
+from typing import Awaitable, Callable
+
+import msgspec
+
+from .messages import AnyMessage, Call, CallError, Message, Reply
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">I")
+DEFAULT_MAX_FRAME_BYTES = 16 * 2**20
+DEFAULT_CALL_TIMEOUT_S = 30.0
+
+Handler = Callable[["Channel", Message], Awaitable[None] | None]
+
+
+class ChannelClosed(ConnectionError):
+    """The connection ended (or was refused) before a reply arrived."""
+
+
+class RemoteError(RuntimeError):
+    """The peer answered a call with `CallError`."""
+
+    def __init__(self, error: CallError):
+        super().__init__(error.message)
+        self.kind = error.kind
+
+
+class Channel:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler | None,
+                 name: str, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+        self.name = name
+        self._reader, self._writer = reader, writer
+        self._handler = handler
+        self._max_frame_bytes = max_frame_bytes
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(AnyMessage)
+        self._calls: dict[int, asyncio.Future] = {}
+        self._call_ids = itertools.count(1)
+        self._handler_tasks: set[asyncio.Task] = set()
+        self.closed = asyncio.Event()
+        self.close_reason = ""
+        self._reader_task: asyncio.Task | None = None
+
+    @classmethod
+    async def connect(cls, host: str, port: int, handler: Handler | None, name: str,
+                      timeout: float = DEFAULT_CALL_TIMEOUT_S) -> "Channel":
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+        channel = cls(reader, writer, handler, name)
+        channel.start()
+        return channel
+
+    def start(self) -> None:
+        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(), name=f"channel-{self.name}")
+
+    def set_handler(self, handler: Handler) -> None:
+        self._handler = handler
+
+    # ---- sending ----------------------------------------------------------------------
+    def send(self, message: Message) -> None:
+        """Queue a message for sending (ordered); a closed channel drops it with a debug log."""
+        if self.closed.is_set():
+            log.debug("%s: dropping %s on a closed channel", self.name, type(message).__name__)
+            return
+        payload = self._encoder.encode(message)
+        self._writer.write(HEADER.pack(len(payload)) + payload)
+
+    async def call(self, message: Call, timeout: float = DEFAULT_CALL_TIMEOUT_S) -> Reply:
+        """Send `message` and return its reply; raises RemoteError, ChannelClosed or TimeoutError."""
+        if self.closed.is_set():
+            raise ChannelClosed(f"{self.name}: closed ({self.close_reason})")
+        message.call_id = next(self._call_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._calls[message.call_id] = future
+        try:
+            self.send(message)
+            reply = await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"{self.name}: no reply to {type(message).__name__} within {timeout} s") from None
+        finally:
+            self._calls.pop(message.call_id, None)
+        if isinstance(reply, CallError):
+            raise RemoteError(reply)
+        return reply
+
+    def reply(self, call: Call, reply: Reply) -> None:
+        reply.call_id = call.call_id
+        reply.request_id = call.request_id
+        self.send(reply)
+
+    # ---- receiving --------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        reason = "peer closed the connection"
+        try:
+            while True:
+                header = await self._reader.readexactly(HEADER.size)
+                (length,) = HEADER.unpack(header)
+                if length > self._max_frame_bytes:
+                    reason = f"frame of {length} bytes exceeds the {self._max_frame_bytes}-byte cap"
+                    break
+                payload = await self._reader.readexactly(length)
+                try:
+                    message = self._decoder.decode(payload)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    reason = f"malformed message: {exc}"
+                    break
+                self._dispatch(message)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except asyncio.CancelledError:
+            reason = "closed locally"
+        finally:
+            self._shutdown(reason)
+
+    def _dispatch(self, message: Message) -> None:
+        if isinstance(message, Reply) and message.call_id in self._calls:
+            future = self._calls[message.call_id]
+            if not future.done():
+                future.set_result(message)
+            return
+        if self._handler is None:
+            log.warning("%s: no handler for %s", self.name, type(message).__name__)
+            return
+        result = self._handler(self, message)
+        if asyncio.iscoroutine(result):
+            task = asyncio.get_running_loop().create_task(self._run_handler(result, message))
+            self._handler_tasks.add(task)
+            task.add_done_callback(self._handler_tasks.discard)
+
+    async def _run_handler(self, coro, message: Message) -> None:
+        try:
+            await coro
+        except Exception as exc:  # a failing handler must not take the connection down
+            log.exception("%s: handling %s failed", self.name, type(message).__name__)
+            if isinstance(message, Call):
+                self.reply(message, CallError(message=f"internal error: {type(exc).__name__}: {exc}"))
+
+    # ---- closing ----------------------------------------------------------------------
+    def _shutdown(self, reason: str) -> None:
+        if self.closed.is_set():
+            return
+        self.close_reason = reason
+        if reason not in ("peer closed the connection", "closed locally"):
+            log.warning("%s: closing connection: %s", self.name, reason)
+        self.closed.set()
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(ChannelClosed(f"{self.name}: {reason}"))
+        self._writer.close()
+
+    async def close(self) -> None:
+        if self._reader_task is not None and not self._reader_task.done():
+            self._reader_task.cancel()
+            try:
+                await self._reader_task
+            except asyncio.CancelledError:
+                pass
+        self._shutdown("closed locally")
+        for task in list(self._handler_tasks):
+            task.cancel()
+        try:
+            await self._writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
+
+
+async def serve(host: str, port: int, on_channel: Callable[[Channel], None], name: str) -> asyncio.Server:
+    """Accept connections; each becomes a started Channel handed to `on_channel` (which sets its handler)."""
+    def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        channel = Channel(reader, writer, None, f"{name}<-{peer}")
+        on_channel(channel)
+        channel.start()
+    return await asyncio.start_server(accepted, host, port)

@@ -1,0 +1,166 @@
+"""Every control-plane message, as msgspec Structs in one tagged union.
+
+Each message names the request it concerns (`request_id`); calls that expect a reply carry a
+`call_id` that the reply echoes. Decoding is typed: anything that is not one of these
+messages, or has a field of the wrong type, is refused by the decoder (nothing is unpickled).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from minipd.models.config import ModelConfig
+
+from ..request import RequestOutput
+from ..sampling_params import SamplingParams
+
+PROTOCOL_VERSION = 1
+
+
+class Fingerprint(msgspec.Struct, frozen=True):
+    """What two instances must share for one's KV blocks to mean the same in the other's pool."""
+
+    protocol_version: int
+    model: ModelConfig
+    weights_digest: str
+    dtype: str
+    block_size: int
+    kv_layout: str
+
+    def differences(self, other: "Fingerprint") -> list[str]:
+        """Human-readable `field: ours != theirs` for every differing field."""
+        out = []
+        for field in self.__struct_fields__:
+            ours, theirs = getattr(self, field), getattr(other, field)
+            if field == "model" and ours != theirs:
+                out += [f"model.{f}: {getattr(ours, f)!r} != {getattr(theirs, f)!r}"
+                        for f in ours.__struct_fields__ if getattr(ours, f) != getattr(theirs, f)]
+            elif ours != theirs:
+                out.append(f"{field}: {ours!r} != {theirs!r}")
+        return out
+
+
+class Message(msgspec.Struct, tag_field="type", kw_only=True):
+    request_id: str = ""
+
+
+class Call(Message, kw_only=True):
+    call_id: int = 0
+
+
+class Reply(Message, kw_only=True):
+    call_id: int = 0
+
+
+# ---- handshake --------------------------------------------------------------------------
+class Hello(Call, tag="hello"):
+    """Sent by whoever opens a connection; answered by `Welcome` or `CallError`."""
+
+    protocol_version: int
+    role: str  # "router", "client", or an instance role
+
+
+class Welcome(Reply, tag="welcome"):
+    instance_id: str
+    role: str
+    fingerprint: Fingerprint | None = None
+    transport: str = ""
+    transport_description: bytes = b""
+    model_name: str = ""
+    max_model_len: int = 0
+
+
+class CallError(Reply, tag="error"):
+    message: str
+    kind: str = "error"  # "invalid" (bad input), "busy" (no capacity), "error"
+
+
+# ---- disaggregated request flow ----------------------------------------------------------
+class Reserve(Call, tag="reserve"):
+    """Router -> decode: hold blocks for the prompt before prefill starts."""
+
+    token_ids: list[int]
+    prefill_instance: str
+
+
+class Reserved(Reply, tag="reserved"):
+    num_cached_tokens: int  # prompt tokens the decode instance already holds (block-aligned)
+    dst_block_ids: list[int]  # where blocks num_cached_tokens // block_size onward must go
+    lease_s: float  # the reservation is freed if decoding has not started by then
+
+
+class Prefill(Call, tag="prefill"):
+    """Router -> prefill: compute the prompt's KV, stream it into the reserved blocks."""
+
+    token_ids: list[int]
+    sampling: SamplingParams
+    decode_instance: str
+    decode_description: bytes
+    dst_block_ids: list[int]
+    num_skip_blocks: int  # leading blocks the decode instance already holds
+    layerwise: bool = True
+
+
+class Prefilled(Reply, tag="prefilled"):
+    first_token: int
+    num_cached_tokens: int  # prefix-cache hit on the prefill instance
+    num_bytes: int
+    compute_s: float  # prefill forward pass
+    transfer_s: float  # first write issued to the last byte acknowledged
+    exposed_s: float  # end of compute to the last byte acknowledged
+
+
+class Decode(Message, tag="decode"):
+    """Router -> decode: the KV is sent and the first token known; stream `TokenOutput`s."""
+
+    first_token: int
+    sampling: SamplingParams
+
+
+class Generate(Message, tag="generate"):
+    """Prefill and decode on one instance (colocated, or a short prompt); streams `TokenOutput`s."""
+
+    token_ids: list[int]
+    sampling: SamplingParams
+
+
+class TokenOutput(Message, tag="tokens"):
+    output: RequestOutput
+
+
+class Abort(Message, tag="abort"):
+    """Drop the request wherever it is; fire-and-forget, harmless when unknown."""
+
+
+class PeerLost(Message, tag="peer_lost"):
+    instance_id: str
+    reason: str
+
+
+class GetStats(Call, tag="get_stats"):
+    pass
+
+
+class Stats(Reply, tag="stats"):
+    instance_id: str
+    role: str
+    num_running: int
+    num_waiting: int
+    num_free_blocks: int
+    num_used_blocks: int
+    num_cached_blocks: int
+    num_blocks: int
+    num_reservations: int = 0
+
+
+# ---- clients of the router ---------------------------------------------------------------
+class ClientGenerate(Message, tag="client_generate"):
+    """Client -> router: a request by text or token ids; streams `TokenOutput`s."""
+
+    prompt: str | None = None
+    token_ids: list[int] | None = None
+    sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+
+
+AnyMessage = (Hello | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode | Generate
+              | TokenOutput | Abort | PeerLost | GetStats | Stats | ClientGenerate)
