@@ -49,3 +49,18 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_caching=args.enable_prefix_caching)
     config.validate()
     return config
+
+
+def engine_argv(args: argparse.Namespace) -> list[str]:
+    """The engine flags of `args` as a command line, to start child processes alike."""
+    argv = ["--model", args.model, "--device", args.device, "--dtype", args.dtype,
+            "--block-size", str(args.block_size), "--num-blocks", str(args.num_blocks),
+            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs),
+            "--max-num-batched-tokens", str(args.max_num_batched_tokens)]
+    if not args.enable_chunked_prefill:
+        argv.append("--no-chunked-prefill")
+    if not args.enable_prefix_caching:
+        argv.append("--no-prefix-caching")
+    if args.torch_threads:
+        argv += ["--torch-threads", str(args.torch_threads)]
+    return argv

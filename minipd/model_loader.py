@@ -23,3 +23,14 @@ def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype) -> t
 
         return load_hf_model(name_or_path, device=device, dtype=dtype).eval(), load_tokenizer(name_or_path)
     raise ValueError(f"model: {name_or_path!r} is neither a preset ({sorted(PRESETS)}) nor a directory")
+
+
+def load_tokenizer_only(name_or_path: str) -> Tokenizer:
+    """The tokenizer of a preset or HF directory, without loading weights (for the router)."""
+    if name_or_path in PRESETS:
+        return ByteTokenizer()
+    if os.path.isdir(name_or_path):
+        from minipd.models.tokenizer import load_tokenizer
+
+        return load_tokenizer(name_or_path)
+    raise ValueError(f"model: {name_or_path!r} is neither a preset ({sorted(PRESETS)}) nor a directory")

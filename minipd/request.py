@@ -22,6 +22,17 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"  # aborted by the caller, or failed
 
 
+class TransferInfo(msgspec.Struct):
+    """How a disaggregated request's KV moved (set by the router on the final output)."""
+
+    prefill_instance: str
+    decode_instance: str
+    num_bytes: int
+    compute_s: float  # the prefill step
+    transfer_s: float  # first write to the last byte acknowledged
+    exposed_s: float  # end of prefill compute to the last byte acknowledged
+
+
 class RequestOutput(msgspec.Struct, kw_only=True):
     """One streamed increment of a request's output."""
 
@@ -35,6 +46,7 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     error: str | None = None  # set when the request failed inside the engine
     queue_time_s: float | None = None  # arrival to first scheduled, once known
+    transfer: TransferInfo | None = None  # disaggregated requests, on the final output
 
 
 class Request:

@@ -27,7 +27,7 @@ from .control.channel import Channel, ChannelClosed, RemoteError
 from .control.messages import (PROTOCOL_VERSION, Abort, Decode, Generate, GetStats, Hello, Message, PeerLost,
                                Prefill, Prefilled, Reserve, Reserved, Stats, TokenOutput, Welcome)
 from .instance_registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
-from .request import FinishReason, RequestOutput
+from .request import FinishReason, RequestOutput, TransferInfo
 from .request_stream import RequestStream
 from .sampling_params import InvalidRequestError, SamplingParams
 
@@ -47,15 +47,6 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
     call_timeout_s: float = 120.0
 
 
-class TransferRecord(msgspec.Struct):
-    """KV transfer figures of one disaggregated request, for metrics and benchmarks."""
-
-    num_bytes: int
-    compute_s: float
-    transfer_s: float
-    exposed_s: float
-
-
 class RoutedRequest:
     def __init__(self, request_id: str, token_ids: list[int], params: SamplingParams, stream: RequestStream):
         self.request_id = request_id
@@ -65,7 +56,7 @@ class RoutedRequest:
         self.instances: set[str] = set()  # every instance that may hold state for it
         self.first_token_sent = False
         self.task: asyncio.Task | None = None
-        self.transfer: TransferRecord | None = None
+        self.transfer: TransferInfo | None = None
         self.mode = ""  # "disaggregated" or "local"
 
 
@@ -78,7 +69,7 @@ class Router:
         self._requests: dict[str, RoutedRequest] = {}
         self._ids = itertools.count()
         self._stats_task: asyncio.Task | None = None
-        self.on_transfer: Callable[[TransferRecord], None] | None = None
+        self.on_transfer: Callable[[TransferInfo], None] | None = None
         self._closing = False
 
     # ---- instances --------------------------------------------------------------------
@@ -250,8 +241,8 @@ class Router:
         failed.discard(prefill.instance_id)
         prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
         routed.instances.discard(prefill.instance_id)
-        routed.transfer = TransferRecord(prefilled.num_bytes, prefilled.compute_s, prefilled.transfer_s,
-                                         prefilled.exposed_s)
+        routed.transfer = TransferInfo(prefill.instance_id, decode.instance_id, prefilled.num_bytes,
+                                       prefilled.compute_s, prefilled.transfer_s, prefilled.exposed_s)
         if self.on_transfer is not None:
             self.on_transfer(routed.transfer)
         failed.add(decode.instance_id)
@@ -277,6 +268,7 @@ class Router:
                     raise InstanceFailed(output.error)
                 routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
                 if output.finished:
+                    output.transfer = routed.transfer
                     self._finish(routed, None, None, output)
                     return
                 routed.stream.put(output)

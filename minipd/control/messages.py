@@ -153,6 +153,17 @@ class Stats(Reply, tag="stats"):
     num_reservations: int = 0
 
 
+class Register(Call, tag="register"):
+    """Instance -> router: "I am serving at host:port"; the router connects back and handshakes."""
+
+    host: str
+    port: int
+
+
+class Registered(Reply, tag="registered"):
+    instance_id: str
+
+
 # ---- clients of the router ---------------------------------------------------------------
 class ClientGenerate(Message, tag="client_generate"):
     """Client -> router: a request by text or token ids; streams `TokenOutput`s."""
@@ -162,5 +173,12 @@ class ClientGenerate(Message, tag="client_generate"):
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
 
 
+class ClusterStats(Reply, tag="cluster_stats"):
+    """Router -> client: the last stats of every live instance."""
+
+    instances: list[Stats]
+
+
 AnyMessage = (Hello | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode | Generate
-              | TokenOutput | Abort | PeerLost | GetStats | Stats | ClientGenerate)
+              | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
+              | ClusterStats)

@@ -1,0 +1,144 @@
+"""`minipd --role cluster`: a whole local cluster as processes on this host.
+
+Starts N prefill and M decode instances (`minipd --role prefill|decode`), waits for each to
+print its READY line, starts the router pointed at them, and prints where to send requests.
+With `--prompt`, answers the prompts through the client API (printing tokens, TTFT, ITL
+and KV transfer figures) and shuts down; otherwise serves until Ctrl-C. Every child is
+stopped on exit (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import NamedTuple
+
+from .client import ClusterClient
+from .engine_args import engine_argv
+from .local_demo import answer_prompts
+from .sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 120.0
+STOP_GRACE_S = 10.0
+
+
+class Child(NamedTuple):
+    name: str
+    process: asyncio.subprocess.Process
+    address: tuple[str, int]
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    from minipd.transports.registry import BACKENDS
+
+    g = parser.add_argument_group("local cluster")
+    g.add_argument("--num-prefill", type=int, default=1, help="prefill instances (default: %(default)s)")
+    g.add_argument("--num-decode", type=int, default=1, help="decode instances (default: %(default)s)")
+    g.add_argument("--transport", default="tcp", choices=sorted(b for b in BACKENDS if b != "loopback"),
+                   help="KV transfer backend between the instance processes (default: %(default)s)")
+    g.add_argument("--link-gbps", type=float, default=None,
+                   help="cap each prefill instance's KV egress, in gigabits per second (default: no cap)")
+    g.add_argument("--host", default="127.0.0.1", help="address every process binds (default: %(default)s)")
+    g.add_argument("--port", type=int, default=0,
+                   help="the router's client port; 0 picks a free one (default: 0)")
+
+
+class LocalCluster:
+    def __init__(self) -> None:
+        self.children: list[Child] = []
+        self.router_address: tuple[str, int] | None = None
+
+    async def start(self, args: argparse.Namespace, router_args: list[str]) -> None:
+        engine_flags = engine_argv(args)
+        common = ["--host", args.host, "--transport", args.transport, "--log-level", args.log_level]
+        if args.link_gbps:
+            common += ["--link-gbps", str(args.link_gbps)]
+        roles = [("prefill", i) for i in range(args.num_prefill)] + [("decode", i) for i in range(args.num_decode)]
+        starting = [self._spawn(f"{role}-{i}", ["--role", role, "--instance-id", f"{role}-{i}", *common,
+                                                *engine_flags]) for role, i in roles]
+        await asyncio.gather(*starting)
+        addresses = []
+        for child in self.children:
+            flag = "--prefill" if child.name.startswith("prefill") else "--decode"
+            addresses += [flag, f"{child.address[0]}:{child.address[1]}"]
+        router = await self._spawn("router", ["--role", "router", "--host", args.host, "--port", str(args.port),
+                                              "--model", args.model, "--log-level", args.log_level,
+                                              *router_args, *addresses])
+        self.router_address = router.address
+
+    async def _spawn(self, name: str, argv: list[str]) -> Child:
+        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "minipd.cli", *argv,
+                                                       stdout=asyncio.subprocess.PIPE)
+        try:
+            address = await asyncio.wait_for(self._wait_ready(name, process), READY_TIMEOUT_S)
+        except BaseException:
+            process.kill()
+            await process.wait()
+            raise
+        child = Child(name, process, address)
+        self.children.append(child)
+        asyncio.get_running_loop().create_task(self._drain(child))
+        return child
+
+    @staticmethod
+    async def _wait_ready(name: str, process: asyncio.subprocess.Process) -> tuple[str, int]:
+        while True:
+            line = (await process.stdout.readline()).decode()
+            if not line:
+                raise RuntimeError(f"{name} exited with status {await process.wait()} before it was ready "
+                                   "(its error is above)")
+            if line.startswith("READY "):
+                host, _, port = line.split()[-1].rpartition(":")
+                return host, int(port)
+
+    @staticmethod
+    async def _drain(child: Child) -> None:
+        while await child.process.stdout.readline():
+            pass
+
+    async def stop(self) -> None:
+        """Router first (so no new work reaches the instances), then the instances."""
+        for child in reversed(self.children):
+            if child.process.returncode is None:
+                child.process.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(child.process.wait(), STOP_GRACE_S)
+                except asyncio.TimeoutError:
+                    log.warning("%s did not stop in %s s; killing it", child.name, STOP_GRACE_S)
+                    child.process.kill()
+                    await child.process.wait()
+
+
+async def run_cluster(args: argparse.Namespace, router_args: list[str], prompts: list[str],
+                      params: SamplingParams) -> int:
+    cluster = LocalCluster()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await cluster.start(args, router_args)
+        host, port = cluster.router_address
+        roles = ", ".join(f"{c.name} at {c.address[0]}:{c.address[1]}" for c in cluster.children[:-1])
+        print(f"cluster ready ({args.transport} KV transport): {roles}", flush=True)
+        print(f"router: {host}:{port}  (Python: await minipd.client.ClusterClient.connect({host!r}, {port}))",
+              flush=True)
+        if prompts:
+            client = await ClusterClient.connect(host, port)
+            try:
+                return await answer_prompts(client, prompts, params)
+            finally:
+                await client.close()
+        print("serving; Ctrl-C stops every process", flush=True)
+        await stop.wait()
+        return 0
+    except RuntimeError as exc:
+        print(f"minipd cluster: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        await cluster.stop()
