@@ -73,7 +73,10 @@ def _add_http_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_router_http_arguments(parser: argparse.ArgumentParser) -> None:
-    """The router's OpenAI front, wired in by the HTTP layer when present."""
+    """The router's OpenAI front (`--http-port`, ...), started by `roles.run_router`."""
+    from .http_front import add_router_http_arguments
+
+    add_router_http_arguments(parser)
 
 
 def _add_demo_arguments(parser: argparse.ArgumentParser, what: str | None = None) -> None:

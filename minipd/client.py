@@ -52,8 +52,9 @@ class ClusterClient:
             async for output in stream:
                 yield output
 
-    async def stats(self, timeout: float = 30.0) -> list[Stats]:
-        reply: ClusterStats = await self.channel.call(GetStats(), timeout)
+    async def stats(self, settle: bool = False, timeout: float = 30.0) -> list[Stats]:
+        """Every live instance's stats; `settle` waits (bounded) for aborts to land first."""
+        reply: ClusterStats = await self.channel.call(GetStats(settle=settle), timeout)
         return reply.instances
 
     async def close(self) -> None:

@@ -34,6 +34,7 @@ ROLES = ("prefill", "decode", "both")
 DEFAULT_LEASE_S = 30.0
 DEFAULT_LAND_TIMEOUT_S = 30.0
 DEFAULT_PREFILL_TIMEOUT_S = 120.0
+SETTLE_TIMEOUT_S = 10.0
 
 
 class Reservation(NamedTuple):
@@ -60,6 +61,7 @@ class Instance:
         self._server: asyncio.Server | None = None
         self._lease_task: asyncio.Task | None = None
         self.port = 0
+        self.expired_leases: asyncio.Queue[str] = asyncio.Queue()  # request ids, for observers and tests
 
     # ---- lifecycle --------------------------------------------------------------------
     @classmethod
@@ -129,6 +131,8 @@ class Instance:
                 self.transport.peer_lost(message.instance_id, message.reason)
                 self._peer_ids.pop(message.instance_id, None)
             case GetStats():
+                if message.settle:
+                    await self.engine.wait_idle(SETTLE_TIMEOUT_S)
                 channel.reply(message, self.stats())
             case _:
                 log.warning("%s: unexpected %s", self.instance_id, type(message).__name__)
@@ -208,6 +212,7 @@ class Instance:
                 if reservation.deadline <= now:
                     log.info("%s: lease of %s expired", self.instance_id, request_id)
                     await self._drop_reservation(request_id)
+                    self.expired_leases.put_nowait(request_id)
 
     # ---- prefill role -----------------------------------------------------------------
     async def _prefill(self, channel: Channel, message: Prefill) -> None:

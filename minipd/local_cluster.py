@@ -16,6 +16,8 @@ import signal
 import sys
 from typing import NamedTuple
 
+import msgspec
+
 from .client import ClusterClient
 from .engine_args import engine_argv
 from .local_demo import answer_prompts
@@ -48,28 +50,52 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
                    help="the router's client port; 0 picks a free one (default: 0)")
 
 
+class ClusterSpec(msgspec.Struct, kw_only=True):
+    """What to start: every list is extra command-line flags for those processes."""
+
+    num_prefill: int = 1
+    num_decode: int = 1
+    transport: str = "tcp"
+    model: str = "tiny"
+    engine_argv: list[str] = []  # engine flags for every instance (see engine_args.engine_argv)
+    router_argv: list[str] = []  # routing-policy flags (and the router's HTTP flags)
+    instance_argv: list[str] = []  # more instance flags (e.g. --lease-s)
+    link_gbps: float | None = None
+    host: str = "127.0.0.1"
+    port: int = 0
+    log_level: str = "WARNING"
+
+
 class LocalCluster:
+    """The processes of one local cluster; `start` then `stop` (also usable from tests)."""
+
     def __init__(self) -> None:
         self.children: list[Child] = []
         self.router_address: tuple[str, int] | None = None
 
-    async def start(self, args: argparse.Namespace, router_args: list[str]) -> None:
-        engine_flags = engine_argv(args)
-        common = ["--host", args.host, "--transport", args.transport, "--log-level", args.log_level]
-        if args.link_gbps:
-            common += ["--link-gbps", str(args.link_gbps)]
-        roles = [("prefill", i) for i in range(args.num_prefill)] + [("decode", i) for i in range(args.num_decode)]
-        starting = [self._spawn(f"{role}-{i}", ["--role", role, "--instance-id", f"{role}-{i}", *common,
-                                                *engine_flags]) for role, i in roles]
-        await asyncio.gather(*starting)
-        addresses = []
-        for child in self.children:
-            flag = "--prefill" if child.name.startswith("prefill") else "--decode"
-            addresses += [flag, f"{child.address[0]}:{child.address[1]}"]
-        router = await self._spawn("router", ["--role", "router", "--host", args.host, "--port", str(args.port),
-                                              "--model", args.model, "--log-level", args.log_level,
-                                              *router_args, *addresses])
+    async def start(self, spec: ClusterSpec) -> None:
+        common = ["--host", spec.host, "--transport", spec.transport, "--log-level", spec.log_level,
+                  "--model", spec.model, *spec.engine_argv, *spec.instance_argv]
+        if spec.link_gbps:
+            common += ["--link-gbps", str(spec.link_gbps)]
+        roles = [("prefill", i) for i in range(spec.num_prefill)] + [("decode", i) for i in range(spec.num_decode)]
+        try:
+            await asyncio.gather(*(self._spawn(f"{role}-{i}", ["--role", role, "--instance-id", f"{role}-{i}",
+                                                               *common]) for role, i in roles))
+            addresses = []
+            for child in self.children:
+                flag = "--prefill" if child.name.startswith("prefill") else "--decode"
+                addresses += [flag, f"{child.address[0]}:{child.address[1]}"]
+            router = await self._spawn("router", ["--role", "router", "--host", spec.host, "--port", str(spec.port),
+                                                  "--model", spec.model, "--log-level", spec.log_level,
+                                                  *spec.router_argv, *addresses])
+        except BaseException:
+            await self.stop()
+            raise
         self.router_address = router.address
+
+    def child(self, name: str) -> Child:
+        return next(c for c in self.children if c.name == name)
 
     async def _spawn(self, name: str, argv: list[str]) -> Child:
         process = await asyncio.create_subprocess_exec(sys.executable, "-m", "minipd.cli", *argv,
@@ -121,8 +147,14 @@ async def run_cluster(args: argparse.Namespace, router_args: list[str], prompts:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    engine_flags = engine_argv(args)
+    model_index = engine_flags.index("--model")
+    spec = ClusterSpec(num_prefill=args.num_prefill, num_decode=args.num_decode, transport=args.transport,
+                       model=args.model, engine_argv=engine_flags[:model_index] + engine_flags[model_index + 2:],
+                       router_argv=router_args, link_gbps=args.link_gbps, host=args.host, port=args.port,
+                       log_level=args.log_level)
     try:
-        await cluster.start(args, router_args)
+        await cluster.start(spec)
         host, port = cluster.router_address
         roles = ", ".join(f"{c.name} at {c.address[0]}:{c.address[1]}" for c in cluster.children[:-1])
         print(f"cluster ready ({args.transport} KV transport): {roles}", flush=True)

@@ -4,9 +4,10 @@ Every name starts with `minipd_` and carries its unit. Latencies follow DESIGN.m
 TTFT is arrival at the front to the first token leaving it; ITL is each gap between
 token-carrying increments; end-to-end is arrival to the last increment; queue time is
 the engine's arrival-to-first-scheduled. Request-level series are recorded by
-`RequestRecorder` (one per request); KV transfer series by `record_transfer` and
-`record_transfer_failure`, called by the disaggregated flow (they stay at zero on a
-colocated instance). Instance gauges are read from the backend at scrape time, so they
+`RequestRecorder` (one per request), which also records the KV transfer that a final
+output reports in `RequestOutput.transfer`; `record_transfer` and
+`record_transfer_failure` are there for callers that see transfers elsewhere. On a
+colocated instance the transfer series stay at zero. Instance gauges are read from the backend at scrape time, so they
 are never stale and an instance that disappears disappears from /metrics too.
 """
 
@@ -138,6 +139,8 @@ class RequestRecorder:
         self._num_prompt_tokens = output.num_prompt_tokens
         self._num_output_tokens = output.num_output_tokens
         if output.finished:
+            if output.transfer is not None:
+                m.record_transfer(output.transfer.num_bytes, output.transfer.transfer_s, output.transfer.exposed_s)
             if output.error is not None:
                 m.aborts.labels(ABORT_ENGINE_ERROR).inc()
             elif output.finish_reason == FinishReason.ABORT.value:

@@ -28,6 +28,8 @@ class TransferInfo(msgspec.Struct):
     prefill_instance: str
     decode_instance: str
     num_bytes: int
+    prefill_cached_tokens: int  # prompt tokens found in the prefill instance's prefix cache
+    decode_cached_tokens: int  # prompt tokens the decode instance already held (not sent)
     compute_s: float  # the prefill step
     transfer_s: float  # first write to the last byte acknowledged
     exposed_s: float  # end of prefill compute to the last byte acknowledged

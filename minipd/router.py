@@ -3,9 +3,10 @@
 For one request (see DESIGN.md, "Request lifecycle"):
 1. tokenize and validate; fix the sampling seed so prefill and decode sample alike;
 2. pick a decode instance (free blocks, running requests) and a prefill instance (prefix
-   overlap, queue load). A prompt whose uncached part is at most `local_prefill_max_tokens`
-   runs wholly on the decode instance (conditional disaggregation), as does every prompt
-   when there is no prefill instance;
+   overlap, queue load). A prompt of which the decode instance would have to compute at
+   most `local_prefill_max_tokens` tokens itself (the rest being in its prefix cache) runs
+   wholly there (conditional disaggregation), as does every prompt when there is no
+   prefill instance;
 3. `Reserve` on decode (blocks held before prefill starts), then `Prefill` on prefill, which
    streams the KV layer by layer into those blocks and answers with the first token;
 4. `Decode` on decode, whose token stream the router relays to the caller.
@@ -112,10 +113,11 @@ class Router:
     def instance_stats(self) -> list[Stats]:
         return [h.stats for h in self.registry.instances.values() if h.stats is not None and h.is_alive]
 
-    async def refresh_stats(self) -> list[Stats]:
+    async def refresh_stats(self, settle: bool = False) -> list[Stats]:
+        """Ask every instance for fresh stats; with `settle`, after pending aborts have landed."""
         for handle in list(self.registry.instances.values()):
             try:
-                handle.stats = await handle.channel.call(GetStats(), self.config.call_timeout_s)
+                handle.stats = await handle.channel.call(GetStats(settle=settle), self.config.call_timeout_s)
             except (ChannelClosed, TimeoutError, RemoteError):
                 pass
         return self.instance_stats()
@@ -210,8 +212,10 @@ class Router:
         hashes = registry.prompt_hashes(routed.token_ids)
         prefill, expected_cached = registry.pick_prefill(hashes, exclude=failed)
         uncached = len(routed.token_ids) - expected_cached
+        uncached_on_decode = len(routed.token_ids) - decode.prefix_overlap(hashes) * registry.block_size
         routed.instances = {decode.instance_id}
-        if prefill is None or uncached <= self.config.local_prefill_max_tokens:
+        decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
+        if prefill is None or uncached_on_decode <= self.config.local_prefill_max_tokens:
             routed.mode = "local"
             failed.add(decode.instance_id)
             await self._run_on(decode, routed, Generate(request_id=routed.request_id, token_ids=routed.token_ids,
@@ -242,6 +246,7 @@ class Router:
         prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
         routed.instances.discard(prefill.instance_id)
         routed.transfer = TransferInfo(prefill.instance_id, decode.instance_id, prefilled.num_bytes,
+                                       prefilled.num_cached_tokens, reserved.num_cached_tokens,
                                        prefilled.compute_s, prefilled.transfer_s, prefilled.exposed_s)
         if self.on_transfer is not None:
             self.on_transfer(routed.transfer)

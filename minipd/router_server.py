@@ -75,7 +75,7 @@ class RouterServer:
             case Abort():
                 self.router.abort(self._scoped(channel, message.request_id))
             case GetStats():
-                channel.reply(message, ClusterStats(instances=await self.router.refresh_stats()))
+                channel.reply(message, ClusterStats(instances=await self.router.refresh_stats(message.settle)))
             case _:
                 log.warning("router: unexpected %s from %s", type(message).__name__, channel.name)
 

@@ -138,7 +138,7 @@ class PeerLost(Message, tag="peer_lost"):
 
 
 class GetStats(Call, tag="get_stats"):
-    pass
+    settle: bool = False  # first let aborts land and running requests finish (bounded wait)
 
 
 class Stats(Reply, tag="stats"):

@@ -1,0 +1,126 @@
+"""Disaggregated serving in one process (loopback KV transport, real TCP control plane)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+
+from minipd.control.messages import Reserve
+from minipd.engine import Engine
+from minipd.inprocess_cluster import InProcessCluster
+from minipd.instance import Instance
+from minipd.instance_registry import IncompatibleInstance
+from minipd.router import RouterConfig
+from minipd.sampling_params import SamplingParams
+
+from disagg_helpers import (BLOCK_SIZE, CONFIG, LOCAL_PREFILL_MAX_TOKENS, SHARED_PREFIX_LEN, assert_same_tokens,
+                            first_wave, prefix_wave, run_all)
+
+LEASE_S = 0.3
+
+
+@pytest.fixture(scope="module")
+def cluster(loop_thread):
+    cluster = loop_thread.run(InProcessCluster.start(
+        CONFIG, num_prefill=1, num_decode=1, router_config=RouterConfig(local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS),
+        lease_s=LEASE_S))
+    yield cluster
+    loop_thread.run(cluster.close())
+
+
+@pytest.fixture(scope="module")
+def colocated(make_engine):
+    return make_engine(**msgspec.structs.asdict(CONFIG))
+
+
+@pytest.fixture(autouse=True)
+def cluster_pools_full(cluster, loop_thread):
+    yield
+    for instance in cluster.instances:
+        loop_thread.run(instance.engine.wait_idle(10.0))
+        stats = instance.stats()
+        assert stats.num_used_blocks == 0 and stats.num_reservations == 0, stats
+
+
+@pytest.mark.parametrize("kind", ["greedy", "seeded"])
+def test_disaggregated_equals_colocated(cluster, colocated, loop_thread, kind):
+    prompts = first_wave(seed=10 if kind == "greedy" else 20)  # fresh prompts: no prefix hits here
+    expected = loop_thread.run(run_all(colocated, prompts, kind))
+    actual = loop_thread.run(run_all(cluster, prompts, kind))
+    assert_same_tokens(expected, actual, prompts)
+    local = [a for a, p in zip(actual, prompts) if len(p) <= LOCAL_PREFILL_MAX_TOKENS]
+    remote = [a for a, p in zip(actual, prompts) if len(p) > LOCAL_PREFILL_MAX_TOKENS]
+    assert local and all(a.outputs[-1].transfer is None for a in local), "short prompts prefill on decode"
+    block_bytes = kv_bytes_per_block(cluster)
+    for a, p in zip(remote, [p for p in prompts if len(p) > LOCAL_PREFILL_MAX_TOKENS]):
+        transfer = a.outputs[-1].transfer
+        assert transfer is not None and transfer.prefill_instance == "prefill-0"
+        sent_blocks = -(-len(p) // BLOCK_SIZE) - transfer.decode_cached_tokens // BLOCK_SIZE
+        assert transfer.num_bytes == sent_blocks * block_bytes
+
+
+def kv_bytes_per_block(cluster) -> int:
+    """Bytes of one block across all layers (what moves per block)."""
+    pool = cluster.instance("decode-0").engine.kv_pool
+    return pool[0, 0].numel() * pool.element_size() * pool.shape[0]
+
+
+def test_prefix_hits_on_both_sides_send_only_missing_blocks(cluster, colocated, loop_thread):
+    warm, prompts = prefix_wave()
+    loop_thread.run(run_all(cluster, [warm], "greedy"))
+    expected = loop_thread.run(run_all(colocated, prompts, "greedy"))
+    actual = loop_thread.run(run_all(cluster, prompts, "greedy"))
+    assert_same_tokens(expected, actual, prompts)
+    shared_blocks = SHARED_PREFIX_LEN // BLOCK_SIZE
+    block_bytes = kv_bytes_per_block(cluster)
+    short, *longer = zip(actual, prompts)
+    assert len(short[1]) - shared_blocks * BLOCK_SIZE <= LOCAL_PREFILL_MAX_TOKENS
+    assert short[0].outputs[-1].transfer is None, "the decode instance holds all but a few tokens: local prefill"
+    assert short[0].num_cached_tokens == shared_blocks * BLOCK_SIZE
+    for a, p in longer:
+        transfer = a.outputs[-1].transfer
+        assert transfer.decode_cached_tokens == shared_blocks * BLOCK_SIZE
+        assert transfer.prefill_cached_tokens == shared_blocks * BLOCK_SIZE
+        assert transfer.num_bytes == (-(-len(p) // BLOCK_SIZE) - shared_blocks) * block_bytes
+
+
+def test_unused_reservation_expires_and_is_freed(cluster, loop_thread):
+    decode = cluster.router.registry.instances["decode-0"]
+    instance = cluster.instance("decode-0")
+
+    async def reserve_and_wait():
+        reserved = await decode.channel.call(Reserve(request_id="never-prefilled", token_ids=list(range(40)),
+                                                     prefill_instance="prefill-0"))
+        held = instance.stats().num_used_blocks
+        expired = await asyncio.wait_for(instance.expired_leases.get(), 10 * LEASE_S + 5)
+        return reserved, held, expired
+    reserved, held, expired = loop_thread.run(reserve_and_wait())
+    assert len(reserved.dst_block_ids) == 3 and held == 3 and expired == "never-prefilled"
+
+
+def test_abort_midway_frees_both_pools(cluster, loop_thread):
+    async def abort_after_first_token():
+        stream = cluster.submit(list(range(100)), SamplingParams(max_tokens=200, temperature=0.0, ignore_eos=True))
+        first = await stream.__anext__()
+        stream.abort()
+        return first, [o async for o in stream]
+    first, rest = loop_thread.run(abort_after_first_token())
+    assert first.token_ids and rest[-1].finish_reason == "abort"
+
+
+def test_fingerprint_mismatch_is_refused_naming_the_difference(cluster, loop_thread):
+    async def add_mismatched():
+        config = msgspec.structs.replace(CONFIG, block_size=2 * BLOCK_SIZE)
+        instance = await Instance.create(Engine(config), "decode", "odd-one", "loopback", "tiny")
+        await instance.serve("127.0.0.1", 0)
+        try:
+            with pytest.raises(IncompatibleInstance) as info:
+                await cluster.router.add_instance("127.0.0.1", instance.port)
+            return str(info.value)
+        finally:
+            await instance.close()
+    message = loop_thread.run(add_mismatched())
+    assert f"block_size: {2 * BLOCK_SIZE} != {BLOCK_SIZE}" in message and "odd-one" in message
+    assert "odd-one" not in cluster.router.registry.instances
