@@ -157,7 +157,12 @@ def _job(role: str, args: argparse.Namespace):
         from .model_loader import load_tokenizer_only
 
         load_tokenizer_only(args.model)
-        return run_cluster(args, roles.router_policy_argv(args), args.prompt, _demo_params(args))
+        from .http_front import router_http_argv, router_http_config
+
+        if args.http_port is not None:
+            router_http_config(args)
+        return run_cluster(args, roles.router_policy_argv(args) + router_http_argv(args), args.prompt,
+                           _demo_params(args))
     if role in ("prefill", "decode"):
         if role == "prefill":
             from .inprocess_cluster import prefill_engine_config

@@ -33,6 +33,7 @@ class Child(NamedTuple):
     name: str
     process: asyncio.subprocess.Process
     address: tuple[str, int]
+    announcements: list[str]  # lines it printed before READY (e.g. where its HTTP API listens)
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,19 +101,21 @@ class LocalCluster:
     async def _spawn(self, name: str, argv: list[str]) -> Child:
         process = await asyncio.create_subprocess_exec(sys.executable, "-m", "minipd.cli", *argv,
                                                        stdout=asyncio.subprocess.PIPE)
+        announcements: list[str] = []
         try:
-            address = await asyncio.wait_for(self._wait_ready(name, process), READY_TIMEOUT_S)
+            address = await asyncio.wait_for(self._wait_ready(name, process, announcements), READY_TIMEOUT_S)
         except BaseException:
             process.kill()
             await process.wait()
             raise
-        child = Child(name, process, address)
+        child = Child(name, process, address, announcements)
         self.children.append(child)
         asyncio.get_running_loop().create_task(self._drain(child))
         return child
 
     @staticmethod
-    async def _wait_ready(name: str, process: asyncio.subprocess.Process) -> tuple[str, int]:
+    async def _wait_ready(name: str, process: asyncio.subprocess.Process, announcements: list[str]
+                          ) -> tuple[str, int]:
         while True:
             line = (await process.stdout.readline()).decode()
             if not line:
@@ -121,6 +124,7 @@ class LocalCluster:
             if line.startswith("READY "):
                 host, _, port = line.split()[-1].rpartition(":")
                 return host, int(port)
+            announcements.append(line.rstrip())
 
     @staticmethod
     async def _drain(child: Child) -> None:
@@ -160,6 +164,8 @@ async def run_cluster(args: argparse.Namespace, router_args: list[str], prompts:
         print(f"cluster ready ({args.transport} KV transport): {roles}", flush=True)
         print(f"router: {host}:{port}  (Python: await minipd.client.ClusterClient.connect({host!r}, {port}))",
               flush=True)
+        for line in cluster.child("router").announcements:
+            print(line, flush=True)
         if prompts:
             client = await ClusterClient.connect(host, port)
             try:

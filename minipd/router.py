@@ -261,14 +261,7 @@ class Router:
         try:
             decode.channel.send(message)
             while True:
-                get = asyncio.ensure_future(routed.outputs.get())
-                closed = asyncio.ensure_future(decode.channel.closed.wait())
-                done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
-                if get not in done:
-                    get.cancel()
-                    raise ChannelClosed(f"{decode.instance_id} died: {decode.channel.close_reason}")
-                closed.cancel()
-                output: RequestOutput = get.result()
+                output = await self._next_output(routed, decode)
                 if output.error is not None and not routed.first_token_sent and not output.token_ids:
                     raise InstanceFailed(output.error)
                 routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
@@ -279,6 +272,20 @@ class Router:
                 routed.stream.put(output)
         finally:
             decode.num_inflight -= 1
+
+    @staticmethod
+    async def _next_output(routed: RoutedRequest, decode: InstanceHandle) -> RequestOutput:
+        """The request's next output, or ChannelClosed if the instance dies first."""
+        get = asyncio.ensure_future(routed.outputs.get())
+        closed = asyncio.ensure_future(decode.channel.closed.wait())
+        try:
+            done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            get.cancel()
+            closed.cancel()
+        if get not in done:
+            raise ChannelClosed(f"{decode.instance_id} died: {decode.channel.close_reason}")
+        return get.result()
 
     def _on_message(self, channel: Channel, message: Message) -> None:
         if isinstance(message, TokenOutput):

@@ -1,0 +1,142 @@
+"""overlap: how much of the KV transfer layer-wise streaming hides behind prefill compute.
+
+For each transport and prompt length, one request at a time (fresh random prompts, so no
+prefix-cache hits, and no local prefill) through a real cluster, twice: with layer-wise
+streaming and with send-after-prefill. Per request the router reports the prefill compute
+time and the transfer's exposed part (end of compute to the last byte acknowledged).
+
+- compute_ms: the prefill step on the prefill instance;
+- transfer_ms: moving the whole KV when nothing overlaps it (send-after-prefill: first write
+  to last acknowledgement);
+- exposed_ms_layerwise / exposed_ms_after: end of compute to the last acknowledgement;
+- hidden_fraction = 1 - exposed_ms_layerwise / transfer_ms; the ideal is (L-1)/L, since only
+  the last layer's transfer cannot overlap compute;
+- ttft_ms_layerwise / ttft_ms_after: arrival at the router to the first token at the client.
+Medians over `--repeats` requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+
+import torch
+
+from minipd.client import ClusterClient
+from minipd.engine import EngineConfig
+from minipd.inprocess_cluster import InProcessCluster
+from minipd.local_cluster import ClusterSpec, LocalCluster
+from minipd.models.config import preset_config
+from minipd.router import RouterConfig
+from minipd.sampling_params import SamplingParams
+
+MS = 1e3
+HIDDEN_SLACK = 0.05  # the issue's tolerance below (L-1)/L
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="small", help="preset (default: %(default)s)")
+    parser.add_argument("--transports", nargs="+", default=["loopback", "tcp", "ucx", "nixl"])
+    parser.add_argument("--prompt-lens", type=int, nargs="+", default=[256, 1024, 2048])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--link-gbps", type=float, default=None, help="cap the prefill instance's KV egress")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="compute threads per instance; 1 leaves a core of this 2-core machine to the transfer, "
+                             "as a GPU would leave the CPU free (default: %(default)s)")
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    max_len = max(args.prompt_lens) + 16
+    return EngineConfig(model=args.model, num_blocks=2 * (max_len // 16 + 2) * 2, max_model_len=max_len,
+                        max_num_batched_tokens=max_len)
+
+
+async def _measure(server, prompt_lens: list[int], repeats: int, seed: int) -> dict[int, dict[str, float]]:
+    rng = random.Random(seed)
+    params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+    await _one(server, [rng.randrange(256) for _ in range(64)], params)  # warm-up
+    out = {}
+    for n in prompt_lens:
+        rows = [await _one(server, [rng.randrange(256) for _ in range(n)], params) for _ in range(repeats)]
+        out[n] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    return out
+
+
+async def _one(server, prompt: list[int], params: SamplingParams) -> dict[str, float]:
+    start = time.perf_counter()
+    ttft = None
+    transfer = None
+    async for output in server.generate(prompt, params):
+        if output.error:
+            raise RuntimeError(output.error)
+        if ttft is None and output.token_ids:
+            ttft = time.perf_counter() - start
+        transfer = output.transfer or transfer
+    if transfer is None:
+        raise RuntimeError("the request was not disaggregated")
+    return {"compute_ms": transfer.compute_s * MS, "transfer_ms": transfer.transfer_s * MS,
+            "exposed_ms": transfer.exposed_s * MS, "ttft_ms": ttft * MS, "num_bytes": transfer.num_bytes}
+
+
+async def _run_transport(transport: str, layerwise: bool, args: argparse.Namespace, config: EngineConfig):
+    router_config = RouterConfig(local_prefill_max_tokens=-1, layerwise=layerwise)
+    if transport == "loopback":
+        torch.set_num_threads(args.torch_threads)
+        async with await InProcessCluster.start(config, 1, 1, router_config) as cluster:
+            return await _measure(cluster, args.prompt_lens, args.repeats, seed=1)
+    spec = ClusterSpec(transport=transport, model=config.model, link_gbps=args.link_gbps,
+                       engine_argv=["--torch-threads", str(args.torch_threads),
+                                    "--num-blocks", str(config.num_blocks), "--max-model-len",
+                                    str(config.max_model_len), "--max-num-batched-tokens",
+                                    str(config.max_num_batched_tokens)],
+                       router_argv=["--local-prefill-max-tokens", "-1"] + ([] if layerwise else ["--no-layerwise"]))
+    processes = LocalCluster()
+    await processes.start(spec)
+    try:
+        client = await ClusterClient.connect(*processes.router_address)
+        try:
+            return await _measure(client, args.prompt_lens, args.repeats, seed=1)
+        finally:
+            await client.close()
+    finally:
+        await processes.stop()
+
+
+def run(args: argparse.Namespace) -> dict:
+    config = _engine_config(args)
+    num_layers = preset_config(args.model).num_layers
+    result = {"model": args.model, "layers": num_layers, "ideal_hidden_fraction": (num_layers - 1) / num_layers,
+              "transports": {}}
+    for transport in args.transports:
+        layerwise = asyncio.run(_run_transport(transport, True, args, config))
+        after = asyncio.run(_run_transport(transport, False, args, config))
+        rows = {}
+        for n in args.prompt_lens:
+            lw, af = layerwise[n], after[n]
+            transfer_ms = af["transfer_ms"]
+            rows[n] = {
+                "compute_ms": lw["compute_ms"], "transfer_ms": transfer_ms,
+                "exposed_ms_layerwise": lw["exposed_ms"], "exposed_ms_after": af["exposed_ms"],
+                "hidden_fraction": 1 - lw["exposed_ms"] / transfer_ms if transfer_ms > 0 else 0.0,
+                "ttft_ms_layerwise": lw["ttft_ms"], "ttft_ms_after": af["ttft_ms"],
+                "kv_bytes": int(lw["num_bytes"]),
+                "compute_exceeds_transfer_per_layer": lw["compute_ms"] > transfer_ms,
+            }
+        result["transports"][transport] = rows
+    return result
+
+
+def print_table(result: dict) -> None:
+    ideal = result["ideal_hidden_fraction"]
+    print(f"layer-wise KV streaming, model={result['model']} ({result['layers']} layers; ideal hidden fraction "
+          f"{ideal:.3f}, target >= {ideal - HIDDEN_SLACK:.3f} where compute per layer exceeds transfer per layer)")
+    print(f"{'transport':>9} {'prompt':>6} {'KV MiB':>7} {'compute':>9} {'transfer':>9} {'exp. lw':>8} "
+          f"{'exp. after':>10} {'hidden':>7} {'TTFT lw':>8} {'TTFT after':>10}")
+    for transport, rows in result["transports"].items():
+        for n, r in rows.items():
+            print(f"{transport:>9} {n:>6} {r['kv_bytes'] / 2**20:>7.2f} {r['compute_ms']:>7.1f}ms "
+                  f"{r['transfer_ms']:>7.2f}ms {r['exposed_ms_layerwise']:>6.2f}ms {r['exposed_ms_after']:>8.2f}ms "
+                  f"{r['hidden_fraction']:>7.3f} {r['ttft_ms_layerwise']:>6.1f}ms {r['ttft_ms_after']:>8.1f}ms")

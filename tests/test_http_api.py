@@ -1,0 +1,279 @@
+"""The HTTP front in-process, on the shared loop thread: bad input, failures, metrics, aborts.
+
+Every engine here is checked by the autouse `pools_back_to_full` fixture after each test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import AsyncIterator, Sequence
+
+import pytest
+from aiohttp import web
+
+from minipd.http_server import METRICS_KEY, HttpConfig, build_app, start_http_server
+from minipd.models.tokenizer import ByteTokenizer
+from minipd.request import RequestOutput
+from minipd.sampling_params import SamplingParams
+from minipd.serving_backend import EngineBackend, InstanceStats, ServingBackend
+
+from http_helpers import OpenStream, http_json, http_text, sample, scrape
+
+MODEL = "tiny"
+MAX_MODEL_LEN = 512
+MAX_BODY_BYTES = 16 * 1024
+LONG_MAX_TOKENS = 480
+SECRET = "secret internal detail"
+POLL_INTERVAL_S = 0.01
+
+
+class Served:
+    """An app started on the loop thread; `url` is its base URL."""
+
+    def __init__(self, loop_thread, app: web.Application):
+        self.loop_thread, self.app = loop_thread, app
+        self.runner, port = loop_thread.run(start_http_server(app, "127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{port}"
+
+    def close(self) -> None:
+        self.loop_thread.run(self.runner.cleanup())
+
+
+@pytest.fixture(scope="module")
+def engine(make_engine):
+    return make_engine(model=MODEL, num_blocks=32, max_model_len=MAX_MODEL_LEN, max_num_seqs=1)
+
+
+@pytest.fixture
+def serve(loop_thread):
+    """Factory: serve a backend with a config; every server is closed after the test."""
+    served: list[Served] = []
+
+    def factory(backend: ServingBackend, **config) -> Served:
+        config.setdefault("max_request_body_bytes", MAX_BODY_BYTES)
+        served.append(Served(loop_thread, build_app(backend, HttpConfig(**config))))
+        return served[-1]
+
+    yield factory
+    for s in served:
+        s.close()
+
+
+@pytest.fixture
+def server(serve, engine):
+    return serve(EngineBackend(engine, MODEL), max_waiting_requests=None)
+
+
+GOOD = {"prompt": "ok", "max_tokens": 2}
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+@pytest.mark.parametrize("path, body, status, param, words", [
+    (COMPLETIONS, b"{not json", 400, None, "not valid JSON"),
+    (COMPLETIONS, b"", 400, None, "not valid JSON"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens", "got `str`"),
+    (COMPLETIONS, {"prompt": "hi", "temperature": [1]}, 400, "temperature", "expected"),
+    (COMPLETIONS, {"prompt": "hi", "best_off": 2}, 400, "best_off", "unknown field"),
+    (COMPLETIONS, {"max_tokens": 2}, 400, "prompt", "required"),
+    (COMPLETIONS, {"prompt": "x" * MAX_MODEL_LEN}, 400, "prompt", "max_model_len"),
+    (COMPLETIONS, {"prompt": ""}, 400, "prompt", "empty"),
+    (COMPLETIONS, {"prompt": [1, 2, 99999]}, 400, "prompt", "vocabulary"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "positive integer, got 0"),
+    (COMPLETIONS, {"prompt": "hi", "temperature": -1}, 400, "temperature", ">= 0"),
+    (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400, "top_p", "(0, 1]"),
+    (COMPLETIONS, {"prompt": "hi", "top_k": -2}, 400, "top_k", "non-negative"),
+    (COMPLETIONS, {"prompt": "hi", "seed": -5}, 400, "seed", "2**63"),
+    (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop", "non-empty"),
+    (COMPLETIONS, {"prompt": "hi", "n": 2}, 400, "n", "n=1"),
+    (COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo", "not supported"),
+    (COMPLETIONS, {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
+    (COMPLETIONS, {"prompt": "hi", "model": "llama-9000"}, 404, "model", "llama-9000"),
+    (CHAT, {"messages": []}, 400, "messages", "at least one"),
+    (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role", "robot"),
+    (CHAT, {"messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content", "got `int`"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content[0].type",
+     "image_url"),
+    (CHAT, {"messages": [{"role": "user", "content": "x" * MAX_MODEL_LEN}]}, 400, "messages", "max_model_len"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs", "not supported"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tools": []}, 400, "tools", "unknown field"),
+    (COMPLETIONS, {"prompt": "x" * (MAX_BODY_BYTES + 1)}, 413, None, "body size"),
+])
+def test_bad_input_gets_its_status_and_names_the_problem(server, path, body, status, param, words):
+    result = http_json("POST", server.url + path, body)
+    error = result.body["error"]
+    assert result.status == status, error
+    assert error["param"] == param and words in error["message"]
+    if param is not None:
+        assert error["message"].startswith(f"{param}: ")
+    assert set(error) == {"message", "type", "param", "code"}
+    assert http_json("POST", server.url + COMPLETIONS, GOOD).status == 200  # still serving
+
+
+@pytest.mark.parametrize("method, path, status", [("GET", "/v1/nothing", 404), ("GET", COMPLETIONS, 405)])
+def test_unknown_routes_answer_in_the_openai_error_format(server, method, path, status):
+    result = http_json(method, server.url + path)
+    assert result.status == status and path in result.body["error"]["message"]
+
+
+def test_overload_rejects_beyond_the_waiting_limit(serve, engine):
+    served = serve(EngineBackend(engine, MODEL), max_waiting_requests=0, retry_after_s=7)
+    result = http_json("POST", served.url + COMPLETIONS, GOOD)
+    assert result.status == 503 and result.headers["Retry-After"] == "7"
+    assert "limit 0" in result.body["error"]["message"]
+
+
+def test_completed_requests_are_counted_and_timed(serve, engine):
+    served = serve(EngineBackend(engine, MODEL))  # a fresh app: its own registry starts at zero
+    assert http_json("POST", served.url + COMPLETIONS, {"prompt": "one", "max_tokens": 3, "ignore_eos": True}).status \
+        == 200
+    chat = {"messages": [{"role": "user", "content": "two"}], "max_tokens": 2, "ignore_eos": True}
+    assert http_json("POST", served.url + CHAT, chat).status == 200
+    stream = OpenStream(served.url, COMPLETIONS, {"prompt": "three", "max_tokens": 4, "ignore_eos": True})
+    events = [stream.next_event()]
+    while events[-1]["choices"][0]["finish_reason"] is None:
+        events.append(stream.next_event())
+    stream.close()
+    assert http_json("POST", served.url + COMPLETIONS, {"prompt": ""}).status == 400  # refused: not a request
+    samples = scrape(served.url)
+    finished = sum(sample(samples, "minipd_requests_total", finish_reason=r) for r in ("stop", "length", "abort"))
+    assert sample(samples, "minipd_time_to_first_token_seconds_count") == finished == 3
+    assert sample(samples, "minipd_generation_tokens_total") == 3 + 2 + 4
+    assert sample(samples, "minipd_request_queue_time_seconds_count") == 3
+    assert sample(samples, "minipd_inter_token_latency_seconds_count") == 2 + 1 + 3
+    assert sample(samples, "minipd_kv_transfer_seconds_count") == 0  # colocated: nothing moves
+    assert sample(samples, "minipd_kv_blocks_total", instance="local") == 32
+
+
+def test_transfer_recorders_feed_the_transfer_series(serve, engine):
+    served = serve(EngineBackend(engine, MODEL))
+    metrics = served.app[METRICS_KEY]
+    metrics.record_transfer(4096, seconds=0.01, exposed_seconds=0.002)
+    metrics.record_transfer_failure()
+    samples = scrape(served.url)
+    assert sample(samples, "minipd_kv_transfer_bytes_total") == 4096
+    assert sample(samples, "minipd_kv_transfer_exposed_seconds_sum") == pytest.approx(0.002)
+    assert sample(samples, "minipd_kv_transfer_failures_total") == 1
+
+
+def test_disconnect_aborts_running_and_waiting_requests(serve, engine, loop_thread):
+    served = serve(EngineBackend(engine, MODEL))
+    body = {"prompt": "hold on", "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True}
+    running = OpenStream(served.url, COMPLETIONS, body)
+    assert running.next_event()["choices"]  # it runs (max_num_seqs=1), so the next one waits
+    waiting = OpenStream(served.url, COMPLETIONS, body)
+    assert loop_thread.run(_stats(engine)).num_waiting == 1
+    waiting.close()  # it never wrote a byte: only handler cancellation can notice
+    stats = loop_thread.run(_poll_stats(engine, lambda s: s.num_waiting == 0))
+    assert stats.num_running == 1, "the waiting request should leave the queue while the other still runs"
+    running.close()
+    assert loop_thread.run(_settled(engine)), "engine not idle after the clients left"
+    samples = scrape(served.url)
+    assert sample(samples, "minipd_request_aborts_total", cause="client_disconnect") == 2
+    assert sample(samples, "minipd_requests_total", finish_reason="abort") == 2
+    assert sample(samples, "minipd_kv_blocks_free", instance="local") == 32
+
+
+async def _stats(engine):
+    return engine.stats()
+
+
+async def _poll_stats(engine, predicate, timeout: float = 10.0):
+    """The engine's stats once `predicate(stats)` holds; fails after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate(stats := engine.stats()):
+        assert asyncio.get_running_loop().time() < deadline, f"condition not met within {timeout}s: {stats}"
+        await asyncio.sleep(POLL_INTERVAL_S)
+    return stats
+
+
+async def _settled(engine) -> bool:
+    return await engine.wait_idle(timeout=10.0)
+
+
+# ---- a backend that fails, to see that nothing internal leaks ----------------------------
+
+class _FailingStream:
+    request_id = "failing"
+
+    def __init__(self, outputs: list[RequestOutput]):
+        self._outputs = outputs
+
+    def abort(self) -> None:
+        pass
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        for output in self._outputs:
+            yield output
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        pass
+
+
+class FailingBackend:
+    """Raises from `submit` for prompt "raise"; otherwise streams a token, then an engine failure."""
+
+    model_name = MODEL
+    tokenizer = ByteTokenizer()
+    max_model_len = MAX_MODEL_LEN
+
+    def __init__(self, is_ready: bool = True):
+        self.is_ready = is_ready
+
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> _FailingStream:
+        if prompt == "raise":
+            raise RuntimeError(SECRET)
+        return _FailingStream([
+            RequestOutput(request_id=request_id, token_ids=[65], text="A", num_prompt_tokens=3, num_output_tokens=1),
+            RequestOutput(request_id=request_id, token_ids=[], text="", finished=True, finish_reason="abort",
+                          error=f"engine step failed: {SECRET}")])
+
+    async def ready(self) -> bool:
+        return self.is_ready
+
+    def num_waiting(self) -> int:
+        return 0
+
+    def instance_stats(self) -> list[InstanceStats]:
+        return []
+
+
+def test_fake_backend_satisfies_the_protocol():
+    assert isinstance(FailingBackend(), ServingBackend)
+
+
+@pytest.mark.parametrize("body", [{"prompt": "raise"}, {"prompt": "fail"}])
+def test_internal_failures_are_500_without_internals(serve, body):
+    served = serve(FailingBackend())
+    result = http_json("POST", served.url + COMPLETIONS, body)
+    assert result.status == 500 and result.body["error"]["type"] == "server_error"
+    assert SECRET not in json.dumps(result.body) and "Traceback" not in json.dumps(result.body)
+    assert http_json("GET", served.url + "/health").status == 200  # still serving
+
+
+def test_failure_mid_stream_is_reported_in_band(serve):
+    served = serve(FailingBackend())
+    stream = OpenStream(served.url, COMPLETIONS, {"prompt": "fail"})
+    assert stream.next_event()["choices"][0]["text"] == "A"
+    error = stream.next_event()["error"]
+    assert error["type"] == "server_error" and SECRET not in error["message"]
+    assert stream.response.readline() == b"\n" and stream.response.readline() == b"data: [DONE]\n"
+    stream.close()
+
+
+def test_health_reflects_backend_readiness(serve):
+    assert http_json("GET", serve(FailingBackend(is_ready=True)).url + "/health").status == 200
+    not_ready = http_json("GET", serve(FailingBackend(is_ready=False)).url + "/health")
+    assert not_ready.status == 503 and "Retry-After" in not_ready.headers
+
+
+def test_two_apps_in_one_process_keep_separate_metrics(serve):
+    first, second = serve(FailingBackend()), serve(FailingBackend())
+    http_json("POST", first.url + COMPLETIONS, {"prompt": "fail"})
+    assert "minipd_requests_total" in http_text(second.url + "/metrics")
+    assert sample(scrape(first.url), "minipd_requests_total", finish_reason="abort") == 1
+    assert sample(scrape(second.url), "minipd_requests_total", finish_reason="abort") == 0

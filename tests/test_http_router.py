@@ -1,0 +1,83 @@
+"""The HTTP front over the router of an in-process disaggregated cluster (1 prefill, 1 decode)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from minipd.engine import EngineConfig
+from minipd.http_server import HttpConfig, build_app, start_http_server
+from minipd.inprocess_cluster import InProcessCluster
+from minipd.router import RouterConfig
+from minipd.router_backend import RouterBackend
+from minipd.serving_backend import EngineBackend
+
+from http_helpers import OpenStream, http_json, sample, scrape
+
+MODEL = "tiny"
+CONFIG = dict(model=MODEL, num_blocks=32, max_model_len=256)
+LONG_MAX_TOKENS = 200
+SETTLE_TIMEOUT_S = 10.0
+POLL_INTERVAL_S = 0.01
+# a prompt longer than the router's local-prefill threshold, so it is really disaggregated
+PROMPT = "Prefill is compute-bound; decode is bandwidth-bound."
+
+
+@pytest.fixture(scope="module")
+def cluster(loop_thread):
+    cluster = loop_thread.run(InProcessCluster.start(EngineConfig(**CONFIG), num_prefill=1, num_decode=1,
+                                                     router_config=RouterConfig(local_prefill_max_tokens=0)))
+    yield cluster
+    loop_thread.run(cluster.close())
+
+
+@pytest.fixture
+def router_url(cluster, loop_thread):
+    runner, port = loop_thread.run(start_http_server(build_app(RouterBackend(cluster.router), HttpConfig()),
+                                                     "127.0.0.1", 0))
+    yield f"http://127.0.0.1:{port}"
+    loop_thread.run(runner.cleanup())
+    assert loop_thread.run(_all_pools_full(cluster)), "a cluster instance kept requests or blocks"
+
+
+@pytest.fixture
+def colocated_url(make_engine, loop_thread):
+    runner, port = loop_thread.run(start_http_server(
+        build_app(EngineBackend(make_engine(**CONFIG), MODEL), HttpConfig()), "127.0.0.1", 0))
+    yield f"http://127.0.0.1:{port}"
+    loop_thread.run(runner.cleanup())
+
+
+async def _all_pools_full(cluster: InProcessCluster) -> bool:
+    deadline = asyncio.get_running_loop().time() + SETTLE_TIMEOUT_S
+    while asyncio.get_running_loop().time() < deadline:
+        stats = [instance.engine.stats() for instance in cluster.instances]
+        if all(s.num_running == s.num_waiting == 0 and s.blocks.num_free == s.blocks.num_blocks for s in stats):
+            return True
+        await asyncio.sleep(POLL_INTERVAL_S)
+    return False
+
+
+def test_disaggregated_text_equals_colocated_and_transfers_are_measured(router_url, colocated_url):
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 10, "temperature": 0.7, "seed": 99, "ignore_eos": True}
+    routed = http_json("POST", f"{router_url}/v1/completions", body)
+    local = http_json("POST", f"{colocated_url}/v1/completions", body)
+    assert routed.status == local.status == 200
+    assert routed.body["choices"][0]["text"] == local.body["choices"][0]["text"]
+    assert routed.body["usage"]["completion_tokens"] == 10
+    samples = scrape(router_url)
+    assert sample(samples, "minipd_kv_transfer_seconds_count") == 1
+    assert sample(samples, "minipd_kv_transfer_bytes_total") > 0
+    assert sample(samples, "minipd_time_to_first_token_seconds_count") == 1
+    roles = {dict(labels)["role"] for name, labels in samples if name == "minipd_instance_role"}
+    assert roles == {"prefill", "decode"}
+
+
+def test_disconnect_mid_stream_aborts_on_every_instance(router_url, cluster, loop_thread):
+    stream = OpenStream(router_url, "/v1/completions",
+                        {"prompt": PROMPT, "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True})
+    assert stream.next_event()["choices"][0]["text"] is not None
+    stream.close()
+    assert loop_thread.run(_all_pools_full(cluster)), "blocks not freed on every instance after the disconnect"
+    assert sample(scrape(router_url), "minipd_request_aborts_total", cause="client_disconnect") == 1
