@@ -209,11 +209,10 @@ class Engine:
         request.block_ids = block_ids
         request.num_computed_tokens = request.num_tokens
         request.num_cached_tokens = num_cached_tokens
-        request.first_scheduled_time = request.arrival_time
         self.block_manager.register_computed(block_ids, request.token_ids, request.num_tokens)
         stream = RequestStream(request.request_id, self.abort, request)
         self._streams[request.request_id] = stream
-        self.scheduler.add_running(request)
+        self.scheduler.add_prefilled(request)
         self._append_token(request, first_token)
         self._idle.clear()
         self._wakeup.set()
@@ -307,7 +306,7 @@ class Engine:
                 self._append_token(chunk.request, next(tokens))
 
     def _append_token(self, request: Request, token: int) -> None:
-        if request.status is not RequestStatus.RUNNING:
+        if request.status is RequestStatus.FINISHED:
             return
         params = request.sampling
         request.token_ids.append(token)

@@ -113,7 +113,8 @@ class Instance:
                 channel.reply(message, Welcome(
                     instance_id=self.instance_id, role=self.role, fingerprint=self.fingerprint,
                     transport=self.transport.backend, transport_description=self.transport.describe(),
-                    model_name=self.model_name, max_model_len=self.engine.config.max_model_len))
+                    model_name=self.model_name, max_model_len=self.engine.config.max_model_len,
+                    max_num_seqs=self.engine.config.max_num_seqs))
             case Reserve():
                 self._track(channel, message.request_id)
                 self._reserve(channel, message)

@@ -110,6 +110,11 @@ class Router:
     async def ready(self) -> bool:
         return bool(self.registry.alive(("decode", "both")))
 
+    def num_waiting(self) -> int:
+        """Requests routed to a decode instance beyond what it runs at once (known without polling)."""
+        return sum(max(0, h.num_inflight - h.welcome.max_num_seqs)
+                   for h in self.registry.alive(("decode", "both")) if h.welcome.max_num_seqs)
+
     def instance_stats(self) -> list[Stats]:
         return [h.stats for h in self.registry.instances.values() if h.stats is not None and h.is_alive]
 
@@ -205,10 +210,17 @@ class Router:
                 return
 
     async def _attempt(self, routed: RoutedRequest, failed: set[str]) -> None:
-        registry = self.registry
-        decode = registry.pick_decode(exclude=failed)
+        decode = self.registry.pick_decode(exclude=failed)
         if decode is None:
             raise ChannelClosed("no decode instance available")
+        decode.num_inflight += 1
+        try:
+            await self._attempt_on(decode, routed, failed)
+        finally:
+            decode.num_inflight -= 1
+
+    async def _attempt_on(self, decode: InstanceHandle, routed: RoutedRequest, failed: set[str]) -> None:
+        registry = self.registry
         hashes = registry.prompt_hashes(routed.token_ids)
         prefill, expected_cached = registry.pick_prefill(hashes, exclude=failed)
         uncached = len(routed.token_ids) - expected_cached
@@ -257,21 +269,17 @@ class Router:
     async def _run_on(self, decode: InstanceHandle, routed: RoutedRequest, message: Message) -> None:
         """Send a streaming request and relay outputs until it finishes or the instance dies."""
         routed.outputs = asyncio.Queue()
-        decode.num_inflight += 1
-        try:
-            decode.channel.send(message)
-            while True:
-                output = await self._next_output(routed, decode)
-                if output.error is not None and not routed.first_token_sent and not output.token_ids:
-                    raise InstanceFailed(output.error)
-                routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
-                if output.finished:
-                    output.transfer = routed.transfer
-                    self._finish(routed, None, None, output)
-                    return
-                routed.stream.put(output)
-        finally:
-            decode.num_inflight -= 1
+        decode.channel.send(message)
+        while True:
+            output = await self._next_output(routed, decode)
+            if output.error is not None and not routed.first_token_sent and not output.token_ids:
+                raise InstanceFailed(output.error)
+            routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
+            if output.finished:
+                output.transfer = routed.transfer
+                self._finish(routed, None, None, output)
+                return
+            routed.stream.put(output)
 
     @staticmethod
     async def _next_output(routed: RoutedRequest, decode: InstanceHandle) -> RequestOutput:

@@ -41,7 +41,7 @@ class RouterBackend:
         return await self.router.ready()
 
     def num_waiting(self) -> int:
-        return sum(stats.num_waiting for stats in self.router.instance_stats())
+        return self.router.num_waiting()
 
     def instance_stats(self) -> list[InstanceStats]:
         return [InstanceStats(s.instance_id, s.role, EngineStats(

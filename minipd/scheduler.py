@@ -70,10 +70,12 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
-    def add_running(self, request: Request) -> None:
-        """Adopt a request whose KV is already in its blocks (e.g. received from a prefill instance)."""
-        request.status = RequestStatus.RUNNING
-        self.running.append(request)
+    def add_prefilled(self, request: Request) -> None:
+        """Queue a request whose prompt KV is already in `request.block_ids` (received from a
+        prefill instance); it is admitted like any other, within max_num_seqs, without
+        allocating or computing its prompt again."""
+        request.status = RequestStatus.WAITING
+        self.waiting.append(request)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
@@ -152,6 +154,15 @@ class Scheduler:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.block_ids:  # prefilled elsewhere: only its new tokens run
+                num_new = self._chunk_size(request, request.num_tokens - request.num_computed_tokens, budget)
+                needed = bm.blocks_for(request.num_computed_tokens + num_new) - len(request.block_ids)
+                if num_new == 0 or needed > bm.num_free_blocks:
+                    break
+                bm.allocate_slots(request.block_ids, request.num_computed_tokens + num_new)
+                self._start(request, num_new, chunks)
+                budget -= num_new
+                continue
             if bm.num_new_blocks_for(request.token_ids) > bm.num_free_blocks:
                 break
             match = bm.match_prefix(request.token_ids)
@@ -161,13 +172,17 @@ class Scheduler:
             request.block_ids, request.num_computed_tokens = bm.allocate(request.token_ids)
             if request.num_preemptions == 0:
                 request.num_cached_tokens = request.num_computed_tokens
-                request.first_scheduled_time = time.monotonic()
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            chunks.append(self._chunk(request, num_new))
+            self._start(request, num_new, chunks)
             budget -= num_new
         return budget
+
+    def _start(self, request: Request, num_new: int, chunks: list[ScheduledChunk]) -> None:
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.monotonic()
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        chunks.append(self._chunk(request, num_new))
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import select
 import subprocess
 import sys
@@ -21,6 +22,7 @@ REQUEST_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 SETTLE_TIMEOUT_S = 10.0
 ANNOUNCE_PREFIX = "minipd: serving"
+READ_CHUNK_BYTES = 4096
 
 
 class HttpResult(NamedTuple):
@@ -106,10 +108,19 @@ def wait_until_pools_full(base_url: str, timeout: float = SETTLE_TIMEOUT_S) -> d
 
 def start_colocated(log_dir: Path, *flags: str) -> LiveServer:
     """`minipd --role both --port 0 FLAGS`, once it announced its port and /health answers 200."""
+    return _start(log_dir, "--role", "both", "--port", "0", *flags)
+
+
+def start_cluster(log_dir: Path, *flags: str) -> LiveServer:
+    """`minipd --role cluster --http-port 0 FLAGS` (router, one prefill and one decode process)."""
+    return _start(log_dir, "--role", "cluster", "--http-port", "0", *flags)
+
+
+def _start(log_dir: Path, *argv: str) -> LiveServer:
     log_path = log_dir / "server.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "minipd.cli", "--role", "both", "--port", "0", *flags],
-                                   stdout=subprocess.PIPE, stderr=log, text=True)
+        process = subprocess.Popen([sys.executable, "-m", "minipd.cli", *argv],
+                                   stdout=subprocess.PIPE, stderr=log, bufsize=0)
     try:
         base_url = _read_announced_url(process, log_path)
         _wait_healthy(base_url, process, log_path)
@@ -131,17 +142,24 @@ def stop(server: LiveServer) -> None:
 
 
 def _read_announced_url(process: subprocess.Popen, log_path: Path) -> str:
+    """Read stdout unbuffered (a buffered reader would hide lines from `select`) until the
+    announcement line."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    pending = b""
     while True:
         remaining = deadline - time.monotonic()
         assert remaining > 0, f"server did not announce its port in {STARTUP_TIMEOUT_S}s: {log_path.read_text()}"
         readable, _, _ = select.select([process.stdout], [], [], remaining)
         if not readable:
             continue
-        line = process.stdout.readline()
-        assert line, f"server exited with {process.wait(STOP_TIMEOUT_S)}: {log_path.read_text()}"
-        if line.startswith(ANNOUNCE_PREFIX):
-            return line.rsplit(" on ", 1)[1].strip()
+        chunk = os.read(process.stdout.fileno(), READ_CHUNK_BYTES)
+        assert chunk, f"server exited with {process.wait(STOP_TIMEOUT_S)}: {log_path.read_text()}"
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            text = line.decode(errors="replace")
+            if text.startswith(ANNOUNCE_PREFIX):
+                return text.rsplit(" on ", 1)[1].strip()
 
 
 def _wait_healthy(base_url: str, process: subprocess.Popen, log_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 `server` is parametrised over `SERVERS`: each entry starts one kind of deployment with
 the same limits (one request running at a time, at most one waiting) and yields its base
-URL. A disaggregated local cluster joins as a second entry once it exists.
+URL: a colocated instance, and a local disaggregated cluster (router + one prefill + one
+decode process, TCP KV transport) whose router serves the API.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from http_helpers import (OpenStream, http_json, sample, scrape, start_colocated, stop, wait_until_pools_full)
+from http_helpers import (OpenStream, http_json, sample, scrape, start_cluster, start_colocated, stop,
+                          wait_until_pools_full)
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512
@@ -20,6 +22,7 @@ COMMON_FLAGS = ("--model", MODEL, "--num-blocks", "64", "--max-model-len", str(M
 
 SERVERS = {
     "colocated": lambda log_dir: start_colocated(log_dir, *COMMON_FLAGS),
+    "disaggregated": lambda log_dir: start_cluster(log_dir, *COMMON_FLAGS, "--local-prefill-max-tokens", "-1"),
 }
 
 
@@ -116,7 +119,10 @@ def test_disconnect_mid_stream_frees_every_block(server):
         sample(before, disconnects, cause="client_disconnect") + 1
 
 
-def test_metrics_count_every_completed_request(server, client):
+EXPECTED_ROLES = {"colocated": {("local", "both")}, "disaggregated": {("prefill-0", "prefill"), ("decode-0", "decode")}}
+
+
+def test_metrics_count_every_completed_request(server, client, request):
     before = scrape(server)
     for seed in range(3):
         client.completions.create(model=MODEL, prompt="count me", max_tokens=3, seed=seed,
@@ -130,4 +136,6 @@ def test_metrics_count_every_completed_request(server, client):
     assert delta("minipd_requests_total", finish_reason="length") == 3
     assert delta("minipd_generation_tokens_total") == 9
     assert delta("minipd_e2e_request_latency_seconds_count") == 3
-    assert sample(after, "minipd_instance_role", instance="local", role="both") == 1
+    roles = {(dict(labels)["instance"], dict(labels)["role"])
+             for (name, labels), value in after.items() if name == "minipd_instance_role" and value == 1}
+    assert roles == EXPECTED_ROLES[request.node.callspec.params["server"]]

@@ -68,6 +68,7 @@ class Welcome(Reply, tag="welcome"):
     transport_description: bytes = b""
     model_name: str = ""
     max_model_len: int = 0
+    max_num_seqs: int = 0
 
 
 class CallError(Reply, tag="error"):
