@@ -88,13 +88,21 @@ class Engine:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = parse_dtype(config.dtype)
-        self.model, self.tokenizer = load_model(config.model, self.device, self.dtype)
-        self.model_config = self.model.config
-        if config.max_model_len > self.model_config.max_position_embeddings:
-            raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's "
-                             f"max_position_embeddings ({self.model_config.max_position_embeddings})")
-        self.kv_pool = allocate_kv_pool(self.model_config, config.num_blocks, config.block_size, self.dtype,
-                                        self.device)
+        # Every parallel torch op runs on this one thread, loading included: once a second
+        # thread has run one, OpenMP keeps two thread teams and the forward pass slows down
+        # about 2x on a small machine.
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minipd-compute")
+        try:
+            self.model, self.tokenizer = self.run_on_compute_thread(load_model, config.model, self.device, self.dtype)
+            self.model_config = self.model.config
+            if config.max_model_len > self.model_config.max_position_embeddings:
+                raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's "
+                                 f"max_position_embeddings ({self.model_config.max_position_embeddings})")
+            self.kv_pool = self.run_on_compute_thread(allocate_kv_pool, self.model_config, config.num_blocks,
+                                                      config.block_size, self.dtype, self.device)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            raise
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler_config(), self.block_manager)
         self.runner = ModelRunner(self.model, self.kv_pool)
@@ -103,10 +111,13 @@ class Engine:
         self._streams: dict[str, RequestStream] = {}
         self._pending_aborts: set[str] = set()
         self._ids = itertools.count()
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minipd-compute")
         self._wakeup: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None  # set while the loop waits for work
         self._loop_task: asyncio.Task | None = None
+
+    def run_on_compute_thread(self, fn, *args):
+        """Run `fn(*args)` on the compute thread and return its result (blocking; for set-up work)."""
+        return self._executor.submit(fn, *args).result()
 
     # ---- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:

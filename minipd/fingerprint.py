@@ -25,5 +25,6 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 def engine_fingerprint(engine: Engine) -> Fingerprint:
     return Fingerprint(protocol_version=PROTOCOL_VERSION, model=engine.model_config,
-                       weights_digest=weights_digest(engine.model), dtype=engine.config.dtype,
+                       weights_digest=engine.run_on_compute_thread(weights_digest, engine.model),
+                       dtype=engine.config.dtype,
                        block_size=engine.config.block_size, kv_layout=KV_LAYOUT)
