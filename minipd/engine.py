@@ -30,6 +30,7 @@ from .model_loader import load_model
 from .model_runner import ModelRunner
 from .request import FinishReason, Request, RequestOutput, RequestStatus
 from .request_stream import RequestStream
+from .prompt_check import prompt_token_ids
 from .sampling_params import InvalidRequestError, SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
@@ -158,22 +159,7 @@ class Engine:
         """Validate and tokenize; raises InvalidRequestError naming the bad field."""
         params = (params or SamplingParams()).with_seed()
         params.validate(self.model_config.vocab_size)
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("prompt", "must not be empty")
-            token_ids = self.tokenizer.encode(prompt)
-        else:
-            token_ids = list(prompt)
-            if not token_ids:
-                raise InvalidRequestError("prompt_token_ids", "must not be empty")
-            vocab = self.model_config.vocab_size
-            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-            if bad:
-                raise InvalidRequestError("prompt_token_ids", f"ids {bad[:5]} outside the vocabulary [0, {vocab})")
-        if len(token_ids) >= self.config.max_model_len:
-            raise InvalidRequestError(
-                "prompt", f"{len(token_ids)} tokens; max_model_len is {self.config.max_model_len} "
-                          f"(the prompt must leave room for at least one output token)")
+        token_ids = prompt_token_ids(self.tokenizer, prompt, self.model_config.vocab_size, self.config.max_model_len)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")

@@ -18,9 +18,10 @@ from typing import NamedTuple
 from minipd.transports.base import Transport
 from minipd.transports.registry import create_transport
 
-from .control.channel import Channel, serve
-from .control.messages import (PROTOCOL_VERSION, Abort, CallError, Decode, Generate, GetStats, Hello, Message,
+from .control.channel import Channel
+from .control.messages import (Abort, CallError, Decode, Generate, GetStats, Hello, Message,
                                PeerLost, Prefill, Prefilled, Reserve, Reserved, Stats, TokenOutput, Welcome)
+from .control.server import ControlServer
 from .engine import Engine, NoCapacity
 from .fingerprint import engine_fingerprint
 from .layerwise_sender import LayerwiseKVSender
@@ -44,9 +45,10 @@ class Reservation(NamedTuple):
     deadline: float  # time.monotonic()
 
 
-class Instance:
+class Instance(ControlServer):
     def __init__(self, engine: Engine, role: str, instance_id: str, transport: Transport,
                  model_name: str, lease_s: float = DEFAULT_LEASE_S):
+        super().__init__(instance_id)
         if role not in ROLES:
             raise ValueError(f"role: {role!r} is not one of {ROLES}")
         self.engine, self.role, self.instance_id = engine, role, instance_id
@@ -57,10 +59,7 @@ class Instance:
         self.reservations: dict[str, Reservation] = {}
         self._peer_ids: dict[str, str] = {}  # decode instance id -> transport peer id
         self._connecting: dict[str, asyncio.Task] = {}
-        self._requests_of: dict[Channel, set[str]] = {}
-        self._server: asyncio.Server | None = None
         self._lease_task: asyncio.Task | None = None
-        self.port = 0
         self.expired_leases: asyncio.Queue[str] = asyncio.Queue()  # request ids, for observers and tests
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -75,40 +74,24 @@ class Instance:
 
     async def serve(self, host: str, port: int) -> int:
         """Start the control-plane server; returns the bound port."""
-        self._server = await serve(host, port, self._on_channel, self.instance_id)
-        self.port = self._server.sockets[0].getsockname()[1]
+        port = await super().serve(host, port)
         self._lease_task = asyncio.get_running_loop().create_task(self._expire_leases())
-        return self.port
+        return port
 
     async def close(self) -> None:
         if self._lease_task is not None:
             self._lease_task.cancel()
-        if self._server is not None:
-            self._server.close()
-        for channel in list(self._requests_of):
-            await channel.close()
+        await self.close_connections()
         for request_id in list(self.reservations):
             await self._drop_reservation(request_id)
         await self.engine.close()
         await self.transport.close()
 
-    def _on_channel(self, channel: Channel) -> None:
-        self._requests_of[channel] = set()
-        channel.set_handler(self._handle)
-        asyncio.get_running_loop().create_task(self._abort_when_closed(channel))
-
-    async def _abort_when_closed(self, channel: Channel) -> None:
-        await channel.closed.wait()
-        for request_id in self._requests_of.pop(channel, set()):
-            await self._abort(request_id)
-
     # ---- dispatch ---------------------------------------------------------------------
-    async def _handle(self, channel: Channel, message: Message) -> None:
+    async def handle(self, channel: Channel, message: Message) -> None:
         match message:
             case Hello():
-                if message.protocol_version != PROTOCOL_VERSION:
-                    channel.reply(message, CallError(message=f"protocol_version: {message.protocol_version} != "
-                                                             f"{PROTOCOL_VERSION}", kind="invalid"))
+                if self.refuse_hello(channel, message):
                     return
                 channel.reply(message, Welcome(
                     instance_id=self.instance_id, role=self.role, fingerprint=self.fingerprint,
@@ -116,18 +99,18 @@ class Instance:
                     model_name=self.model_name, max_model_len=self.engine.config.max_model_len,
                     max_num_seqs=self.engine.config.max_num_seqs))
             case Reserve():
-                self._track(channel, message.request_id)
+                self.track(channel, message.request_id)
                 self._reserve(channel, message)
             case Prefill():
-                self._track(channel, message.request_id)
+                self.track(channel, message.request_id)
                 await self._prefill(channel, message)
             case Decode():
                 await self._decode(channel, message)
             case Generate():
-                self._track(channel, message.request_id)
+                self.track(channel, message.request_id)
                 await self._generate(channel, message)
             case Abort():
-                await self._abort(message.request_id)
+                await self.abort_request(message.request_id)
             case PeerLost():
                 self.transport.peer_lost(message.instance_id, message.reason)
                 self._peer_ids.pop(message.instance_id, None)
@@ -137,12 +120,6 @@ class Instance:
                 channel.reply(message, self.stats())
             case _:
                 log.warning("%s: unexpected %s", self.instance_id, type(message).__name__)
-
-    def _track(self, channel: Channel, request_id: str) -> None:
-        self._requests_of.setdefault(channel, set()).add(request_id)
-
-    def _untrack(self, channel: Channel, request_id: str) -> None:
-        self._requests_of.get(channel, set()).discard(request_id)
 
     def _refuse(self, role: str, channel: Channel, message) -> bool:
         if self.role in (role, "both"):
@@ -237,7 +214,7 @@ class Instance:
                 num_bytes=report.num_bytes, compute_s=report.compute_s, transfer_s=report.transfer_s,
                 exposed_s=report.exposed_s))
         finally:
-            self._untrack(channel, request_id)
+            self.untrack(channel, request_id)
 
     async def _peer(self, instance_id: str, description: bytes) -> str:
         """Connect the transport to a decode instance once, however many requests ask at once."""
@@ -266,15 +243,15 @@ class Instance:
         async with stream:
             async for output in stream:
                 channel.send(TokenOutput(request_id=stream.request_id, output=output))
-        self._untrack(channel, stream.request_id)
+        self.untrack(channel, stream.request_id)
 
     def _send_failure(self, channel: Channel, request_id: str, reason: str) -> None:
-        self._untrack(channel, request_id)
+        self.untrack(channel, request_id)
         channel.send(TokenOutput(request_id=request_id, output=RequestOutput(
             request_id=request_id, token_ids=[], text="", finished=True, finish_reason=FinishReason.ABORT.value,
             error=reason)))
 
-    async def _abort(self, request_id: str) -> None:
+    async def abort_request(self, request_id: str) -> None:
         self.engine.abort(request_id)
         if not await self._drop_reservation(request_id):
             await self.transport.abort(request_id)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from typing import Callable, Sequence
 
 import msgspec
@@ -28,6 +27,7 @@ from .control.channel import Channel, ChannelClosed, RemoteError
 from .control.messages import (PROTOCOL_VERSION, Abort, Decode, Generate, GetStats, Hello, Message, PeerLost,
                                Prefill, Prefilled, Reserve, Reserved, Stats, TokenOutput, Welcome)
 from .instance_registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
+from .prompt_check import prompt_token_ids
 from .request import FinishReason, RequestOutput, TransferInfo
 from .request_stream import RequestStream
 from .sampling_params import InvalidRequestError, SamplingParams
@@ -144,7 +144,7 @@ class Router:
         if not self.registry.instances:
             raise RuntimeError("the router has no instances")
         params.validate(self.vocab_size)
-        token_ids = self._tokenize(prompt)
+        token_ids = prompt_token_ids(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
@@ -165,24 +165,6 @@ class Router:
             return False
         self._finish(routed, FinishReason.ABORT, None)
         return True
-
-    def _tokenize(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("prompt", "must not be empty")
-            token_ids = self.tokenizer.encode(prompt)
-        else:
-            token_ids = list(prompt)
-            if not token_ids:
-                raise InvalidRequestError("prompt_token_ids", "must not be empty")
-            bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size]
-            if bad:
-                raise InvalidRequestError("prompt_token_ids", f"ids {bad[:5]} outside the vocabulary "
-                                                              f"[0, {self.vocab_size})")
-        if len(token_ids) >= self.max_model_len:
-            raise InvalidRequestError("prompt", f"{len(token_ids)} tokens; max_model_len is {self.max_model_len} "
-                                                f"(the prompt must leave room for at least one output token)")
-        return token_ids
 
     async def _route(self, routed: RoutedRequest) -> None:
         failed: set[str] = set()

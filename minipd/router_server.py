@@ -9,12 +9,12 @@ mismatch, saying what differs). A client's requests are aborted when its connect
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
-from .control.channel import Channel, serve
-from .control.messages import (PROTOCOL_VERSION, Abort, CallError, ClientGenerate, ClusterStats, GetStats, Hello,
+from .control.channel import Channel
+from .control.messages import (Abort, CallError, ClientGenerate, ClusterStats, GetStats, Hello,
                                Message, Register, Registered, TokenOutput, Welcome)
+from .control.server import ControlServer
 from .instance_registry import IncompatibleInstance
 from .request import FinishReason, RequestOutput
 from .router import Router
@@ -23,40 +23,21 @@ from .sampling_params import InvalidRequestError
 log = logging.getLogger(__name__)
 
 
-class RouterServer:
+class RouterServer(ControlServer):
     def __init__(self, router: Router):
+        super().__init__("router")
         self.router = router
-        self._server: asyncio.Server | None = None
-        self._requests_of: dict[Channel, set[str]] = {}
-        self.port = 0
-
-    async def serve(self, host: str, port: int) -> int:
-        self._server = await serve(host, port, self._on_channel, "router")
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self.port
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for channel in list(self._requests_of):
-            await channel.close()
+        await self.close_connections()
 
-    def _on_channel(self, channel: Channel) -> None:
-        self._requests_of[channel] = set()
-        channel.set_handler(self._handle)
-        asyncio.get_running_loop().create_task(self._abort_when_closed(channel))
+    async def abort_request(self, request_id: str) -> None:
+        self.router.abort(request_id)
 
-    async def _abort_when_closed(self, channel: Channel) -> None:
-        await channel.closed.wait()
-        for request_id in self._requests_of.pop(channel, set()):
-            self.router.abort(request_id)
-
-    async def _handle(self, channel: Channel, message: Message) -> None:
+    async def handle(self, channel: Channel, message: Message) -> None:
         match message:
             case Hello():
-                if message.protocol_version != PROTOCOL_VERSION:
-                    channel.reply(message, CallError(message=f"protocol_version: {message.protocol_version} != "
-                                                             f"{PROTOCOL_VERSION}", kind="invalid"))
+                if self.refuse_hello(channel, message):
                     return
                 channel.reply(message, Welcome(instance_id="router", role="router",
                                                fingerprint=self.router.registry.fingerprint,
@@ -94,11 +75,11 @@ class RouterServer:
                 request_id=message.request_id, token_ids=[], text="", finished=True,
                 finish_reason=FinishReason.ABORT.value, error=str(exc))))
             return
-        self._requests_of[channel].add(request_id)
+        self.track(channel, request_id)
         try:
             async with stream:
                 async for output in stream:
                     output.request_id = message.request_id
                     channel.send(TokenOutput(request_id=message.request_id, output=output))
         finally:
-            self._requests_of.get(channel, set()).discard(request_id)
+            self.untrack(channel, request_id)
