@@ -197,6 +197,12 @@ class Instance(ControlServer):
         if self._refuse("prefill", channel, message):
             return
         request_id = message.request_id
+        differences = self.fingerprint.differences(message.decode_fingerprint)
+        if differences:
+            channel.reply(message, CallError(message=f"{message.decode_instance} is incompatible with "
+                                                     f"{self.instance_id}: {'; '.join(differences)}", kind="invalid"))
+            self.untrack(channel, request_id)
+            return
         try:
             peer_id = await self._peer(message.decode_instance, message.decode_description)
             sender = LayerwiseKVSender(self.engine, self.transport, peer_id, request_id, message.dst_block_ids,

@@ -202,10 +202,11 @@ class Router:
             decode.num_inflight -= 1
 
     async def _attempt_on(self, decode: InstanceHandle, routed: RoutedRequest, failed: set[str]) -> None:
+        """One try. Whichever instance is being waited on when an exception escapes is added to
+        `failed`, so a retry goes elsewhere."""
         registry = self.registry
         hashes = registry.prompt_hashes(routed.token_ids)
         prefill, expected_cached = registry.pick_prefill(hashes, exclude=failed)
-        uncached = len(routed.token_ids) - expected_cached
         uncached_on_decode = len(routed.token_ids) - decode.prefix_overlap(hashes) * registry.block_size
         routed.instances = {decode.instance_id}
         decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
@@ -217,6 +218,23 @@ class Router:
             return
         routed.mode = "disaggregated"
         routed.instances.add(prefill.instance_id)
+        uncached = len(routed.token_ids) - expected_cached
+        prefill.num_inflight += 1  # counted from the pick, so concurrent picks see the load
+        prefill.num_inflight_tokens += uncached
+        try:
+            first_token = await self._prefill_remotely(routed, prefill, decode, hashes, failed)
+        finally:
+            prefill.num_inflight -= 1
+            prefill.num_inflight_tokens -= uncached
+        routed.instances.discard(prefill.instance_id)
+        failed.add(decode.instance_id)
+        await self._run_on(decode, routed, Decode(request_id=routed.request_id, first_token=first_token,
+                                                  sampling=routed.params))
+
+    async def _prefill_remotely(self, routed: RoutedRequest, prefill: InstanceHandle, decode: InstanceHandle,
+                                hashes: list[int], failed: set[str]) -> int:
+        """Reserve on decode, then prefill with the KV streamed into the reservation; returns the
+        first token and records the transfer."""
         timeout = self.config.call_timeout_s
         failed.add(decode.instance_id)
         reserved: Reserved = await decode.channel.call(
@@ -224,29 +242,20 @@ class Router:
                     prefill_instance=prefill.instance_id), timeout)
         failed.discard(decode.instance_id)
         failed.add(prefill.instance_id)
-        prefill.num_inflight += 1
-        prefill.num_inflight_tokens += uncached
-        try:
-            prefilled: Prefilled = await prefill.channel.call(Prefill(
-                request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params,
-                decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
-                dst_block_ids=reserved.dst_block_ids,
-                num_skip_blocks=reserved.num_cached_tokens // registry.block_size,
-                layerwise=self.config.layerwise), timeout)
-        finally:
-            prefill.num_inflight -= 1
-            prefill.num_inflight_tokens -= uncached
+        prefilled: Prefilled = await prefill.channel.call(Prefill(
+            request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params,
+            decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
+            decode_fingerprint=decode.welcome.fingerprint, dst_block_ids=reserved.dst_block_ids,
+            num_skip_blocks=reserved.num_cached_tokens // self.registry.block_size,
+            layerwise=self.config.layerwise), timeout)
         failed.discard(prefill.instance_id)
         prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
-        routed.instances.discard(prefill.instance_id)
         routed.transfer = TransferInfo(prefill.instance_id, decode.instance_id, prefilled.num_bytes,
                                        prefilled.num_cached_tokens, reserved.num_cached_tokens,
                                        prefilled.compute_s, prefilled.transfer_s, prefilled.exposed_s)
         if self.on_transfer is not None:
             self.on_transfer(routed.transfer)
-        failed.add(decode.instance_id)
-        await self._run_on(decode, routed, Decode(request_id=routed.request_id, first_token=prefilled.first_token,
-                                                  sampling=routed.params))
+        return prefilled.first_token
 
     async def _run_on(self, decode: InstanceHandle, routed: RoutedRequest, message: Message) -> None:
         """Send a streaming request and relay outputs until it finishes or the instance dies."""

@@ -7,12 +7,14 @@ import asyncio
 import msgspec
 import pytest
 
-from minipd.control.messages import Reserve
+from minipd.control.channel import Channel, RemoteError
+from minipd.control.messages import Prefill, Register, Reserve
 from minipd.engine import Engine
 from minipd.inprocess_cluster import InProcessCluster
 from minipd.instance import Instance
 from minipd.instance_registry import IncompatibleInstance
 from minipd.router import RouterConfig
+from minipd.router_server import RouterServer
 from minipd.sampling_params import SamplingParams
 
 from disagg_helpers import (BLOCK_SIZE, CONFIG, LOCAL_PREFILL_MAX_TOKENS, SHARED_PREFIX_LEN, assert_same_tokens,
@@ -124,3 +126,66 @@ def test_fingerprint_mismatch_is_refused_naming_the_difference(cluster, loop_thr
     message = loop_thread.run(add_mismatched())
     assert f"block_size: {2 * BLOCK_SIZE} != {BLOCK_SIZE}" in message and "odd-one" in message
     assert "odd-one" not in cluster.router.registry.instances
+
+
+def test_prefill_refuses_a_decode_with_another_fingerprint(cluster, loop_thread):
+    prefill = cluster.router.registry.instances["prefill-0"]
+    decode = cluster.router.registry.instances["decode-0"]
+    odd = msgspec.structs.replace(decode.welcome.fingerprint, dtype="bfloat16")
+
+    async def prefill_for_odd_decode():
+        with pytest.raises(RemoteError) as info:
+            await prefill.channel.call(Prefill(
+                request_id="odd", token_ids=list(range(40)), sampling=SamplingParams(temperature=0.0),
+                decode_instance="decode-0", decode_description=decode.welcome.transport_description,
+                decode_fingerprint=odd, dst_block_ids=[0, 1, 2], num_skip_blocks=0))
+        return str(info.value)
+    message = loop_thread.run(prefill_for_odd_decode())
+    assert "dtype: 'float32' != 'bfloat16'" in message
+
+
+def test_instances_can_register_with_the_router_port(cluster, loop_thread):
+    async def register_and_route():
+        server = RouterServer(cluster.router)
+        port = await server.serve("127.0.0.1", 0)
+        late = await Instance.create(Engine(CONFIG), "prefill", "late-prefill", "loopback", "tiny",
+                                     {"hub": cluster.instances[0].transport._hub})
+        odd = await Instance.create(Engine(msgspec.structs.replace(CONFIG, block_size=2 * BLOCK_SIZE)), "decode",
+                                    "odd-decode", "loopback", "tiny")
+        try:
+            for instance in (late, odd):
+                await instance.serve("127.0.0.1", 0)
+            channel = await Channel.connect("127.0.0.1", port, None, "test")
+            registered = await channel.call(Register(host="127.0.0.1", port=late.port))
+            with pytest.raises(RemoteError) as refused:
+                await channel.call(Register(host="127.0.0.1", port=odd.port))
+            await channel.close()
+            return registered, str(refused.value), sorted(cluster.router.registry.instances)
+        finally:
+            for instance in (late, odd):
+                await instance.close()
+            await server.close()
+    registered, refused, ids = loop_thread.run(register_and_route())
+    assert registered.instance_id == "late-prefill" and "late-prefill" in ids
+    assert "block_size" in refused and "odd-decode" not in ids
+
+
+def test_router_prefers_the_prefill_instance_holding_the_prefix_and_spreads_load(loop_thread):
+    async def run():
+        async with await InProcessCluster.start(CONFIG, num_prefill=2, num_decode=1, router_config=RouterConfig(
+                local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS)) as two:
+            greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
+            spread = await asyncio.gather(*(_transfer(two, [k] * 60 + list(range(20)), greedy) for k in range(4)))
+            base = list(range(100, 180))
+            first = await _transfer(two, base, greedy)
+            again = [await _transfer(two, base + [50 + i] * 20, greedy) for i in range(3)]
+            return spread, first, again
+    spread, first, again = loop_thread.run(run())
+    assert {t.prefill_instance for t in spread} == {"prefill-0", "prefill-1"}, "concurrent load is spread"
+    assert all(t.prefill_instance == first.prefill_instance for t in again), "the prefix holder is preferred"
+    assert all(t.prefill_cached_tokens == 5 * BLOCK_SIZE for t in again)
+
+
+async def _transfer(cluster, prompt, params):
+    outputs = [o async for o in cluster.generate(prompt, params)]
+    return outputs[-1].transfer

@@ -97,6 +97,7 @@ class Prefill(Call, tag="prefill"):
     sampling: SamplingParams
     decode_instance: str
     decode_description: bytes
+    decode_fingerprint: Fingerprint
     dst_block_ids: list[int]
     num_skip_blocks: int  # leading blocks the decode instance already holds
     layerwise: bool = True
