@@ -1,0 +1,276 @@
+"""Transport bandwidth: 64 MiB of KV per request between two processes, per backend, vs memcpy.
+
+For each backend a receiver process reserves blocks and a sender process (both fresh) writes
+every layer of a request into them, then finishes it; the time runs from the first write to the receiver
+seeing the request landed (both read the same monotonic clock). Two block maps: 1 MiB
+blocks in shuffled order (one 1 MiB move each), and the tiny model's 8 KiB blocks handed out
+in chunks by an allocator (per-block pairs that coalescing merges). Baselines measured in the
+same run: single-thread memcpy of the same bytes, and a raw socket (blocking sendall /
+recv_into a preallocated buffer). Rates are in Gbit/s (`*_gbps`; 8 Gbit/s = 1 GB/s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import multiprocessing
+import random
+import socket
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from minipd.transports.block_run import coalesce_runs
+from minipd.transports.loopback_hub import LoopbackHub
+from minipd.transports.registry import BACKENDS, available_transports, create_transport
+
+MIB = 1 << 20
+NUM_LAYERS = 4  # the tiny model's layer count
+TINY_BLOCK_SHAPE = (2, 16, 2, 32)  # K/V x block_size x kv_heads x head_dim, fp32: 8 KiB
+LARGE_BLOCK_SHAPE = (MIB // 4,)  # fp32: 1 MiB blocks
+SPARE_FRACTION = 0.5  # pools hold this much more than one request, so maps can scatter
+START_TIMEOUT_S = 120.0
+LANDED_TIMEOUT_S = 60.0
+SOCKET_CHUNK = 4 * MIB
+GBIT = 1e9 / 8
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help="comma-separated transports to measure (default: all installed)")
+    parser.add_argument("--request-mib", type=int, default=64, help="KV bytes per request, MiB (default 64)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per case; the median counts")
+    parser.add_argument("--small-chunk-blocks", type=int, default=32,
+                        help="the small-block map hands out destination blocks in chunks of this many (default 32)")
+    parser.add_argument("--link-gbps", type=float, default=None, help="cap each transport's egress (Gbit/s)")
+
+
+# ---- baselines -------------------------------------------------------------------------
+
+def memcpy_gbps(num_bytes: int, repeats: int) -> float:
+    """Single-thread memcpy of `num_bytes` between preallocated, touched buffers."""
+    src = np.ones(num_bytes, dtype=np.uint8)
+    dst = np.zeros(num_bytes, dtype=np.uint8)
+    np.copyto(dst, src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return num_bytes / statistics.median(times) / GBIT
+
+
+def _socket_receiver(port_pipe, num_bytes: int, repeats: int) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port_pipe.send(server.getsockname()[1])
+    conn, _ = server.accept()
+    buffer = memoryview(np.ones(num_bytes, dtype=np.uint8))
+    for _ in range(repeats + 1):
+        received = 0
+        while received < num_bytes:
+            received += conn.recv_into(buffer[received:], min(SOCKET_CHUNK, num_bytes - received))
+        conn.sendall(b"!")
+    conn.close()
+
+
+def raw_socket_gbps(num_bytes: int, repeats: int) -> float:
+    """Blocking sendall into a peer that recv_into's a preallocated buffer; one byte acks."""
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=_socket_receiver, args=(child, num_bytes, repeats), daemon=True)
+    process.start()
+    port = parent.recv()
+    sock = socket.create_connection(("127.0.0.1", port))
+    payload = np.ones(num_bytes, dtype=np.uint8)
+    times = []
+    for rep in range(repeats + 1):
+        start = time.perf_counter()
+        sock.sendall(payload)
+        sock.recv(1)
+        if rep:  # the first round warms up
+            times.append(time.perf_counter() - start)
+    sock.close()
+    process.join(timeout=10)
+    return num_bytes / statistics.median(times) / GBIT
+
+
+# ---- transports ------------------------------------------------------------------------
+
+class Case:
+    """A pool shape and the block map of one request."""
+
+    def __init__(self, name: str, block_shape: tuple[int, ...], request_bytes: int, chunk_blocks: int,
+                 seed: int) -> None:
+        self.name = name
+        self.block_shape = block_shape
+        block_bytes = int(np.prod(block_shape)) * 4
+        self.blocks_per_request = request_bytes // NUM_LAYERS // block_bytes
+        self.num_blocks = int(self.blocks_per_request * (1 + SPARE_FRACTION))
+        rng = random.Random(seed)
+        self.src_ids = _chunked_ids(rng, self.num_blocks, self.blocks_per_request, chunk_blocks)
+        self.dst_ids = _chunked_ids(rng, self.num_blocks, self.blocks_per_request, chunk_blocks)
+        self.num_runs = len(coalesce_runs(self.src_ids, self.dst_ids))
+
+    def make_pool(self) -> torch.Tensor:
+        pool = torch.ones((NUM_LAYERS, self.num_blocks, *self.block_shape), dtype=torch.float32)
+        return pool  # ones(): every page is touched before timing
+
+
+def _chunked_ids(rng: random.Random, num_blocks: int, count: int, chunk: int) -> list[int]:
+    """`count` block ids handed out in chunks of `chunk` consecutive ids at shuffled places."""
+    starts = list(range(0, num_blocks - chunk + 1, chunk))
+    rng.shuffle(starts)
+    ids: list[int] = []
+    for start in starts:
+        ids.extend(range(start, start + min(chunk, count - len(ids))))
+        if len(ids) == count:
+            return ids
+    raise ValueError("pool too small for the block map")
+
+
+def _receiver_main(conn, backend: str, case: Case, options: dict) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    import uvloop
+    uvloop.run(_receive(conn, backend, case, options))
+
+
+async def _receive(conn, backend: str, case: Case, options: dict) -> None:
+    transport = create_transport(backend, case.make_pool(), instance_id="decode", **options)
+    await transport.start()
+    loop = asyncio.get_running_loop()
+    conn.send(transport.describe())
+    while True:
+        command = await loop.run_in_executor(None, conn.recv)
+        if command is None:
+            break
+        transport.expect(command, "prefill", case.dst_ids)
+        conn.send("ready")
+        await transport.wait_landed(command, timeout=LANDED_TIMEOUT_S)
+        conn.send(time.monotonic())
+    await transport.close()
+
+
+async def _measure(backend: str, case: Case, repeats: int, options: dict) -> float:
+    """Median Gbit/s of `repeats` requests (after one warm-up) from here to a receiver."""
+    loop = asyncio.get_running_loop()
+    sender_pool = case.make_pool()
+    runs = coalesce_runs(case.src_ids, case.dst_ids)
+    num_bytes = NUM_LAYERS * case.blocks_per_request * sender_pool[0, 0].numel() * 4
+    if backend == "loopback":
+        hub = LoopbackHub()
+        receiver = create_transport(backend, case.make_pool(), instance_id="decode", hub=hub, **options)
+        sender = create_transport(backend, sender_pool, instance_id="prefill", hub=hub, **options)
+        await receiver.start()
+        await sender.start()
+        description, process, conn = receiver.describe(), None, None
+    else:
+        context = multiprocessing.get_context("spawn")
+        conn, child = context.Pipe()
+        process = context.Process(target=_receiver_main, args=(child, backend, case, options), daemon=True)
+        process.start()
+        description = await asyncio.wait_for(loop.run_in_executor(None, conn.recv), START_TIMEOUT_S)
+        sender = create_transport(backend, sender_pool, instance_id="prefill", **options)
+        await sender.start()
+    peer = await sender.connect(description)
+    times = []
+    try:
+        for rep in range(repeats + 1):
+            request_id = f"{case.name}-{rep}"
+            if process is None:
+                receiver.expect(request_id, "prefill", case.dst_ids)
+            else:
+                conn.send(request_id)
+                await loop.run_in_executor(None, conn.recv)
+            start = time.monotonic()
+            for layer in range(NUM_LAYERS):
+                sender.write_layer(peer, request_id, layer, runs)
+            await sender.finish_request(peer, request_id)
+            if process is None:
+                await receiver.wait_landed(request_id, timeout=LANDED_TIMEOUT_S)
+                end = time.monotonic()
+            else:
+                end = await asyncio.wait_for(loop.run_in_executor(None, conn.recv), LANDED_TIMEOUT_S)
+            if rep:
+                times.append(end - start)
+    finally:
+        await sender.close()
+        if process is None:
+            await receiver.close()
+        else:
+            conn.send(None)
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    return num_bytes / statistics.median(times) / GBIT
+
+
+def _sender_main(conn, backend: str, case: Case, repeats: int, options: dict) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    import uvloop
+    conn.send(uvloop.run(_measure(backend, case, repeats, options)))
+
+
+def measure_in_process(backend: str, case: Case, repeats: int, options: dict) -> float:
+    """Run `_measure` in a fresh process: each backend gets a clean environment (importing
+    ucxx sets UCX_RNDV_THRESH, which would slow NIXL's UCX in the same process), as it would
+    in a real instance that uses one transport."""
+    context = multiprocessing.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=_sender_main, args=(child, backend, case, repeats, options))
+    process.start()
+    try:
+        if not parent.poll(START_TIMEOUT_S + LANDED_TIMEOUT_S * (repeats + 1)):
+            raise TimeoutError(f"{backend} {case.name}: no result")
+        return parent.recv()
+    finally:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.kill()
+
+
+def run(args: argparse.Namespace) -> dict:
+    request_bytes = args.request_mib * MIB
+    installed = set(available_transports())
+    backends = [b for b in args.backends.split(",") if b in installed]
+    options = {"link_gbps": args.link_gbps} if args.link_gbps else {}
+    large = Case("1mib", LARGE_BLOCK_SHAPE, request_bytes, chunk_blocks=1, seed=1)
+    small = Case("small", TINY_BLOCK_SHAPE, request_bytes, chunk_blocks=args.small_chunk_blocks, seed=2)
+    memcpy = memcpy_gbps(request_bytes, args.repeats)
+    raw = raw_socket_gbps(request_bytes, args.repeats)
+    result = {"request_bytes": request_bytes, "repeats": args.repeats, "memcpy_gbps": memcpy,
+              "raw_socket_gbps": raw, "link_gbps": args.link_gbps,
+              "cases": {c.name: {"block_bytes": int(np.prod(c.block_shape)) * 4, "runs_per_layer": c.num_runs}
+                        for c in (large, small)},
+              "backends": {}, "backends_small_blocks": {},
+              "skipped": sorted(set(args.backends.split(",")) - installed)}
+    for backend in backends:
+        for case, key in ((large, "backends"), (small, "backends_small_blocks")):
+            gbps = measure_in_process(backend, case, args.repeats, options)
+            result[key][backend] = {"gbps": gbps, "ratio_to_memcpy": gbps / memcpy,
+                                    "ratio_to_raw_socket": gbps / raw}
+    return result
+
+
+TARGETS = {"loopback": ("memcpy", 0.8), "tcp": ("raw socket", 0.9), "ucx": ("memcpy", 0.7), "nixl": ("memcpy", 0.5)}
+SMALL_BLOCK_TARGET = 0.5  # small-block runs within 2x of 1 MiB runs
+
+
+def print_table(result: dict) -> None:
+    print(f"request {result['request_bytes'] // MIB} MiB, median of {result['repeats']}; "
+          f"memcpy {result['memcpy_gbps']:.1f} Gbit/s, raw socket {result['raw_socket_gbps']:.1f} Gbit/s")
+    print(f"{'backend':<10}{'1MiB Gbit/s':>12}{'/memcpy':>9}{'/socket':>9}{'target':>22}"
+          f"{'small Gbit/s':>14}{'small/1MiB':>12}")
+    for backend, large in result["backends"].items():
+        small = result["backends_small_blocks"][backend]
+        baseline, ratio = TARGETS[backend]
+        got = large["ratio_to_memcpy"] if baseline == "memcpy" else large["ratio_to_raw_socket"]
+        verdict = "ok" if got >= ratio else "MISS"
+        share = small["gbps"] / large["gbps"]
+        print(f"{backend:<10}{large['gbps']:>12.1f}{large['ratio_to_memcpy']:>9.2f}{large['ratio_to_raw_socket']:>9.2f}"
+              f"{f'>={ratio} {baseline} {verdict}':>22}{small['gbps']:>14.1f}"
+              f"{share:>8.2f} {'ok' if share >= SMALL_BLOCK_TARGET else 'MISS'}")
+    if result["skipped"]:
+        print(f"skipped (not installed): {', '.join(result['skipped'])}")

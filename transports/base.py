@@ -1,0 +1,334 @@
+"""The transport interface: move one layer's KV blocks from this instance's pool straight into
+blocks that a peer instance reserved in its pool.
+
+Lifecycle and call pattern (all calls on the event-loop thread of the owning instance):
+
+1. `Transport(pool, instance_id=..., link_gbps=...)` then `await start()`, once per
+   instance: registers the whole pool (the transport may read and write any block of it
+   for the rest of its life; the caller keeps owning the tensor and must not free it
+   before `close()`).
+2. `describe()` -> opaque bytes; the control plane carries them to peers.
+   `await connect(description)` on the sender, once per peer, returns the peer's id.
+3. Receiver (decode), once per request before prefill starts:
+   `expect(request_id, peer_id, dst_block_ids)`. From then until the request's outcome
+   is reported, the transport owns those destination blocks: only `peer_id` may write
+   them, only inside that reservation; anything else is rejected before a byte lands.
+4. Sender (prefill), once per layer per request, possibly interleaved across requests:
+   `write_layer(peer_id, request_id, layer, runs)` returns an awaitable at once; the
+   source blocks must stay unchanged until it resolves. Then, once per request,
+   `await finish_request(peer_id, request_id)`, which waits for the request's writes and
+   tells the receiver the total.
+5. Receiver learns the outcome exactly once, either by `await wait_landed(request_id)` or
+   from `poll_landed()` (whichever asks first). After it, the blocks are the caller's
+   again: adopt them on success, free them on failure.
+6. `await abort(request_id)` on either side drops a request midway: afterwards no byte of
+   it is written into the receiver's blocks, nothing about it is reported, and the caller
+   frees its blocks once. `peer_lost(peer_id, reason)` is how the control plane reports a
+   dead peer (the only liveness signal for backends without one of their own).
+7. `await close()` once.
+
+Failures: every failure of a transfer raises (or reports) `TransferError` naming the peer
+and the request. Programming errors (a block outside the pool, an unknown layer) raise
+ValueError synchronously.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+
+from minipd.transports.block_run import BlockRun
+from minipd.transports.errors import TransferError
+from minipd.transports.link_limiter import LinkLimiter
+from minipd.transports.messages import PoolDescription, decode_description, message_encoder
+from minipd.transports.pool_layout import PoolLayout
+from minipd.transports.receive_ledger import MAX_REMEMBERED_ABORTS, ReceiveLedger
+from minipd.transports.results import LayerWritten, ReceiveOutcome, RequestLanded, RequestSent
+
+logger = logging.getLogger(__name__)
+
+# How long a receiver's abort waits for in-flight receives into the aborted blocks to settle.
+DEFAULT_ABORT_DRAIN_S = 10.0
+
+
+class _Sending:
+    """Sender-side state of one request."""
+
+    def __init__(self, peer_id: str) -> None:
+        self.peer_id = peer_id
+        self.writes: list[asyncio.Task[LayerWritten]] = []
+        self.num_bytes = 0
+        self.aborted = False
+
+
+class Transport(ABC):
+    """Moves KV blocks between pools of instances; see the module docstring for the contract.
+
+    Subclasses implement the `_`-prefixed hooks; the public calls, validation, the link
+    limit and the receiver's bookkeeping live here so that every backend behaves alike.
+    """
+
+    backend: ClassVar[str]
+    # True when writes are one-sided (the receiver cannot refuse them): abort on the
+    # receiver then waits for the sender's end-of-request message.
+    one_sided: ClassVar[bool] = False
+
+    def __init__(self, pool: torch.Tensor, *, instance_id: str, link_gbps: float | None = None,
+                 abort_drain_s: float = DEFAULT_ABORT_DRAIN_S) -> None:
+        self.pool = pool
+        self.layout = PoolLayout.from_tensor(pool)
+        self.instance_id = instance_id
+        self.abort_drain_s = abort_drain_s
+        self._limiter = LinkLimiter(link_gbps) if link_gbps else None
+        self._ledger = ReceiveLedger(self.layout)
+        self._peers: dict[str, PoolDescription] = {}
+        self._sending: dict[str, _Sending] = {}
+        self._sender_aborted: OrderedDict[str, None] = OrderedDict()
+        self._lost_peers: set[str] = set()  # reported lost and not heard of since
+        self._closed = False
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register the pool and start receiving. Called once, on the event loop."""
+        await self._start()
+
+    def describe(self) -> bytes:
+        """This instance's pool and address as opaque msgpack bytes for the control plane."""
+        return message_encoder.encode(PoolDescription(
+            backend=self.backend, instance_id=self.instance_id, num_layers=self.layout.num_layers,
+            num_blocks=self.layout.num_blocks, block_bytes=self.layout.block_bytes,
+            endpoint=self._endpoint(), base_address=self.layout.base_address,
+            device_index=self.layout.device_index, mem_type=self._mem_type()))
+
+    async def connect(self, description: bytes) -> str:
+        """Connect to the peer that `description` describes (once per peer, sender side);
+        returns its peer id. Raises TransferError if the pools are incompatible or the peer
+        cannot be reached."""
+        try:
+            peer = decode_description(description)
+        except ValueError as exc:
+            raise TransferError("", "", str(exc)) from None
+        if peer.backend != self.backend:
+            raise TransferError(peer.instance_id, "", f"peer uses transport {peer.backend!r}, we use {self.backend!r}")
+        if (peer.num_layers, peer.block_bytes) != (self.layout.num_layers, self.layout.block_bytes):
+            raise TransferError(peer.instance_id, "", (
+                f"incompatible KV pools: peer has {peer.num_layers} layers of {peer.block_bytes}-byte blocks, "
+                f"we have {self.layout.num_layers} of {self.layout.block_bytes}"))
+        if peer.instance_id not in self._peers:
+            try:
+                await self._connect(peer)
+            except TransferError:
+                raise
+            except Exception as exc:  # backend-specific connect failures
+                raise TransferError(peer.instance_id, "", f"cannot connect: {exc}") from exc
+            self._peers[peer.instance_id] = peer
+            self._lost_peers.discard(peer.instance_id)
+        return peer.instance_id
+
+    async def close(self) -> None:
+        """Stop everything and release the pool registration. Pending requests fail."""
+        if self._closed:
+            return
+        self._closed = True
+        for peer_id in list(self._peers):
+            self._fail_peer(peer_id, "transport closed")
+        await self._close()
+
+    # ---- receiver --------------------------------------------------------------------
+
+    def expect(self, request_id: str, peer_id: str, dst_block_ids: Sequence[int]) -> None:
+        """Reserve `dst_block_ids` for `request_id`, to be written by `peer_id` only. Call once
+        per request before the sender starts. Raises ValueError for a duplicate request id or a
+        block outside the pool."""
+        self._ledger.expect(request_id, peer_id, dst_block_ids)
+        self._lost_peers.discard(peer_id)
+
+    async def wait_landed(self, request_id: str, timeout: float | None = None) -> RequestLanded:
+        """Wait until every layer of `request_id` has landed; raises TransferError if it failed,
+        was aborted, or did not land within `timeout` seconds (then it stays expected)."""
+        return await self._ledger.wait(request_id, timeout)
+
+    def poll_landed(self) -> list[ReceiveOutcome]:
+        """Outcomes of requests that finished since the last call and nobody awaited; each
+        request is reported exactly once, by this or by `wait_landed`."""
+        return self._ledger.poll()
+
+    # ---- sender ----------------------------------------------------------------------
+
+    def write_layer(self, peer_id: str, request_id: str, layer: int,
+                    runs: Sequence[BlockRun]) -> asyncio.Task[LayerWritten]:
+        """Start writing `runs` of `layer` (local src blocks -> the peer's dst blocks) and
+        return a task that resolves once the source blocks may be reused. Call on the event
+        loop, once per layer per request; raises ValueError for runs outside either pool,
+        TransferError for an unknown peer or an aborted request, and the task raises
+        TransferError if the write fails."""
+        peer = self._peers.get(peer_id)
+        if peer is None:
+            raise TransferError(peer_id, request_id, "not connected to this peer")
+        self.layout.check_layer(layer)
+        for run in runs:
+            self.layout.check_blocks(run.src_start, run.num_blocks, "source")
+            if run.num_blocks < 1 or run.dst_start < 0 or run.dst_start + run.num_blocks > peer.num_blocks:
+                raise ValueError(f"destination run {run} outside the peer's {peer.num_blocks} blocks")
+        if request_id in self._sender_aborted:
+            raise TransferError(peer_id, request_id, "request was aborted")
+        sending = self._sending.setdefault(request_id, _Sending(peer_id))
+        if sending.peer_id != peer_id:
+            raise ValueError(f"request {request_id!r} is being sent to {sending.peer_id!r}, not {peer_id!r}")
+        num_bytes = sum(run.num_blocks for run in runs) * self.layout.block_bytes
+        sending.num_bytes += num_bytes
+        task = asyncio.get_running_loop().create_task(
+            self._write_guarded(peer_id, request_id, layer, list(runs), num_bytes, sending))
+        sending.writes.append(task)
+        return task
+
+    async def finish_request(self, peer_id: str, request_id: str) -> RequestSent:
+        """Wait for all of the request's writes, then tell the receiver they are complete.
+        Called once per request after its last `write_layer`; raises TransferError if any
+        write failed (the receiver is then told the request is aborted)."""
+        if request_id in self._sender_aborted:
+            raise TransferError(peer_id, request_id, "request was aborted")
+        sending = self._sending.get(request_id)
+        if sending is None:
+            sending = _Sending(peer_id)
+        elif sending.peer_id != peer_id:
+            raise ValueError(f"request {request_id!r} is being sent to {sending.peer_id!r}, not {peer_id!r}")
+        results = await asyncio.gather(*sending.writes, return_exceptions=True)
+        self._sending.pop(request_id, None)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        if failures:
+            await self._send_end_quietly(peer_id, request_id, None)
+            error = failures[0]
+            if isinstance(error, TransferError):
+                raise error
+            raise TransferError(peer_id, request_id, f"write failed: {error!r}") from error
+        await self._guard(peer_id, request_id, self._send_end(peer_id, request_id, sending.num_bytes))
+        return RequestSent(request_id, len(sending.writes), sending.num_bytes)
+
+    # ---- both sides ------------------------------------------------------------------
+
+    async def abort(self, request_id: str) -> bool:
+        """Drop `request_id` midway, on whichever side(s) this instance plays for it. Sender:
+        cancels writes not yet issued, waits for issued ones, tells the receiver. Receiver:
+        rejects further data for it and returns once nothing more will land in its blocks
+        (raises TransferError if that cannot be guaranteed within `abort_drain_s`). Nothing
+        about the request is reported afterwards. Returns whether the request was pending;
+        aborting twice is harmless."""
+        was_pending = False
+        sending = self._sending.pop(request_id, None)
+        if sending is not None:
+            was_pending = True
+            # Writes already issued run to completion (a move cut midway would corrupt the
+            # link); writes not yet issued see the flag and never start.
+            sending.aborted = True
+            self._sender_aborted[request_id] = None
+            while len(self._sender_aborted) > MAX_REMEMBERED_ABORTS:
+                self._sender_aborted.popitem(last=False)
+            await asyncio.gather(*sending.writes, return_exceptions=True)
+            await self._send_end_quietly(sending.peer_id, request_id, None)
+        peer_id = self._ledger.peer_of(request_id)
+        pending, quiet, sender_ended = self._ledger.abort(request_id)
+        if pending and quiet is not None:
+            was_pending = True
+            try:
+                await asyncio.wait_for(quiet.wait(), self.abort_drain_s)
+                if not sender_ended and peer_id not in self._lost_peers:
+                    await asyncio.wait_for(self._drain_aborted(peer_id, request_id), self.abort_drain_s)
+            except TimeoutError:
+                raise TransferError(peer_id or "", request_id, (
+                    f"receives into the aborted blocks still in flight after {self.abort_drain_s} s; "
+                    "keep the blocks out of use until the peer is known dead")) from None
+        return was_pending
+
+    def peer_lost(self, peer_id: str, reason: str) -> None:
+        """The control plane says `peer_id` is gone: fail everything pending with it (each
+        request reported once) and drop the link. Safe to call more than once."""
+        self._fail_peer(peer_id, reason)
+
+    # ---- for backends ----------------------------------------------------------------
+
+    def _fail_peer(self, peer_id: str, reason: str) -> None:
+        self._lost_peers.add(peer_id)
+        self._ledger.fail_peer(peer_id, reason)
+        self._peers.pop(peer_id, None)
+        for sending in self._sending.values():
+            if sending.peer_id == peer_id:
+                for task in sending.writes:
+                    # Safe to cancel mid-move: the link to this peer is being torn down.
+                    task.cancel(f"peer {peer_id!r} lost: {reason}")
+        self._drop_peer(peer_id, reason)
+
+    async def _write_guarded(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun],
+                             num_bytes: int, sending: _Sending) -> LayerWritten:
+        await self._guard(peer_id, request_id, self._paced_write(peer_id, request_id, layer, runs, num_bytes, sending))
+        return LayerWritten(request_id, layer, num_bytes)
+
+    async def _paced_write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun],
+                           num_bytes: int, sending: _Sending) -> None:
+        if self._limiter is not None:
+            await self._limiter.acquire(num_bytes)
+        if sending.aborted:
+            return  # aborted before it was issued: never started, nothing to undo
+        await self._write(peer_id, request_id, layer, runs)
+
+    async def _guard(self, peer_id: str, request_id: str, operation) -> None:
+        try:
+            await operation
+        except TransferError:
+            raise
+        except asyncio.CancelledError as exc:
+            if peer_id in self._peers and not self._closed:
+                raise  # a plain cancellation (abort), not a failure
+            raise TransferError(peer_id, request_id, f"peer lost: {exc.args[0] if exc.args else 'closed'}") from None
+        except (OSError, RuntimeError, ValueError, EOFError) as exc:
+            raise TransferError(peer_id, request_id, f"{type(exc).__name__}: {exc}") from exc
+
+    async def _send_end_quietly(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
+        if peer_id not in self._peers:
+            return
+        try:
+            await self._send_end(peer_id, request_id, num_bytes)
+        except Exception as exc:  # the peer may be gone; the abort itself already succeeded
+            logger.info("could not tell %r that %r ended: %s", peer_id, request_id, exc)
+
+    async def _drain_aborted(self, peer_id: str, request_id: str) -> None:
+        """Receiver hook: return once no more bytes of aborted `request_id` can land (only
+        one-sided backends need to wait here; the others refuse late bytes themselves)."""
+
+    @abstractmethod
+    async def _start(self) -> None:
+        """Register the pool and start receiving."""
+
+    @abstractmethod
+    def _endpoint(self) -> bytes:
+        """How peers reach us (the `endpoint` field of our description)."""
+
+    def _mem_type(self) -> str:
+        return "VRAM" if self.layout.device_type == "cuda" else "DRAM"
+
+    @abstractmethod
+    async def _connect(self, peer: PoolDescription) -> None:
+        """Open the link to `peer`; raise on failure."""
+
+    @abstractmethod
+    async def _write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun]) -> None:
+        """Move the runs; return when the source bytes may be reused."""
+
+    @abstractmethod
+    async def _send_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
+        """Tell the receiver the request is complete with `num_bytes` in total, or aborted (None)."""
+
+    @abstractmethod
+    def _drop_peer(self, peer_id: str, reason: str) -> None:
+        """Tear down the link to a lost peer, without blocking."""
+
+    @abstractmethod
+    async def _close(self) -> None:
+        """Release the pool registration and every link."""

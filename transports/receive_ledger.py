@@ -1,0 +1,232 @@
+"""Receiver-side bookkeeping shared by every backend: what is expected, what has landed, and
+reporting each request's outcome exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from minipd.transports.errors import TransferError
+from minipd.transports.pool_layout import PoolLayout
+from minipd.transports.results import ReceiveOutcome, RequestLanded
+
+logger = logging.getLogger(__name__)
+
+# Aborted request ids remembered so their late data is dropped quietly instead of being
+# treated as an unknown request (which closes the link); the oldest are forgotten first.
+MAX_REMEMBERED_ABORTS = 4096
+
+
+class Verdict(enum.Enum):
+    """What to do with an announced write."""
+
+    ACCEPT = "accept"  # land it in the destination blocks
+    DROP = "drop"  # the request was aborted or failed here: consume and discard the bytes
+    REJECT = "reject"  # protocol violation: close the link, touch nothing
+
+
+class _Expected:
+    """One expected request."""
+
+    def __init__(self, peer_id: str, dst_block_ids: Sequence[int]) -> None:
+        self.peer_id = peer_id
+        self.dst_blocks = frozenset(int(b) for b in dst_block_ids)
+        self.bytes_landed = 0
+        self.bytes_promised: int | None = None
+        self.in_flight = 0
+        self.quiet = asyncio.Event()
+        self.quiet.set()
+        self.waiter: asyncio.Future[RequestLanded] | None = None
+
+
+class ReceiveLedger:
+    """Tracks requests a receiver expects; used from the event-loop thread only.
+
+    Backends call `check_write` before landing anything, `begin_landing`/`end_landing` around
+    receives that write pool memory, and `record_finish` / `record_sender_abort` when the
+    sender says so. The transport's public receiver calls (`expect`, `wait_landed`,
+    `poll_landed`, `abort`, `peer_lost`) map one to one onto this class.
+    """
+
+    def __init__(self, layout: PoolLayout) -> None:
+        self._layout = layout
+        self._expected: dict[str, _Expected] = {}
+        self._outcomes: dict[str, ReceiveOutcome] = {}
+        self._aborted: OrderedDict[str, str] = OrderedDict()
+
+    def expect(self, request_id: str, peer_id: str, dst_block_ids: Sequence[int]) -> None:
+        if request_id in self._expected or request_id in self._outcomes:
+            raise ValueError(f"request {request_id!r} is already expected")
+        for block in dst_block_ids:
+            self._layout.check_blocks(int(block), 1, "destination")
+        self._aborted.pop(request_id, None)
+        self._expected[request_id] = _Expected(peer_id, dst_block_ids)
+
+    def check_write(self, peer_id: str, request_id: str, layer: int, runs: Sequence[tuple[int, int]],
+                    num_bytes: int) -> tuple[Verdict, str]:
+        """Judge an announced write of `runs` ((dst_start, num_blocks) pairs) before any byte
+        of it touches the pool; returns the verdict and, unless ACCEPT, why."""
+        entry = self._expected.get(request_id)
+        if entry is None:
+            if self._aborted.get(request_id) == peer_id or request_id in self._outcomes:
+                return Verdict.DROP, f"request {request_id!r} was aborted or has failed"
+            return Verdict.REJECT, f"unknown request id {request_id!r}"
+        if entry.peer_id != peer_id:
+            return Verdict.REJECT, f"request {request_id!r} is expected from {entry.peer_id!r}, not {peer_id!r}"
+        if not 0 <= layer < self._layout.num_layers:
+            return Verdict.REJECT, f"layer {layer} outside the pool's {self._layout.num_layers} layers"
+        total_blocks = 0
+        for dst_start, count in runs:
+            if count < 1 or any(b not in entry.dst_blocks for b in range(dst_start, dst_start + count)):
+                return Verdict.REJECT, f"run ({dst_start}, {count}) outside the reservation of {request_id!r}"
+            total_blocks += count
+        if total_blocks * self._layout.block_bytes != num_bytes:
+            return Verdict.REJECT, f"byte count {num_bytes} does not match {total_blocks} blocks"
+        return Verdict.ACCEPT, ""
+
+    def is_accepting(self, request_id: str) -> bool:
+        """Whether bytes of `request_id` may still land in its blocks (checked again mid-payload,
+        because an abort can come between the header and the last byte)."""
+        return request_id in self._expected
+
+    def begin_landing(self, request_id: str) -> _Expected:
+        """A receive into the blocks of accepted `request_id` is starting; returns the token to
+        pass to `end_landing` (valid even if the request is aborted or failed meanwhile)."""
+        entry = self._expected[request_id]
+        entry.in_flight += 1
+        entry.quiet.clear()
+        return entry
+
+    def end_landing(self, token: _Expected, request_id: str, num_bytes: int) -> None:
+        """The receive begun with `token` ended; `num_bytes` of it landed (0 if it was cut)."""
+        token.in_flight -= 1
+        token.bytes_landed += num_bytes
+        if token.in_flight == 0:
+            token.quiet.set()
+        if self._expected.get(request_id) is token:
+            self._maybe_complete(request_id, token)
+
+    def record_landed(self, peer_id: str, request_id: str, num_bytes: int) -> None:
+        """`num_bytes` landed without a begin/end pair (one-sided writes, in-process copies)."""
+        entry = self._expected.get(request_id)
+        if entry is not None and entry.peer_id == peer_id:
+            entry.bytes_landed += num_bytes
+            self._maybe_complete(request_id, entry)
+
+    def record_finish(self, peer_id: str, request_id: str, num_bytes: int) -> None:
+        entry = self._expected.get(request_id)
+        if entry is None:
+            self._forget_abort(request_id, peer_id)
+            return
+        if entry.peer_id != peer_id:
+            logger.warning("finish for %r from %r ignored: expected from %r", request_id, peer_id, entry.peer_id)
+            return
+        entry.bytes_promised = num_bytes
+        self._maybe_complete(request_id, entry)
+
+    def record_sender_abort(self, peer_id: str, request_id: str) -> None:
+        entry = self._expected.get(request_id)
+        if entry is None:
+            self._forget_abort(request_id, peer_id)
+        elif entry.peer_id == peer_id:
+            self._fail(request_id, TransferError(peer_id, request_id, "the sender aborted the request"))
+
+    def fail_peer(self, peer_id: str, reason: str) -> None:
+        """Fail every request expected from `peer_id` (link lost or peer declared dead)."""
+        for request_id in [r for r, e in self._expected.items() if e.peer_id == peer_id]:
+            self._fail(request_id, TransferError(peer_id, request_id, reason))
+
+    def fail_request(self, request_id: str, reason: str) -> None:
+        entry = self._expected.get(request_id)
+        if entry is not None:
+            self._fail(request_id, TransferError(entry.peer_id, request_id, reason))
+
+    def peer_of(self, request_id: str) -> str | None:
+        entry = self._expected.get(request_id)
+        return entry.peer_id if entry else None
+
+    def has_pending(self) -> bool:
+        return bool(self._expected)
+
+    def has_pending_from(self, peer_id: str) -> bool:
+        return any(e.peer_id == peer_id for e in self._expected.values())
+
+    def abort(self, request_id: str) -> tuple[bool, asyncio.Event | None, bool]:
+        """Stop accepting data for `request_id`; returns whether it was pending, an event that
+        is set once no receive into its blocks is in flight, and whether the sender had
+        already ended the request (so no more bytes of it are on their way)."""
+        entry = self._expected.pop(request_id, None)
+        self._outcomes.pop(request_id, None)
+        if entry is None:
+            return False, None, True
+        self._remember_abort(request_id, entry.peer_id)
+        if entry.waiter is not None and not entry.waiter.done():
+            entry.waiter.set_exception(TransferError(entry.peer_id, request_id, "aborted by the receiver"))
+        return True, entry.quiet, entry.bytes_promised is not None
+
+    async def wait(self, request_id: str, timeout: float | None) -> RequestLanded:
+        outcome = self._outcomes.pop(request_id, None)
+        if outcome is not None:
+            return _unwrap(outcome)
+        entry = self._expected.get(request_id)
+        if entry is None:
+            raise TransferError("", request_id, "request is not expected (never, or already reported)")
+        if entry.waiter is not None:
+            raise ValueError(f"request {request_id!r} already has a waiter")
+        entry.waiter = asyncio.get_running_loop().create_future()
+        try:
+            return await asyncio.wait_for(asyncio.shield(entry.waiter), timeout)
+        except TimeoutError:
+            entry.waiter = None
+            raise TransferError(entry.peer_id, request_id, f"not landed within {timeout} s") from None
+
+    def poll(self) -> list[ReceiveOutcome]:
+        outcomes = list(self._outcomes.values())
+        self._outcomes.clear()
+        return outcomes
+
+    def _maybe_complete(self, request_id: str, entry: _Expected) -> None:
+        if entry.bytes_promised is None or entry.in_flight or entry.bytes_landed < entry.bytes_promised:
+            return
+        if entry.bytes_landed > entry.bytes_promised:
+            self._fail(request_id, TransferError(entry.peer_id, request_id,
+                                                 f"{entry.bytes_landed} bytes landed but {entry.bytes_promised} were sent"))
+            return
+        del self._expected[request_id]
+        self._deliver(request_id, entry, ReceiveOutcome(
+            request_id, RequestLanded(request_id, entry.peer_id, entry.bytes_landed), None))
+
+    def _fail(self, request_id: str, error: TransferError) -> None:
+        entry = self._expected.pop(request_id)
+        self._remember_abort(request_id, entry.peer_id)
+        logger.info("%s", error)
+        self._deliver(request_id, entry, ReceiveOutcome(request_id, None, error))
+
+    def _deliver(self, request_id: str, entry: _Expected, outcome: ReceiveOutcome) -> None:
+        # Exactly once: to the waiter if one is waiting, otherwise to the next poll.
+        if entry.waiter is not None and not entry.waiter.done():
+            if outcome.error is not None:
+                entry.waiter.set_exception(outcome.error)
+            else:
+                entry.waiter.set_result(outcome.landed)
+        else:
+            self._outcomes[request_id] = outcome
+
+    def _remember_abort(self, request_id: str, peer_id: str) -> None:
+        self._aborted[request_id] = peer_id
+        while len(self._aborted) > MAX_REMEMBERED_ABORTS:
+            self._aborted.popitem(last=False)
+
+    def _forget_abort(self, request_id: str, peer_id: str) -> None:
+        if self._aborted.get(request_id) == peer_id:
+            del self._aborted[request_id]
+
+
+def _unwrap(outcome: ReceiveOutcome) -> RequestLanded:
+    if outcome.error is not None:
+        raise outcome.error
+    assert outcome.landed is not None
+    return outcome.landed

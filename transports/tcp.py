@@ -1,0 +1,108 @@
+"""TCP transport: asyncio (uvloop) streams, msgspec headers, payload received into the pool."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from minipd.transports.base import Transport
+from minipd.transports.block_run import BlockRun, split_runs
+from minipd.transports.errors import TransferError
+from minipd.transports.messages import Abort, Finish, Hello, LayerHeader, PoolDescription
+from minipd.transports.pool_layout import pool_bytes
+from minipd.transports.tcp_link import TcpLink
+from minipd.transports.tcp_receiver import FrameReceiver
+
+logger = logging.getLogger(__name__)
+
+# Payload per frame: big enough that the per-frame header and syscalls vanish (>= ~1 MiB),
+# small enough that frames of interleaved requests take turns.
+FRAME_TARGET_BYTES = 16 << 20
+# What a receiver accepts in one frame (at least one block, whatever the block size).
+MAX_FRAME_PAYLOAD_BYTES = 256 << 20
+DEFAULT_HOST = "127.0.0.1"
+
+
+class TcpTransport(Transport):
+    """Listens on `host:port` (port 0 picks a free one) for senders; connects to receivers.
+
+    Options: `host`, `port`. The pool must be in CPU memory: payload is received with
+    `recv_into` straight into the blocks, which device memory cannot take (construction
+    raises ValueError for a CUDA pool; use ucx or nixl there). A sender's link failing
+    fails its pending writes with TransferError; a receiver's incoming link failing fails
+    the requests expected from that sender.
+    """
+
+    backend = "tcp"
+
+    def __init__(self, pool, *, instance_id: str, host: str = DEFAULT_HOST, port: int = 0, **options) -> None:
+        super().__init__(pool, instance_id=instance_id, **options)
+        if self.layout.device_type != "cpu":
+            raise ValueError(f"tcp transport needs a CPU pool (it receives with recv_into), got "
+                             f"{self.layout.device_type!r} memory; use the ucx or nixl transport")
+        self._host = host
+        self._port = port
+        self._bytes = memoryview(pool_bytes(pool).numpy())
+        self._server: asyncio.AbstractServer | None = None
+        self._links: dict[str, TcpLink] = {}
+        self._receivers: set[FrameReceiver] = set()
+
+    async def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        max_payload = max(MAX_FRAME_PAYLOAD_BYTES, self.layout.block_bytes)
+        self._server = await loop.create_server(
+            lambda: self._track(FrameReceiver(self._ledger, self.layout, self._bytes, max_payload,
+                                              self._receivers.discard)),
+            self._host, self._port)
+        self._port = self._server.sockets[0].getsockname()[1]
+        logger.info("tcp transport %r listening on %s:%d", self.instance_id, self._host, self._port)
+
+    def _track(self, receiver: FrameReceiver) -> FrameReceiver:
+        self._receivers.add(receiver)
+        return receiver
+
+    def _endpoint(self) -> bytes:
+        return f"{self._host}:{self._port}".encode()
+
+    async def _connect(self, peer: PoolDescription) -> None:
+        host, _, port = peer.endpoint.decode().rpartition(":")
+        hello = Hello(self.instance_id, self.layout.num_layers, self.layout.block_bytes)
+        self._links[peer.instance_id] = await TcpLink.open(host, int(port), hello, peer.instance_id, self._fail_peer)
+
+    async def _write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun]) -> None:
+        link = self._link(peer_id, request_id)
+        block_bytes = self.layout.block_bytes
+        max_blocks = max(1, FRAME_TARGET_BYTES // block_bytes)
+        for batch in split_runs(runs, max_blocks):
+            payload = []
+            for run in batch:
+                start = self.layout.offset(layer, run.src_start)
+                payload.append(self._bytes[start:start + run.num_blocks * block_bytes])
+            num_bytes = sum(run.num_blocks for run in batch) * block_bytes
+            header = LayerHeader(request_id, layer, [(run.dst_start, run.num_blocks) for run in batch], num_bytes)
+            await link.send(header, payload)
+
+    async def _send_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
+        message = Abort(request_id) if num_bytes is None else Finish(request_id, num_bytes)
+        await self._link(peer_id, request_id).send(message, ())
+
+    def _link(self, peer_id: str, request_id: str) -> TcpLink:
+        link = self._links.get(peer_id)
+        if link is None:
+            raise TransferError(peer_id, request_id, "no tcp link to this peer")
+        return link
+
+    def _drop_peer(self, peer_id: str, reason: str) -> None:
+        link = self._links.pop(peer_id, None)
+        if link is not None:
+            link.close()
+
+    async def _close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+        for receiver in list(self._receivers):
+            receiver.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

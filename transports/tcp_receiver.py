@@ -1,0 +1,183 @@
+"""The receiving end of one tcp link: frames land straight in the destination blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from minipd.transports.messages import MAX_HEADER_BYTES, Abort, Finish, Hello, LayerHeader, decode_message
+from minipd.transports.receive_ledger import ReceiveLedger, Verdict
+
+if TYPE_CHECKING:
+    from minipd.transports.pool_layout import PoolLayout
+
+logger = logging.getLogger(__name__)
+
+PREFIX = struct.Struct("!I")  # header length, then the msgpack header, then the payload
+# Late bytes of an aborted request are read into this scratch buffer and thrown away.
+DISCARD_BYTES = 1 << 20
+
+
+class FrameReceiver(asyncio.BufferedProtocol):
+    """Parses `[u32 header length][msgpack header][payload]` frames from one sender.
+
+    `get_buffer` hands the event loop a memoryview of the pool itself for payload bytes, so
+    the kernel copies them straight from the socket into the destination blocks. The first
+    frame must be a Hello naming the sender. Every header is judged by the ledger before any
+    payload byte is read; a violation (unknown request, run outside the reservation, bad
+    size, malformed header) closes the link and leaves the pool untouched.
+    """
+
+    def __init__(self, ledger: ReceiveLedger, layout: PoolLayout, pool_view: memoryview,
+                 max_payload_bytes: int, on_closed: Callable[[FrameReceiver], None]) -> None:
+        self._ledger = ledger
+        self._on_closed = on_closed
+        self._layout = layout
+        self._pool_view = pool_view
+        self._max_payload_bytes = max_payload_bytes
+        self._transport: asyncio.Transport | None = None
+        self.peer_id: str | None = None
+        self._prefix = bytearray(PREFIX.size)
+        self._header = bytearray(MAX_HEADER_BYTES)
+        self._discard = memoryview(bytearray(DISCARD_BYTES))
+        self._expect_prefix()
+        # the payload being received: its request, ledger token, and (pool offset, length) targets
+        self._request_id = ""
+        self._token = None
+        self._targets: list[tuple[int, int]] = []
+        self._dropping = False
+
+    # ---- asyncio protocol --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._state == "payload":
+            if not self._dropping and not self._ledger.is_accepting(self._request_id):
+                self._dropping = True  # aborted midway: the rest goes to the scratch buffer
+            offset, length = self._targets[self._target_index]
+            left = length - self._filled
+            if self._dropping:
+                return self._discard[:min(left, DISCARD_BYTES)]
+            start = offset + self._filled
+            return self._pool_view[start:start + left]
+        return self._small_view[self._filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._filled += nbytes
+        if self._state == "closed":
+            self._filled = 0
+        elif self._state == "payload":
+            self._payload_progress()
+        elif self._filled == len(self._small_view):
+            if self._state == "prefix":
+                self._on_prefix()
+            else:
+                self._on_header()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._on_closed(self)
+        self._end_payload(cut=True)
+        if self.peer_id is not None:
+            reason = f"connection lost: {exc}" if exc else "connection closed by the sender"
+            self._ledger.fail_peer(self.peer_id, reason)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    # ---- frame parsing -----------------------------------------------------------------
+
+    def _expect_prefix(self) -> None:
+        self._state = "prefix"
+        self._small_view = memoryview(self._prefix)
+        self._filled = 0
+
+    def _on_prefix(self) -> None:
+        (length,) = PREFIX.unpack(self._prefix)
+        if not 0 < length <= MAX_HEADER_BYTES:
+            self._violation(f"header length {length} outside (0, {MAX_HEADER_BYTES}]")
+            return
+        self._state = "header"
+        self._small_view = memoryview(self._header)[:length]
+        self._filled = 0
+
+    def _on_header(self) -> None:
+        try:
+            message = decode_message(self._small_view)
+        except ValueError as exc:
+            self._violation(str(exc))
+            return
+        if self.peer_id is None:
+            if not isinstance(message, Hello):
+                self._violation(f"first frame must be hello, got {type(message).__name__}")
+                return
+            if (message.num_layers, message.block_bytes) != (self._layout.num_layers, self._layout.block_bytes):
+                self._violation("sender's pool layout does not match ours")
+                return
+            self.peer_id = message.peer_id
+            self._expect_prefix()
+            return
+        match message:
+            case LayerHeader():
+                self._on_layer(message)
+            case Finish(request_id=request_id, num_bytes=num_bytes):
+                self._ledger.record_finish(self.peer_id, request_id, num_bytes)
+                self._expect_prefix()
+            case Abort(request_id=request_id):
+                self._ledger.record_sender_abort(self.peer_id, request_id)
+                self._expect_prefix()
+            case Hello():
+                self._violation("second hello on one link")
+
+    def _on_layer(self, header: LayerHeader) -> None:
+        if header.num_bytes > self._max_payload_bytes:
+            self._violation(f"payload of {header.num_bytes} bytes exceeds the {self._max_payload_bytes}-byte cap")
+            return
+        verdict, reason = self._ledger.check_write(self.peer_id, header.request_id, header.layer, header.runs,
+                                                   header.num_bytes)
+        if verdict is Verdict.REJECT:
+            self._violation(reason)
+            return
+        block_bytes = self._layout.block_bytes
+        self._targets = [(self._layout.offset(header.layer, dst), count * block_bytes) for dst, count in header.runs]
+        self._request_id = header.request_id
+        self._dropping = verdict is Verdict.DROP
+        if self._dropping:
+            logger.debug("dropping %d late bytes of %r", header.num_bytes, header.request_id)
+        else:
+            self._token = self._ledger.begin_landing(header.request_id)
+        self._payload_bytes = header.num_bytes
+        self._state = "payload"
+        self._target_index = 0
+        self._filled = 0
+        if not self._targets:
+            self._end_payload(cut=False)
+
+    def _payload_progress(self) -> None:
+        if self._filled < self._targets[self._target_index][1]:
+            return
+        self._target_index += 1
+        self._filled = 0
+        if self._target_index == len(self._targets):
+            self._end_payload(cut=False)
+
+    def _end_payload(self, cut: bool) -> None:
+        if self._token is not None:
+            landed = 0 if cut or self._dropping else self._payload_bytes
+            self._ledger.end_landing(self._token, self._request_id, landed)
+            self._token = None
+        if not cut:
+            self._expect_prefix()
+
+    def _violation(self, reason: str) -> None:
+        logger.warning("closing tcp link from %r: %s", self.peer_id or "unknown sender", reason)
+        self._state = "closed"
+        self._small_view = self._discard
+        self._filled = 0
+        if self._transport is not None:
+            self._transport.abort()
