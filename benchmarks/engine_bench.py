@@ -99,7 +99,10 @@ def _hf_model(engine: Engine):
         rope_theta=c.rope_theta, tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.bos_token_id,
         eos_token_id=list(c.eos_token_ids), pad_token_id=0)
     model = transformers.LlamaForCausalLM(hf_config).eval()
-    model.load_state_dict(engine.model.state_dict(), strict=True)
+    state = engine.model.state_dict()
+    if c.tie_word_embeddings:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    model.load_state_dict(state, strict=True)
     return model.to(engine.device)
 
 
@@ -113,8 +116,9 @@ def _hf_generate_s(model, prompts: list[list[int]], new_tokens: int) -> tuple[fl
 
 
 def run(args: argparse.Namespace) -> dict:
-    config = EngineConfig(model=args.model, num_blocks=4096, max_model_len=args.prompt_len + args.output_len + 16,
-                          max_num_seqs=max(args.batches), max_num_batched_tokens=2048,
+    max_len = args.prompt_len + args.output_len + 16
+    config = EngineConfig(model=args.model, num_blocks=max(args.batches) * (max_len // 16 + 1) + 16,
+                          max_model_len=max_len, max_num_seqs=max(args.batches), max_num_batched_tokens=2048,
                           enable_prefix_caching=False)
     decode_tokens = args.output_len - 1
     result = {"model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
@@ -124,12 +128,15 @@ def run(args: argparse.Namespace) -> dict:
         async with Engine(config) as engine:
             await _engine_decode_s(engine, _prompts(2, args.prompt_len), 4)  # warm-up
             for b in args.batches:
-                times = [await _engine_decode_s(engine, _prompts(b, args.prompt_len), args.output_len)
-                         for _ in range(args.repeats)]
-                result["engine_tok_s"][b] = b * decode_tokens / statistics.median(times)
-            # The baselines run on the engine's compute thread too: torch work split over two
-            # threads keeps two OpenMP teams alive, which alone slows a forward pass ~2x here.
-            result["raw_tok_s"] = engine.run_on_compute_thread(_raw_all, engine, args)
+                prompts = _prompts(b, args.prompt_len)
+                engine_s, raw_s = [], []
+                for _ in range(args.repeats):  # interleaved, so drift on a shared machine hits both alike
+                    engine_s.append(await _engine_decode_s(engine, prompts, args.output_len))
+                    # The raw loop runs on the engine's compute thread too: torch work split over two
+                    # threads keeps two OpenMP teams alive, which alone slows a forward pass ~2x here.
+                    raw_s.append(engine.run_on_compute_thread(_raw_decode_s, engine, prompts, args.output_len))
+                result["engine_tok_s"][b] = b * decode_tokens / statistics.median(engine_s)
+                result["raw_tok_s"][b] = b * decode_tokens / statistics.median(raw_s)
             if not args.skip_hf:
                 result["hf_tok_s"] = engine.run_on_compute_thread(_hf_all, engine, args)
 
@@ -140,16 +147,6 @@ def run(args: argparse.Namespace) -> dict:
     if result["hf_tok_s"]:
         result["speedup_vs_hf"] = result["engine_tok_s"][ref] / result["hf_tok_s"][ref]
     return result
-
-
-def _raw_all(engine: Engine, args: argparse.Namespace) -> dict[int, float]:
-    decode_tokens = args.output_len - 1
-    out = {}
-    for b in args.batches:
-        prompts = _prompts(b, args.prompt_len)
-        raw = statistics.median(_raw_decode_s(engine, prompts, args.output_len) for _ in range(args.repeats))
-        out[b] = b * decode_tokens / raw
-    return out
 
 
 def _hf_all(engine: Engine, args: argparse.Namespace) -> dict[int, float]:

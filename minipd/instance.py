@@ -19,7 +19,7 @@ from minipd.transports.base import Transport
 from minipd.transports.registry import create_transport
 
 from .control.channel import Channel
-from .control.messages import (Abort, CallError, Decode, Generate, GetStats, Hello, Message,
+from .control.messages import (Abort, CallError, Decode, Generate, GetStats, Hello, KVLanded, Message,
                                PeerLost, Prefill, Prefilled, Reserve, Reserved, Stats, TokenOutput, Welcome)
 from .control.server import ControlServer
 from .engine import Engine, NoCapacity
@@ -161,7 +161,8 @@ class Instance(ControlServer):
             self._send_failure(channel, request_id, "no reservation (expired or aborted)")
             return
         try:
-            await self.transport.wait_landed(request_id, DEFAULT_LAND_TIMEOUT_S)
+            landed = await self.transport.wait_landed(request_id, DEFAULT_LAND_TIMEOUT_S)
+            channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at))
             stream = self.engine.adopt(reservation.token_ids, reservation.block_ids, reservation.num_cached_tokens,
                                        message.first_token, message.sampling, request_id)
         except Exception as exc:  # TransferError, InvalidRequestError: the blocks are still ours
@@ -218,7 +219,8 @@ class Instance(ControlServer):
             channel.reply(message, Prefilled(
                 first_token=report.first_token, num_cached_tokens=stream.request.num_cached_tokens,
                 num_bytes=report.num_bytes, compute_s=report.compute_s, transfer_s=report.transfer_s,
-                exposed_s=report.exposed_s))
+                exposed_s=report.exposed_s, compute_end_at=report.compute_end_at,
+                first_write_at=report.first_write_at))
         finally:
             self.untrack(channel, request_id)
 

@@ -25,8 +25,10 @@ class SendReport(NamedTuple):
     first_token: int
     num_bytes: int
     compute_s: float  # the prefill step
-    transfer_s: float  # first write issued to the receiver acknowledging the last byte
-    exposed_s: float  # end of compute to that acknowledgement
+    transfer_s: float  # first write issued to the last write completed here
+    exposed_s: float  # end of compute to the last write completed here
+    compute_end_at: float  # time.time(), comparable with the receiver's landing time
+    first_write_at: float  # time.time()
 
 
 class PrefillFailed(RuntimeError):
@@ -79,8 +81,10 @@ class LayerwiseKVSender:
             done = time.perf_counter()
             if not self.result.done():
                 first_write = self._first_write_time or compute[1]
+                to_wall = time.time() - time.perf_counter()
                 self.result.set_result(SendReport(first_token, sent.num_bytes, compute[1] - compute[0],
-                                                  done - first_write, max(0.0, done - compute[1])))
+                                                  done - first_write, max(0.0, done - compute[1]),
+                                                  compute[1] + to_wall, first_write + to_wall))
         except Exception as exc:
             if not self.result.done():
                 self.result.set_exception(exc)

@@ -24,8 +24,8 @@ from typing import Callable, Sequence
 import msgspec
 
 from .control.channel import Channel, ChannelClosed, RemoteError
-from .control.messages import (PROTOCOL_VERSION, Abort, Decode, Generate, GetStats, Hello, Message, PeerLost,
-                               Prefill, Prefilled, Reserve, Reserved, Stats, TokenOutput, Welcome)
+from .control.messages import (PROTOCOL_VERSION, Abort, Decode, Generate, GetStats, Hello, KVLanded, Message,
+                               PeerLost, Prefill, Prefilled, Reserve, Reserved, Stats, TokenOutput, Welcome)
 from .instance_registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
 from .prompt_check import prompt_token_ids
 from .request import FinishReason, RequestOutput, TransferInfo
@@ -58,6 +58,7 @@ class RoutedRequest:
         self.first_token_sent = False
         self.task: asyncio.Task | None = None
         self.transfer: TransferInfo | None = None
+        self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()
         self.mode = ""  # "disaggregated" or "local"
 
 
@@ -253,6 +254,7 @@ class Router:
         routed.transfer = TransferInfo(prefill.instance_id, decode.instance_id, prefilled.num_bytes,
                                        prefilled.num_cached_tokens, reserved.num_cached_tokens,
                                        prefilled.compute_s, prefilled.transfer_s, prefilled.exposed_s)
+        routed.timestamps = (prefilled.compute_end_at, prefilled.first_write_at)
         if self.on_transfer is not None:
             self.on_transfer(routed.transfer)
         return prefilled.first_token
@@ -287,10 +289,14 @@ class Router:
         return get.result()
 
     def _on_message(self, channel: Channel, message: Message) -> None:
+        routed = self._requests.get(message.request_id)
         if isinstance(message, TokenOutput):
-            routed = self._requests.get(message.request_id)
             if routed is not None and hasattr(routed, "outputs"):
                 routed.outputs.put_nowait(message.output)
+            return
+        if isinstance(message, KVLanded):
+            if routed is not None and routed.transfer is not None:
+                routed.transfer = _with_landing(routed.transfer, routed.timestamps, message.landed_at)
             return
         log.warning("%s: unexpected %s", channel.name, type(message).__name__)
 
@@ -326,3 +332,11 @@ class Router:
         while True:
             await asyncio.sleep(STATS_INTERVAL_S)  # periodic load report, not a synchronisation
             await self.refresh_stats()
+
+
+def _with_landing(transfer: TransferInfo, timestamps: tuple[float, float], landed_at: float) -> TransferInfo:
+    """Transfer figures measured to the receiver's landing time (the last byte acknowledged),
+    which replace the sender's view; both clocks are wall clocks, exact on one host."""
+    compute_end_at, first_write_at = timestamps
+    return msgspec.structs.replace(transfer, transfer_s=max(0.0, landed_at - first_write_at),
+                                   exposed_s=max(0.0, landed_at - compute_end_at))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -197,7 +198,7 @@ class ReceiveLedger:
             return
         del self._expected[request_id]
         self._deliver(request_id, entry, ReceiveOutcome(
-            request_id, RequestLanded(request_id, entry.peer_id, entry.bytes_landed), None))
+            request_id, RequestLanded(request_id, entry.peer_id, entry.bytes_landed, time.time()), None))
 
     def _fail(self, request_id: str, error: TransferError) -> None:
         entry = self._expected.pop(request_id)

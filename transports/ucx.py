@@ -10,6 +10,7 @@ import os
 import secrets
 import struct
 import time
+from typing import Callable
 
 import msgspec
 
@@ -44,6 +45,9 @@ SPIN_S = 2e-3  # a wait spins this long, then sleeps from MIN to MAX seconds bet
 CLOSE_PERIOD_NS = 1_000_000_000
 MIN_POLL_S = 50e-6
 MAX_POLL_S = 250e-6
+# With no transfer expected, the header receive polls this rarely: an idle instance (every
+# prefill instance, a decode instance between requests) must not take CPU from its engine.
+IDLE_POLL_S = 20e-3
 
 
 class Envelope(msgspec.Struct, array_like=True, frozen=True):
@@ -63,7 +67,7 @@ def _worker():
     return ucxx.core._get_ctx().worker
 
 
-async def _progress_until_done(requests) -> None:
+async def _progress_until_done(requests, max_poll_s: Callable[[], float] = lambda: MAX_POLL_S) -> None:
     """Wait for UCX requests by driving the worker ourselves: spin (yielding to the loop) while
     requests keep completing at least every SPIN_S, then poll with a sleep that doubles up to MAX_POLL_S. The blocking progress
     mode's epoll wake-ups alone are too coarse here: a wake-up per protocol step costs more
@@ -86,9 +90,28 @@ async def _progress_until_done(requests) -> None:
             await asyncio.sleep(0)
         else:
             await asyncio.sleep(sleep_s)
-            sleep_s = min(MAX_POLL_S, sleep_s * 2)
+            sleep_s = min(max_poll_s(), sleep_s * 2)
     for request in requests:
         request.check_error()
+
+
+def _detach_ucxx_progress(loop: asyncio.AbstractEventLoop) -> None:
+    """Undo the blocking-mode progress that ucxx attaches to the loop when it initialises.
+
+    Its reader on the worker's epoll descriptor fires again and again whenever the worker
+    cannot be re-armed (level-triggered), which kept an idle instance's loop at ~100% CPU and
+    stretched decode steps several-fold. This transport progresses the worker itself (see
+    `_progress_until_done`, including the always-posted header receive), so nothing is lost.
+    """
+    from ucxx._lib_async import application_context
+
+    progress = application_context.ProgressTasks.pop(loop, None)
+    if progress is None:
+        return
+    loop.remove_reader(_worker().epoll_file_descriptor)
+    for task in progress._tasks:
+        if task is not None:
+            task.cancel()
 
 
 class UcxTransport(Transport):
@@ -123,7 +146,7 @@ class UcxTransport(Transport):
             ucxx.init(progress_mode=PROGRESS_MODE)
         except RuntimeError:
             logger.debug("ucxx already initialised in this process; sharing its worker")
-        ucxx.continuous_ucx_progress()
+        _detach_ucxx_progress(asyncio.get_running_loop())
         self._receive_task = asyncio.get_running_loop().create_task(self._receive_headers())
 
     def _endpoint(self) -> bytes:
@@ -190,7 +213,8 @@ class UcxTransport(Transport):
         worker = _worker()
         view = memoryview(self._header_buffer)
         while True:
-            await _progress_until_done([worker.tag_recv(Array(self._header_buffer), Tag(HEADER_TAG), TagMaskFull)])
+            await _progress_until_done([worker.tag_recv(Array(self._header_buffer), Tag(HEADER_TAG), TagMaskFull)],
+                                       self._header_poll_s)
             (length,) = PREFIX.unpack_from(view)
             try:
                 if length > MAX_HEADER_BYTES - PREFIX.size:
@@ -200,6 +224,9 @@ class UcxTransport(Transport):
                 logger.warning("dropping malformed ucx header: %s", exc)
                 continue
             self._on_message(envelope.peer_id, envelope.message)
+
+    def _header_poll_s(self) -> float:
+        return MAX_POLL_S if self._ledger.has_pending() else IDLE_POLL_S
 
     def _on_message(self, peer_id: str, message: Message) -> None:
         match message:

@@ -108,8 +108,10 @@ class Prefilled(Reply, tag="prefilled"):
     num_cached_tokens: int  # prefix-cache hit on the prefill instance
     num_bytes: int
     compute_s: float  # prefill forward pass
-    transfer_s: float  # first write issued to the last byte acknowledged
-    exposed_s: float  # end of compute to the last byte acknowledged
+    transfer_s: float  # first write issued to the sender's last completion (sender's view)
+    exposed_s: float  # end of compute to the sender's last completion (sender's view)
+    compute_end_at: float  # time.time() at the end of compute
+    first_write_at: float  # time.time() when the first write was issued
 
 
 class Decode(Message, tag="decode"):
@@ -117,6 +119,12 @@ class Decode(Message, tag="decode"):
 
     first_token: int
     sampling: SamplingParams
+
+
+class KVLanded(Message, tag="kv_landed"):
+    """Decode -> router, before the first token: when the receiver saw the last byte land."""
+
+    landed_at: float  # time.time() on the decode instance
 
 
 class Generate(Message, tag="generate"):
@@ -182,5 +190,5 @@ class ClusterStats(Reply, tag="cluster_stats"):
 
 
 AnyMessage = (Hello | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode | Generate
-              | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
+              | KVLanded | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
               | ClusterStats)
