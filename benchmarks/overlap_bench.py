@@ -11,8 +11,9 @@ time and the transfer's exposed part (end of compute to the last byte acknowledg
 - exposed_ms_layerwise / exposed_ms_after: end of compute to the last acknowledgement;
 - hidden_fraction = 1 - exposed_ms_layerwise / transfer_ms; the ideal is (L-1)/L, since only
   the last layer's transfer cannot overlap compute;
-- ttft_ms_layerwise / ttft_ms_after: arrival at the router to the first token at the client.
-Medians over `--repeats` requests.
+- ttft_ms_layerwise / ttft_ms_after: arrival at the router to the first token at the client,
+  and the same minus that request's compute (the part the transfer mode can change).
+Medians over `--repeats` requests per mode; the modes alternate on one cluster per transport.
 """
 
 from __future__ import annotations
@@ -54,22 +55,29 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
                         max_num_batched_tokens=max_len)
 
 
-async def _measure(server, prompt_lens: list[int], repeats: int, seed: int) -> dict[int, dict[str, float]]:
+async def _measure(server, prompt_lens: list[int], repeats: int, seed: int) -> dict[int, dict[str, dict]]:
+    """Per prompt length and mode, medians over `repeats` requests. The two modes alternate
+    request by request (and which goes first), so drift on a shared machine hits both alike."""
     rng = random.Random(seed)
     params = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
-    await _one(server, [rng.randrange(256) for _ in range(64)], params)  # warm-up
+    await _one(server, [rng.randrange(256) for _ in range(64)], params, True)  # warm-up
     out = {}
     for n in prompt_lens:
-        rows = [await _one(server, [rng.randrange(256) for _ in range(n)], params) for _ in range(repeats)]
-        out[n] = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        rows: dict[str, list[dict]] = {"layerwise": [], "after": []}
+        for r in range(repeats):
+            for layerwise in ((True, False) if r % 2 == 0 else (False, True)):
+                prompt = [rng.randrange(256) for _ in range(n)]  # fresh: no prefix-cache hits
+                rows["layerwise" if layerwise else "after"].append(await _one(server, prompt, params, layerwise))
+        out[n] = {mode: {k: statistics.median(row[k] for row in mode_rows) for k in mode_rows[0]}
+                  for mode, mode_rows in rows.items()}
     return out
 
 
-async def _one(server, prompt: list[int], params: SamplingParams) -> dict[str, float]:
+async def _one(server, prompt: list[int], params: SamplingParams, layerwise: bool) -> dict[str, float]:
     start = time.perf_counter()
     ttft = None
     transfer = None
-    async for output in server.generate(prompt, params):
+    async for output in server.generate(prompt, params, layerwise=layerwise):
         if output.error:
             raise RuntimeError(output.error)
         if ttft is None and output.token_ids:
@@ -78,11 +86,12 @@ async def _one(server, prompt: list[int], params: SamplingParams) -> dict[str, f
     if transfer is None:
         raise RuntimeError("the request was not disaggregated")
     return {"compute_ms": transfer.compute_s * MS, "transfer_ms": transfer.transfer_s * MS,
-            "exposed_ms": transfer.exposed_s * MS, "ttft_ms": ttft * MS, "num_bytes": transfer.num_bytes}
+            "exposed_ms": transfer.exposed_s * MS, "ttft_ms": ttft * MS,
+            "ttft_minus_compute_ms": (ttft - transfer.compute_s) * MS, "num_bytes": transfer.num_bytes}
 
 
-async def _run_transport(transport: str, layerwise: bool, args: argparse.Namespace, config: EngineConfig):
-    router_config = RouterConfig(local_prefill_max_tokens=-1, layerwise=layerwise)
+async def _run_transport(transport: str, args: argparse.Namespace, config: EngineConfig):
+    router_config = RouterConfig(local_prefill_max_tokens=-1)
     if transport == "loopback":
         torch.set_num_threads(args.torch_threads)
         async with await InProcessCluster.start(config, 1, 1, router_config) as cluster:
@@ -92,7 +101,7 @@ async def _run_transport(transport: str, layerwise: bool, args: argparse.Namespa
                                     "--num-blocks", str(config.num_blocks), "--max-model-len",
                                     str(config.max_model_len), "--max-num-batched-tokens",
                                     str(config.max_num_batched_tokens)],
-                       router_argv=["--local-prefill-max-tokens", "-1"] + ([] if layerwise else ["--no-layerwise"]))
+                       router_argv=["--local-prefill-max-tokens", "-1"])
     processes = LocalCluster()
     await processes.start(spec)
     try:
@@ -108,20 +117,22 @@ async def _run_transport(transport: str, layerwise: bool, args: argparse.Namespa
 def run(args: argparse.Namespace) -> dict:
     config = _engine_config(args)
     num_layers = preset_config(args.model).num_layers
-    result = {"model": args.model, "layers": num_layers, "ideal_hidden_fraction": (num_layers - 1) / num_layers,
-              "transports": {}}
+    ideal = (num_layers - 1) / num_layers
+    result = {"model": args.model, "layers": num_layers, "ideal_hidden_fraction": ideal,
+              "hidden_fraction_target": ideal - HIDDEN_SLACK, "transports": {}}
     for transport in args.transports:
-        layerwise = asyncio.run(_run_transport(transport, True, args, config))
-        after = asyncio.run(_run_transport(transport, False, args, config))
+        measured = asyncio.run(_run_transport(transport, args, config))
         rows = {}
         for n in args.prompt_lens:
-            lw, af = layerwise[n], after[n]
+            lw, af = measured[n]["layerwise"], measured[n]["after"]
             transfer_ms = af["transfer_ms"]
             rows[n] = {
                 "compute_ms": lw["compute_ms"], "transfer_ms": transfer_ms,
                 "exposed_ms_layerwise": lw["exposed_ms"], "exposed_ms_after": af["exposed_ms"],
                 "hidden_fraction": 1 - lw["exposed_ms"] / transfer_ms if transfer_ms > 0 else 0.0,
                 "ttft_ms_layerwise": lw["ttft_ms"], "ttft_ms_after": af["ttft_ms"],
+                "ttft_minus_compute_ms_layerwise": lw["ttft_minus_compute_ms"],
+                "ttft_minus_compute_ms_after": af["ttft_minus_compute_ms"],
                 "kv_bytes": int(lw["num_bytes"]),
                 "compute_exceeds_transfer_per_layer": lw["compute_ms"] > transfer_ms,
             }
@@ -134,9 +145,10 @@ def print_table(result: dict) -> None:
     print(f"layer-wise KV streaming, model={result['model']} ({result['layers']} layers; ideal hidden fraction "
           f"{ideal:.3f}, target >= {ideal - HIDDEN_SLACK:.3f} where compute per layer exceeds transfer per layer)")
     print(f"{'transport':>9} {'prompt':>6} {'KV MiB':>7} {'compute':>9} {'transfer':>9} {'exp. lw':>8} "
-          f"{'exp. after':>10} {'hidden':>7} {'TTFT lw':>8} {'TTFT after':>10}")
+          f"{'exp. after':>10} {'hidden':>7} {'TTFT lw':>8} {'TTFT after':>10} {'TTFT-compute lw/after':>22}")
     for transport, rows in result["transports"].items():
         for n, r in rows.items():
             print(f"{transport:>9} {n:>6} {r['kv_bytes'] / 2**20:>7.2f} {r['compute_ms']:>7.1f}ms "
                   f"{r['transfer_ms']:>7.2f}ms {r['exposed_ms_layerwise']:>6.2f}ms {r['exposed_ms_after']:>8.2f}ms "
-                  f"{r['hidden_fraction']:>7.3f} {r['ttft_ms_layerwise']:>6.1f}ms {r['ttft_ms_after']:>8.1f}ms")
+                  f"{r['hidden_fraction']:>7.3f} {r['ttft_ms_layerwise']:>6.1f}ms {r['ttft_ms_after']:>8.1f}ms "
+                  f"{r['ttft_minus_compute_ms_layerwise']:>9.2f} / {r['ttft_minus_compute_ms_after']:.2f} ms")

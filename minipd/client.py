@@ -36,19 +36,21 @@ class ClusterClient:
         asyncio.get_running_loop().create_task(client._fail_when_closed())
         return client
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None) -> RequestStream:
-        """Send a request; the stream yields its outputs (errors arrive as a finished output with `error`)."""
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+               layerwise: bool | None = None) -> RequestStream:
+        """Send a request; the stream yields its outputs (errors arrive as a finished output with `error`).
+        `layerwise` overrides the router's KV streaming mode for this request."""
         request_id = f"c{next(self._ids)}"
         stream = RequestStream(request_id, self._abort)
         self._streams[request_id] = stream
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
         self.channel.send(ClientGenerate(request_id=request_id, prompt=text, token_ids=ids,
-                                         sampling=params or SamplingParams()))
+                                         sampling=params or SamplingParams(), layerwise=layerwise))
         return stream
 
-    async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None
-                       ) -> AsyncIterator[RequestOutput]:
-        async with self.submit(prompt, params) as stream:
+    async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                       layerwise: bool | None = None) -> AsyncIterator[RequestOutput]:
+        async with self.submit(prompt, params, layerwise) as stream:
             async for output in stream:
                 yield output
 

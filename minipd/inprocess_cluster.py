@@ -57,11 +57,12 @@ class InProcessCluster:
         return cls(router, instances)
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               request_id: str | None = None) -> RequestStream:
-        return self.router.submit(prompt, params, request_id)
+               request_id: str | None = None, layerwise: bool | None = None) -> RequestStream:
+        return self.router.submit(prompt, params, request_id, layerwise)
 
-    async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None):
-        async for output in self.router.generate(prompt, params, request_id):
+    async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                       layerwise: bool | None = None):
+        async for output in self.router.generate(prompt, params, request_id, layerwise):
             yield output
 
     def instance(self, instance_id: str) -> Instance:

@@ -60,6 +60,7 @@ class RoutedRequest:
         self.transfer: TransferInfo | None = None
         self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()
         self.mode = ""  # "disaggregated" or "local"
+        self.layerwise = True
 
 
 class Router:
@@ -139,8 +140,10 @@ class Router:
 
     # ---- requests ---------------------------------------------------------------------
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               request_id: str | None = None) -> RequestStream:
-        """Validate and start routing; returns the stream of outputs (raises InvalidRequestError)."""
+               request_id: str | None = None, layerwise: bool | None = None) -> RequestStream:
+        """Validate and start routing; returns the stream of outputs (raises InvalidRequestError).
+
+        `layerwise` overrides the router's KV streaming mode for this request (experiments)."""
         params = (params or SamplingParams()).with_seed()
         if not self.registry.instances:
             raise RuntimeError("the router has no instances")
@@ -151,12 +154,14 @@ class Router:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         stream = RequestStream(request_id, self.abort)
         routed = RoutedRequest(request_id, token_ids, params, stream)
+        routed.layerwise = self.config.layerwise if layerwise is None else layerwise
         self._requests[request_id] = routed
         routed.task = asyncio.get_running_loop().create_task(self._route(routed))
         return stream
 
-    async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None):
-        async with self.submit(prompt, params, request_id) as stream:
+    async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                       layerwise: bool | None = None):
+        async with self.submit(prompt, params, request_id, layerwise) as stream:
             async for output in stream:
                 yield output
 
@@ -248,7 +253,7 @@ class Router:
             decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
             decode_fingerprint=decode.welcome.fingerprint, dst_block_ids=reserved.dst_block_ids,
             num_skip_blocks=reserved.num_cached_tokens // self.registry.block_size,
-            layerwise=self.config.layerwise), timeout)
+            layerwise=routed.layerwise), timeout)
         failed.discard(prefill.instance_id)
         prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
         routed.transfer = TransferInfo(prefill.instance_id, decode.instance_id, prefilled.num_bytes,

@@ -69,7 +69,7 @@ class RouterServer(ControlServer):
         request_id = self._scoped(channel, message.request_id)
         prompt = message.prompt if message.prompt is not None else (message.token_ids or [])
         try:
-            stream = self.router.submit(prompt, message.sampling, request_id)
+            stream = self.router.submit(prompt, message.sampling, request_id, message.layerwise)
         except (InvalidRequestError, RuntimeError) as exc:
             channel.send(TokenOutput(request_id=message.request_id, output=RequestOutput(
                 request_id=message.request_id, token_ids=[], text="", finished=True,

@@ -36,6 +36,7 @@ class _Expected:
         self.peer_id = peer_id
         self.dst_blocks = frozenset(int(b) for b in dst_block_ids)
         self.bytes_landed = 0
+        self.last_landed_at = 0.0  # time.time() when the latest bytes landed
         self.bytes_promised: int | None = None
         self.in_flight = 0
         self.quiet = asyncio.Event()
@@ -105,6 +106,8 @@ class ReceiveLedger:
         """The receive begun with `token` ended; `num_bytes` of it landed (0 if it was cut)."""
         token.in_flight -= 1
         token.bytes_landed += num_bytes
+        if num_bytes:
+            token.last_landed_at = time.time()
         if token.in_flight == 0:
             token.quiet.set()
         if self._expected.get(request_id) is token:
@@ -115,6 +118,8 @@ class ReceiveLedger:
         entry = self._expected.get(request_id)
         if entry is not None and entry.peer_id == peer_id:
             entry.bytes_landed += num_bytes
+            if num_bytes:
+                entry.last_landed_at = time.time()
             self._maybe_complete(request_id, entry)
 
     def record_finish(self, peer_id: str, request_id: str, num_bytes: int) -> None:
@@ -198,7 +203,8 @@ class ReceiveLedger:
             return
         del self._expected[request_id]
         self._deliver(request_id, entry, ReceiveOutcome(
-            request_id, RequestLanded(request_id, entry.peer_id, entry.bytes_landed, time.time()), None))
+            request_id, RequestLanded(request_id, entry.peer_id, entry.bytes_landed,
+                                      entry.last_landed_at or time.time()), None))
 
     def _fail(self, request_id: str, error: TransferError) -> None:
         entry = self._expected.pop(request_id)

@@ -31,7 +31,7 @@ class RequestLanded(NamedTuple):
     request_id: str
     peer_id: str
     num_bytes: int
-    landed_at: float  # time.time() when the receiver saw it complete (comparable across processes)
+    landed_at: float  # time.time() when its last byte landed (a wall clock: comparable across processes)
 
 
 class ReceiveOutcome(NamedTuple):

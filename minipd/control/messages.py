@@ -181,6 +181,7 @@ class ClientGenerate(Message, tag="client_generate"):
     prompt: str | None = None
     token_ids: list[int] | None = None
     sampling: SamplingParams = msgspec.field(default_factory=SamplingParams)
+    layerwise: bool | None = None  # override the router's KV streaming mode (experiments)
 
 
 class ClusterStats(Reply, tag="cluster_stats"):
