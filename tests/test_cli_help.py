@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "minipd.cli", *args], capture_output=True, text=True, timeout=60)
@@ -17,12 +19,23 @@ def test_top_level_help_lists_roles():
     assert "--role" in proc.stdout and "both" in proc.stdout and "colocated" in proc.stdout
 
 
-def test_every_flag_of_the_colocated_role_has_help_text():
-    proc = run_cli("--role", "both", "--help")
+ROLE_FLAGS = {
+    "both": {"--model", "--device", "--num-blocks", "--max-num-batched-tokens", "--prompt", "--seed", "--port"},
+    "prefill": {"--model", "--port", "--transport", "--link-gbps", "--router"},
+    "decode": {"--model", "--port", "--transport", "--lease-s"},
+    "router": {"--model", "--port", "--prefill", "--decode", "--local-prefill-max-tokens", "--no-layerwise",
+               "--http-port"},
+    "cluster": {"--num-prefill", "--num-decode", "--transport", "--http-port", "--prompt", "--link-gbps"},
+}
+
+
+@pytest.mark.parametrize("role", sorted(ROLE_FLAGS))
+def test_every_flag_of_every_role_has_help_text(role):
+    proc = run_cli("--role", role, "--help")
     assert proc.returncode == 0
     options = proc.stdout.split("options:", 1)[1]
     flags = set(re.findall(r"^\s+(--[a-z][a-z-]*)", options, flags=re.M))
-    assert {"--model", "--device", "--num-blocks", "--max-num-batched-tokens", "--prompt", "--seed"} <= flags
+    assert ROLE_FLAGS[role] <= flags
     for flag in flags:
         # each flag line is followed (same or next line) by a description
         match = re.search(rf"^\s+{re.escape(flag)}\b[^\n]*(\n\s{{10,}}\S[^\n]*)?", options, flags=re.M)
