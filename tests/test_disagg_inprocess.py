@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import msgspec
 import pytest
@@ -189,3 +190,28 @@ def test_router_prefers_the_prefill_instance_holding_the_prefix_and_spreads_load
 async def _transfer(cluster, prompt, params):
     outputs = [o async for o in cluster.generate(prompt, params)]
     return outputs[-1].transfer
+
+
+def _frame(payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + payload
+
+
+@pytest.mark.parametrize("frame", [
+    _frame(b"\xc1garbage"),  # not msgpack
+    struct.pack(">I", 2**31),  # over the frame cap
+    _frame(msgspec.msgpack.encode({"type": "nope"})),  # not a known message
+    _frame(msgspec.msgpack.encode({"type": "reserve", "token_ids": "not a list", "prefill_instance": 3})),
+], ids=["not-msgpack", "oversize", "unknown-type", "wrong-types"])
+def test_malformed_control_frames_close_only_that_connection(cluster, loop_thread, frame):
+    async def send_garbage_then_serve():
+        instance = cluster.instance("decode-0")
+        reader, writer = await asyncio.open_connection("127.0.0.1", instance.port)
+        writer.write(frame)
+        await writer.drain()
+        eof = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        outputs = [o async for o in cluster.generate(list(range(60)), SamplingParams(max_tokens=3, temperature=0.0))]
+        return eof, outputs[-1]
+    eof, last = loop_thread.run(send_garbage_then_serve())
+    assert eof == b"", "the instance closes a connection that sent a bad frame"
+    assert last.finished and last.error is None and last.num_output_tokens == 3
