@@ -37,10 +37,15 @@ NONCE_SHIFT = 32
 SEQUENCE_MASK = (1 << NONCE_SHIFT) - 1
 PREFIX = struct.Struct("!I")
 PROGRESS_MODE = "blocking"  # event-driven on the asyncio loop; no extra progress thread
-# Payload uses UCX's rendezvous protocol (ucxx sets UCX_RNDV_THRESH=8192): data moves only
-# once our receive into the pool is matched. Eager sends of any size measured faster here
-# (~0.8 vs ~0.6 of memcpy) but only when the receive is posted in time; otherwise UCX buffers
-# the whole payload in fresh memory (~0.2 of memcpy, and unbounded receiver memory).
+# Host payload goes eagerly (no rendezvous): through shared memory this measured ~0.7 of
+# memcpy vs ~0.45 for rendezvous (a CMA read), but only when the receive is already posted; an
+# unexpected eager message is buffered whole in fresh memory (slow, and unbounded receiver
+# memory). So a sender posts the payload only after the receiver's READY reply, which it sends
+# once its receives are posted. Device pools keep ucxx's rendezvous threshold (8192): eager
+# from GPU memory would be staged through host copies.
+HOST_UCX_OPTIONS = {"RNDV_THRESH": "inf"}
+# One status byte per layer, sent by the receiver to tag `tag_base + len(runs)` of the sender.
+READY_GO, READY_SKIP, READY_REFUSED = 1, 2, 3
 SPIN_S = 2e-3  # a wait spins this long, then sleeps from MIN to MAX seconds between polls
 CLOSE_PERIOD_NS = 1_000_000_000
 MIN_POLL_S = 50e-6
@@ -55,6 +60,7 @@ class Envelope(msgspec.Struct, array_like=True, frozen=True):
 
     peer_id: str
     message: Message
+    reply_to: bytes = b""  # the sender's worker address, where a LayerHeader's READY goes
 
 
 _envelope_encoder = msgspec.msgpack.Encoder()
@@ -86,6 +92,9 @@ async def _progress_until_done(requests, max_poll_s: Callable[[], float] = lambd
             spin_until = time.monotonic() + SPIN_S
             sleep_s = MIN_POLL_S
         pending = still
+        # Eager payload moves through a small shared-memory FIFO that needs the peer process
+        # running to drain it: when both share a core, yield it instead of spinning out the slice.
+        os.sched_yield()
         if time.monotonic() < spin_until:
             await asyncio.sleep(0)
         else:
@@ -117,8 +126,9 @@ def _detach_ucxx_progress(loop: asyncio.AbstractEventLoop) -> None:
 class UcxTransport(Transport):
     """Receiver: one header receive is always posted on the worker; a layer header is judged
     by the ledger, then one tagged receive per run is posted straight into the destination
-    blocks. Sender: posts the header and one tagged send per run from the source blocks and
-    awaits them all. Endpoint error handling is off (it would force TCP), so UCX reports no
+    blocks, then a READY byte goes back to the sender's worker (address in the header's
+    envelope). Sender: posts the header, awaits READY, then one tagged send per run from the
+    source blocks and awaits them all. Endpoint error handling is off (it would force TCP), so UCX reports no
     dead peers: liveness comes from the control plane through `peer_lost`. A lost sender's
     posted receives can never match again (its nonce is gone), so they count as settled,
     and its endpoint is parked rather than closed. ucxx has one worker per process, so an
@@ -140,13 +150,20 @@ class UcxTransport(Transport):
         self._sequence = 0
         self._receive_task: asyncio.Task | None = None
         self._landing: dict[str, set[asyncio.Task]] = {}
+        self._address = b""
+        self._reply_endpoints: dict[str, tuple[bytes, UCXEndpoint]] = {}
+        self._replies: list[tuple[Array, object]] = []  # READY sends still in flight
+        # Buffers UCX may still write into (a READY receive of a write cut short): kept alive.
+        self._parked: list[object] = []
 
     async def _start(self) -> None:
         try:
-            ucxx.init(progress_mode=PROGRESS_MODE)
+            ucxx.init(options=HOST_UCX_OPTIONS if self.layout.device_type == "cpu" else {},
+                      progress_mode=PROGRESS_MODE)
         except RuntimeError:
             logger.debug("ucxx already initialised in this process; sharing its worker")
         _detach_ucxx_progress(asyncio.get_running_loop())
+        self._address = ucxx.get_worker_address().tobytes()
         self._receive_task = asyncio.get_running_loop().create_task(self._receive_headers())
 
     def _endpoint(self) -> bytes:
@@ -166,12 +183,30 @@ class UcxTransport(Transport):
     async def _write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun]) -> None:
         endpoint = self._endpoint_of(peer_id, request_id)
         block_bytes = self.layout.block_bytes
-        tag_base = self._next_tags(len(runs))
+        tag_base = self._next_tags(len(runs) + 1)
         num_bytes = sum(run.num_blocks for run in runs) * block_bytes
         header = LayerHeader(request_id, layer, [(r.dst_start, r.num_blocks) for r in runs], num_bytes, tag_base)
-        header_buffer, header_request = self._post_header(endpoint, header)
-        regions = [header_buffer]  # UCX holds raw pointers: keep every buffer alive until done
-        requests = [header_request]
+        # Posted before the header goes out, so the reply never arrives unexpected.
+        ready_byte = bytearray(1)
+        ready = Array(ready_byte)
+        ready_request = _worker().tag_recv(ready, Tag(tag_base + len(runs)), TagMaskFull)
+        try:
+            header_buffer, header_request = self._post_header(endpoint, header, reply_to=True)
+        except BaseException:
+            self._parked.append(ready)
+            raise
+        regions = [header_buffer, ready]  # UCX holds raw pointers: keep every buffer alive until done
+        try:
+            await _progress_until_done([header_request, ready_request])
+        except BaseException:
+            self._parked.append(regions)  # e.g. cancelled for a lost peer: the receive stays posted
+            raise
+        status = ready_byte[0]
+        if status == READY_SKIP:
+            return  # the receiver dropped the request: it would throw the bytes away
+        if status != READY_GO:
+            raise TransferError(peer_id, request_id, f"receiver refused layer {layer}")
+        requests = []
         for index, run in enumerate(runs):
             start = self.layout.offset(layer, run.src_start)
             regions.append(Array(self._bytes[start:start + run.num_blocks * block_bytes]))
@@ -185,10 +220,10 @@ class UcxTransport(Transport):
         await request.wait()
         del buffer
 
-    def _post_header(self, endpoint, message: Message):
+    def _post_header(self, endpoint, message: Message, reply_to: bool = False):
         """Post a header send; returns (buffer, request): the caller keeps the buffer alive until
         the request completes."""
-        body = _envelope_encoder.encode(Envelope(self.instance_id, message))
+        body = _envelope_encoder.encode(Envelope(self.instance_id, message, self._address if reply_to else b""))
         if len(body) + PREFIX.size > MAX_HEADER_BYTES:
             raise ValueError(f"header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
         buffer = Array(bytearray(PREFIX.pack(len(body)) + body))
@@ -223,15 +258,15 @@ class UcxTransport(Transport):
             except msgspec.DecodeError as exc:
                 logger.warning("dropping malformed ucx header: %s", exc)
                 continue
-            self._on_message(envelope.peer_id, envelope.message)
+            self._on_message(envelope.peer_id, envelope.message, envelope.reply_to)
 
     def _header_poll_s(self) -> float:
         return MAX_POLL_S if self._ledger.has_pending() else IDLE_POLL_S
 
-    def _on_message(self, peer_id: str, message: Message) -> None:
+    def _on_message(self, peer_id: str, message: Message, reply_to: bytes = b"") -> None:
         match message:
             case LayerHeader():
-                self._on_layer(peer_id, message)
+                self._on_layer(peer_id, message, reply_to)
             case Finish(request_id=request_id, num_bytes=num_bytes):
                 self._ledger.record_finish(peer_id, request_id, num_bytes)
             case Abort(request_id=request_id):
@@ -239,29 +274,57 @@ class UcxTransport(Transport):
             case _:
                 logger.warning("ignoring unexpected %s from %r", type(message).__name__, peer_id)
 
-    def _on_layer(self, peer_id: str, header: LayerHeader) -> None:
+    def _on_layer(self, peer_id: str, header: LayerHeader, reply_to: bytes) -> None:
         verdict, reason = self._ledger.check_write(peer_id, header.request_id, header.layer, header.runs,
                                                    header.num_bytes)
         worker = _worker()
         block_bytes = self.layout.block_bytes
+        ready_tag = header.tag_base + len(header.runs)
         if verdict is Verdict.REJECT:
             # No connection of ours to close: the sender is misbehaving, so stop trusting it.
             logger.warning("rejecting ucx writes from %r: %s", peer_id, reason)
             self._ledger.fail_peer(peer_id, f"protocol violation: {reason}")
+            self._reply(peer_id, reply_to, ready_tag, READY_REFUSED)
+            return
+        if verdict is not Verdict.ACCEPT:
+            # Late data of an aborted request: the sender skips it, nothing is received.
+            self._reply(peer_id, reply_to, ready_tag, READY_SKIP)
             return
         regions, requests = [], []
         for index, (dst_start, count) in enumerate(header.runs):
-            if verdict is Verdict.ACCEPT:
-                start = self.layout.offset(header.layer, dst_start)
-                regions.append(Array(self._bytes[start:start + count * block_bytes]))
-            else:  # late data of an aborted request: receive it and throw it away
-                regions.append(Array(bytearray(count * block_bytes)))
+            start = self.layout.offset(header.layer, dst_start)
+            regions.append(Array(self._bytes[start:start + count * block_bytes]))
             requests.append(worker.tag_recv(regions[-1], Tag(header.tag_base + index), TagMaskFull))
         task = asyncio.get_running_loop().create_task(self._land(regions, requests))
-        if verdict is Verdict.ACCEPT:
-            token = self._ledger.begin_landing(header.request_id)
-            self._landing.setdefault(peer_id, set()).add(task)
-            task.add_done_callback(lambda t: self._landed(t, peer_id, header.request_id, header.num_bytes, token))
+        token = self._ledger.begin_landing(header.request_id)
+        self._landing.setdefault(peer_id, set()).add(task)
+        task.add_done_callback(lambda t: self._landed(t, peer_id, header.request_id, header.num_bytes, token))
+        # Only now, with every receive posted, may the payload come (eagerly).
+        if not self._reply(peer_id, reply_to, ready_tag, READY_GO):
+            self._ledger.fail_request(header.request_id, "cannot reach the sender to ask for the payload")
+            task.cancel()
+
+    def _reply(self, peer_id: str, address: bytes, tag: int, status: int) -> bool:
+        """Send a READY status byte to the sender's worker without waiting for it; returns False
+        if there is no way to reach the sender."""
+        if not address:
+            logger.warning("ucx layer header from %r without a reply address", peer_id)
+            return False
+        known = self._reply_endpoints.get(peer_id)
+        if known is None or known[0] != address:
+            if known is not None:
+                self._lost_endpoints.append(known[1])  # the sender restarted; never close (may block)
+            try:
+                endpoint = UCXEndpoint.create_from_worker_address(
+                    _worker(), ucxx.get_ucx_address_from_buffer(address), False)
+            except Exception as exc:  # a malformed address from the wire
+                logger.warning("cannot reach ucx sender %r: %s", peer_id, exc)
+                return False
+            known = self._reply_endpoints[peer_id] = (address, endpoint)
+        self._replies = [(b, r) for b, r in self._replies if not r.completed]
+        buffer = Array(bytearray((status,)))
+        self._replies.append((buffer, known[1].tag_send(buffer, Tag(tag))))
+        return True
 
     @staticmethod
     async def _land(regions, requests) -> None:
@@ -286,11 +349,15 @@ class UcxTransport(Transport):
             self._lost_endpoints.append(endpoint)
         for task in self._landing.pop(peer_id, set()):
             task.cancel()
+        reply = self._reply_endpoints.pop(peer_id, None)
+        if reply is not None:
+            self._lost_endpoints.append(reply[1])
 
     async def _close(self) -> None:
         for endpoint in self._endpoints.values():
             endpoint.close_blocking(period=CLOSE_PERIOD_NS, max_attempts=1)
         self._endpoints.clear()
+        self._reply_endpoints.clear()  # not closed: a dead sender would block the close
         for tasks in self._landing.values():
             for task in tasks:
                 task.cancel()
