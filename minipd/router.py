@@ -61,6 +61,7 @@ class RoutedRequest:
         self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()
         self.mode = ""  # "disaggregated" or "local"
         self.layerwise = True
+        self.outputs: asyncio.Queue[RequestOutput] | None = None  # set while an instance streams it
 
 
 class Router:
@@ -296,7 +297,7 @@ class Router:
     def _on_message(self, channel: Channel, message: Message) -> None:
         routed = self._requests.get(message.request_id)
         if isinstance(message, TokenOutput):
-            if routed is not None and hasattr(routed, "outputs"):
+            if routed is not None and routed.outputs is not None:
                 routed.outputs.put_nowait(message.output)
             return
         if isinstance(message, KVLanded):
