@@ -192,6 +192,9 @@ class Engine:
             raise InvalidRequestError("prompt", f"{len(token_ids)} tokens; max_model_len is "
                                                 f"{self.config.max_model_len}")
         bm = self.block_manager
+        if bm.blocks_for(len(token_ids)) > bm.num_blocks:
+            raise InvalidRequestError("prompt", f"{len(token_ids)} tokens need more blocks than this instance's "
+                                                f"whole pool ({bm.num_blocks})")
         if bm.num_new_blocks_for(token_ids) > bm.num_free_blocks:
             raise NoCapacity(f"{bm.blocks_for(len(token_ids))} blocks needed, {bm.num_free_blocks} free")
         return bm.allocate(token_ids)

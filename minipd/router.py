@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
 MAX_ATTEMPTS = 2  # the first try and one retry on other instances
+BUSY_RETRY_MIN_S = 0.01  # a full decode pool is asked again after this, doubling up to the max
+BUSY_RETRY_MAX_S = 0.5
 
 
 class InstanceFailed(RuntimeError):
@@ -75,6 +77,7 @@ class Router:
         self._stats_task: asyncio.Task | None = None
         self.on_transfer: Callable[[TransferInfo], None] | None = None
         self._closing = False
+        self.num_busy_waits = 0  # reservations retried because a decode pool was full
 
     # ---- instances --------------------------------------------------------------------
     async def add_instance(self, host: str, port: int, timeout: float = 30.0) -> InstanceHandle:
@@ -244,9 +247,7 @@ class Router:
         first token and records the transfer."""
         timeout = self.config.call_timeout_s
         failed.add(decode.instance_id)
-        reserved: Reserved = await decode.channel.call(
-            Reserve(request_id=routed.request_id, token_ids=routed.token_ids,
-                    prefill_instance=prefill.instance_id), timeout)
+        reserved = await self._reserve(decode, routed, prefill.instance_id)
         failed.discard(decode.instance_id)
         failed.add(prefill.instance_id)
         prefilled: Prefilled = await prefill.channel.call(Prefill(
@@ -264,6 +265,23 @@ class Router:
         if self.on_transfer is not None:
             self.on_transfer(routed.transfer)
         return prefilled.first_token
+
+    async def _reserve(self, decode: InstanceHandle, routed: RoutedRequest, prefill_id: str) -> Reserved:
+        """Reserve blocks on `decode`; while its pool is full ("busy"), wait for running requests
+        to free blocks, backing off, up to the call timeout (then RemoteError)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.call_timeout_s
+        wait_s = BUSY_RETRY_MIN_S
+        while True:
+            try:
+                return await decode.channel.call(Reserve(request_id=routed.request_id, token_ids=routed.token_ids,
+                                                         prefill_instance=prefill_id), self.config.call_timeout_s)
+            except RemoteError as exc:
+                if exc.kind != "busy" or loop.time() + wait_s > deadline:
+                    raise
+            self.num_busy_waits += 1
+            await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation
+            wait_s = min(BUSY_RETRY_MAX_S, 2 * wait_s)
 
     async def _run_on(self, decode: InstanceHandle, routed: RoutedRequest, message: Message) -> None:
         """Send a streaming request and relay outputs until it finishes or the instance dies."""

@@ -215,3 +215,23 @@ def test_malformed_control_frames_close_only_that_connection(cluster, loop_threa
     eof, last = loop_thread.run(send_garbage_then_serve())
     assert eof == b"", "the instance closes a connection that sent a bad frame"
     assert last.finished and last.error is None and last.num_output_tokens == 3
+
+
+def test_requests_wait_for_a_full_decode_pool_instead_of_failing(loop_thread):
+    # 12 decode blocks: three 90-token prompts (6 blocks each, then growth) cannot all hold blocks at once.
+    small_decode = msgspec.structs.replace(CONFIG, num_blocks=12, max_model_len=190)
+
+    async def run():
+        async with await InProcessCluster.start(small_decode, 1, 1, RouterConfig(local_prefill_max_tokens=-1)) as c:
+            prompts = [[k + 1] * 90 for k in range(3)]
+            params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+            results = await asyncio.gather(*(_collect(c, p, params) for p in prompts))
+            return results, [i.stats() for i in c.instances], c.router.num_busy_waits
+    results, stats, busy_waits = loop_thread.run(run(), timeout=120)
+    assert busy_waits > 0, "the test must fill the decode pool"
+    assert all(r[-1].error is None and r[-1].num_output_tokens == 40 for r in results)
+    assert all(s.num_used_blocks == 0 for s in stats)
+
+
+async def _collect(cluster, prompt, params):
+    return [o async for o in cluster.generate(prompt, params)]
