@@ -73,35 +73,84 @@ def _worker():
     return ucxx.core._get_ctx().worker
 
 
-async def _progress_until_done(requests, max_poll_s: Callable[[], float] = lambda: MAX_POLL_S) -> None:
-    """Wait for UCX requests by driving the worker ourselves: spin (yielding to the loop) while
-    requests keep completing at least every SPIN_S, then poll with a sleep that doubles up to MAX_POLL_S. The blocking progress
-    mode's epoll wake-ups alone are too coarse here: a wake-up per protocol step costs more
-    than the move, and shared-memory arrivals may only be seen at its 1 s fallback timer.
-    The backoff keeps a stalled peer from burning a core the other process needs."""
-    worker = _worker()
-    pending = list(requests)
-    spin_until = time.monotonic() + SPIN_S
-    sleep_s = MIN_POLL_S
-    while pending:
-        worker.progress()
-        still = [r for r in pending if not r.completed]
-        if not still:
-            break
-        if len(still) < len(pending):  # moving along: keep spinning
-            spin_until = time.monotonic() + SPIN_S
-            sleep_s = MIN_POLL_S
-        pending = still
-        # Eager payload moves through a small shared-memory FIFO that needs the peer process
-        # running to drain it: when both share a core, yield it instead of spinning out the slice.
-        os.sched_yield()
-        if time.monotonic() < spin_until:
-            await asyncio.sleep(0)
-        else:
-            await asyncio.sleep(sleep_s)
-            sleep_s = min(max_poll_s(), sleep_s * 2)
-    for request in requests:
-        request.check_error()
+class _ProgressDriver:
+    """Waits for UCX requests by driving the worker ourselves, with one task for all waiters
+    (many layers in flight each spinning their own loop only multiply progress calls).
+
+    It spins (yielding to the loop) while requests keep completing at least every SPIN_S,
+    then polls with a sleep that doubles up to the smallest `max_poll_s()` of the waiters; a
+    new waiter restarts the spin. The blocking progress mode's epoll wake-ups alone are too
+    coarse here: a wake-up per protocol step costs more than the move, and shared-memory
+    arrivals may only be seen at its 1 s fallback timer. The back-off keeps a stalled peer
+    from burning a core the other process needs."""
+
+    def __init__(self) -> None:
+        self._waiters: list[tuple[list, asyncio.Future, Callable[[], float]]] = []
+        self._nudge: asyncio.Future | None = None  # resolved to cut a back-off sleep short
+        self._task: asyncio.Task | None = None
+
+    async def wait(self, requests, max_poll_s: Callable[[], float] = lambda: MAX_POLL_S) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._waiters.append((list(requests), done, max_poll_s))
+        if self._nudge is not None:
+            _resolve(self._nudge, None)
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._drive())
+        await done  # cancelling the waiter leaves its requests posted, as before
+        for request in requests:
+            request.check_error()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _drive(self) -> None:
+        worker = _worker()
+        loop = asyncio.get_running_loop()
+        spin_until = time.monotonic() + SPIN_S
+        sleep_s = MIN_POLL_S
+        while self._waiters:
+            worker.progress()
+            progressed, still = False, []
+            for requests, done, max_poll_s in self._waiters:
+                if done.done():  # its waiter was cancelled
+                    continue
+                left = [r for r in requests if not r.completed]
+                progressed = progressed or len(left) < len(requests)
+                if left:
+                    still.append((left, done, max_poll_s))
+                else:
+                    done.set_result(None)
+            self._waiters = still
+            if not still:
+                return
+            if progressed:
+                spin_until = time.monotonic() + SPIN_S
+                sleep_s = MIN_POLL_S
+            # Eager payload moves through a small shared-memory FIFO that needs the peer process
+            # running to drain it: when both share a core, yield it instead of spinning out the slice.
+            os.sched_yield()
+            if time.monotonic() < spin_until:
+                await asyncio.sleep(0)
+                continue
+            self._nudge = loop.create_future()
+            timer = loop.call_later(sleep_s, _resolve, self._nudge, TIMER)
+            woken_by = await self._nudge
+            timer.cancel()
+            if woken_by is TIMER:
+                sleep_s = min(min(w[2]() for w in self._waiters), sleep_s * 2)
+            else:  # a new waiter: its transfer is likely starting, spin again
+                spin_until = time.monotonic() + SPIN_S
+                sleep_s = MIN_POLL_S
+
+
+TIMER = object()
+
+
+def _resolve(future: asyncio.Future, value: object) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 def _detach_ucxx_progress(loop: asyncio.AbstractEventLoop) -> None:
@@ -110,7 +159,7 @@ def _detach_ucxx_progress(loop: asyncio.AbstractEventLoop) -> None:
     Its reader on the worker's epoll descriptor fires again and again whenever the worker
     cannot be re-armed (level-triggered), which kept an idle instance's loop at ~100% CPU and
     stretched decode steps several-fold. This transport progresses the worker itself (see
-    `_progress_until_done`, including the always-posted header receive), so nothing is lost.
+    `_ProgressDriver`, including the always-posted header receive), so nothing is lost.
     """
     from ucxx._lib_async import application_context
 
@@ -152,6 +201,7 @@ class UcxTransport(Transport):
         self._landing: dict[str, set[asyncio.Task]] = {}
         self._address = b""
         self._reply_endpoints: dict[str, tuple[bytes, UCXEndpoint]] = {}
+        self._progress = _ProgressDriver()
         self._replies: list[tuple[Array, object]] = []  # READY sends still in flight
         # Buffers UCX may still write into (a READY receive of a write cut short): kept alive.
         self._parked: list[object] = []
@@ -197,7 +247,7 @@ class UcxTransport(Transport):
             raise
         regions = [header_buffer, ready]  # UCX holds raw pointers: keep every buffer alive until done
         try:
-            await _progress_until_done([header_request, ready_request])
+            await self._progress.wait([header_request, ready_request])
         except BaseException:
             self._parked.append(regions)  # e.g. cancelled for a lost peer: the receive stays posted
             raise
@@ -211,7 +261,7 @@ class UcxTransport(Transport):
             start = self.layout.offset(layer, run.src_start)
             regions.append(Array(self._bytes[start:start + run.num_blocks * block_bytes]))
             requests.append(endpoint.tag_send(regions[-1], Tag(tag_base + index)))
-        await _progress_until_done(requests)
+        await self._progress.wait(requests)
         del regions
 
     async def _send_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
@@ -248,8 +298,8 @@ class UcxTransport(Transport):
         worker = _worker()
         view = memoryview(self._header_buffer)
         while True:
-            await _progress_until_done([worker.tag_recv(Array(self._header_buffer), Tag(HEADER_TAG), TagMaskFull)],
-                                       self._header_poll_s)
+            await self._progress.wait([worker.tag_recv(Array(self._header_buffer), Tag(HEADER_TAG), TagMaskFull)],
+                                      self._header_poll_s)
             (length,) = PREFIX.unpack_from(view)
             try:
                 if length > MAX_HEADER_BYTES - PREFIX.size:
@@ -326,10 +376,9 @@ class UcxTransport(Transport):
         self._replies.append((buffer, known[1].tag_send(buffer, Tag(tag))))
         return True
 
-    @staticmethod
-    async def _land(regions, requests) -> None:
+    async def _land(self, regions, requests) -> None:
         # `regions` stays referenced here until every receive into it has completed.
-        await _progress_until_done(requests)
+        await self._progress.wait(requests)
         del regions
 
     def _landed(self, task: asyncio.Task, peer_id: str, request_id: str, num_bytes: int, token) -> None:
@@ -363,3 +412,4 @@ class UcxTransport(Transport):
                 task.cancel()
         if self._receive_task is not None:
             self._receive_task.cancel()
+        self._progress.close()
