@@ -1,8 +1,8 @@
 """overlap: how much of the KV transfer layer-wise streaming hides behind prefill compute.
 
-For each transport and prompt length, one request at a time (fresh random prompts, so no
-prefix-cache hits, and no local prefill) through a real cluster, twice: with layer-wise
-streaming and with send-after-prefill. Per request the router reports the prefill compute
+For each transport and prompt length, one request at a time through a real cluster (prefix
+caching off, no local prefill), each random prompt twice: with layer-wise streaming and with
+send-after-prefill. Per request the router reports the prefill compute
 time and the transfer's exposed part (end of compute to the last byte acknowledged).
 
 - compute_ms: the prefill step on the prefill instance;
@@ -52,7 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     max_len = max(args.prompt_lens) + 16
     return EngineConfig(model=args.model, num_blocks=2 * (max_len // 16 + 2) * 2, max_model_len=max_len,
-                        max_num_batched_tokens=max_len)
+                        max_num_batched_tokens=max_len, enable_prefix_caching=False)
 
 
 async def _measure(server, prompt_lens: list[int], repeats: int, seed: int) -> dict[int, dict[str, dict]]:
@@ -65,8 +65,10 @@ async def _measure(server, prompt_lens: list[int], repeats: int, seed: int) -> d
     for n in prompt_lens:
         rows: dict[str, list[dict]] = {"layerwise": [], "after": []}
         for r in range(repeats):
+            # One prompt for both modes, so both do the same compute (the instances run without
+            # prefix caching); which mode goes first alternates.
+            prompt = [rng.randrange(256) for _ in range(n)]
             for layerwise in ((True, False) if r % 2 == 0 else (False, True)):
-                prompt = [rng.randrange(256) for _ in range(n)]  # fresh: no prefix-cache hits
                 rows["layerwise" if layerwise else "after"].append(await _one(server, prompt, params, layerwise))
         out[n] = {mode: {k: statistics.median(row[k] for row in mode_rows) for k in mode_rows[0]}
                   for mode, mode_rows in rows.items()}
@@ -100,7 +102,7 @@ async def _run_transport(transport: str, args: argparse.Namespace, config: Engin
                        engine_argv=["--torch-threads", str(args.torch_threads),
                                     "--num-blocks", str(config.num_blocks), "--max-model-len",
                                     str(config.max_model_len), "--max-num-batched-tokens",
-                                    str(config.max_num_batched_tokens)],
+                                    str(config.max_num_batched_tokens), "--no-prefix-caching"],
                        router_argv=["--local-prefill-max-tokens", "-1"])
     processes = LocalCluster()
     await processes.start(spec)
