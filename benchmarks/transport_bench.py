@@ -1,12 +1,19 @@
 """Transport bandwidth: 64 MiB of KV per request between two processes, per backend, vs memcpy.
 
 For each backend a receiver process reserves blocks and a sender process (both fresh) writes
-every layer of a request into them, then finishes it; the time runs from the first write to the receiver
-seeing the request landed (both read the same monotonic clock). Two block maps: 1 MiB
-blocks in shuffled order (one 1 MiB move each), and the tiny model's 8 KiB blocks handed out
-in chunks by an allocator (per-block pairs that coalescing merges). Baselines measured in the
-same run: single-thread memcpy of the same bytes, and a raw socket (blocking sendall /
-recv_into a preallocated buffer). Rates are in Gbit/s (`*_gbps`; 8 Gbit/s = 1 GB/s).
+every layer of a request into them, then finishes it; the time runs from the first write to
+the receiver seeing the request landed (both read the same monotonic clock). Pools are
+allocated as an instance allocates its KV pool. Two block maps: 1 MiB blocks in shuffled
+order (one 1 MiB move each), and the tiny model's 8 KiB blocks handed out in chunks by an
+allocator (per-block pairs that coalescing merges).
+
+Baselines: single-thread memcpy of the same bytes, timed by the sender process next to each
+repetition (alternately before and after it), so `ratio_to_memcpy` is the median of
+per-repetition ratios and the machine's drift (other jobs come and go) hits both sides of
+each ratio alike; and a raw socket (blocking sendall / recv_into a preallocated buffer),
+measured once per round. Every backend is measured in several rounds, in turn, so that a slow
+spell of the machine does not fall on one backend only. Rates are in Gbit/s (`*_gbps`;
+8 Gbit/s = 1 GB/s).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import time
 import numpy as np
 import torch
 
+from minipd.kv_pool import allocate_host_tensor
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.loopback_hub import LoopbackHub
 from minipd.transports.registry import BACKENDS, available_transports, create_transport
@@ -42,7 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default=",".join(BACKENDS),
                         help="comma-separated transports to measure (default: all installed)")
     parser.add_argument("--request-mib", type=int, default=64, help="KV bytes per request, MiB (default 64)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repetitions per case; the median counts")
+    parser.add_argument("--repeats", type=int, default=9, help="timed repetitions per case and round")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="times every backend is measured afresh, in turn; the median over all rounds counts")
     parser.add_argument("--small-chunk-blocks", type=int, default=32,
                         help="the small-block map hands out destination blocks in chunks of this many (default 32)")
     parser.add_argument("--link-gbps", type=float, default=None, help="cap each transport's egress (Gbit/s)")
@@ -50,17 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 # ---- baselines -------------------------------------------------------------------------
 
-def memcpy_gbps(num_bytes: int, repeats: int) -> float:
+class MemcpyTimer:
     """Single-thread memcpy of `num_bytes` between preallocated, touched buffers."""
-    src = np.ones(num_bytes, dtype=np.uint8)
-    dst = np.zeros(num_bytes, dtype=np.uint8)
-    np.copyto(dst, src)
-    times = []
-    for _ in range(repeats):
+
+    def __init__(self, num_bytes: int) -> None:
+        self._src = np.ones(num_bytes, dtype=np.uint8)
+        self._dst = np.zeros(num_bytes, dtype=np.uint8)
+        np.copyto(self._dst, self._src)
+
+    def seconds(self) -> float:
         start = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    return num_bytes / statistics.median(times) / GBIT
+        np.copyto(self._dst, self._src)
+        return time.perf_counter() - start
 
 
 def _socket_receiver(port_pipe, num_bytes: int, repeats: int) -> None:
@@ -108,6 +119,7 @@ class Case:
         self.block_shape = block_shape
         block_bytes = int(np.prod(block_shape)) * 4
         self.blocks_per_request = request_bytes // NUM_LAYERS // block_bytes
+        self.num_bytes = NUM_LAYERS * self.blocks_per_request * block_bytes
         self.num_blocks = int(self.blocks_per_request * (1 + SPARE_FRACTION))
         rng = random.Random(seed)
         self.src_ids = _chunked_ids(rng, self.num_blocks, self.blocks_per_request, chunk_blocks)
@@ -115,8 +127,8 @@ class Case:
         self.num_runs = len(coalesce_runs(self.src_ids, self.dst_ids))
 
     def make_pool(self) -> torch.Tensor:
-        pool = torch.ones((NUM_LAYERS, self.num_blocks, *self.block_shape), dtype=torch.float32)
-        return pool  # ones(): every page is touched before timing
+        """Allocated as an instance allocates its KV pool (touched, huge pages where offered)."""
+        return allocate_host_tensor((NUM_LAYERS, self.num_blocks, *self.block_shape), torch.float32)
 
 
 def _chunked_ids(rng: random.Random, num_blocks: int, count: int, chunk: int) -> list[int]:
@@ -153,12 +165,13 @@ async def _receive(conn, backend: str, case: Case, options: dict) -> None:
     await transport.close()
 
 
-async def _measure(backend: str, case: Case, repeats: int, options: dict) -> float:
-    """Median Gbit/s of `repeats` requests (after one warm-up) from here to a receiver."""
+async def _measure(backend: str, case: Case, repeats: int, options: dict) -> list[tuple[float, float]]:
+    """(memcpy seconds, transfer seconds) of `repeats` requests (after one warm-up) from here to
+    a receiver, each transfer paired with a memcpy of the same bytes timed just before it."""
     loop = asyncio.get_running_loop()
     sender_pool = case.make_pool()
     runs = coalesce_runs(case.src_ids, case.dst_ids)
-    num_bytes = NUM_LAYERS * case.blocks_per_request * sender_pool[0, 0].numel() * 4
+    memcpy = MemcpyTimer(case.num_bytes)
     if backend == "loopback":
         hub = LoopbackHub()
         receiver = create_transport(backend, case.make_pool(), instance_id="decode", hub=hub, **options)
@@ -175,26 +188,33 @@ async def _measure(backend: str, case: Case, repeats: int, options: dict) -> flo
         sender = create_transport(backend, sender_pool, instance_id="prefill", **options)
         await sender.start()
     peer = await sender.connect(description)
-    times = []
+    async def transfer(request_id: str) -> float:
+        if process is None:
+            receiver.expect(request_id, "prefill", case.dst_ids)
+        else:
+            conn.send(request_id)
+            await loop.run_in_executor(None, conn.recv)
+        start = time.monotonic()
+        for layer in range(NUM_LAYERS):
+            sender.write_layer(peer, request_id, layer, runs)
+        await sender.finish_request(peer, request_id)
+        if process is None:
+            await receiver.wait_landed(request_id, timeout=LANDED_TIMEOUT_S)
+            return time.monotonic() - start
+        end = await asyncio.wait_for(loop.run_in_executor(None, conn.recv), LANDED_TIMEOUT_S)
+        return end - start
+
+    pairs = []
     try:
         for rep in range(repeats + 1):
-            request_id = f"{case.name}-{rep}"
-            if process is None:
-                receiver.expect(request_id, "prefill", case.dst_ids)
-            else:
-                conn.send(request_id)
-                await loop.run_in_executor(None, conn.recv)
-            start = time.monotonic()
-            for layer in range(NUM_LAYERS):
-                sender.write_layer(peer, request_id, layer, runs)
-            await sender.finish_request(peer, request_id)
-            if process is None:
-                await receiver.wait_landed(request_id, timeout=LANDED_TIMEOUT_S)
-                end = time.monotonic()
-            else:
-                end = await asyncio.wait_for(loop.run_in_executor(None, conn.recv), LANDED_TIMEOUT_S)
-            if rep:
-                times.append(end - start)
+            # Whichever copy runs second pays for the dirty cache lines the first left behind,
+            # so the order alternates. The receiver idles during the memcpy.
+            memcpy_first = rep % 2 == 0
+            memcpy_s = memcpy.seconds() if memcpy_first else 0.0
+            transfer_s = await transfer(f"{case.name}-{rep}")
+            memcpy_s = memcpy_s if memcpy_first else memcpy.seconds()
+            if rep:  # the first round warms up
+                pairs.append((memcpy_s, transfer_s))
     finally:
         await sender.close()
         if process is None:
@@ -204,7 +224,7 @@ async def _measure(backend: str, case: Case, repeats: int, options: dict) -> flo
             process.join(timeout=10)
             if process.is_alive():
                 process.kill()
-    return num_bytes / statistics.median(times) / GBIT
+    return pairs
 
 
 def _sender_main(conn, backend: str, case: Case, repeats: int, options: dict) -> None:
@@ -213,7 +233,7 @@ def _sender_main(conn, backend: str, case: Case, repeats: int, options: dict) ->
     conn.send(uvloop.run(_measure(backend, case, repeats, options)))
 
 
-def measure_in_process(backend: str, case: Case, repeats: int, options: dict) -> float:
+def measure_in_process(backend: str, case: Case, repeats: int, options: dict) -> list[tuple[float, float]]:
     """Run `_measure` in a fresh process: each backend gets a clean environment (importing
     ucxx sets UCX_RNDV_THRESH, which would slow NIXL's UCX in the same process), as it would
     in a real instance that uses one transport."""
@@ -238,19 +258,37 @@ def run(args: argparse.Namespace) -> dict:
     options = {"link_gbps": args.link_gbps} if args.link_gbps else {}
     large = Case("1mib", LARGE_BLOCK_SHAPE, request_bytes, chunk_blocks=1, seed=1)
     small = Case("small", TINY_BLOCK_SHAPE, request_bytes, chunk_blocks=args.small_chunk_blocks, seed=2)
-    memcpy = memcpy_gbps(request_bytes, args.repeats)
-    raw = raw_socket_gbps(request_bytes, args.repeats)
-    result = {"request_bytes": request_bytes, "repeats": args.repeats, "memcpy_gbps": memcpy,
-              "raw_socket_gbps": raw, "link_gbps": args.link_gbps,
+    result = {"request_bytes": request_bytes, "repeats": args.repeats, "rounds": args.rounds, "memcpy_gbps": None,
+              "raw_socket_gbps": None, "link_gbps": args.link_gbps,
               "cases": {c.name: {"block_bytes": int(np.prod(c.block_shape)) * 4, "runs_per_layer": c.num_runs}
                         for c in (large, small)},
               "backends": {}, "backends_small_blocks": {},
               "skipped": sorted(set(args.backends.split(",")) - installed)}
+    pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    raw_rates = []
+    for _ in range(args.rounds):
+        raw_rates.append(raw_socket_gbps(request_bytes, args.repeats))
+        for backend in backends:
+            for case in (large, small):
+                pairs.setdefault((backend, case.name), []).extend(
+                    measure_in_process(backend, case, args.repeats, options))
+    raw = result["raw_socket_gbps"] = statistics.median(raw_rates)
+    memcpy_s_per_byte = []
     for backend in backends:
         for case, key in ((large, "backends"), (small, "backends_small_blocks")):
-            gbps = measure_in_process(backend, case, args.repeats, options)
-            result[key][backend] = {"gbps": gbps, "ratio_to_memcpy": gbps / memcpy,
-                                    "ratio_to_raw_socket": gbps / raw}
+            measured = pairs[backend, case.name]
+            memcpy_s_per_byte += [memcpy_s / case.num_bytes for memcpy_s, _ in measured]
+            gbps = case.num_bytes / statistics.median(t for _, t in measured) / GBIT
+            ratios = [m / t for m, t in measured]
+            result[key][backend] = {
+                "gbps": gbps,
+                "memcpy_gbps": case.num_bytes / statistics.median(m for m, _ in measured) / GBIT,
+                "ratio_to_memcpy": statistics.median(ratios),
+                "ratio_to_memcpy_per_round": [statistics.median(ratios[i:i + args.repeats])
+                                              for i in range(0, len(ratios), args.repeats)],
+                "ratio_to_raw_socket": gbps / raw}
+    if memcpy_s_per_byte:
+        result["memcpy_gbps"] = 1 / statistics.median(memcpy_s_per_byte) / GBIT
     return result
 
 
@@ -259,8 +297,9 @@ SMALL_BLOCK_TARGET = 0.5  # small-block runs within 2x of 1 MiB runs
 
 
 def print_table(result: dict) -> None:
-    print(f"request {result['request_bytes'] // MIB} MiB, median of {result['repeats']}; "
-          f"memcpy {result['memcpy_gbps']:.1f} Gbit/s, raw socket {result['raw_socket_gbps']:.1f} Gbit/s")
+    memcpy = "n/a" if result["memcpy_gbps"] is None else f"{result['memcpy_gbps']:.1f} Gbit/s"
+    print(f"request {result['request_bytes'] // MIB} MiB, median of {result['rounds']} rounds x {result['repeats']}; "
+          f"memcpy {memcpy} (paired with every repetition), raw socket {result['raw_socket_gbps']:.1f} Gbit/s")
     print(f"{'backend':<10}{'1MiB Gbit/s':>12}{'/memcpy':>9}{'/socket':>9}{'target':>22}"
           f"{'small Gbit/s':>14}{'small/1MiB':>12}")
     for backend, large in result["backends"].items():

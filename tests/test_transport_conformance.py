@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import random
+import sys
 
 import pytest
 import torch
@@ -167,6 +168,47 @@ def test_random_maps_land_byte_exact_and_once(env: Env) -> None:
     assert env.transport.poll_landed() == []
     with pytest.raises(TransferError):
         env.run(env.transport.wait_landed(awaited, timeout=1))
+    env.original.copy_(env.pool)
+
+
+def _idle_sleep(transport) -> asyncio.Future | None:
+    """What a polling backend's receiver sleeps on between polls (None: event-driven backend)."""
+    if transport.backend == "ucx":
+        return transport._progress._nudge
+    if transport.backend == "nixl":
+        return transport._wake
+    return None
+
+
+async def _until_new_idle_sleep(transport) -> None:
+    """Return once the receiver has begun a poll sleep after this call (so one that reads the
+    current IDLE_POLL_S)."""
+    seen = _idle_sleep(transport)
+    while _idle_sleep(transport) is None or _idle_sleep(transport) is seen or _idle_sleep(transport).done():
+        await asyncio.sleep(0.001)  # condition poll, bounded by the caller's timeout
+
+
+@pytest.mark.timeout(120)
+def test_idle_receiver_wakes_when_a_request_is_expected(env: Env, monkeypatch) -> None:
+    """With nothing expected, a polling receiver polls rarely (IDLE_POLL_S); `expect` must cut
+    that sleep short, or a transfer's start waits out the idle poll. With an idle poll of an
+    hour, the request lands within the timeout only if `expect` woke the receiver."""
+    module = sys.modules[type(env.transport).__module__]
+    if hasattr(module, "IDLE_POLL_S"):
+        monkeypatch.setattr(module, "IDLE_POLL_S", 3600.0)
+        env.run(_until_new_idle_sleep(env.transport), timeout=LANDED_TIMEOUT_S)
+    src, dst = list(range(16, 24)), list(range(120, 128))
+
+    async def scenario():
+        env.transport.expect("after-idle", PEER_ID, dst)
+        await env.peer.call("send", request_id="after-idle", peer_id=MAIN_ID, src_ids=src, dst_ids=dst,
+                            layers=list(range(NUM_LAYERS)))
+        return await env.transport.wait_landed("after-idle", timeout=LANDED_TIMEOUT_S)
+
+    landed = env.run(scenario())
+    assert landed.num_bytes == NUM_LAYERS * len(dst) * env.transport.layout.block_bytes
+    assert same_bytes(env.pool[:, dst], expected_blocks(PEER_SEED, src))
+    assert_only_reserved_changed(env, set(dst))
     env.original.copy_(env.pool)
 
 

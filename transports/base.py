@@ -149,6 +149,7 @@ class Transport(ABC):
         block outside the pool."""
         self._ledger.expect(request_id, peer_id, dst_block_ids)
         self._lost_peers.discard(peer_id)
+        self._on_expect()
 
     async def wait_landed(self, request_id: str, timeout: float | None = None) -> RequestLanded:
         """Wait until every layer of `request_id` has landed; raises TransferError if it failed,
@@ -301,6 +302,10 @@ class Transport(ABC):
     async def _drain_aborted(self, peer_id: str, request_id: str) -> None:
         """Receiver hook: return once no more bytes of aborted `request_id` can land (only
         one-sided backends need to wait here; the others refuse late bytes themselves)."""
+
+    def _on_expect(self) -> None:
+        """A request is now expected: a backend that polls should poll at its busy pace (the
+        sender may start any moment). Default: nothing to do."""
 
     @abstractmethod
     async def _start(self) -> None:

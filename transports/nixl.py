@@ -45,6 +45,11 @@ def _block_rows(base_address: int, num_layers: int, num_blocks: int, block_bytes
     return rows
 
 
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class _Backoff:
     """Poll pacing: spin briefly (a move usually finishes within it), then sleep longer and
     longer, so a stalled peer does not burn a core that the other process here needs."""
@@ -84,6 +89,7 @@ class NixlTransport(Transport):
         self._remote: dict[str, tuple[str, object, int]] = {}  # peer -> (agent, dlist, num_blocks)
         self._poll_task: asyncio.Task | None = None
         self._ended: dict[str, tuple[str, asyncio.Event]] = {}  # aborted request -> (peer, ended)
+        self._wake: asyncio.Future | None = None  # resolved to end an idle poll early
 
     async def _start(self) -> None:
         config = nixl_agent_config(enable_prog_thread=False, backends=[BACKEND])
@@ -168,7 +174,23 @@ class NixlTransport(Transport):
             if self._ledger.has_pending() or self._ended:
                 await backoff.pause()
             else:
-                await asyncio.sleep(IDLE_POLL_S)
+                await self._idle()
+                backoff = _Backoff()
+
+    async def _idle(self) -> None:
+        """Sleep IDLE_POLL_S, or less if a request becomes expected meanwhile."""
+        loop = asyncio.get_running_loop()
+        self._wake = loop.create_future()
+        timer = loop.call_later(IDLE_POLL_S, _resolve, self._wake)
+        try:
+            await self._wake
+        finally:
+            timer.cancel()
+            self._wake = None
+
+    def _on_expect(self) -> None:
+        if self._wake is not None:
+            _resolve(self._wake)
 
     def _on_message(self, peer_id: str, message: Message) -> None:
         match message:

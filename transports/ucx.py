@@ -37,13 +37,13 @@ NONCE_SHIFT = 32
 SEQUENCE_MASK = (1 << NONCE_SHIFT) - 1
 PREFIX = struct.Struct("!I")
 PROGRESS_MODE = "blocking"  # event-driven on the asyncio loop; no extra progress thread
-# Host payload goes eagerly (no rendezvous): through shared memory this measured ~0.7 of
-# memcpy vs ~0.45 for rendezvous (a CMA read), but only when the receive is already posted; an
-# unexpected eager message is buffered whole in fresh memory (slow, and unbounded receiver
-# memory). So a sender posts the payload only after the receiver's READY reply, which it sends
-# once its receives are posted. Device pools keep ucxx's rendezvous threshold (8192): eager
-# from GPU memory would be staged through host copies.
-HOST_UCX_OPTIONS = {"RNDV_THRESH": "inf"}
+# Payload above ucxx's rendezvous threshold (8 KiB) goes by rendezvous: on one host the
+# receiver reads it straight from the sender's blocks into its own (CMA), one copy where
+# eager takes two (into a shared-memory FIFO and out). Between huge-page pools (see
+# `allocate_host_tensor`) this measured a median of 0.80 of memcpy against 0.72 for eager.
+# The sender still posts the payload only after the receiver's READY reply (sent once its
+# receives are posted, or to refuse the layer): a send nobody will ever receive would never
+# complete under rendezvous.
 # One status byte per layer, sent by the receiver to tag `tag_base + len(runs)` of the sender.
 READY_GO, READY_SKIP, READY_REFUSED = 1, 2, 3
 SPIN_S = 2e-3  # a wait spins this long, then sleeps from MIN to MAX seconds between polls
@@ -78,8 +78,8 @@ class _ProgressDriver:
     (many layers in flight each spinning their own loop only multiply progress calls).
 
     It spins (yielding to the loop) while requests keep completing at least every SPIN_S,
-    then polls with a sleep that doubles up to the smallest `max_poll_s()` of the waiters; a
-    new waiter restarts the spin. The blocking progress mode's epoll wake-ups alone are too
+    then polls with a sleep that doubles up to the smallest `max_poll_s()` of the waiters (an
+    idle cap, above MAX_POLL_S, applies at once); a new waiter or `wake()` restarts the spin. The blocking progress mode's epoll wake-ups alone are too
     coarse here: a wake-up per protocol step costs more than the move, and shared-memory
     arrivals may only be seen at its 1 s fallback timer. The back-off keeps a stalled peer
     from burning a core the other process needs."""
@@ -93,13 +93,17 @@ class _ProgressDriver:
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         self._waiters.append((list(requests), done, max_poll_s))
-        if self._nudge is not None:
-            _resolve(self._nudge, None)
+        self.wake()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._drive())
         await done  # cancelling the waiter leaves its requests posted, as before
         for request in requests:
             request.check_error()
+
+    def wake(self) -> None:
+        """Cut a back-off sleep short and spin again: a transfer is about to start."""
+        if self._nudge is not None:
+            _resolve(self._nudge, None)
 
     def close(self) -> None:
         if self._task is not None:
@@ -128,19 +132,23 @@ class _ProgressDriver:
             if progressed:
                 spin_until = time.monotonic() + SPIN_S
                 sleep_s = MIN_POLL_S
-            # Eager payload moves through a small shared-memory FIFO that needs the peer process
-            # running to drain it: when both share a core, yield it instead of spinning out the slice.
+            # The peer process does its half of each protocol step (the copy, the reply) only
+            # while it runs: when both share a core, yield it instead of spinning out the slice.
             os.sched_yield()
             if time.monotonic() < spin_until:
                 await asyncio.sleep(0)
                 continue
+            cap = min(w[2]() for w in self._waiters)
+            # Waiters that expect nothing soon (an idle header receive) poll at their slow pace
+            # straight away; `wake` cuts such a sleep short once a transfer is expected.
+            pause_s = cap if cap > MAX_POLL_S else min(sleep_s, cap)
             self._nudge = loop.create_future()
-            timer = loop.call_later(sleep_s, _resolve, self._nudge, TIMER)
+            timer = loop.call_later(pause_s, _resolve, self._nudge, TIMER)
             woken_by = await self._nudge
             timer.cancel()
             if woken_by is TIMER:
-                sleep_s = min(min(w[2]() for w in self._waiters), sleep_s * 2)
-            else:  # a new waiter: its transfer is likely starting, spin again
+                sleep_s = min(cap, sleep_s * 2)
+            else:  # woken: a transfer is likely starting, spin again
                 spin_until = time.monotonic() + SPIN_S
                 sleep_s = MIN_POLL_S
 
@@ -208,8 +216,7 @@ class UcxTransport(Transport):
 
     async def _start(self) -> None:
         try:
-            ucxx.init(options=HOST_UCX_OPTIONS if self.layout.device_type == "cpu" else {},
-                      progress_mode=PROGRESS_MODE)
+            ucxx.init(progress_mode=PROGRESS_MODE)
         except RuntimeError:
             logger.debug("ucxx already initialised in this process; sharing its worker")
         _detach_ucxx_progress(asyncio.get_running_loop())
@@ -310,6 +317,9 @@ class UcxTransport(Transport):
                 continue
             self._on_message(envelope.peer_id, envelope.message, envelope.reply_to)
 
+    def _on_expect(self) -> None:
+        self._progress.wake()  # the header receive may be in its idle back-off
+
     def _header_poll_s(self) -> float:
         return MAX_POLL_S if self._ledger.has_pending() else IDLE_POLL_S
 
@@ -349,7 +359,7 @@ class UcxTransport(Transport):
         token = self._ledger.begin_landing(header.request_id)
         self._landing.setdefault(peer_id, set()).add(task)
         task.add_done_callback(lambda t: self._landed(t, peer_id, header.request_id, header.num_bytes, token))
-        # Only now, with every receive posted, may the payload come (eagerly).
+        # Only now, with every receive posted, may the payload come.
         if not self._reply(peer_id, reply_to, ready_tag, READY_GO):
             self._ledger.fail_request(header.request_id, "cannot reach the sender to ask for the payload")
             task.cancel()
