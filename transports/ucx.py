@@ -90,13 +90,18 @@ class _ProgressDriver:
         self._task: asyncio.Task | None = None
 
     async def wait(self, requests, max_poll_s: Callable[[], float] = lambda: MAX_POLL_S) -> None:
-        loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        self._waiters.append((list(requests), done, max_poll_s))
-        self.wake()
-        if self._task is None or self._task.done():
-            self._task = loop.create_task(self._drive())
-        await done  # cancelling the waiter leaves its requests posted, as before
+        left = [r for r in requests if not r.completed]
+        if left:
+            # Requests that completed when posted (a receive matching a message UCX already
+            # holds) return at once: queued behind the driver, they would wait out whatever the
+            # next progress call does, e.g. the copy of a whole layer.
+            loop = asyncio.get_running_loop()
+            done = loop.create_future()
+            self._waiters.append((left, done, max_poll_s))
+            self.wake()
+            if self._task is None or self._task.done():
+                self._task = loop.create_task(self._drive())
+            await done  # cancelling the waiter leaves its requests posted, as before
         for request in requests:
             request.check_error()
 
