@@ -1,5 +1,5 @@
 """Unit tests of the transport building blocks: coalescing, batching, the link limiter, the
-registry, and the tcp receiver's handling of hostile or broken frames."""
+registry, ending a request early, and the tcp receiver's handling of hostile or broken frames."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 import uvloop
 
+from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun, coalesce_runs, split_runs
 from minipd.transports.errors import TransferError
 from minipd.transports.link_limiter import LinkLimiter
@@ -116,3 +117,73 @@ def test_tcp_closes_the_link_on_a_bad_frame_and_leaves_the_pool(case: str) -> No
     assert error.peer_id == "intruder" and error.request_id == "reserved"
     assert "within" not in error.reason  # failed because the link closed, not by timeout
     assert not pool.any(), "a rejected frame wrote into the pool"
+
+
+class _HeldWrites(Transport):
+    """A backend whose writes announce their header at once, then hold their payload until the
+    test releases it; it records every end-of-request message (None for an abort)."""
+
+    backend = "held"
+    finish_early = True
+
+    def __init__(self, pool, *, instance_id: str) -> None:
+        super().__init__(pool, instance_id=instance_id)
+        self.release = asyncio.Event()
+        self.payload_fails = False
+        self.ends: list[int | None] = []
+
+    async def _start(self) -> None:
+        pass
+
+    def _endpoint(self) -> bytes:
+        return b"held"
+
+    async def _connect(self, peer) -> None:
+        pass
+
+    async def _write(self, peer_id, request_id, layer, runs) -> None:
+        self._announced(request_id)
+        await self.release.wait()
+        if self.payload_fails:
+            raise TransferError(peer_id, request_id, "payload lost")
+
+    async def _send_end(self, peer_id, request_id, num_bytes) -> None:
+        self.ends.append(num_bytes)
+
+    def _drop_peer(self, peer_id, reason) -> None:
+        pass
+
+    async def _close(self) -> None:
+        pass
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("payload_fails", [False, True])
+def test_finish_early_goes_out_before_the_payload_and_is_revoked_if_it_fails(payload_fails: bool) -> None:
+    async def scenario():
+        sender = _HeldWrites(torch.zeros((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE)), instance_id="prefill")
+        receiver = _HeldWrites(torch.zeros((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE)), instance_id="decode")
+        peer = await sender.connect(receiver.describe())
+        sender.payload_fails = payload_fails
+        for layer in range(NUM_LAYERS):
+            sender.write_layer(peer, "r", layer, [BlockRun(0, 4, 2)])
+        finishing = asyncio.ensure_future(sender.finish_request(peer, "r"))
+        for _ in range(1000):  # loop turns, not time: the writes are held until released below
+            if sender.ends:
+                break
+            await asyncio.sleep(0)
+        ended_while_held = list(sender.ends)
+        sender.release.set()
+        try:
+            return ended_while_held, await finishing, sender.ends
+        except TransferError as exc:
+            return ended_while_held, exc, sender.ends
+
+    held, outcome, ends = uvloop.run(scenario())
+    num_bytes = NUM_LAYERS * 2 * 2 * 16 * 2 * 32 * 4
+    assert held == [num_bytes], "the end of the request waited for the payload"
+    if payload_fails:
+        assert isinstance(outcome, TransferError) and "payload lost" in outcome.reason
+        assert ends == [num_bytes, None], "a failed payload after an early finish must be followed by an abort"
+    else:
+        assert outcome.num_bytes == num_bytes and ends == [num_bytes]

@@ -65,6 +65,8 @@ class _Sending:
         self.writes: list[asyncio.Task[LayerWritten]] = []
         self.num_bytes = 0
         self.aborted = False
+        self.announced = 0  # layers whose header has gone out (backends with `finish_early`)
+        self.all_announced = asyncio.Event()
 
 
 class Transport(ABC):
@@ -78,6 +80,11 @@ class Transport(ABC):
     # True when writes are one-sided (the receiver cannot refuse them): abort on the
     # receiver then waits for the sender's end-of-request message.
     one_sided: ClassVar[bool] = False
+    # True when the end-of-request message may go out once every layer's header has (calling
+    # `_announced` per header): the receiver's own receives then say when the bytes landed,
+    # and the message follows the headers in order. Saves the wait for the last payload's
+    # completion before the receiver may hear of the end.
+    finish_early: ClassVar[bool] = False
 
     def __init__(self, pool: torch.Tensor, *, instance_id: str, link_gbps: float | None = None,
                  abort_drain_s: float = DEFAULT_ABORT_DRAIN_S) -> None:
@@ -191,9 +198,11 @@ class Transport(ABC):
         return task
 
     async def finish_request(self, peer_id: str, request_id: str) -> RequestSent:
-        """Wait for all of the request's writes, then tell the receiver they are complete.
-        Called once per request after its last `write_layer`; raises TransferError if any
-        write failed (the receiver is then told the request is aborted)."""
+        """Wait for all of the request's writes, then tell the receiver they are complete
+        (a `finish_early` backend tells it as soon as every layer's header is out). Called
+        once per request after its last `write_layer`; returns once every write completed,
+        and raises TransferError if any failed (the receiver is then told the request is
+        aborted)."""
         if request_id in self._sender_aborted:
             raise TransferError(peer_id, request_id, "request was aborted")
         sending = self._sending.get(request_id)
@@ -201,7 +210,16 @@ class Transport(ABC):
             sending = _Sending(peer_id)
         elif sending.peer_id != peer_id:
             raise ValueError(f"request {request_id!r} is being sent to {sending.peer_id!r}, not {peer_id!r}")
-        results = await asyncio.gather(*sending.writes, return_exceptions=True)
+        writes = asyncio.gather(*sending.writes, return_exceptions=True)
+        finished_early = False
+        if self.finish_early and sending.writes:
+            announced = asyncio.ensure_future(sending.all_announced.wait())
+            await asyncio.wait([writes, announced], return_when=asyncio.FIRST_COMPLETED)
+            announced.cancel()
+            if not writes.done():
+                await self._guard(peer_id, request_id, self._send_end(peer_id, request_id, sending.num_bytes))
+                finished_early = True
+        results = await writes
         self._sending.pop(request_id, None)
         failures = [r for r in results if isinstance(r, BaseException)]
         if failures:
@@ -210,8 +228,17 @@ class Transport(ABC):
             if isinstance(error, TransferError):
                 raise error
             raise TransferError(peer_id, request_id, f"write failed: {error!r}") from error
-        await self._guard(peer_id, request_id, self._send_end(peer_id, request_id, sending.num_bytes))
+        if not finished_early:
+            await self._guard(peer_id, request_id, self._send_end(peer_id, request_id, sending.num_bytes))
         return RequestSent(request_id, len(sending.writes), sending.num_bytes)
+
+    def _announced(self, request_id: str) -> None:
+        """Backends with `finish_early`: one more layer header of `request_id` has gone out."""
+        sending = self._sending.get(request_id)
+        if sending is not None:
+            sending.announced += 1
+            if sending.announced == len(sending.writes):
+                sending.all_announced.set()
 
     # ---- both sides ------------------------------------------------------------------
 

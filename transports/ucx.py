@@ -198,6 +198,7 @@ class UcxTransport(Transport):
     """
 
     backend = "ucx"
+    finish_early = True  # tag matching keeps the Finish behind every layer header
 
     def __init__(self, pool, *, instance_id: str, **options) -> None:
         super().__init__(pool, instance_id=instance_id, **options)
@@ -258,6 +259,7 @@ class UcxTransport(Transport):
             self._parked.append(ready)
             raise
         regions = [header_buffer, ready]  # UCX holds raw pointers: keep every buffer alive until done
+        self._announced(request_id)
         try:
             await self._progress.wait([header_request, ready_request])
         except BaseException:
