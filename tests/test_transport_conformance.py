@@ -180,10 +180,9 @@ def _idle_sleep(transport) -> asyncio.Future | None:
     return None
 
 
-async def _until_new_idle_sleep(transport) -> None:
-    """Return once the receiver has begun a poll sleep after this call (so one that reads the
-    current IDLE_POLL_S)."""
-    seen = _idle_sleep(transport)
+async def _until_idle_sleep_other_than(transport, seen: asyncio.Future | None) -> None:
+    """Return once the receiver sleeps on a poll sleep other than `seen` (taken while the loop
+    was stopped, before IDLE_POLL_S changed: the new one read the new value)."""
     while _idle_sleep(transport) is None or _idle_sleep(transport) is seen or _idle_sleep(transport).done():
         await asyncio.sleep(0.001)  # condition poll, bounded by the caller's timeout
 
@@ -195,8 +194,9 @@ def test_idle_receiver_wakes_when_a_request_is_expected(env: Env, monkeypatch) -
     hour, the request lands within the timeout only if `expect` woke the receiver."""
     module = sys.modules[type(env.transport).__module__]
     if hasattr(module, "IDLE_POLL_S"):
+        seen = _idle_sleep(env.transport)
         monkeypatch.setattr(module, "IDLE_POLL_S", 3600.0)
-        env.run(_until_new_idle_sleep(env.transport), timeout=LANDED_TIMEOUT_S)
+        env.run(_until_idle_sleep_other_than(env.transport, seen), timeout=LANDED_TIMEOUT_S)
     src, dst = list(range(16, 24)), list(range(120, 128))
 
     async def scenario():
