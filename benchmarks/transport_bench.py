@@ -301,7 +301,7 @@ def print_table(result: dict) -> None:
     print(f"request {result['request_bytes'] // MIB} MiB, median of {result['rounds']} rounds x {result['repeats']}; "
           f"memcpy {memcpy} (paired with every repetition), raw socket {result['raw_socket_gbps']:.1f} Gbit/s")
     print(f"{'backend':<10}{'1MiB Gbit/s':>12}{'/memcpy':>9}{'/socket':>9}{'target':>22}"
-          f"{'small Gbit/s':>14}{'small/1MiB':>12}")
+          f"{'small Gbit/s':>14}{'small/1MiB':>12}   /memcpy by round")
     for backend, large in result["backends"].items():
         small = result["backends_small_blocks"][backend]
         baseline, ratio = TARGETS[backend]
@@ -310,6 +310,7 @@ def print_table(result: dict) -> None:
         share = small["gbps"] / large["gbps"]
         print(f"{backend:<10}{large['gbps']:>12.1f}{large['ratio_to_memcpy']:>9.2f}{large['ratio_to_raw_socket']:>9.2f}"
               f"{f'>={ratio} {baseline} {verdict}':>22}{small['gbps']:>14.1f}"
-              f"{share:>8.2f} {'ok' if share >= SMALL_BLOCK_TARGET else 'MISS'}")
+              f"{share:>8.2f} {'ok' if share >= SMALL_BLOCK_TARGET else 'MISS':<4}   "
+              + " ".join(f"{r:.2f}" for r in large["ratio_to_memcpy_per_round"]))
     if result["skipped"]:
         print(f"skipped (not installed): {', '.join(result['skipped'])}")
