@@ -167,7 +167,7 @@ async def _receive(conn, backend: str, case: Case, options: dict) -> None:
 
 async def _measure(backend: str, case: Case, repeats: int, options: dict) -> list[tuple[float, float]]:
     """(memcpy seconds, transfer seconds) of `repeats` requests (after one warm-up) from here to
-    a receiver, each transfer paired with a memcpy of the same bytes timed just before it."""
+    a receiver, each transfer paired with a memcpy of the same bytes timed next to it."""
     loop = asyncio.get_running_loop()
     sender_pool = case.make_pool()
     runs = coalesce_runs(case.src_ids, case.dst_ids)

@@ -174,9 +174,9 @@ def test_random_maps_land_byte_exact_and_once(env: Env) -> None:
 def _idle_sleep(transport) -> asyncio.Future | None:
     """What a polling backend's receiver sleeps on between polls (None: event-driven backend)."""
     if transport.backend == "ucx":
-        return transport._progress._nudge
+        return transport._progress._sleep.current
     if transport.backend == "nixl":
-        return transport._wake
+        return transport._idle.current
     return None
 
 

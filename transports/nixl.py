@@ -16,6 +16,7 @@ from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
 from minipd.transports.messages import Abort, Finish, LayerHeader, Message, PoolDescription, decode_message
 from minipd.transports.receive_ledger import Verdict
+from minipd.transports.wakeable_sleep import WakeableSleep
 
 # NIXL's Python logger prints INFO to stdout unless told otherwise; it reads this on import.
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
@@ -43,11 +44,6 @@ def _block_rows(base_address: int, num_layers: int, num_blocks: int, block_bytes
     rows[:, 1] = block_bytes
     rows[:, 2] = device
     return rows
-
-
-def _resolve(future: asyncio.Future) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 class _Backoff:
@@ -89,7 +85,7 @@ class NixlTransport(Transport):
         self._remote: dict[str, tuple[str, object, int]] = {}  # peer -> (agent, dlist, num_blocks)
         self._poll_task: asyncio.Task | None = None
         self._ended: dict[str, tuple[str, asyncio.Event]] = {}  # aborted request -> (peer, ended)
-        self._wake: asyncio.Future | None = None  # resolved to end an idle poll early
+        self._idle = WakeableSleep()  # between polls while nothing is expected
 
     async def _start(self) -> None:
         config = nixl_agent_config(enable_prog_thread=False, backends=[BACKEND])
@@ -174,23 +170,11 @@ class NixlTransport(Transport):
             if self._ledger.has_pending() or self._ended:
                 await backoff.pause()
             else:
-                await self._idle()
+                await self._idle(IDLE_POLL_S)
                 backoff = _Backoff()
 
-    async def _idle(self) -> None:
-        """Sleep IDLE_POLL_S, or less if a request becomes expected meanwhile."""
-        loop = asyncio.get_running_loop()
-        self._wake = loop.create_future()
-        timer = loop.call_later(IDLE_POLL_S, _resolve, self._wake)
-        try:
-            await self._wake
-        finally:
-            timer.cancel()
-            self._wake = None
-
     def _on_expect(self) -> None:
-        if self._wake is not None:
-            _resolve(self._wake)
+        self._idle.wake()
 
     def _on_message(self, peer_id: str, message: Message) -> None:
         match message:

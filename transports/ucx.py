@@ -21,6 +21,7 @@ from minipd.transports.messages import (MAX_HEADER_BYTES, Abort, Finish, LayerHe
                                         PoolDescription)
 from minipd.transports.pool_layout import pool_bytes
 from minipd.transports.receive_ledger import Verdict
+from minipd.transports.wakeable_sleep import WakeableSleep
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 import ucxx  # noqa: E402  (after the environment above is set)
@@ -79,14 +80,14 @@ class _ProgressDriver:
 
     It spins (yielding to the loop) while requests keep completing at least every SPIN_S,
     then polls with a sleep that doubles up to the smallest `max_poll_s()` of the waiters (an
-    idle cap, above MAX_POLL_S, applies at once); a new waiter or `wake()` restarts the spin. The blocking progress mode's epoll wake-ups alone are too
-    coarse here: a wake-up per protocol step costs more than the move, and shared-memory
+    idle cap, above MAX_POLL_S, applies at once); a new waiter or `wake()` restarts the spin.
+    The blocking progress mode's epoll wake-ups alone are too coarse here: a wake-up per protocol step costs more than the move, and shared-memory
     arrivals may only be seen at its 1 s fallback timer. The back-off keeps a stalled peer
     from burning a core the other process needs."""
 
     def __init__(self) -> None:
         self._waiters: list[tuple[list, asyncio.Future, Callable[[], float]]] = []
-        self._nudge: asyncio.Future | None = None  # resolved to cut a back-off sleep short
+        self._sleep = WakeableSleep()  # the back-off sleep, cut short by a new waiter or wake()
         self._task: asyncio.Task | None = None
 
     async def wait(self, requests, max_poll_s: Callable[[], float] = lambda: MAX_POLL_S) -> None:
@@ -107,8 +108,7 @@ class _ProgressDriver:
 
     def wake(self) -> None:
         """Cut a back-off sleep short and spin again: a transfer is about to start."""
-        if self._nudge is not None:
-            _resolve(self._nudge, None)
+        self._sleep.wake()
 
     def close(self) -> None:
         if self._task is not None:
@@ -116,7 +116,6 @@ class _ProgressDriver:
 
     async def _drive(self) -> None:
         worker = _worker()
-        loop = asyncio.get_running_loop()
         spin_until = time.monotonic() + SPIN_S
         sleep_s = MIN_POLL_S
         while self._waiters:
@@ -147,23 +146,11 @@ class _ProgressDriver:
             # Waiters that expect nothing soon (an idle header receive) poll at their slow pace
             # straight away; `wake` cuts such a sleep short once a transfer is expected.
             pause_s = cap if cap > MAX_POLL_S else min(sleep_s, cap)
-            self._nudge = loop.create_future()
-            timer = loop.call_later(pause_s, _resolve, self._nudge, TIMER)
-            woken_by = await self._nudge
-            timer.cancel()
-            if woken_by is TIMER:
-                sleep_s = min(cap, sleep_s * 2)
-            else:  # woken: a transfer is likely starting, spin again
+            if await self._sleep(pause_s):  # woken: a transfer is likely starting, spin again
                 spin_until = time.monotonic() + SPIN_S
                 sleep_s = MIN_POLL_S
-
-
-TIMER = object()
-
-
-def _resolve(future: asyncio.Future, value: object) -> None:
-    if not future.done():
-        future.set_result(value)
+            else:
+                sleep_s = min(cap, sleep_s * 2)
 
 
 def _detach_ucxx_progress(loop: asyncio.AbstractEventLoop) -> None:
