@@ -129,6 +129,8 @@ class _HeldWrites(Transport):
     def __init__(self, pool, *, instance_id: str) -> None:
         super().__init__(pool, instance_id=instance_id)
         self.release = asyncio.Event()
+        self.headers_go = asyncio.Event()  # held only by tests that stagger the headers
+        self.headers_go.set()
         self.payload_fails = False
         self.ends: list[int | None] = []
 
@@ -142,6 +144,7 @@ class _HeldWrites(Transport):
         pass
 
     async def _write(self, peer_id, request_id, layer, runs) -> None:
+        await self.headers_go.wait()
         self._announced(request_id)
         await self.release.wait()
         if self.payload_fails:
@@ -187,3 +190,37 @@ def test_finish_early_goes_out_before_the_payload_and_is_revoked_if_it_fails(pay
         assert ends == [num_bytes, None], "a failed payload after an early finish must be followed by an abort"
     else:
         assert outcome.num_bytes == num_bytes and ends == [num_bytes]
+
+
+@pytest.mark.timeout(30)
+def test_finish_early_waits_for_headers_of_layers_written_later() -> None:
+    """Layer-wise streaming: layer 0's header is out before layer 1 is even written; the end of
+    the request must still wait for the later layers' headers."""
+    async def scenario():
+        sender = _HeldWrites(torch.zeros((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE)), instance_id="prefill")
+        receiver = _HeldWrites(torch.zeros((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE)), instance_id="decode")
+        peer = await sender.connect(receiver.describe())
+        sender.write_layer(peer, "r", 0, [BlockRun(0, 4, 2)])
+        for _ in range(10):  # layer 0 announces its header
+            await asyncio.sleep(0)
+        sender.headers_go.clear()
+        for layer in range(1, NUM_LAYERS):
+            sender.write_layer(peer, "r", layer, [BlockRun(0, 4, 2)])
+        finishing = asyncio.ensure_future(sender.finish_request(peer, "r"))
+        for _ in range(100):  # loop turns: the later headers are held until released below
+            await asyncio.sleep(0)
+        ended_before_headers = list(sender.ends)
+        sender.headers_go.set()
+        for _ in range(100):
+            if sender.ends:
+                break
+            await asyncio.sleep(0)
+        ended_after_headers = list(sender.ends)
+        sender.release.set()
+        return ended_before_headers, ended_after_headers, await finishing
+
+    before, after, sent = uvloop.run(scenario())
+    num_bytes = NUM_LAYERS * 2 * 2 * 16 * 2 * 32 * 4
+    assert before == [], "the request ended before every layer's header was out"
+    assert after == [num_bytes], "the request did not end early once every header was out"
+    assert sent.num_bytes == num_bytes

@@ -195,6 +195,7 @@ class Transport(ABC):
         task = asyncio.get_running_loop().create_task(
             self._write_guarded(peer_id, request_id, layer, list(runs), num_bytes, sending))
         sending.writes.append(task)
+        sending.all_announced.clear()  # set again once this layer's header is out too
         return task
 
     async def finish_request(self, peer_id: str, request_id: str) -> RequestSent:
