@@ -1,0 +1,15 @@
+"""Workloads: what requests arrive when, and how long their prompts and outputs are.
+
+Pure Python (no torch, no network), shared by the load generator in `benchmarks/` and by the
+planner's simulator, so that a simulated run and a measured run can be driven by the very same
+list of `RequestSpec`s.
+"""
+
+from .arrivals import ArrivalProcess, arrival_times
+from .lengths import LengthDist
+from .request_spec import RequestSpec
+from .sharegpt import load_sharegpt
+from .workloads import WORKLOADS, WorkloadShape, make_workload
+
+__all__ = ["ArrivalProcess", "LengthDist", "RequestSpec", "WORKLOADS", "WorkloadShape", "arrival_times",
+           "load_sharegpt", "make_workload"]
