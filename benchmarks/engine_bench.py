@@ -20,11 +20,11 @@ import time
 
 import torch
 
-from minipd.engine import Engine, EngineConfig
-from minipd.model_runner import ModelRunner
-from minipd.request import Request
-from minipd.sampling_params import SamplingParams
-from minipd.scheduler import ScheduledChunk
+from minipd.engine.engine import Engine, EngineConfig
+from minipd.engine.model_runner import ModelRunner
+from minipd.engine.request import Request
+from minipd.engine.sampling_params import SamplingParams
+from minipd.engine.scheduler import ScheduledChunk
 
 DEFAULT_BATCHES = (1, 8, 32)
 REFERENCE_BATCH = 8  # overhead and speedup are reported at this batch size

@@ -26,13 +26,13 @@ import time
 
 import torch
 
-from minipd.client import ClusterClient
-from minipd.engine import EngineConfig
-from minipd.inprocess_cluster import InProcessCluster
-from minipd.local_cluster import ClusterSpec, LocalCluster
+from minipd.router.client import ClusterClient
+from minipd.engine.engine import EngineConfig
+from minipd.entrypoints.inprocess_cluster import InProcessCluster
+from minipd.entrypoints.process_cluster import ClusterSpec, LocalCluster
 from minipd.models.config import preset_config
-from minipd.router import RouterConfig
-from minipd.sampling_params import SamplingParams
+from minipd.router.router import RouterConfig
+from minipd.engine.sampling_params import SamplingParams
 
 MS = 1e3
 HIDDEN_SLACK = 0.05  # the tolerance below (L-1)/L

@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from minipd.kv_pool import allocate_host_tensor
+from minipd.engine.kv_pool import allocate_host_tensor
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.loopback_hub import LoopbackHub
 from minipd.transports.registry import BACKENDS, available_transports, create_transport

@@ -2,8 +2,7 @@
 
 import asyncio
 
-from minipd import EngineConfig, SamplingParams
-from minipd.inprocess_cluster import InProcessCluster
+from minipd import EngineConfig, InProcessCluster, SamplingParams
 
 
 async def main() -> None:

@@ -2,7 +2,11 @@
 
 The public Python API (imported lazily, so `import minipd.transports` stays light):
 
-    from minipd import Engine, EngineConfig, SamplingParams
+    from minipd import Engine, EngineConfig, SamplingParams        # one engine in your program
+    from minipd import InProcessCluster                            # a whole cluster in your program
+    from minipd import ClusterClient                               # a client of a running cluster
+
+The package is layered (see docs/architecture.md); these names are its public surface.
 """
 
 from __future__ import annotations
@@ -10,12 +14,14 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "Engine": "minipd.engine",
-    "EngineConfig": "minipd.engine",
-    "EngineStats": "minipd.engine",
-    "SamplingParams": "minipd.sampling_params",
-    "InvalidRequestError": "minipd.sampling_params",
-    "RequestOutput": "minipd.request",
+    "Engine": "minipd.engine.engine",
+    "EngineConfig": "minipd.engine.engine",
+    "EngineStats": "minipd.engine.engine",
+    "SamplingParams": "minipd.engine.sampling_params",
+    "InvalidRequestError": "minipd.engine.sampling_params",
+    "RequestOutput": "minipd.engine.request",
+    "InProcessCluster": "minipd.entrypoints.inprocess_cluster",
+    "ClusterClient": "minipd.router.client",
 }
 
 __all__ = sorted(_EXPORTS)

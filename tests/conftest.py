@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minipd.engine import Engine, EngineConfig
+from minipd.engine.engine import Engine, EngineConfig
 
 from loop_thread import LoopThread
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 
-from minipd.engine import EngineConfig
-from minipd.sampling_params import SamplingParams
+from minipd.engine.engine import EngineConfig
+from minipd.engine.sampling_params import SamplingParams
 
 from engine_helpers import Completion
 

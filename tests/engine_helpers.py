@@ -6,9 +6,9 @@ import asyncio
 
 import torch
 
-from minipd.engine import Engine
-from minipd.request import RequestOutput
-from minipd.sampling_params import SamplingParams
+from minipd.engine.engine import Engine
+from minipd.engine.request import RequestOutput
+from minipd.engine.sampling_params import SamplingParams
 
 
 class Completion:

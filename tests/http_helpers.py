@@ -119,7 +119,7 @@ def start_cluster(log_dir: Path, *flags: str) -> LiveServer:
 def _start(log_dir: Path, *argv: str) -> LiveServer:
     log_path = log_dir / "server.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "minipd.cli", *argv],
+        process = subprocess.Popen([sys.executable, "-m", "minipd", *argv],
                                    stdout=subprocess.PIPE, stderr=log, bufsize=0)
     try:
         base_url = _read_announced_url(process, log_path)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from minipd.engine import Engine, EngineConfig
-from minipd.sampling_params import InvalidRequestError, SamplingParams
+from minipd.engine.engine import Engine, EngineConfig
+from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 
 from engine_helpers import complete, greedy
 
@@ -91,14 +91,14 @@ def test_bad_engine_config_names_the_field(overrides, field):
     (["--top-p", "2"], "top_p"),
 ])
 def test_cli_bad_input_exits_with_a_clear_error(args, field):
-    proc = subprocess.run([sys.executable, "-m", "minipd.cli", "--role", "both", "--prompt", "hi", *args],
+    proc = subprocess.run([sys.executable, "-m", "minipd", "--role", "both", "--prompt", "hi", *args],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert field in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_cli_empty_and_too_long_prompts_are_reported(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "minipd.cli", "--role", "both", "--max-model-len", "64",
+    proc = subprocess.run([sys.executable, "-m", "minipd", "--role", "both", "--max-model-len", "64",
                            "--prompt", "", "--prompt", "y" * 80, "--prompt", "fine", "--max-tokens", "2"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

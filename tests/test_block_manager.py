@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minipd.block_manager import BlockManager, OutOfBlocks, chain_hashes
+from minipd.engine.block_manager import BlockManager, OutOfBlocks, chain_hashes
 
 BS = 4
 

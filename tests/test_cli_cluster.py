@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-CLUSTER = [sys.executable, "-m", "minipd.cli", "--role", "cluster", "--num-prefill", "1", "--num-decode", "1",
+CLUSTER = [sys.executable, "-m", "minipd", "--role", "cluster", "--num-prefill", "1", "--num-decode", "1",
            "--transport", "tcp"]
 RUN_TIMEOUT_S = 120
 

@@ -10,7 +10,7 @@ import pytest
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "minipd.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "minipd", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_top_level_help_lists_roles():

@@ -10,13 +10,13 @@ import pytest
 
 from minipd.control.channel import Channel, RemoteError
 from minipd.control.messages import Prefill, Register, Reserve
-from minipd.engine import Engine
-from minipd.inprocess_cluster import InProcessCluster
-from minipd.instance import Instance
-from minipd.instance_registry import IncompatibleInstance
-from minipd.router import RouterConfig
-from minipd.router_server import RouterServer
-from minipd.sampling_params import SamplingParams
+from minipd.engine.engine import Engine
+from minipd.entrypoints.inprocess_cluster import InProcessCluster
+from minipd.disagg.instance import Instance
+from minipd.router.registry import IncompatibleInstance
+from minipd.router.router import RouterConfig
+from minipd.router.control_port import RouterServer
+from minipd.engine.sampling_params import SamplingParams
 
 from disagg_helpers import (BLOCK_SIZE, CONFIG, LOCAL_PREFILL_MAX_TOKENS, SHARED_PREFIX_LEN, assert_same_tokens,
                             first_wave, prefix_wave, run_all)

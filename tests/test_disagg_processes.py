@@ -8,9 +8,9 @@ import signal
 import msgspec
 import pytest
 
-from minipd.client import ClusterClient
-from minipd.local_cluster import ClusterSpec, LocalCluster
-from minipd.sampling_params import SamplingParams
+from minipd.router.client import ClusterClient
+from minipd.entrypoints.process_cluster import ClusterSpec, LocalCluster
+from minipd.engine.sampling_params import SamplingParams
 from minipd.transports.registry import available_transports
 
 from disagg_helpers import (BLOCK_SIZE, CONFIG, ENGINE_ARGV, LOCAL_PREFILL_MAX_TOKENS, ROUTER_ARGV,

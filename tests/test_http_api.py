@@ -12,11 +12,11 @@ from typing import AsyncIterator, Sequence
 import pytest
 from aiohttp import web
 
-from minipd.http_server import METRICS_KEY, HttpConfig, build_app, start_http_server
+from minipd.api.app import METRICS_KEY, HttpConfig, build_app, start_http_server
 from minipd.models.tokenizer import ByteTokenizer
-from minipd.request import RequestOutput
-from minipd.sampling_params import SamplingParams
-from minipd.serving_backend import EngineBackend, InstanceStats, ServingBackend
+from minipd.engine.request import RequestOutput
+from minipd.engine.sampling_params import SamplingParams
+from minipd.api.backend import EngineBackend, InstanceStats, ServingBackend
 
 from http_helpers import OpenStream, http_json, http_text, sample, scrape
 

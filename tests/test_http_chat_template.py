@@ -5,10 +5,10 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from minipd.api_errors import ApiError
-from minipd.chat_template import BUILTIN_CHAT_TEMPLATE, ChatTemplate
+from minipd.api.errors import ApiError
+from minipd.api.chat_template import BUILTIN_CHAT_TEMPLATE, ChatTemplate
 from minipd.models.tokenizer import ByteTokenizer
-from minipd.openai_protocol import ChatMessage, TextPart
+from minipd.api.protocol import ChatMessage, TextPart
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from minipd.engine import EngineConfig
-from minipd.http_server import HttpConfig, build_app, start_http_server
-from minipd.inprocess_cluster import InProcessCluster
-from minipd.router import RouterConfig
-from minipd.router_backend import RouterBackend
-from minipd.serving_backend import EngineBackend
+from minipd.engine.engine import EngineConfig
+from minipd.api.app import HttpConfig, build_app, start_http_server
+from minipd.entrypoints.inprocess_cluster import InProcessCluster
+from minipd.router.router import RouterConfig
+from minipd.api.router_backend import RouterBackend
+from minipd.api.backend import EngineBackend
 
 from http_helpers import OpenStream, http_json, sample, scrape
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minipd.kv_pool import HUGE_PAGE_BYTES, allocate_host_tensor, allocate_kv_pool, kv_pool_shape
+from minipd.engine.kv_pool import HUGE_PAGE_BYTES, allocate_host_tensor, allocate_kv_pool, kv_pool_shape
 from minipd.models.config import preset_config
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from minipd.sampling_params import SamplingParams
+from minipd.engine.sampling_params import SamplingParams
 
 from engine_helpers import complete, complete_all, greedy
 

@@ -19,7 +19,7 @@ from typing import Awaitable, Callable
 
 import msgspec
 
-from .messages import AnyMessage, Call, CallError, Message, Reply
+from minipd.control.messages import AnyMessage, Call, CallError, Message, Reply
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import msgspec
 
 from minipd.models.config import ModelConfig
 
-from ..request import RequestOutput
-from ..sampling_params import SamplingParams
+from minipd.engine.request import RequestOutput
+from minipd.engine.sampling_params import SamplingParams
 
 PROTOCOL_VERSION = 1
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from .channel import Channel, serve
-from .messages import PROTOCOL_VERSION, CallError, Hello, Message
+from minipd.control.channel import Channel, serve
+from minipd.control.messages import PROTOCOL_VERSION, CallError, Hello, Message
 
 
 class ControlServer:

@@ -1,0 +1,7 @@
+"""`python -m minipd ...` is the `minipd` command."""
+
+import sys
+
+from minipd.entrypoints.cli import main
+
+sys.exit(main())

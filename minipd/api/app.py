@@ -1,0 +1,164 @@
+"""The OpenAI-compatible HTTP front (aiohttp) over any `ServingBackend`.
+
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+GET /metrics. Every error, a 404 route or a 413 body included, is answered in OpenAI's
+error format; an unexpected exception is logged and answered as a bare 500. Each app has
+its own metrics registry (`app[METRICS_KEY]`), so the disaggregated flow can record KV
+transfers on it and several servers can share a process.
+
+Client disconnects cancel the request's handler (`handler_cancellation`), which aborts
+the request in the backend even while it is still waiting for its first token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+from typing import TextIO
+
+import msgspec
+from aiohttp import web
+
+from minipd.api.errors import NOT_FOUND, OVERLOADED, SERVER_ERROR, ApiError
+from minipd.engine.engine import Engine
+from minipd.api.metrics import CONTENT_TYPE, ServingMetrics
+from minipd.api.protocol import ModelCard, ModelList
+from minipd.api.serving import OpenAIServing
+from minipd.api.backend import EngineBackend, ServingBackend
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_MAX_WAITING_REQUESTS = 256
+DEFAULT_MAX_REQUEST_BODY_BYTES = 4 * 1024 * 1024  # far above max_model_len of text, far below memory trouble
+HEALTH_TIMEOUT_S = 5.0  # a backend that cannot say within this is not ready
+RETRY_AFTER_S = 1
+SHUTDOWN_TIMEOUT_S = 5.0  # in-flight requests are aborted after this on shutdown
+
+METRICS_KEY = web.AppKey("metrics", ServingMetrics)
+
+
+class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
+    host: str = DEFAULT_HOST
+    port: int = 0  # 0: any free port
+    max_waiting_requests: int | None = DEFAULT_MAX_WAITING_REQUESTS  # None: no admission limit
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    retry_after_s: int = RETRY_AFTER_S
+
+    def validate(self) -> None:
+        if not 0 <= self.port < 2**16:
+            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
+        if self.max_waiting_requests is not None and self.max_waiting_requests < 0:
+            raise ValueError(f"max_waiting_requests: must be >= 0, got {self.max_waiting_requests}")
+        if self.max_request_body_bytes <= 0:
+            raise ValueError(f"max_request_body_bytes: must be positive, got {self.max_request_body_bytes}")
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def error_response(error: ApiError) -> web.Response:
+    headers = {} if error.retry_after_s is None else {"Retry-After": str(error.retry_after_s)}
+    return web.Response(status=error.status, body=_encoder.encode(error.body()), content_type="application/json",
+                        headers=headers)
+
+
+def _json(value: msgspec.Struct | dict) -> web.Response:
+    return web.Response(body=_encoder.encode(value), content_type="application/json")
+
+
+@web.middleware
+async def _errors_middleware(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc)
+    except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
+        if exc.status < 400:
+            raise
+        if exc.status in (404, 405):
+            message = f"{request.method} {request.path}: {exc.reason}"
+        else:
+            message = exc.text or exc.reason
+        return error_response(ApiError(exc.status, message, type=NOT_FOUND if exc.status == 404 else
+                                       "invalid_request_error"))
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal server error; see the server log", type=SERVER_ERROR))
+
+
+class _Routes:
+    """The non-generation endpoints."""
+
+    def __init__(self, backend: ServingBackend, metrics: ServingMetrics, retry_after_s: int):
+        self.backend, self.metrics, self.retry_after_s = backend, metrics, retry_after_s
+        self.created = int(time.time())
+
+    async def health(self, request: web.Request) -> web.Response:
+        try:
+            ready = await asyncio.wait_for(self.backend.ready(), HEALTH_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            ready = False
+        if not ready:
+            raise ApiError(503, "not ready: an instance is not reachable", type=OVERLOADED,
+                           retry_after_s=self.retry_after_s)
+        return _json({"status": "ok"})
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = ModelCard(self.backend.model_name, self.created, self.backend.max_model_len)
+        return _json(ModelList([card]))
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
+
+
+def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
+    """An aiohttp app serving `backend`; run it with `start_http_server`."""
+    config.validate()
+    app = web.Application(client_max_size=config.max_request_body_bytes, middlewares=[_errors_middleware])
+    metrics = ServingMetrics(backend.instance_stats)
+    app[METRICS_KEY] = metrics
+    serving = OpenAIServing(backend, metrics, config.max_waiting_requests, config.retry_after_s)
+    routes = _Routes(backend, metrics, config.retry_after_s)
+    app.router.add_post("/v1/completions", serving.completions)
+    app.router.add_post("/v1/chat/completions", serving.chat_completions)
+    app.router.add_get("/v1/models", routes.models)
+    app.router.add_get("/health", routes.health)
+    app.router.add_get("/metrics", routes.metrics_text)
+    return app
+
+
+async def start_http_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve `app` on host:port (0: a free port); returns the runner (call `cleanup()`) and the port."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+async def serve_engine(engine: Engine, model_name: str, config: HttpConfig, out: TextIO = sys.stdout) -> int:
+    """`minipd --role both --port P`: serve `engine` until SIGINT or SIGTERM.
+
+    Announces `serving http://HOST:PORT` on `out` once the socket listens, so a caller
+    that passed port 0 learns the port.
+    """
+    async with engine:
+        runner, port = await start_http_server(build_app(EngineBackend(engine, model_name), config), config.host,
+                                               config.port)
+        print(f"minipd: serving the OpenAI API for {model_name!r} on http://{config.host}:{port}", file=out,
+              flush=True)
+        stopped = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stopped.set)
+        try:
+            await stopped.wait()
+        finally:
+            await runner.cleanup()
+    return 0

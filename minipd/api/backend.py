@@ -1,0 +1,120 @@
+"""What the HTTP front needs from whatever serves the requests behind it.
+
+The OpenAI-compatible server (`minipd.api.app`) is written against `ServingBackend`
+only, so the same front sits on a colocated `Engine` (`EngineBackend`, below) and on the
+router of a disaggregated cluster. A backend promises:
+
+1. `submit` validates at once and returns a stream that yields `RequestOutput`
+   increments until one has `finished`; the last one carries the finish reason and the
+   final token counts. Leaving `async with stream` early (client disconnect, error)
+   aborts the request everywhere it lives, so every KV block returns to its pool.
+2. `ready` answers whether requests can be served now (every instance reachable).
+3. `num_waiting` and `instance_stats` never block and never touch the network: they
+   return what the backend last knew, so the front can call them on every request and
+   on every /metrics scrape.
+"""
+
+from __future__ import annotations
+
+from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
+
+import msgspec
+
+from minipd.models.tokenizer import Tokenizer
+
+from minipd.engine.engine import Engine, EngineStats
+from minipd.engine.request import RequestOutput
+from minipd.engine.sampling_params import SamplingParams
+
+COLOCATED_ROLE = "both"
+NOT_RUNNING_RETRY_AFTER_S = 1  # an engine that is not running yet is usually starting up
+
+
+class BackendUnavailableError(RuntimeError):
+    """The backend cannot take a request now (no instance reachable, every pool full).
+
+    The front answers 503 with `Retry-After: retry_after_s`.
+    """
+
+    def __init__(self, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class InstanceStats(msgspec.Struct, frozen=True):
+    """One serving instance as last seen: its name (unique within the backend), its role
+    (`prefill`, `decode`, `both`) and its engine's counters."""
+
+    name: str
+    role: str
+    stats: EngineStats
+
+
+@runtime_checkable
+class OutputStream(Protocol):
+    """The consumer side of one request (what `Engine.submit` returns).
+
+    Iterate for increments until one has `finished`; `abort()` is idempotent and a no-op
+    once finished; `async with` aborts on leaving the block before the request finished.
+    """
+
+    request_id: str
+
+    def abort(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]: ...
+
+    async def __aenter__(self) -> "OutputStream": ...
+
+    async def __aexit__(self, *exc) -> None: ...
+
+
+@runtime_checkable
+class ServingBackend(Protocol):
+    """Where the HTTP front sends requests. Every method is called on the event loop."""
+
+    model_name: str  # the id clients pass as `model`
+    tokenizer: Tokenizer  # the served model's tokenizer (chat template, token counting)
+    max_model_len: int  # longest prompt + output, in tokens
+
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
+        """Validate and enqueue one request; returns its output stream at once.
+
+        Raises `InvalidRequestError` (its `field` names the bad input) for a request that
+        can never be served, and `BackendUnavailableError` for one that cannot be served now.
+        `request_id` is unique among the backend's live requests.
+        """
+
+    async def ready(self) -> bool:
+        """True when requests can be served now: every instance started and reachable."""
+
+    def num_waiting(self) -> int:
+        """Requests accepted but not yet running anywhere (the front's admission control)."""
+
+    def instance_stats(self) -> list[InstanceStats]:
+        """The latest known stats of every instance, one entry per instance."""
+
+
+class EngineBackend:
+    """`ServingBackend` over one colocated engine (`--role both`), on the engine's loop."""
+
+    def __init__(self, engine: Engine, model_name: str, instance_name: str = "local"):
+        self.engine = engine
+        self.model_name = model_name
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = engine.config.max_model_len
+        self.instance_name = instance_name
+
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
+        if not self.engine.is_running:
+            raise BackendUnavailableError("the engine is not running", retry_after_s=NOT_RUNNING_RETRY_AFTER_S)
+        return self.engine.submit(prompt, params, request_id)
+
+    async def ready(self) -> bool:
+        return self.engine.is_running
+
+    def num_waiting(self) -> int:
+        return self.engine.stats().num_waiting
+
+    def instance_stats(self) -> list[InstanceStats]:
+        return [InstanceStats(self.instance_name, COLOCATED_ROLE, self.engine.stats())]

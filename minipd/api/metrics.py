@@ -1,0 +1,161 @@
+"""Prometheus metrics of one serving front, in its own `CollectorRegistry`.
+
+Every name starts with `minipd_` and carries its unit. Latencies follow DESIGN.md:
+TTFT is arrival at the front to the first token leaving it; ITL is each gap between
+token-carrying increments; end-to-end is arrival to the last increment; queue time is
+the engine's arrival-to-first-scheduled. Request-level series are recorded by
+`RequestRecorder` (one per request), which also records the KV transfer that a final
+output reports in `RequestOutput.transfer`; `record_transfer` and
+`record_transfer_failure` are there for callers that see transfers elsewhere. On a
+colocated instance the transfer series stay at zero. Instance gauges are read from the backend at scrape time, so they
+are never stale and an instance that disappears disappears from /metrics too.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from minipd.engine.request import FinishReason, RequestOutput
+from minipd.api.backend import InstanceStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                     120.0)
+ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.0)
+TRANSFER_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+ABORT_CLIENT_DISCONNECT = "client_disconnect"
+ABORT_ENGINE_ERROR = "engine_error"
+ABORT_OTHER = "other"  # aborted inside the backend (shutdown, lost instance)
+
+
+class InstanceCollector(Collector):
+    """Gauges of every instance, read from `instance_stats()` on each scrape."""
+
+    def __init__(self, instance_stats: Callable[[], list[InstanceStats]]):
+        self._instance_stats = instance_stats
+
+    def collect(self) -> Iterable[Metric]:
+        running = GaugeMetricFamily("minipd_requests_running", "Requests running on an instance", labels=["instance"])
+        waiting = GaugeMetricFamily("minipd_requests_waiting", "Requests waiting on an instance", labels=["instance"])
+        blocks = {state: GaugeMetricFamily(f"minipd_kv_blocks_{state}", text, labels=["instance"]) for state, text in (
+            ("total", "KV blocks in the instance's pool"),
+            ("free", "KV blocks with no reference (cached ones included)"),
+            ("used", "KV blocks referenced by a request"),
+            ("cached", "KV blocks registered in the prefix cache, used or free"))}
+        role = GaugeMetricFamily("minipd_instance_role", "1 for the role each instance has", labels=["instance", "role"])
+        for instance in self._instance_stats():
+            name, stats, usage = instance.name, instance.stats, instance.stats.blocks
+            running.add_metric([name], stats.num_running)
+            waiting.add_metric([name], stats.num_waiting)
+            for state, value in (("total", usage.num_blocks), ("free", usage.num_free), ("used", usage.num_used),
+                                 ("cached", usage.num_cached)):
+                blocks[state].add_metric([name], value)
+            role.add_metric([name, instance.role], 1)
+        yield from (running, waiting, *blocks.values(), role)
+
+
+class ServingMetrics:
+    """The metrics of one front; several can live in one process (one registry each)."""
+
+    def __init__(self, instance_stats: Callable[[], list[InstanceStats]]):
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.ttft = Histogram("minipd_time_to_first_token_seconds", "Arrival to first token", registry=r,
+                              buckets=LATENCY_BUCKETS_S)
+        self.itl = Histogram("minipd_inter_token_latency_seconds", "Gap between streamed token increments",
+                             registry=r, buckets=ITL_BUCKETS_S)
+        self.e2e = Histogram("minipd_e2e_request_latency_seconds", "Arrival to the last token", registry=r,
+                             buckets=LATENCY_BUCKETS_S)
+        self.queue = Histogram("minipd_request_queue_time_seconds", "Arrival to first scheduled, in the engine",
+                               registry=r, buckets=LATENCY_BUCKETS_S)
+        self.transfer = Histogram("minipd_kv_transfer_seconds", "Wall time of one request's KV transfer",
+                                  registry=r, buckets=TRANSFER_BUCKETS_S)
+        self.transfer_exposed = Histogram("minipd_kv_transfer_exposed_seconds",
+                                          "End of prefill compute to the last KV byte acknowledged", registry=r,
+                                          buckets=TRANSFER_BUCKETS_S)
+        self.requests = Counter("minipd_requests", "Finished requests by finish reason", ["finish_reason"],
+                                registry=r)
+        self.prompt_tokens = Counter("minipd_prompt_tokens", "Prompt tokens of finished requests", registry=r)
+        self.generation_tokens = Counter("minipd_generation_tokens", "Generated tokens", registry=r)
+        self.transfer_bytes = Counter("minipd_kv_transfer_bytes", "KV bytes transferred", registry=r)
+        self.transfer_failures = Counter("minipd_kv_transfer_failures", "KV transfers that failed", registry=r)
+        self.aborts = Counter("minipd_request_aborts", "Aborted requests by cause", ["cause"], registry=r)
+        for reason in FinishReason:  # export zeros, so a rate() sees the first request
+            self.requests.labels(reason.value)
+        for cause in (ABORT_CLIENT_DISCONNECT, ABORT_ENGINE_ERROR, ABORT_OTHER):
+            self.aborts.labels(cause)
+        r.register(InstanceCollector(instance_stats))
+
+    def record_transfer(self, num_bytes: int, seconds: float, exposed_seconds: float) -> None:
+        """One request's KV transfer finished: its size, wall time and exposed part."""
+        self.transfer_bytes.inc(num_bytes)
+        self.transfer.observe(seconds)
+        self.transfer_exposed.observe(exposed_seconds)
+
+    def record_transfer_failure(self) -> None:
+        self.transfer_failures.inc()
+
+    def start_request(self) -> "RequestRecorder":
+        """Call on arrival of a request; the recorder times it from now."""
+        return RequestRecorder(self)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return generate_latest(self.registry)
+
+
+class RequestRecorder:
+    """Times one request from arrival; each method records at most once where that matters."""
+
+    def __init__(self, metrics: ServingMetrics):
+        self._metrics = metrics
+        self._arrival = time.monotonic()
+        self._last_token_time: float | None = None
+        self._queue_recorded = False
+        self._num_prompt_tokens = 0
+        self._num_output_tokens = 0
+        self.is_finished = False
+
+    def on_output(self, output: RequestOutput) -> None:
+        """An increment arrived from the backend and is about to be sent to the client."""
+        m, now = self._metrics, time.monotonic()
+        if output.queue_time_s is not None and not self._queue_recorded:
+            m.queue.observe(output.queue_time_s)
+            self._queue_recorded = True
+        if output.token_ids:
+            if self._last_token_time is None:
+                m.ttft.observe(now - self._arrival)
+            else:
+                m.itl.observe(now - self._last_token_time)
+            self._last_token_time = now
+            m.generation_tokens.inc(len(output.token_ids))
+        self._num_prompt_tokens = output.num_prompt_tokens
+        self._num_output_tokens = output.num_output_tokens
+        if output.finished:
+            if output.transfer is not None:
+                m.record_transfer(output.transfer.num_bytes, output.transfer.transfer_s, output.transfer.exposed_s)
+            if output.error is not None:
+                m.aborts.labels(ABORT_ENGINE_ERROR).inc()
+            elif output.finish_reason == FinishReason.ABORT.value:
+                m.aborts.labels(ABORT_OTHER).inc()
+            self._finish(output.finish_reason or FinishReason.ABORT.value)
+
+    def on_disconnect(self) -> None:
+        """The client went away before the request finished (the backend aborts it)."""
+        if not self.is_finished:
+            self._metrics.aborts.labels(ABORT_CLIENT_DISCONNECT).inc()
+            self._finish(FinishReason.ABORT.value)
+
+    def _finish(self, finish_reason: str) -> None:
+        self.is_finished = True
+        m = self._metrics
+        m.e2e.observe(time.monotonic() - self._arrival)
+        m.requests.labels(finish_reason).inc()
+        m.prompt_tokens.inc(self._num_prompt_tokens)

@@ -1,0 +1,50 @@
+"""`ServingBackend` over the router of a disaggregated cluster.
+
+The router already speaks the backend's language (`submit` returns a stream that aborts
+on every instance the request touched when left early; `ready` means a decode-capable
+instance is alive); this adapter names its instances' stats the way the HTTP front and
+its gauges expect them, and turns "no instance to route to" into a 503. KV transfer
+figures reach /metrics through `RequestOutput.transfer` on each final output, so
+`Router.on_transfer` must not be wired to the same metrics as well (it would count twice).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from minipd.engine.block_manager import BlockUsage
+from minipd.engine.engine import EngineStats
+from minipd.router.router import Router
+from minipd.engine.sampling_params import SamplingParams
+from minipd.api.backend import BackendUnavailableError, InstanceStats, OutputStream
+
+DECODING_ROLES = ("decode", "both")
+NO_INSTANCE_RETRY_AFTER_S = 5  # instances (re)register within seconds when a cluster (re)starts
+
+
+class RouterBackend:
+    def __init__(self, router: Router, model_name: str | None = None):
+        self.router = router
+        self.model_name = model_name or router.model_name
+        self.tokenizer = router.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.router.max_model_len
+
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
+        if not self.router.registry.alive(DECODING_ROLES):
+            raise BackendUnavailableError("no decode instance is reachable", NO_INSTANCE_RETRY_AFTER_S)
+        return self.router.submit(prompt, params, request_id)
+
+    async def ready(self) -> bool:
+        return await self.router.ready()
+
+    def num_waiting(self) -> int:
+        return self.router.num_waiting()
+
+    def instance_stats(self) -> list[InstanceStats]:
+        return [InstanceStats(s.instance_id, s.role, EngineStats(
+            s.num_running, s.num_waiting, 0, BlockUsage(s.num_blocks, s.num_free_blocks, s.num_used_blocks,
+                                                        s.num_cached_blocks)))
+                for s in self.router.instance_stats()]

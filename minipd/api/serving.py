@@ -1,0 +1,218 @@
+"""The generation endpoints: /v1/completions and /v1/chat/completions.
+
+One request, top-down:
+1. decode the body into its Struct (400 naming the field on any mismatch) and refuse
+   options minipd cannot honour, or a model it does not serve (404);
+2. admission: 503 with Retry-After while `max_waiting_requests` requests wait already;
+3. submit to the backend (400 for a request it refuses, 503 when it is unavailable);
+4. answer with one JSON body, or with server-sent events ending in `data: [DONE]`.
+
+Leaving step 4 early for any reason, a client disconnect included, leaves the stream's
+`async with` block, which aborts the request in the backend and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Sequence, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from minipd.api.errors import OVERLOADED, SERVER_ERROR, ApiError, bad_request, from_decode_error
+from minipd.api.chat_template import ChatTemplate
+from minipd.api.metrics import RequestRecorder, ServingMetrics
+from minipd.api.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+                              ChatCompletionResponse, ChatDelta, ChatReply, CompletionChoice, CompletionRequest,
+                              CompletionResponse, Usage, GenerationRequest, make_usage)
+from minipd.engine.request import RequestOutput
+from minipd.engine.sampling_params import InvalidRequestError
+from minipd.api.backend import BackendUnavailableError, OutputStream, ServingBackend
+
+log = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+SSE_DONE = b"data: [DONE]\n\n"
+PROMPT_FIELDS = ("prompt", "prompt_token_ids")  # what the engine calls the prompt in its errors
+
+RequestT = TypeVar("RequestT", bound=GenerationRequest)
+
+
+class CompletionFormat:
+    """Shapes engine increments into `text_completion` objects."""
+
+    def __init__(self, request_id: str, model: str):
+        self.request_id, self.model, self.created = request_id, model, int(time.time())
+
+    def opening(self) -> list[CompletionResponse]:
+        return []
+
+    def chunk(self, text: str, finish_reason: str | None) -> CompletionResponse:
+        return self.whole(text, finish_reason, None)
+
+    def usage_chunk(self, usage: Usage) -> CompletionResponse:
+        return CompletionResponse(self.request_id, self.created, self.model, [], usage=usage)
+
+    def whole(self, text: str, finish_reason: str | None, usage: Usage | None) -> CompletionResponse:
+        return CompletionResponse(self.request_id, self.created, self.model,
+                                  [CompletionChoice(0, text, finish_reason)], usage=usage)
+
+
+class ChatFormat:
+    """Shapes engine increments into `chat.completion` objects and chunks."""
+
+    def __init__(self, request_id: str, model: str):
+        self.request_id, self.model, self.created = request_id, model, int(time.time())
+
+    def opening(self) -> list[ChatCompletionChunk]:
+        return [self._chunk(ChatDelta(content="", role="assistant"), None)]
+
+    def chunk(self, text: str, finish_reason: str | None) -> ChatCompletionChunk:
+        return self._chunk(ChatDelta(content=text), finish_reason)
+
+    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
+        return ChatCompletionChunk(self.request_id, self.created, self.model, [], usage=usage)
+
+    def whole(self, text: str, finish_reason: str | None, usage: Usage | None) -> ChatCompletionResponse:
+        return ChatCompletionResponse(self.request_id, self.created, self.model,
+                                      [ChatChoice(0, ChatReply(text), finish_reason)], usage=usage)
+
+    def _chunk(self, delta: ChatDelta, finish_reason: str | None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(self.request_id, self.created, self.model,
+                                   [ChatChunkChoice(0, delta, finish_reason)])
+
+
+def _usage(output: RequestOutput) -> Usage:
+    return make_usage(output.num_prompt_tokens, output.num_output_tokens, output.num_cached_tokens)
+
+
+def _engine_failure(request_id: str) -> ApiError:
+    return ApiError(500, f"internal error while generating request {request_id}; see the server log",
+                    type=SERVER_ERROR)
+
+
+class OpenAIServing:
+    """The generation handlers of one app, over one backend."""
+
+    def __init__(self, backend: ServingBackend, metrics: ServingMetrics, max_waiting_requests: int | None,
+                 overload_retry_after_s: int):
+        self.backend = backend
+        self.metrics = metrics
+        self.max_waiting_requests = max_waiting_requests
+        self.overload_retry_after_s = overload_retry_after_s
+        self.chat_template = ChatTemplate.for_tokenizer(backend.tokenizer)
+        self._encoder = msgspec.json.Encoder()
+
+    async def completions(self, http_request: web.Request) -> web.StreamResponse:
+        recorder = self.metrics.start_request()
+        request = await self._decode(http_request, CompletionRequest)
+        prompt: str | list[int] = request.prompt
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        return await self._generate(http_request, request, prompt, "prompt",
+                                    CompletionFormat(request_id, self.backend.model_name), recorder)
+
+    async def chat_completions(self, http_request: web.Request) -> web.StreamResponse:
+        recorder = self.metrics.start_request()
+        request = await self._decode(http_request, ChatCompletionRequest)
+        prompt = self.chat_template.render(request.messages)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        return await self._generate(http_request, request, prompt, "messages",
+                                    ChatFormat(request_id, self.backend.model_name), recorder)
+
+    # ---- steps ----------------------------------------------------------------------
+    async def _decode(self, http_request: web.Request, request_type: type[RequestT]) -> RequestT:
+        body = await http_request.read()  # aiohttp answers 413 past client_max_size
+        try:
+            request = msgspec.json.decode(body, type=request_type)
+        except msgspec.DecodeError as exc:
+            raise from_decode_error(exc) from None
+        request.check_supported()
+        if request.model is not None and request.model != self.backend.model_name:
+            raise ApiError(404, f"model: {request.model!r} is not served here; this server serves "
+                                f"{self.backend.model_name!r}", param="model", code="model_not_found")
+        return request
+
+    def _admit(self) -> None:
+        limit = self.max_waiting_requests
+        if limit is None:
+            return
+        num_waiting = self.backend.num_waiting()
+        if num_waiting >= limit:
+            raise ApiError(503, f"overloaded: {num_waiting} requests are waiting (limit {limit}); retry later",
+                           type=OVERLOADED, retry_after_s=self.overload_retry_after_s)
+
+    def _submit(self, prompt: str | Sequence[int], request: GenerationRequest, prompt_param: str,
+                request_id: str) -> OutputStream:
+        params = request.sampling_params_for(self.backend.max_model_len)
+        try:
+            return self.backend.submit(prompt, params, request_id)
+        except InvalidRequestError as exc:
+            detail = str(exc).removeprefix(f"{exc.field}: ")
+            raise bad_request(prompt_param if exc.field in PROMPT_FIELDS else exc.field, detail) from None
+        except BackendUnavailableError as exc:
+            raise ApiError(503, f"unavailable: {exc}", type=OVERLOADED, retry_after_s=exc.retry_after_s) from None
+
+    async def _generate(self, http_request: web.Request, request: GenerationRequest, prompt: str | Sequence[int],
+                        prompt_param: str, fmt: CompletionFormat | ChatFormat,
+                        recorder: RequestRecorder) -> web.StreamResponse:
+        self._admit()
+        stream = self._submit(prompt, request, prompt_param, fmt.request_id)
+        try:
+            async with stream:
+                if request.stream:
+                    return await self._stream(http_request, stream, fmt, recorder, request.include_usage)
+                return await self._collect(stream, fmt, recorder)
+        except (asyncio.CancelledError, ConnectionError):
+            recorder.on_disconnect()
+            log.info("client of %s went away; request aborted", fmt.request_id)
+            raise
+
+    async def _collect(self, stream: OutputStream, fmt: CompletionFormat | ChatFormat,
+                       recorder: RequestRecorder) -> web.Response:
+        texts: list[str] = []
+        async for output in stream:
+            recorder.on_output(output)
+            if output.error is not None:
+                log.error("request %s failed in the backend: %s", fmt.request_id, output.error)
+                raise _engine_failure(fmt.request_id)
+            texts.append(output.text)
+            if output.finished:
+                body = fmt.whole("".join(texts), output.finish_reason, _usage(output))
+                return web.Response(body=self._encoder.encode(body), content_type="application/json")
+        raise _engine_failure(fmt.request_id)  # the stream ended without a finished increment
+
+    async def _stream(self, http_request: web.Request, stream: OutputStream, fmt: CompletionFormat | ChatFormat,
+                      recorder: RequestRecorder, include_usage: bool) -> web.StreamResponse:
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        await response.prepare(http_request)
+        for chunk in fmt.opening():
+            await self._send(response, chunk)
+        try:
+            await self._relay(response, stream, fmt, recorder, include_usage)
+        except ConnectionError:
+            raise
+        except Exception:  # the status line is sent already: report in-band, never with a traceback
+            log.exception("request %s failed while streaming", fmt.request_id)
+            await self._send(response, _engine_failure(fmt.request_id).body())
+        await response.write(SSE_DONE)
+        await response.write_eof()
+        return response
+
+    async def _relay(self, response: web.StreamResponse, stream: OutputStream, fmt: CompletionFormat | ChatFormat,
+                     recorder: RequestRecorder, include_usage: bool) -> None:
+        async for output in stream:
+            recorder.on_output(output)
+            if output.error is not None:
+                log.error("request %s failed in the backend: %s", fmt.request_id, output.error)
+                await self._send(response, _engine_failure(fmt.request_id).body())
+                return
+            if output.text or output.finished:
+                await self._send(response, fmt.chunk(output.text, output.finish_reason))
+            if output.finished and include_usage:
+                await self._send(response, fmt.usage_chunk(_usage(output)))
+
+    async def _send(self, response: web.StreamResponse, event: msgspec.Struct) -> None:
+        await response.write(b"data: " + self._encoder.encode(event) + b"\n\n")

@@ -1,0 +1,30 @@
+"""The compatibility fingerprint two instances compare before KV moves between them."""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from minipd.control.messages import PROTOCOL_VERSION, Fingerprint
+from minipd.engine.engine import Engine
+
+KV_LAYOUT = "layers,blocks,kv,block_size,kv_heads,head_dim"
+DIGEST_BYTES = 16
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """Hash of every parameter (names, shapes, dtypes, values), so same config with other
+    weights is caught too."""
+    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode())
+        h.update(tensor.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def engine_fingerprint(engine: Engine) -> Fingerprint:
+    return Fingerprint(protocol_version=PROTOCOL_VERSION, model=engine.model_config,
+                       weights_digest=engine.run_on_compute_thread(weights_digest, engine.model),
+                       dtype=engine.config.dtype,
+                       block_size=engine.config.block_size, kv_layout=KV_LAYOUT)

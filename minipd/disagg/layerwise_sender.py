@@ -1,0 +1,92 @@
+"""Sends one request's prompt KV from a prefill instance into a decode instance's reserved blocks.
+
+Layer-wise (the default): the moment layer i's K/V is written, its block runs go out while
+layer i+1 computes, so only the last layer's transfer is exposed after compute. The
+alternative, `layerwise=False`, sends every layer after the forward pass (for comparison).
+
+Blocks the decode instance already holds (its prefix cache) are skipped; blocks found in the
+prefill instance's own prefix cache are sent like computed ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import NamedTuple
+
+from minipd.transports.base import Transport
+from minipd.transports.block_run import BlockRun, coalesce_runs
+
+from minipd.engine.engine import Engine
+from minipd.engine.request import Request
+
+
+class SendReport(NamedTuple):
+    first_token: int
+    num_bytes: int
+    compute_s: float  # the prefill step
+    transfer_s: float  # first write issued to the last write completed here
+    exposed_s: float  # end of compute to the last write completed here
+    compute_end_at: float  # time.time(), comparable with the receiver's landing time
+    first_write_at: float  # time.time()
+
+
+class PrefillFailed(RuntimeError):
+    pass
+
+
+class LayerwiseKVSender:
+    """A `KVSink` (see kv_sink.py). `result` resolves to a SendReport or raises."""
+
+    def __init__(self, engine: Engine, transport: Transport, peer_id: str, request_id: str,
+                 dst_block_ids: list[int], num_skip_blocks: int, layerwise: bool = True):
+        self.engine, self.transport = engine, transport
+        self.peer_id, self.request_id = peer_id, request_id
+        self.dst_block_ids, self.num_skip_blocks = dst_block_ids, num_skip_blocks
+        self.layerwise = layerwise
+        self.num_layers = engine.model_config.num_layers
+        self.request: Request | None = None  # set by the caller right after submitting
+        self.result: asyncio.Future[SendReport] = asyncio.get_running_loop().create_future()
+        self._runs: list[BlockRun] | None = None
+        self._first_write_time: float | None = None
+
+    def on_layer(self, layer: int) -> None:
+        if self.layerwise:
+            self._write(layer, self.request.block_ids)
+
+    def on_prefilled(self, first_token: int, block_ids: list[int], compute: tuple[float, float]) -> None:
+        if not self.layerwise:
+            for layer in range(self.num_layers):
+                self._write(layer, block_ids)
+        asyncio.get_running_loop().create_task(self._finish(first_token, block_ids, compute))
+
+    def on_failed(self, reason: str) -> None:
+        if not self.result.done():
+            self.result.set_exception(PrefillFailed(reason))
+        asyncio.get_running_loop().create_task(self.transport.abort(self.request_id))
+
+    def _write(self, layer: int, block_ids: list[int]) -> None:
+        if self._runs is None:
+            src = block_ids[self.num_skip_blocks:]
+            if len(src) != len(self.dst_block_ids):
+                raise ValueError(f"{len(src)} blocks to send but {len(self.dst_block_ids)} reserved")
+            self._runs = coalesce_runs(src, self.dst_block_ids)
+            self._first_write_time = time.perf_counter()
+        if self._runs:
+            self.transport.write_layer(self.peer_id, self.request_id, layer, self._runs)
+
+    async def _finish(self, first_token: int, block_ids: list[int], compute: tuple[float, float]) -> None:
+        try:
+            sent = await self.transport.finish_request(self.peer_id, self.request_id)
+            done = time.perf_counter()
+            if not self.result.done():
+                first_write = self._first_write_time or compute[1]
+                to_wall = time.time() - time.perf_counter()
+                self.result.set_result(SendReport(first_token, sent.num_bytes, compute[1] - compute[0],
+                                                  done - first_write, max(0.0, done - compute[1]),
+                                                  compute[1] + to_wall, first_write + to_wall))
+        except Exception as exc:
+            if not self.result.done():
+                self.result.set_exception(exc)
+        finally:
+            self.engine.release_blocks(block_ids)

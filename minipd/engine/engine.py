@@ -1,0 +1,360 @@
+"""The asyncio engine: one instance's model, KV pool, scheduler and streaming outputs.
+
+The engine loop, top-down, one step at a time:
+1. apply aborts that arrived since the last step;
+2. ask the scheduler for a batch (or sleep until a request arrives);
+3. run the forward pass and sampling on the single compute thread, so the event loop keeps
+   serving I/O while the model runs;
+4. advance progress, append sampled tokens, check stop conditions, stream increments.
+
+All scheduler and request state is touched only on the event loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import logging
+import time
+from typing import AsyncIterator, Callable, Sequence
+
+import msgspec
+import torch
+
+from minipd.engine.block_manager import BlockManager, BlockUsage
+from minipd.engine.detokenizer import Detokenizer
+from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
+from minipd.engine.kv_sink import KVSink
+from minipd.engine.model_loader import load_model
+from minipd.engine.model_runner import ModelRunner
+from minipd.engine.request import FinishReason, Request, RequestOutput, RequestStatus
+from minipd.engine.request_stream import RequestStream
+from minipd.engine.prompt_check import prompt_token_ids
+from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
+from minipd.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+
+log = logging.getLogger(__name__)
+
+
+class NoCapacity(RuntimeError):
+    """Not enough free KV blocks for a reservation right now; try later or elsewhere."""
+
+
+def _notify_layer(sinks: list[KVSink], layer: int) -> None:
+    for sink in sinks:
+        try:
+            sink.on_layer(layer)
+        except Exception:  # one sink's failure must not stop the others or the engine
+            log.exception("KV sink failed on layer %d", layer)
+
+
+class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
+    model: str = "tiny"  # preset name or Hugging Face-format directory
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_blocks: int = 1024
+    max_model_len: int = 1024
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 512
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+                               max_model_len=self.max_model_len, enable_chunked_prefill=self.enable_chunked_prefill)
+
+    def validate(self) -> None:
+        for field in ("block_size", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field}: must be positive, got {getattr(self, field)}")
+        if self.num_blocks * self.block_size < self.max_model_len:
+            raise ValueError(f"num_blocks * block_size ({self.num_blocks * self.block_size} tokens) must hold "
+                             f"max_model_len ({self.max_model_len}) tokens")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
+
+
+class EngineStats(msgspec.Struct):
+    num_running: int
+    num_waiting: int
+    num_preemptions: int  # since start
+    blocks: BlockUsage
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        config.validate()
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = parse_dtype(config.dtype)
+        # Every parallel torch op runs on this one thread, loading included: once a second
+        # thread has run one, OpenMP keeps two thread teams and the forward pass slows down
+        # about 2x on a small machine.
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minipd-compute")
+        try:
+            self.model, self.tokenizer = self.run_on_compute_thread(load_model, config.model, self.device, self.dtype)
+            self.model_config = self.model.config
+            if config.max_model_len > self.model_config.max_position_embeddings:
+                raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's "
+                                 f"max_position_embeddings ({self.model_config.max_position_embeddings})")
+            self.kv_pool = self.run_on_compute_thread(allocate_kv_pool, self.model_config, config.num_blocks,
+                                                      config.block_size, self.dtype, self.device)
+        except BaseException:
+            self._executor.shutdown(wait=False)
+            raise
+        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler_config(), self.block_manager)
+        self.runner = ModelRunner(self.model, self.kv_pool)
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
+        self._streams: dict[str, RequestStream] = {}
+        self._pending_aborts: set[str] = set()
+        self._ids = itertools.count()
+        self._wakeup: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None  # set while the loop waits for work
+        self._loop_task: asyncio.Task | None = None
+
+    def run_on_compute_thread(self, fn, *args):
+        """Run `fn(*args)` on the compute thread and return its result (blocking; for set-up work)."""
+        return self._executor.submit(fn, *args).result()
+
+    # ---- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._loop_task is None:
+            self._wakeup = asyncio.Event()
+            self._idle = asyncio.Event()
+            self._loop_task = asyncio.create_task(self._run(), name="minipd-engine")
+
+    async def close(self) -> None:
+        """Abort every request, stop the loop and the compute thread."""
+        for request_id in list(self._streams):
+            self.abort(request_id)
+        if self._loop_task is not None:
+            self._apply_aborts()
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+            self._loop_task = None
+        self._executor.shutdown(wait=True)
+
+    @property
+    def is_running(self) -> bool:
+        """True from `start()` until `close()`, while the engine loop is alive."""
+        return self._loop_task is not None and not self._loop_task.done()
+
+    async def __aenter__(self) -> "Engine":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # ---- requests ---------------------------------------------------------------------
+    def make_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                     request_id: str | None = None) -> Request:
+        """Validate and tokenize; raises InvalidRequestError naming the bad field."""
+        params = (params or SamplingParams()).with_seed()
+        params.validate(self.model_config.vocab_size)
+        token_ids = prompt_token_ids(self.tokenizer, prompt, self.model_config.vocab_size, self.config.max_model_len)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self._streams:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        return Request(request_id, token_ids, params)
+
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+               request_id: str | None = None) -> RequestStream:
+        """Validate, enqueue and return the request's output stream."""
+        request = self.make_request(prompt, params, request_id)
+        return self._enqueue(request)
+
+    def submit_prefill(self, token_ids: Sequence[int], params: SamplingParams, request_id: str,
+                       sink: KVSink) -> RequestStream:
+        """Prefill only: compute the prompt's KV in one step, sample the first token, and hand
+        the KV to `sink` (see kv_sink.py). The stream yields that one token."""
+        request = self.make_request(token_ids, msgspec.structs.replace(params, max_tokens=1), request_id)
+        if request.num_tokens > self.config.max_num_batched_tokens:
+            raise InvalidRequestError("prompt", f"{request.num_tokens} tokens exceed this prefill instance's "
+                                                f"max_num_batched_tokens ({self.config.max_num_batched_tokens})")
+        request.kv_sink = sink
+        return self._enqueue(request)
+
+    def reserve(self, token_ids: Sequence[int]) -> tuple[list[int], int]:
+        """Blocks for a prompt whose KV will arrive from a prefill instance (decode role).
+
+        Returns (block ids for the whole prompt, leading tokens already held here thanks to the
+        prefix cache). The caller owns the blocks: `adopt` them or `release_blocks` them.
+        """
+        if len(token_ids) >= self.config.max_model_len:
+            raise InvalidRequestError("prompt", f"{len(token_ids)} tokens; max_model_len is "
+                                                f"{self.config.max_model_len}")
+        bm = self.block_manager
+        if bm.blocks_for(len(token_ids)) > bm.num_blocks:
+            raise InvalidRequestError("prompt", f"{len(token_ids)} tokens need more blocks than this instance's "
+                                                f"whole pool ({bm.num_blocks})")
+        if bm.num_new_blocks_for(token_ids) > bm.num_free_blocks:
+            raise NoCapacity(f"{bm.blocks_for(len(token_ids))} blocks needed, {bm.num_free_blocks} free")
+        return bm.allocate(token_ids)
+
+    def adopt(self, token_ids: Sequence[int], block_ids: list[int], num_cached_tokens: int, first_token: int,
+              params: SamplingParams, request_id: str) -> RequestStream:
+        """Continue a request whose prompt KV is in `block_ids` (received) and whose first token
+        was sampled elsewhere; takes ownership of the blocks. The stream starts with `first_token`."""
+        request = self.make_request(token_ids, params, request_id)
+        if not 0 <= first_token < self.model_config.vocab_size:
+            raise InvalidRequestError("first_token", f"{first_token} outside the vocabulary")
+        request.block_ids = block_ids
+        request.num_computed_tokens = request.num_tokens
+        request.num_cached_tokens = num_cached_tokens
+        self.block_manager.register_computed(block_ids, request.token_ids, request.num_tokens)
+        stream = RequestStream(request.request_id, self.abort, request)
+        self._streams[request.request_id] = stream
+        self.scheduler.add_prefilled(request)
+        self._append_token(request, first_token)
+        self._idle.clear()
+        self._wakeup.set()
+        return stream
+
+    def release_blocks(self, block_ids: Sequence[int]) -> None:
+        """Give back blocks handed out by `reserve` or to a KV sink."""
+        self.block_manager.free(block_ids)
+
+    def _enqueue(self, request: Request) -> RequestStream:
+        if self._loop_task is None:
+            raise RuntimeError("engine not started: use `async with Engine(...)` or `await engine.start()`")
+        stream = RequestStream(request.request_id, self.abort, request)
+        self._streams[request.request_id] = stream
+        self.scheduler.add(request)
+        self._idle.clear()
+        self._wakeup.set()
+        return stream
+
+    async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; leaving the loop early aborts the request."""
+        async with self.submit(prompt, params, request_id) as stream:
+            async for output in stream:
+                yield output
+
+    def abort(self, request_id: str) -> bool:
+        """Abort a running or waiting request; False if it is unknown or already finished."""
+        if request_id not in self._streams:
+            return False
+        self._pending_aborts.add(request_id)
+        self._idle.clear()
+        self._wakeup.set()
+        return True
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until the engine has nothing to run (aborts applied); False on timeout."""
+        if self._idle is None:
+            return True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    def stats(self) -> EngineStats:
+        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.scheduler.num_preemptions,
+                           self.block_manager.usage())
+
+    # ---- the loop ---------------------------------------------------------------------
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._apply_aborts()
+            output = self.scheduler.schedule()
+            if not output.chunks:
+                self._wakeup.clear()
+                self._idle.set()
+                await self._wakeup.wait()
+                self._idle.clear()
+                continue
+            sinks = [c.request.kv_sink for c in output.chunks if c.request.kv_sink is not None]
+            hook = self._layer_hook(loop, sinks) if sinks else None
+            step_start = time.perf_counter()
+            try:
+                sampled = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks, hook)
+            except Exception as exc:  # a failed step fails its requests, not the engine
+                log.exception("engine step failed")
+                self._fail(output, exc)
+                continue
+            step_times = (step_start, time.perf_counter())
+            for chunk in output.chunks:
+                chunk.request.step_times = step_times
+            self.scheduler.update_computed(output)
+            self._process(output, sampled)
+
+    def _layer_hook(self, loop: asyncio.AbstractEventLoop, sinks: list[KVSink]) -> Callable[[int], None]:
+        """Runs on the compute thread after each layer's K/V write; tells the sinks on the loop."""
+        is_cuda = self.device.type == "cuda"
+
+        def layer_done(layer: int) -> None:
+            if is_cuda:  # the sinks read the pool from other streams/threads: the write must have landed
+                torch.cuda.current_stream(self.device).synchronize()
+            loop.call_soon_threadsafe(_notify_layer, sinks, layer)
+        return layer_done
+
+    def _process(self, output: SchedulerOutput, sampled: list[int]) -> None:
+        tokens = iter(sampled)
+        for chunk in output.chunks:
+            if chunk.samples:
+                self._append_token(chunk.request, next(tokens))
+
+    def _append_token(self, request: Request, token: int) -> None:
+        if request.status is RequestStatus.FINISHED:
+            return
+        params = request.sampling
+        request.token_ids.append(token)
+        is_stop_token = token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
+        finish = self.detokenizer.update(request, token, is_stop_token)
+        if finish is None and (request.num_output_tokens >= params.max_tokens
+                               or request.num_tokens >= self.config.max_model_len):
+            finish = FinishReason.LENGTH
+        self._emit(request, finish)
+
+    def _emit(self, request: Request, finish: FinishReason | None, error: str | None = None) -> None:
+        stream = self._streams.get(request.request_id)
+        if finish is not None:
+            self._finish(request, finish, error)
+            self._streams.pop(request.request_id, None)
+        if stream is None:
+            return
+        new_tokens = request.output_token_ids[request.num_tokens_sent:]
+        request.num_tokens_sent = request.num_output_tokens
+        text = self.detokenizer.take_text(request, finished=finish is not None)
+        if not new_tokens and not text and finish is None:
+            return
+        stream.put(RequestOutput(
+            request_id=request.request_id, token_ids=new_tokens, text=text, finished=finish is not None,
+            finish_reason=None if finish is None else finish.value, num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens, num_cached_tokens=request.num_cached_tokens,
+            error=error, queue_time_s=request.queue_time_s))
+
+    def _finish(self, request: Request, finish: FinishReason, error: str | None) -> None:
+        sink = request.kv_sink
+        if sink is None:
+            self.scheduler.finish(request)
+        elif finish is not FinishReason.ABORT and request.num_output_tokens:
+            sink.on_prefilled(request.output_token_ids[0], self.scheduler.finish(request, free_blocks=False),
+                              request.step_times)
+        else:
+            self.scheduler.finish(request)
+            sink.on_failed(error or "aborted")
+
+    def _apply_aborts(self) -> None:
+        if not self._pending_aborts:
+            return
+        for request_id in self._pending_aborts:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                self._emit(stream.request, FinishReason.ABORT)
+        self._pending_aborts.clear()
+
+    def _fail(self, output: SchedulerOutput, exc: Exception) -> None:
+        for chunk in output.chunks:
+            self._emit(chunk.request, FinishReason.ABORT, error=f"engine step failed: {type(exc).__name__}: {exc}")

@@ -1,0 +1,101 @@
+"""Turns a scheduled step into model inputs, runs the forward pass and samples.
+
+`execute` runs on the engine's single compute thread. It only reads the requests it is given
+(token ids, block ids, progress); the event loop does not mutate them while a step runs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from minipd.models.llama import LayerHook, LlamaForCausalLM
+from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, PrefillSpan
+
+from minipd.engine.sampler import sample
+from minipd.engine.scheduler import ScheduledChunk
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, kv_pool: torch.Tensor):
+        self.model = model
+        self.kv_pool = kv_pool
+        self.device = kv_pool.device
+        self.block_size = kv_pool.shape[3]
+        self.buffers = GatherBuffers(tuple(kv_pool.shape[3:]), kv_pool.dtype, self.device)
+
+    def execute(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None = None) -> list[int]:
+        """Run one step; returns the sampled token of every chunk with `samples`, in chunk order."""
+        ordered = sorted(range(len(chunks)), key=lambda i: chunks[i].num_new_tokens != 1)  # decodes first
+        input_ids, positions, meta, logit_rows = self._prepare([chunks[i] for i in ordered])
+        logits_indices = [row for i, row in zip(ordered, logit_rows) if chunks[i].samples]
+        sampled_order = [i for i in ordered if chunks[i].samples]
+        index = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
+        logits = self.model(input_ids, positions, self.kv_pool, meta, index, self.buffers, layer_hook)
+        requests = [chunks[i].request for i in sampled_order]
+        tokens = sample(logits, [r.sampling for r in requests], [r.num_output_tokens for r in requests])
+        by_chunk = dict(zip(sampled_order, tokens))
+        return [by_chunk[i] for i in range(len(chunks)) if chunks[i].samples]
+
+    def _prepare(self, chunks: Sequence[ScheduledChunk]):
+        bs = self.block_size
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slot_blocks: list[int] = []
+        slot_offsets: list[int] = []
+        logit_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefill_specs: list[tuple[int, int, int, list[int]]] = []
+        for request, num_new, _ in chunks:
+            start = request.num_computed_tokens
+            end = start + num_new
+            query_start = len(input_ids)
+            input_ids.extend(request.token_ids[start:end])
+            positions.extend(range(start, end))
+            blocks = request.block_ids
+            slot_blocks.extend(blocks[p // bs] for p in range(start, end))
+            slot_offsets.extend(p % bs for p in range(start, end))
+            logit_rows.append(len(input_ids) - 1)
+            num_ctx_blocks = -(-end // bs)
+            if num_new == 1:
+                decode_tables.append(blocks[:num_ctx_blocks])
+                decode_lens.append(end)
+            else:
+                prefill_specs.append((query_start, num_new, end, blocks[:num_ctx_blocks]))
+        meta = self._metadata(slot_blocks, slot_offsets, decode_tables, decode_lens, prefill_specs)
+        as_tensor = _long_tensor_factory(self.device)
+        return as_tensor(input_ids), as_tensor(positions), meta, logit_rows
+
+    def _metadata(self, slot_blocks, slot_offsets, decode_tables, decode_lens, prefill_specs) -> AttentionMetadata:
+        as_tensor = _long_tensor_factory(self.device)
+        num_decodes = len(decode_tables)
+        max_blocks = max((len(t) for t in decode_tables), default=0)
+        flat_table = [b for t in decode_tables for b in t + [t[0]] * (max_blocks - len(t))]
+        decode_mask = None
+        if num_decodes:
+            key_pos = torch.arange(max_blocks * self.block_size, device=self.device)
+            decode_mask = (key_pos[None, :] < as_tensor(decode_lens)[:, None]).view(num_decodes, 1, 1, -1)
+        prefills = tuple(
+            PrefillSpan(q_start, q_len, ctx_len, as_tensor(blocks), _chunk_mask(q_len, ctx_len, self.device))
+            for q_start, q_len, ctx_len, blocks in prefill_specs
+        )
+        return AttentionMetadata(as_tensor(slot_blocks), as_tensor(slot_offsets), num_decodes,
+                                 as_tensor(flat_table), max_blocks, decode_mask, prefills)
+
+
+def _chunk_mask(query_len: int, context_len: int, device: torch.device) -> torch.Tensor | None:
+    """Causal mask for a chunk that follows `context_len - query_len` cached tokens."""
+    if query_len == context_len:
+        return None
+    offset = context_len - query_len
+    q = torch.arange(query_len, device=device)[:, None]
+    k = torch.arange(context_len, device=device)[None, :]
+    return k <= q + offset
+
+
+def _long_tensor_factory(device: torch.device) -> Callable[[list[int]], torch.Tensor]:
+    def as_tensor(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+    return as_tensor

@@ -1,0 +1,80 @@
+"""A whole disaggregated cluster inside one asyncio program: for embedding and tests.
+
+Router, prefill and decode instances share the event loop; the control plane still runs
+over real TCP on 127.0.0.1, and the KV moves through the loopback transport (one pool to
+another by copy), so the request lifecycle is exactly the multi-process one.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import msgspec
+
+from minipd.transports.loopback_hub import LoopbackHub
+
+from minipd.engine.engine import Engine, EngineConfig
+from minipd.disagg.instance import Instance
+from minipd.engine.request_stream import RequestStream
+from minipd.router.router import Router, RouterConfig
+from minipd.engine.sampling_params import SamplingParams
+
+LOCALHOST = "127.0.0.1"
+
+
+def prefill_engine_config(config: EngineConfig) -> EngineConfig:
+    """Prefill instances run each prompt in one step (the layer-wise sender needs whole layers)."""
+    return msgspec.structs.replace(config, enable_chunked_prefill=False,
+                                   max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_model_len))
+
+
+class InProcessCluster:
+    def __init__(self, router: Router, instances: list[Instance]):
+        self.router = router
+        self.instances = instances
+
+    @classmethod
+    async def start(cls, config: EngineConfig = EngineConfig(), num_prefill: int = 1, num_decode: int = 1,
+                    router_config: RouterConfig = RouterConfig(), lease_s: float | None = None) -> "InProcessCluster":
+        hub = LoopbackHub()
+        instances: list[Instance] = []
+        extra = {} if lease_s is None else {"lease_s": lease_s}
+        try:
+            for role, count in (("prefill", num_prefill), ("decode", num_decode)):
+                for i in range(count):
+                    engine_config = prefill_engine_config(config) if role == "prefill" else config
+                    instance = await Instance.create(Engine(engine_config), role, f"{role}-{i}", "loopback",
+                                                     config.model, {"hub": hub}, **extra)
+                    instances.append(instance)
+                    await instance.serve(LOCALHOST, 0)
+            router = Router(instances[0].engine.tokenizer, router_config, model_name=config.model)
+            for instance in instances:
+                await router.add_instance(LOCALHOST, instance.port)
+        except BaseException:
+            for instance in instances:
+                await instance.close()
+            raise
+        return cls(router, instances)
+
+    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
+               request_id: str | None = None, layerwise: bool | None = None) -> RequestStream:
+        return self.router.submit(prompt, params, request_id, layerwise)
+
+    async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
+                       layerwise: bool | None = None):
+        async for output in self.router.generate(prompt, params, request_id, layerwise):
+            yield output
+
+    def instance(self, instance_id: str) -> Instance:
+        return next(i for i in self.instances if i.instance_id == instance_id)
+
+    async def close(self) -> None:
+        await self.router.close()
+        for instance in self.instances:
+            await instance.close()
+
+    async def __aenter__(self) -> "InProcessCluster":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,118 @@
+"""The router's view of its instances: connections, compatibility, load, and picking.
+
+Prefill is picked by prefix-cache overlap (the router remembers which full-block prefixes it
+sent to each prefill instance) minus queue load; decode by free KV blocks and running
+requests. Load figures combine the instance's last reported `Stats` with what the router
+has in flight there since.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Iterable, NamedTuple
+
+from minipd.engine.block_manager import chain_hashes
+from minipd.control.channel import Channel
+from minipd.control.messages import Fingerprint, Stats, Welcome
+
+log = logging.getLogger(__name__)
+
+PREFILL_ROLES = ("prefill",)
+DECODE_ROLES = ("decode", "both")
+
+
+class IncompatibleInstance(RuntimeError):
+    """An instance whose fingerprint differs from the cluster's; the message says what differs."""
+
+
+class InstanceHandle:
+    def __init__(self, welcome: Welcome, channel: Channel, address: tuple[str, int]):
+        self.instance_id = welcome.instance_id
+        self.role = welcome.role
+        self.welcome = welcome
+        self.channel = channel
+        self.address = address
+        self.stats: Stats | None = None
+        self.num_inflight = 0  # requests the router has routed here and not yet finished
+        self.num_inflight_tokens = 0  # prompt tokens queued for prefill here
+        self._prefix_hashes: OrderedDict[int, None] = OrderedDict()
+        self._prefix_capacity = 0
+
+    @property
+    def is_alive(self) -> bool:
+        return not self.channel.closed.is_set()
+
+    def remember_prefix(self, hashes: Iterable[int], capacity: int) -> None:
+        self._prefix_capacity = capacity
+        for h in hashes:
+            self._prefix_hashes[h] = None
+            self._prefix_hashes.move_to_end(h)
+        while len(self._prefix_hashes) > self._prefix_capacity:
+            self._prefix_hashes.popitem(last=False)
+
+    def prefix_overlap(self, hashes: list[int]) -> int:
+        """Leading full blocks of the prompt this instance probably still caches."""
+        n = 0
+        for h in hashes:
+            if h not in self._prefix_hashes:
+                break
+            n += 1
+        return n
+
+    def free_blocks(self) -> int:
+        return self.stats.num_free_blocks if self.stats else 0
+
+    def running(self) -> int:
+        return (self.stats.num_running + self.stats.num_waiting if self.stats else 0) + self.num_inflight
+
+
+class PrefillChoice(NamedTuple):
+    instance: InstanceHandle | None
+    num_cached_tokens: int  # expected prefix-cache hit there
+
+
+class InstanceRegistry:
+    def __init__(self) -> None:
+        self.instances: dict[str, InstanceHandle] = {}
+        self.fingerprint: Fingerprint | None = None
+        self.block_size = 0
+
+    def add(self, handle: InstanceHandle) -> None:
+        """Register an instance; raises IncompatibleInstance when it cannot share KV with the others."""
+        fingerprint = handle.welcome.fingerprint
+        if fingerprint is None:
+            raise IncompatibleInstance(f"{handle.instance_id} sent no fingerprint")
+        if self.fingerprint is not None and fingerprint != self.fingerprint:
+            diff = "; ".join(fingerprint.differences(self.fingerprint))
+            raise IncompatibleInstance(f"{handle.instance_id} is incompatible with the cluster: {diff}")
+        if handle.instance_id in self.instances and self.instances[handle.instance_id].is_alive:
+            raise IncompatibleInstance(f"instance id {handle.instance_id!r} is already registered")
+        self.fingerprint = fingerprint
+        self.block_size = fingerprint.block_size
+        self.instances[handle.instance_id] = handle
+
+    def remove(self, instance_id: str) -> InstanceHandle | None:
+        return self.instances.pop(instance_id, None)
+
+    def alive(self, roles: tuple[str, ...], exclude: set[str] = frozenset()) -> list[InstanceHandle]:
+        return [h for h in self.instances.values() if h.role in roles and h.is_alive and h.instance_id not in exclude]
+
+    def prompt_hashes(self, token_ids: list[int]) -> list[int]:
+        return chain_hashes(token_ids, self.block_size)
+
+    def pick_prefill(self, hashes: list[int], exclude: set[str] = frozenset()) -> PrefillChoice:
+        candidates = self.alive(PREFILL_ROLES, exclude)
+        if not candidates:
+            return PrefillChoice(None, 0)
+
+        def score(h: InstanceHandle) -> tuple[int, int]:
+            return (h.prefix_overlap(hashes) * self.block_size - h.num_inflight_tokens, -h.num_inflight)
+        best = max(candidates, key=score)
+        return PrefillChoice(best, best.prefix_overlap(hashes) * self.block_size)
+
+    def pick_decode(self, exclude: set[str] = frozenset()) -> InstanceHandle | None:
+        candidates = self.alive(DECODE_ROLES, exclude)
+        if not candidates:
+            return None
+        return min(candidates, key=lambda h: (h.running(), -h.free_blocks()))
