@@ -29,7 +29,7 @@ import torch
 from minipd.router.client import ClusterClient
 from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.entrypoints.process_cluster import ClusterSpec, LocalCluster
+from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.models.config import preset_config
 from minipd.router.router import RouterConfig
 from minipd.engine.sampling_params import SamplingParams
@@ -98,14 +98,12 @@ async def _run_transport(transport: str, args: argparse.Namespace, config: Engin
         torch.set_num_threads(args.torch_threads)
         async with await InProcessCluster.start(config, 1, 1, router_config) as cluster:
             return await _measure(cluster, args.prompt_lens, args.repeats, seed=1)
-    spec = ClusterSpec(transport=transport, model=config.model, link_gbps=args.link_gbps,
-                       engine_argv=["--torch-threads", str(args.torch_threads),
-                                    "--num-blocks", str(config.num_blocks), "--max-model-len",
-                                    str(config.max_model_len), "--max-num-batched-tokens",
-                                    str(config.max_num_batched_tokens), "--no-prefix-caching"],
-                       router_argv=["--local-prefill-max-tokens", "-1"])
-    processes = LocalCluster()
-    await processes.start(spec)
+    processes = ProcessCluster.from_argv([
+        "--transport", transport, "--model", config.model, "--torch-threads", str(args.torch_threads),
+        "--num-blocks", str(config.num_blocks), "--max-model-len", str(config.max_model_len),
+        "--max-num-batched-tokens", str(config.max_num_batched_tokens), "--no-prefix-caching",
+        "--local-prefill-max-tokens", "-1", *(["--link-gbps", str(args.link_gbps)] if args.link_gbps else [])])
+    await processes.start()
     try:
         client = await ClusterClient.connect(*processes.router_address)
         try:

@@ -10,12 +10,13 @@ import pytest
 
 from minipd.control.channel import Channel, RemoteError
 from minipd.control.messages import Prefill, Register, Reserve
+from minipd.control.role import Role
 from minipd.engine.engine import Engine
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.disagg.instance import Instance
 from minipd.router.registry import IncompatibleInstance
 from minipd.router.router import RouterConfig
-from minipd.router.control_port import RouterServer
+from minipd.router.control_port import RouterControlPort
 from minipd.engine.sampling_params import SamplingParams
 
 from disagg_helpers import (BLOCK_SIZE, CONFIG, LOCAL_PREFILL_MAX_TOKENS, SHARED_PREFIX_LEN, assert_same_tokens,
@@ -116,7 +117,7 @@ def test_abort_midway_frees_both_pools(cluster, loop_thread):
 def test_fingerprint_mismatch_is_refused_naming_the_difference(cluster, loop_thread):
     async def add_mismatched():
         config = msgspec.structs.replace(CONFIG, block_size=2 * BLOCK_SIZE)
-        instance = await Instance.create(Engine(config), "decode", "odd-one", "loopback", "tiny")
+        instance = await Instance.create(Engine(config), Role.DECODE, "odd-one", "loopback", "tiny")
         await instance.serve("127.0.0.1", 0)
         try:
             with pytest.raises(IncompatibleInstance) as info:
@@ -147,11 +148,11 @@ def test_prefill_refuses_a_decode_with_another_fingerprint(cluster, loop_thread)
 
 def test_instances_can_register_with_the_router_port(cluster, loop_thread):
     async def register_and_route():
-        server = RouterServer(cluster.router)
+        server = RouterControlPort(cluster.router)
         port = await server.serve("127.0.0.1", 0)
-        late = await Instance.create(Engine(CONFIG), "prefill", "late-prefill", "loopback", "tiny",
+        late = await Instance.create(Engine(CONFIG), Role.PREFILL, "late-prefill", "loopback", "tiny",
                                      {"hub": cluster.instances[0].transport._hub})
-        odd = await Instance.create(Engine(msgspec.structs.replace(CONFIG, block_size=2 * BLOCK_SIZE)), "decode",
+        odd = await Instance.create(Engine(msgspec.structs.replace(CONFIG, block_size=2 * BLOCK_SIZE)), Role.DECODE,
                                     "odd-decode", "loopback", "tiny")
         try:
             for instance in (late, odd):

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from minipd.router.client import ClusterClient
-from minipd.entrypoints.process_cluster import ClusterSpec, LocalCluster
+from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.engine.sampling_params import SamplingParams
 from minipd.transports.registry import available_transports
 
@@ -27,10 +27,8 @@ def _skip_unless_installed(transport: str):
 
 @pytest.fixture(scope="module", params=[pytest.param(t, marks=_skip_unless_installed(t)) for t in NETWORK_TRANSPORTS])
 def cluster(request, loop_thread):
-    spec = ClusterSpec(num_prefill=1, num_decode=1, transport=request.param, engine_argv=ENGINE_ARGV,
-                       router_argv=ROUTER_ARGV)
-    processes = LocalCluster()
-    loop_thread.run(processes.start(spec), timeout=180)
+    processes = ProcessCluster.from_argv(["--transport", request.param, *ENGINE_ARGV, *ROUTER_ARGV])
+    loop_thread.run(processes.start(), timeout=180)
     client = loop_thread.run(ClusterClient.connect(*processes.router_address))
     yield processes, client
     loop_thread.run(client.close())
@@ -98,10 +96,8 @@ def test_bad_request_is_refused_and_the_cluster_keeps_serving(cluster, loop_thre
 
 @_skip_unless_installed("tcp")
 def test_decode_death_ends_the_request_and_frees_the_prefill_pool(loop_thread):
-    spec = ClusterSpec(num_prefill=1, num_decode=1, transport="tcp", engine_argv=ENGINE_ARGV,
-                       router_argv=ROUTER_ARGV)
-    processes = LocalCluster()
-    loop_thread.run(processes.start(spec), timeout=180)
+    processes = ProcessCluster.from_argv(["--transport", "tcp", *ENGINE_ARGV, *ROUTER_ARGV])
+    loop_thread.run(processes.start(), timeout=180)
 
     async def kill_decode_midway():
         client = await ClusterClient.connect(*processes.router_address)

@@ -16,7 +16,8 @@ from minipd.api.app import METRICS_KEY, HttpConfig, build_app, start_http_server
 from minipd.models.tokenizer import ByteTokenizer
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
-from minipd.api.backend import EngineBackend, InstanceStats, ServingBackend
+from minipd.api.backend import InstanceStats, ServingBackend
+from minipd.api.engine_backend import EngineBackend
 
 from http_helpers import OpenStream, http_json, http_text, sample, scrape
 

@@ -11,7 +11,7 @@ from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
 from minipd.api.router_backend import RouterBackend
-from minipd.api.backend import EngineBackend
+from minipd.api.engine_backend import EngineBackend
 
 from http_helpers import OpenStream, http_json, sample, scrape
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 import time
 from typing import TextIO
@@ -23,11 +22,10 @@ import msgspec
 from aiohttp import web
 
 from minipd.api.errors import NOT_FOUND, OVERLOADED, SERVER_ERROR, ApiError
-from minipd.engine.engine import Engine
 from minipd.api.metrics import CONTENT_TYPE, ServingMetrics
 from minipd.api.protocol import ModelCard, ModelList
 from minipd.api.serving import OpenAIServing
-from minipd.api.backend import EngineBackend, ServingBackend
+from minipd.api.backend import ServingBackend
 
 log = logging.getLogger(__name__)
 
@@ -142,23 +140,12 @@ async def start_http_server(app: web.Application, host: str, port: int) -> tuple
     return runner, runner.addresses[0][1]
 
 
-async def serve_engine(engine: Engine, model_name: str, config: HttpConfig, out: TextIO = sys.stdout) -> int:
-    """`minipd --role both --port P`: serve `engine` until SIGINT or SIGTERM.
-
-    Announces `serving http://HOST:PORT` on `out` once the socket listens, so a caller
-    that passed port 0 learns the port.
-    """
-    async with engine:
-        runner, port = await start_http_server(build_app(EngineBackend(engine, model_name), config), config.host,
-                                               config.port)
-        print(f"minipd: serving the OpenAI API for {model_name!r} on http://{config.host}:{port}", file=out,
-              flush=True)
-        stopped = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stopped.set)
-        try:
-            await stopped.wait()
-        finally:
-            await runner.cleanup()
-    return 0
+async def start_api(backend: ServingBackend, config: HttpConfig, out: TextIO = sys.stdout) -> web.AppRunner:
+    """Serve the OpenAI API over `backend` and announce
+    `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT` on `out` once the socket
+    listens (a caller that asked for port 0 learns the port). The caller owns the runner
+    (`await runner.cleanup()`)."""
+    runner, port = await start_http_server(build_app(backend, config), config.host, config.port)
+    print(f"minipd: serving the OpenAI API for {backend.model_name!r} on http://{config.host}:{port}", file=out,
+          flush=True)
+    return runner

@@ -1,7 +1,7 @@
 """What the HTTP front needs from whatever serves the requests behind it.
 
 The OpenAI-compatible server (`minipd.api.app`) is written against `ServingBackend`
-only, so the same front sits on a colocated `Engine` (`EngineBackend`, below) and on the
+only, so the same front sits on a colocated `Engine` (`engine_backend.EngineBackend`) and on the
 router of a disaggregated cluster. A backend promises:
 
 1. `submit` validates at once and returns a stream that yields `RequestOutput`
@@ -20,14 +20,13 @@ from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
 
 import msgspec
 
+from minipd.control.role import Role
 from minipd.models.tokenizer import Tokenizer
 
-from minipd.engine.engine import Engine, EngineStats
+from minipd.engine.engine import EngineStats
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
 
-COLOCATED_ROLE = "both"
-NOT_RUNNING_RETRY_AFTER_S = 1  # an engine that is not running yet is usually starting up
 
 
 class BackendUnavailableError(RuntimeError):
@@ -46,7 +45,7 @@ class InstanceStats(msgspec.Struct, frozen=True):
     (`prefill`, `decode`, `both`) and its engine's counters."""
 
     name: str
-    role: str
+    role: Role
     stats: EngineStats
 
 
@@ -93,28 +92,3 @@ class ServingBackend(Protocol):
 
     def instance_stats(self) -> list[InstanceStats]:
         """The latest known stats of every instance, one entry per instance."""
-
-
-class EngineBackend:
-    """`ServingBackend` over one colocated engine (`--role both`), on the engine's loop."""
-
-    def __init__(self, engine: Engine, model_name: str, instance_name: str = "local"):
-        self.engine = engine
-        self.model_name = model_name
-        self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.config.max_model_len
-        self.instance_name = instance_name
-
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
-        if not self.engine.is_running:
-            raise BackendUnavailableError("the engine is not running", retry_after_s=NOT_RUNNING_RETRY_AFTER_S)
-        return self.engine.submit(prompt, params, request_id)
-
-    async def ready(self) -> bool:
-        return self.engine.is_running
-
-    def num_waiting(self) -> int:
-        return self.engine.stats().num_waiting
-
-    def instance_stats(self) -> list[InstanceStats]:
-        return [InstanceStats(self.instance_name, COLOCATED_ROLE, self.engine.stats())]

@@ -57,7 +57,7 @@ class InstanceCollector(Collector):
             for state, value in (("total", usage.num_blocks), ("free", usage.num_free), ("used", usage.num_used),
                                  ("cached", usage.num_cached)):
                 blocks[state].add_metric([name], value)
-            role.add_metric([name, instance.role], 1)
+            role.add_metric([name, instance.role.value], 1)
         yield from (running, waiting, *blocks.values(), role)
 
 

@@ -18,7 +18,6 @@ from minipd.router.router import Router
 from minipd.engine.sampling_params import SamplingParams
 from minipd.api.backend import BackendUnavailableError, InstanceStats, OutputStream
 
-DECODING_ROLES = ("decode", "both")
 NO_INSTANCE_RETRY_AFTER_S = 5  # instances (re)register within seconds when a cluster (re)starts
 
 
@@ -33,7 +32,7 @@ class RouterBackend:
         return self.router.max_model_len
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
-        if not self.router.registry.alive(DECODING_ROLES):
+        if not self.router.registry.decode_candidates():
             raise BackendUnavailableError("no decode instance is reachable", NO_INSTANCE_RETRY_AFTER_S)
         return self.router.submit(prompt, params, request_id)
 

@@ -14,6 +14,8 @@ from minipd.models.config import ModelConfig
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
 
+from minipd.control.role import Role
+
 PROTOCOL_VERSION = 1
 
 
@@ -57,12 +59,12 @@ class Hello(Call, tag="hello"):
     """Sent by whoever opens a connection; answered by `Welcome` or `CallError`."""
 
     protocol_version: int
-    role: str  # "router", "client", or an instance role
+    role: Role  # ROUTER, CLIENT, or an instance role
 
 
 class Welcome(Reply, tag="welcome"):
     instance_id: str
-    role: str
+    role: Role
     fingerprint: Fingerprint | None = None
     transport: str = ""
     transport_description: bytes = b""
@@ -153,7 +155,7 @@ class GetStats(Call, tag="get_stats"):
 
 class Stats(Reply, tag="stats"):
     instance_id: str
-    role: str
+    role: Role
     num_running: int
     num_waiting: int
     num_free_blocks: int

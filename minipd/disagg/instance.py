@@ -19,6 +19,7 @@ from minipd.transports.base import Transport
 from minipd.transports.registry import create_transport
 
 from minipd.control.channel import Channel
+from minipd.control.role import Role
 from minipd.control.messages import (Abort, CallError, Decode, Generate, GetStats, Hello, KVLanded, Message,
                                PeerLost, Prefill, Prefilled, Reserve, Reserved, Stats, TokenOutput, Welcome)
 from minipd.control.server import ControlServer
@@ -31,7 +32,6 @@ from minipd.engine.sampling_params import InvalidRequestError
 
 log = logging.getLogger(__name__)
 
-ROLES = ("prefill", "decode", "both")
 DEFAULT_LEASE_S = 30.0
 DEFAULT_LAND_TIMEOUT_S = 30.0
 DEFAULT_PREFILL_TIMEOUT_S = 120.0
@@ -46,11 +46,11 @@ class Reservation(NamedTuple):
 
 
 class Instance(ControlServer):
-    def __init__(self, engine: Engine, role: str, instance_id: str, transport: Transport,
+    def __init__(self, engine: Engine, role: Role, instance_id: str, transport: Transport,
                  model_name: str, lease_s: float = DEFAULT_LEASE_S):
         super().__init__(instance_id)
-        if role not in ROLES:
-            raise ValueError(f"role: {role!r} is not one of {ROLES}")
+        if not role.is_instance:
+            raise ValueError(f"role: {role.value!r} is not an instance role")
         self.engine, self.role, self.instance_id = engine, role, instance_id
         self.transport = transport
         self.model_name = model_name
@@ -64,7 +64,7 @@ class Instance(ControlServer):
 
     # ---- lifecycle --------------------------------------------------------------------
     @classmethod
-    async def create(cls, engine: Engine, role: str, instance_id: str, transport_name: str, model_name: str,
+    async def create(cls, engine: Engine, role: Role, instance_id: str, transport_name: str, model_name: str,
                      transport_options: dict | None = None, lease_s: float = DEFAULT_LEASE_S) -> "Instance":
         transport = create_transport(transport_name, engine.kv_pool, instance_id=instance_id,
                                      **(transport_options or {}))
@@ -121,16 +121,17 @@ class Instance(ControlServer):
             case _:
                 log.warning("%s: unexpected %s", self.instance_id, type(message).__name__)
 
-    def _refuse(self, role: str, channel: Channel, message) -> bool:
-        if self.role in (role, "both"):
+    def _refuse(self, serves: bool, what: str, channel: Channel, message) -> bool:
+        """Answer a call this instance's role does not serve with an error; True if refused."""
+        if serves:
             return False
-        channel.reply(message, CallError(message=f"{self.instance_id} is a {self.role} instance, "
-                                                 f"not {role}", kind="invalid"))
+        channel.reply(message, CallError(message=f"{self.instance_id} is a {self.role.value} instance; it does "
+                                                 f"not serve {what}", kind="invalid"))
         return True
 
     # ---- decode role ------------------------------------------------------------------
     def _reserve(self, channel: Channel, message: Reserve) -> None:
-        if self._refuse("decode", channel, message):
+        if self._refuse(self.role.serves_decode, "decode", channel, message):
             return
         request_id = message.request_id
         try:
@@ -195,7 +196,7 @@ class Instance(ControlServer):
 
     # ---- prefill role -----------------------------------------------------------------
     async def _prefill(self, channel: Channel, message: Prefill) -> None:
-        if self._refuse("prefill", channel, message):
+        if self._refuse(self.role.serves_prefill, "prefill", channel, message):
             return
         request_id = message.request_id
         differences = self.fingerprint.differences(message.decode_fingerprint)

@@ -11,6 +11,7 @@ from typing import Sequence
 
 import msgspec
 
+from minipd.control.role import Role
 from minipd.transports.loopback_hub import LoopbackHub
 
 from minipd.engine.engine import Engine, EngineConfig
@@ -40,10 +41,10 @@ class InProcessCluster:
         instances: list[Instance] = []
         extra = {} if lease_s is None else {"lease_s": lease_s}
         try:
-            for role, count in (("prefill", num_prefill), ("decode", num_decode)):
+            for role, count in ((Role.PREFILL, num_prefill), (Role.DECODE, num_decode)):
                 for i in range(count):
-                    engine_config = prefill_engine_config(config) if role == "prefill" else config
-                    instance = await Instance.create(Engine(engine_config), role, f"{role}-{i}", "loopback",
+                    engine_config = prefill_engine_config(config) if role is Role.PREFILL else config
+                    instance = await Instance.create(Engine(engine_config), role, f"{role.value}-{i}", "loopback",
                                                      config.model, {"hub": hub}, **extra)
                     instances.append(instance)
                     await instance.serve(LOCALHOST, 0)

@@ -1,7 +1,9 @@
 """`minipd --role cluster`: a whole local cluster as processes on this host.
 
-Starts N prefill and M decode instances (`minipd --role prefill|decode`), waits for each to
-print its READY line, starts the router pointed at them, and prints where to send requests.
+Starts the prefill, decode and colocated instances (`minipd --role prefill|decode|both`),
+waits for each to print its READY line, starts the router pointed at them, and prints where
+to send requests. Each child's command line is derived from the flags this command parsed
+(`flags.inherited_argv`).
 With `--prompt`, answers the prompts through the client API (printing tokens, TTFT, ITL
 and KV transfer figures) and shuts down; otherwise serves until Ctrl-C. Every child is
 stopped on exit (SIGTERM, then SIGKILL after a grace period).
@@ -14,14 +16,17 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
 from typing import NamedTuple
 
-import msgspec
-
-from minipd.router.client import ClusterClient
-from minipd.entrypoints.engine_args import engine_argv
-from minipd.entrypoints.prompt_demo import answer_prompts
+from minipd.control.role import Role
+from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.flags import build_parser, inherited_argv
+from minipd.entrypoints.prompt_demo import answer_prompts
+from minipd.entrypoints.roles import demo_params, engine_config_from_args, http_config
+from minipd.entrypoints.signals import wait_for_stop_signal
+from minipd.router.client import ClusterClient
 
 log = logging.getLogger(__name__)
 
@@ -31,65 +36,54 @@ STOP_GRACE_S = 10.0
 
 class Child(NamedTuple):
     name: str
+    role: Role
     process: asyncio.subprocess.Process
     address: tuple[str, int]
     announcements: list[str]  # lines it printed before READY (e.g. where its HTTP API listens)
 
 
-def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
-    from minipd.transports.registry import BACKENDS
-
-    g = parser.add_argument_group("local cluster")
-    g.add_argument("--num-prefill", type=int, default=1, help="prefill instances (default: %(default)s)")
-    g.add_argument("--num-decode", type=int, default=1, help="decode instances (default: %(default)s)")
-    g.add_argument("--transport", default="tcp", choices=sorted(b for b in BACKENDS if b != "loopback"),
-                   help="KV transfer backend between the instance processes (default: %(default)s)")
-    g.add_argument("--link-gbps", type=float, default=None,
-                   help="cap each prefill instance's KV egress, in gigabits per second (default: no cap)")
-    g.add_argument("--host", default="127.0.0.1", help="address every process binds (default: %(default)s)")
-    g.add_argument("--port", type=int, default=0,
-                   help="the router's client port; 0 picks a free one (default: 0)")
+def validate_cluster_args(args: argparse.Namespace) -> None:
+    """Raises ValueError naming the flag that cannot make a cluster."""
+    for flag in ("num_prefill", "num_decode", "num_colocated"):
+        if getattr(args, flag) < 0:
+            raise ValueError(f"{flag}: must be >= 0")
+    if args.num_decode + args.num_colocated < 1:
+        raise ValueError("num_decode: a cluster needs at least one decode or colocated instance")
+    if args.transport == "loopback":
+        raise ValueError("transport: loopback works only inside one process; choose tcp, ucx or nixl")
 
 
-class ClusterSpec(msgspec.Struct, kw_only=True):
-    """What to start: every list is extra command-line flags for those processes."""
+class ProcessCluster:
+    """The processes of one local cluster, from a parsed `minipd --role cluster` command line:
+    `start` then `stop` (also used by tests and benchmarks, through `from_argv`)."""
 
-    num_prefill: int = 1
-    num_decode: int = 1
-    transport: str = "tcp"
-    model: str = "tiny"
-    engine_argv: list[str] = []  # engine flags for every instance (see engine_args.engine_argv)
-    router_argv: list[str] = []  # routing-policy flags (and the router's HTTP flags)
-    instance_argv: list[str] = []  # more instance flags (e.g. --lease-s)
-    link_gbps: float | None = None
-    host: str = "127.0.0.1"
-    port: int = 0
-    log_level: str = "WARNING"
-
-
-class LocalCluster:
-    """The processes of one local cluster; `start` then `stop` (also usable from tests)."""
-
-    def __init__(self) -> None:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
         self.children: list[Child] = []
         self.router_address: tuple[str, int] | None = None
 
-    async def start(self, spec: ClusterSpec) -> None:
-        common = ["--host", spec.host, "--transport", spec.transport, "--log-level", spec.log_level,
-                  "--model", spec.model, *spec.engine_argv, *spec.instance_argv]
-        if spec.link_gbps:
-            common += ["--link-gbps", str(spec.link_gbps)]
-        roles = [("prefill", i) for i in range(spec.num_prefill)] + [("decode", i) for i in range(spec.num_decode)]
+    @classmethod
+    def from_argv(cls, argv: list[str]) -> "ProcessCluster":
+        """The cluster that `minipd --role cluster ARGV` would start (flags checked the same way)."""
+        args = build_parser(Role.CLUSTER).parse_args(["--role", Role.CLUSTER.value, *argv])
+        validate_cluster_args(args)
+        return cls(args)
+
+    async def start(self) -> None:
+        args = self.args
+        instances = ([(Role.PREFILL, i) for i in range(args.num_prefill)]
+                     + [(Role.DECODE, i) for i in range(args.num_decode)]
+                     + [(Role.BOTH, i) for i in range(args.num_colocated)])
         try:
-            await asyncio.gather(*(self._spawn(f"{role}-{i}", ["--role", role, "--instance-id", f"{role}-{i}",
-                                                               *common]) for role, i in roles))
-            addresses = []
-            for child in self.children:
-                flag = "--prefill" if child.name.startswith("prefill") else "--decode"
-                addresses += [flag, f"{child.address[0]}:{child.address[1]}"]
-            router = await self._spawn("router", ["--role", "router", "--host", spec.host, "--port", str(spec.port),
-                                                  "--model", spec.model, "--log-level", spec.log_level,
-                                                  *spec.router_argv, *addresses])
+            await asyncio.gather(*(self._spawn(f"{_NAMES[role]}-{i}", role, [
+                "--instance-id", f"{_NAMES[role]}-{i}", _CONTROL_PORT_FLAG[role], "0",
+                *inherited_argv(args, Role.CLUSTER, role)]) for role, i in instances))
+            order = [f"{_NAMES[role]}-{i}" for role, i in instances]
+            self.children.sort(key=lambda c: order.index(c.name))  # as listed, however they came up
+            addresses = [item for child in self.children
+                         for item in (_ROUTER_FLAG[child.role], f"{child.address[0]}:{child.address[1]}")]
+            router = await self._spawn("router", Role.ROUTER, [*inherited_argv(args, Role.CLUSTER, Role.ROUTER),
+                                                                *addresses])
         except BaseException:
             await self.stop()
             raise
@@ -98,8 +92,8 @@ class LocalCluster:
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
 
-    async def _spawn(self, name: str, argv: list[str]) -> Child:
-        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "minipd", *argv,
+    async def _spawn(self, name: str, role: Role, argv: list[str]) -> Child:
+        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "minipd", "--role", role.value, *argv,
                                                        stdout=asyncio.subprocess.PIPE)
         announcements: list[str] = []
         try:
@@ -108,7 +102,7 @@ class LocalCluster:
             process.kill()
             await process.wait()
             raise
-        child = Child(name, process, address, announcements)
+        child = Child(name, role, process, address, announcements)
         self.children.append(child)
         asyncio.get_running_loop().create_task(self._drain(child))
         return child
@@ -144,26 +138,24 @@ class LocalCluster:
                     await child.process.wait()
 
 
-async def run_cluster(args: argparse.Namespace, router_args: list[str], prompts: list[str],
-                      params: SamplingParams) -> int:
-    cluster = LocalCluster()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    engine_flags = engine_argv(args)
-    model_index = engine_flags.index("--model")
-    spec = ClusterSpec(num_prefill=args.num_prefill, num_decode=args.num_decode, transport=args.transport,
-                       model=args.model, engine_argv=engine_flags[:model_index] + engine_flags[model_index + 2:],
-                       router_argv=router_args, link_gbps=args.link_gbps, host=args.host, port=args.port,
-                       log_level=args.log_level)
+def prepare_cluster(args: argparse.Namespace) -> Coroutine:
+    """`minipd --role cluster`: check every flag first (ValueError names it); returns the run."""
+    validate_cluster_args(args)
+    load_tokenizer_only(args.model)
+    engine_config_from_args(args)
+    http_config(args.http_host, args.http_port, args)
+    return run_cluster(ProcessCluster(args), args.prompt, demo_params(args))
+
+
+async def run_cluster(cluster: ProcessCluster, prompts: list[str], params: SamplingParams) -> int:
+    """Start the cluster, print where it serves, answer `prompts` (or serve until Ctrl-C), stop."""
+    stop = asyncio.create_task(wait_for_stop_signal())
     try:
-        await cluster.start(spec)
+        await cluster.start()
         host, port = cluster.router_address
         roles = ", ".join(f"{c.name} at {c.address[0]}:{c.address[1]}" for c in cluster.children[:-1])
-        print(f"cluster ready ({args.transport} KV transport): {roles}", flush=True)
-        print(f"router: {host}:{port}  (Python: await minipd.ClusterClient.connect({host!r}, {port}))",
-              flush=True)
+        print(f"cluster ready ({cluster.args.transport} KV transport): {roles}", flush=True)
+        print(f"router: {host}:{port}  (Python: await minipd.ClusterClient.connect({host!r}, {port}))", flush=True)
         for line in cluster.child("router").announcements:
             print(line, flush=True)
         if prompts:
@@ -173,10 +165,16 @@ async def run_cluster(args: argparse.Namespace, router_args: list[str], prompts:
             finally:
                 await client.close()
         print("serving; Ctrl-C stops every process", flush=True)
-        await stop.wait()
+        await stop
         return 0
     except RuntimeError as exc:
         print(f"minipd cluster: {exc}", file=sys.stderr)
         return 1
     finally:
+        stop.cancel()
         await cluster.stop()
+
+
+_NAMES = {Role.PREFILL: "prefill", Role.DECODE: "decode", Role.BOTH: "colocated"}
+_CONTROL_PORT_FLAG = {Role.PREFILL: "--port", Role.DECODE: "--port", Role.BOTH: "--control-port"}
+_ROUTER_FLAG = {Role.PREFILL: "--prefill", Role.DECODE: "--decode", Role.BOTH: "--colocated"}

@@ -1,157 +1,171 @@
-"""The long-running roles of the `minipd` binary: prefill and decode instances, and the router.
+"""The runners of the `minipd` roles: instances, the colocated server, and the router.
 
-Each prints one line `READY <role> <id> <host>:<port>` on standard output once it accepts
-connections (the local cluster launcher waits for it), then serves until SIGINT or SIGTERM,
-and shuts down cleanly: requests aborted, blocks freed, transports closed.
+Instances and the router print one line `READY <role> <id> <host>:<port>` on standard output
+once their control port accepts connections (the cluster launcher waits for it); every HTTP
+front announces `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT`. Then they
+serve until SIGINT or SIGTERM and shut down cleanly: requests aborted, blocks freed,
+transports closed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
-import signal
 import sys
+from collections.abc import Coroutine
 
+from minipd.api.app import HttpConfig, start_api
+from minipd.api.engine_backend import EngineBackend
+from minipd.api.router_backend import RouterBackend
 from minipd.control.channel import Channel
 from minipd.control.messages import Register
-from minipd.engine.engine import Engine
-from minipd.disagg.instance import DEFAULT_LEASE_S, Instance
+from minipd.control.role import Role
+from minipd.disagg.instance import Instance
+from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import load_tokenizer_only
+from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.inprocess_cluster import prefill_engine_config
+from minipd.entrypoints.prompt_demo import answer_prompts
+from minipd.entrypoints.signals import wait_for_stop_signal
+from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router, RouterConfig
-from minipd.router.control_port import RouterServer
 
-log = logging.getLogger(__name__)
-
-DEFAULT_ROUTER_PORT = 8100
 CONNECT_TIMEOUT_S = 60.0
+RETRY_CONNECT_S = 0.2  # how often a router retries an instance that is still loading its model
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host, int(port)
+def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
+    """Validate everything `role` needs (ValueError names the flag), load what must be loaded
+    before serving, and return the role's coroutine."""
+    if role is Role.ROUTER:
+        router = Router(load_tokenizer_only(args.model), router_config_from_args(args), model_name=args.model)
+        return run_router(router, args, http_config(args.http_host, args.http_port, args))
+    if role is Role.CLUSTER:
+        from minipd.entrypoints.process_cluster import prepare_cluster
+
+        return prepare_cluster(args)
+    config = engine_config_from_args(args)
+    if role is Role.PREFILL:
+        config = prefill_engine_config(config)
+    if role is Role.BOTH:
+        params = demo_params(args)
+        http = http_config(args.host, args.port, args)
+        if http is None and args.control_port is None:
+            return _answer_prompts(Engine(config), args.prompt, params)
+        return run_instance(role, args, Engine(config), http)
+    return run_instance(role, args, Engine(config))
 
 
-def add_instance_arguments(parser: argparse.ArgumentParser) -> None:
-    from minipd.transports.registry import BACKENDS
-
-    g = parser.add_argument_group("instance")
-    g.add_argument("--host", default="127.0.0.1", help="address of the control port (default: %(default)s)")
-    g.add_argument("--port", type=int, default=0, help="control port; 0 picks a free one (default: 0)")
-    g.add_argument("--instance-id", default=None, help="name in the cluster (default: ROLE-PID)")
-    g.add_argument("--transport", default="tcp", choices=sorted(BACKENDS),
-                   help="KV transfer backend; loopback works only inside one process (default: %(default)s)")
-    g.add_argument("--link-gbps", type=float, default=None,
-                   help="cap this instance's outgoing KV bandwidth, in gigabits per second (default: no cap)")
-    g.add_argument("--lease-s", type=float, default=DEFAULT_LEASE_S,
-                   help="decode: free a reservation whose decode has not started after this long "
-                        "(default: %(default)s)")
-    g.add_argument("--router", type=parse_address, default=None, metavar="HOST:PORT",
-                   help="register with this router once serving (default: the router is told by its flags)")
-
-
-def add_router_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("router")
-    g.add_argument("--host", default="127.0.0.1", help="address of the client/registration port (default: %(default)s)")
-    g.add_argument("--port", type=int, default=DEFAULT_ROUTER_PORT,
-                   help="port for clients (minipd.router.client) and instance registration; 0 picks a free one "
-                        "(default: %(default)s)")
-    g.add_argument("--prefill", type=parse_address, action="append", default=[], metavar="HOST:PORT",
-                   help="a prefill instance's control port; repeat for several")
-    g.add_argument("--decode", type=parse_address, action="append", default=[], metavar="HOST:PORT",
-                   help="a decode instance's control port; repeat for several")
-    add_router_policy_arguments(parser)
-
-
-def add_router_policy_arguments(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("routing policy")
-    g.add_argument("--local-prefill-max-tokens", type=int, default=RouterConfig().local_prefill_max_tokens,
-                   help="prompts with at most this many uncached tokens are prefilled on the decode instance "
-                        "itself (conditional disaggregation); -1 disables (default: %(default)s)")
-    g.add_argument("--no-layerwise", dest="layerwise", action="store_false",
-                   help="send the KV after the whole prefill instead of layer by layer (for comparison)")
-
-
-def router_policy_argv(args: argparse.Namespace) -> list[str]:
-    argv = ["--local-prefill-max-tokens", str(args.local_prefill_max_tokens)]
-    return argv if args.layerwise else argv + ["--no-layerwise"]
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The flags named after `EngineConfig` fields, validated (ValueError names the field)."""
+    config = EngineConfig(**{f: getattr(args, f) for f in EngineConfig.__struct_fields__ if hasattr(args, f)})
+    config.validate()
+    return config
 
 
 def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
-    return RouterConfig(local_prefill_max_tokens=args.local_prefill_max_tokens, layerwise=args.layerwise)
+    return RouterConfig(**{f: getattr(args, f) for f in RouterConfig.__struct_fields__ if hasattr(args, f)})
 
 
-async def _until_signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+def http_config(host: str, port: int | None, args: argparse.Namespace) -> HttpConfig | None:
+    """The HTTP front's config when a port is given, else None (raises ValueError naming the flag)."""
+    if port is None:
+        return None
+    config = HttpConfig(host=host, port=port, max_waiting_requests=args.max_waiting_requests)
+    config.validate()
+    return config
 
 
-async def run_instance(role: str, args: argparse.Namespace, engine: Engine) -> int:
+def demo_params(args: argparse.Namespace) -> SamplingParams:
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                            top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
+    params.validate(vocab_size=2**31)  # token-id fields are checked against the model later
+    return params
+
+
+async def _answer_prompts(engine: Engine, prompts: list[str], params: SamplingParams) -> int:
+    async with engine:
+        return await answer_prompts(engine, prompts, params)
+
+
+async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, http: HttpConfig | None = None) -> int:
+    """Serve `engine` as a `role` instance on its control port (a colocated instance only when
+    --control-port is given) and, with `http`, the OpenAI API over the same engine."""
     options = {"link_gbps": args.link_gbps} if args.link_gbps else {}
     if args.transport == "tcp":
         options["host"] = args.host
-    instance_id = args.instance_id or f"{role}-{os.getpid()}"
-    instance = None
+    instance_id = args.instance_id or f"{role.value}-{os.getpid()}"
+    control_port = args.port if role is not Role.BOTH else args.control_port
+    instance = api = None
     try:
-        instance = await Instance.create(engine, role, instance_id, args.transport,
-                                         args.model, options, lease_s=args.lease_s)
-        port = await instance.serve(args.host, args.port)
-        print(f"READY {role} {instance.instance_id} {args.host}:{port}", flush=True)
-        if args.router is not None:
-            channel = await Channel.connect(*args.router, None, "register", CONNECT_TIMEOUT_S)
-            try:
-                await channel.call(Register(host=args.host, port=port), CONNECT_TIMEOUT_S)
-            finally:
-                await channel.close()
-        await _until_signalled()
+        if control_port is None:
+            await engine.start()
+        else:
+            instance = await Instance.create(engine, role, instance_id, args.transport, args.model, options,
+                                             lease_s=args.lease_s)
+            port = await instance.serve(args.host, control_port)
+        if http is not None:
+            api = await start_api(EngineBackend(engine, args.served_model_name or args.model), http)
+        if instance is not None:
+            print(f"READY {role.value} {instance.instance_id} {args.host}:{port}", flush=True)
+            if args.router is not None:
+                await _register(args.router, args.host, port)
+        await wait_for_stop_signal()
         return 0
     except Exception as exc:
-        print(f"minipd {role}: {exc}", file=sys.stderr)
+        print(f"minipd {role.value}: {exc}", file=sys.stderr)
         return 1
     finally:
+        if api is not None:
+            await api.cleanup()
         if instance is not None:
             await instance.close()
+        else:
+            await engine.close()
 
 
-async def _add_with_retry(router: Router, host: str, port: int, deadline: float) -> None:
-    """Instances may still be loading their model: retry refused connections until the deadline."""
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            await router.add_instance(host, port)
-            return
-        except (ConnectionError, OSError):
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.2)  # polling a port that is not open yet
+async def _register(router: tuple[str, int], host: str, port: int) -> None:
+    channel = await Channel.connect(*router, None, "register", CONNECT_TIMEOUT_S)
+    try:
+        await channel.call(Register(host=host, port=port), CONNECT_TIMEOUT_S)
+    finally:
+        await channel.close()
 
 
-async def run_router(args: argparse.Namespace) -> int:
-    router = Router(load_tokenizer_only(args.model), router_config_from_args(args), model_name=args.model)
-    server = RouterServer(router)
-    http = None
+async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig | None) -> int:
+    server = RouterControlPort(router)
+    api = None
     try:
         deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
-        for host, port in args.prefill + args.decode:
-            await _add_with_retry(router, host, port, deadline)
+        for role, addresses in ((Role.PREFILL, args.prefill), (Role.DECODE, args.decode),
+                                (Role.BOTH, args.colocated)):
+            for host, port in addresses:
+                await _add_with_retry(router, host, port, role, deadline)
         port = await server.serve(args.host, args.port)
-        if getattr(args, "http_port", None) is not None:
-            from minipd.entrypoints.http_front import start_router_http
-            http = await start_router_http(router, args)
+        if http is not None:
+            api = await start_api(RouterBackend(router, args.served_model_name or router.model_name), http)
         print(f"READY router router {args.host}:{port}", flush=True)
-        await _until_signalled()
+        await wait_for_stop_signal()
         return 0
     except Exception as exc:
         print(f"minipd router: {exc}", file=sys.stderr)
         return 1
     finally:
-        if http is not None:
-            await http.cleanup()
+        if api is not None:
+            await api.cleanup()
         await server.close()
         await router.close()
+
+
+async def _add_with_retry(router: Router, host: str, port: int, role: Role, deadline: float) -> None:
+    """Instances may still be loading their model: retry refused connections until the deadline."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            await router.add_instance(host, port, expected_role=role)
+            return
+        except (ConnectionError, OSError):
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(RETRY_CONNECT_S)  # polling a port that is not open yet

@@ -13,6 +13,7 @@ import itertools
 from typing import AsyncIterator, Sequence
 
 from minipd.control.channel import Channel
+from minipd.control.role import Role
 from minipd.control.messages import (PROTOCOL_VERSION, Abort, ClientGenerate, ClusterStats, GetStats, Hello, Message,
                                Stats, TokenOutput, Welcome)
 from minipd.engine.request import RequestOutput
@@ -30,7 +31,7 @@ class ClusterClient:
     @classmethod
     async def connect(cls, host: str, port: int, timeout: float = 30.0) -> "ClusterClient":
         channel = await Channel.connect(host, port, None, f"client->{host}:{port}", timeout)
-        welcome = await channel.call(Hello(protocol_version=PROTOCOL_VERSION, role="client"), timeout)
+        welcome = await channel.call(Hello(protocol_version=PROTOCOL_VERSION, role=Role.CLIENT), timeout)
         client = cls(channel, welcome)
         channel.set_handler(client._on_message)
         asyncio.get_running_loop().create_task(client._fail_when_closed())

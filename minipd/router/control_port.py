@@ -1,6 +1,6 @@
 """The router's control port: clients send requests here, and instances register here.
 
-Clients: `Hello(role="client")`, then `ClientGenerate` (answered by a stream of `TokenOutput`
+Clients: `Hello(role=Role.CLIENT)`, then `ClientGenerate` (answered by a stream of `TokenOutput`
 ending with a finished one; a refused request ends at once with `error` set), `Abort`, and
 `GetStats` (answered by `ClusterStats`). Instances: `Register(host, port)`; the router
 connects back, handshakes and answers `Registered` or `CallError` (e.g. a fingerprint
@@ -14,6 +14,7 @@ import logging
 from minipd.control.channel import Channel
 from minipd.control.messages import (Abort, CallError, ClientGenerate, ClusterStats, GetStats, Hello,
                                Message, Register, Registered, TokenOutput, Welcome)
+from minipd.control.role import Role
 from minipd.control.server import ControlServer
 from minipd.router.registry import IncompatibleInstance
 from minipd.engine.request import FinishReason, RequestOutput
@@ -23,7 +24,7 @@ from minipd.engine.sampling_params import InvalidRequestError
 log = logging.getLogger(__name__)
 
 
-class RouterServer(ControlServer):
+class RouterControlPort(ControlServer):
     def __init__(self, router: Router):
         super().__init__("router")
         self.router = router
@@ -39,7 +40,7 @@ class RouterServer(ControlServer):
             case Hello():
                 if self.refuse_hello(channel, message):
                     return
-                channel.reply(message, Welcome(instance_id="router", role="router",
+                channel.reply(message, Welcome(instance_id="router", role=Role.ROUTER,
                                                fingerprint=self.router.registry.fingerprint,
                                                model_name=self.router.model_name,
                                                max_model_len=self.router.max_model_len))

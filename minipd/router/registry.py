@@ -15,11 +15,9 @@ from typing import Iterable, NamedTuple
 from minipd.engine.block_manager import chain_hashes
 from minipd.control.channel import Channel
 from minipd.control.messages import Fingerprint, Stats, Welcome
+from minipd.control.role import Role
 
 log = logging.getLogger(__name__)
-
-PREFILL_ROLES = ("prefill",)
-DECODE_ROLES = ("decode", "both")
 
 
 class IncompatibleInstance(RuntimeError):
@@ -95,14 +93,21 @@ class InstanceRegistry:
     def remove(self, instance_id: str) -> InstanceHandle | None:
         return self.instances.pop(instance_id, None)
 
-    def alive(self, roles: tuple[str, ...], exclude: set[str] = frozenset()) -> list[InstanceHandle]:
-        return [h for h in self.instances.values() if h.role in roles and h.is_alive and h.instance_id not in exclude]
+    def alive(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
+        return [h for h in self.instances.values() if h.is_alive and h.instance_id not in exclude]
+
+    def prefill_candidates(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
+        """Prefill instances (a colocated instance is a decode target that prefills for itself)."""
+        return [h for h in self.alive(exclude) if h.role is Role.PREFILL]
+
+    def decode_candidates(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
+        return [h for h in self.alive(exclude) if h.role.serves_decode]
 
     def prompt_hashes(self, token_ids: list[int]) -> list[int]:
         return chain_hashes(token_ids, self.block_size)
 
     def pick_prefill(self, hashes: list[int], exclude: set[str] = frozenset()) -> PrefillChoice:
-        candidates = self.alive(PREFILL_ROLES, exclude)
+        candidates = self.prefill_candidates(exclude)
         if not candidates:
             return PrefillChoice(None, 0)
 
@@ -112,7 +117,7 @@ class InstanceRegistry:
         return PrefillChoice(best, best.prefix_overlap(hashes) * self.block_size)
 
     def pick_decode(self, exclude: set[str] = frozenset()) -> InstanceHandle | None:
-        candidates = self.alive(DECODE_ROLES, exclude)
+        candidates = self.decode_candidates(exclude)
         if not candidates:
             return None
         return min(candidates, key=lambda h: (h.running(), -h.free_blocks()))

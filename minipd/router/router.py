@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import msgspec
 
 from minipd.control.channel import Channel, ChannelClosed, RemoteError
+from minipd.control.role import Role
 from minipd.control.messages import (PROTOCOL_VERSION, Abort, Decode, Generate, GetStats, Hello, KVLanded, Message,
                                PeerLost, Prefill, Prefilled, Reserve, Reserved, Stats, TokenOutput, Welcome)
 from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
@@ -80,17 +81,21 @@ class Router:
         self.num_busy_waits = 0  # reservations retried because a decode pool was full
 
     # ---- instances --------------------------------------------------------------------
-    async def add_instance(self, host: str, port: int, timeout: float = 30.0) -> InstanceHandle:
+    async def add_instance(self, host: str, port: int, timeout: float = 30.0,
+                           expected_role: Role | None = None) -> InstanceHandle:
         """Connect to an instance's control port, handshake, and register it.
 
-        Raises IncompatibleInstance (fingerprint mismatch, saying what differs), or
-        ConnectionError/TimeoutError when it cannot be reached.
+        Raises IncompatibleInstance (fingerprint mismatch, saying what differs, or another role
+        than `expected_role`), or ConnectionError/TimeoutError when it cannot be reached.
         """
         channel = await Channel.connect(host, port, self._on_message, f"router->{host}:{port}", timeout)
         try:
-            welcome = await channel.call(Hello(protocol_version=PROTOCOL_VERSION, role="router"), timeout)
+            welcome = await channel.call(Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER), timeout)
             if not isinstance(welcome, Welcome):
                 raise IncompatibleInstance(f"{host}:{port} answered the handshake with {type(welcome).__name__}")
+            if expected_role is not None and welcome.role is not expected_role:
+                raise IncompatibleInstance(f"{host}:{port} is a {welcome.role.value} instance, not "
+                                           f"{expected_role.value}")
             handle = InstanceHandle(welcome, channel, (host, port))
             self.registry.add(handle)
         except BaseException:
@@ -100,7 +105,7 @@ class Router:
         asyncio.get_running_loop().create_task(self._watch(handle))
         if self._stats_task is None:
             self._stats_task = asyncio.get_running_loop().create_task(self._poll_stats())
-        log.info("registered %s (%s) at %s:%d", handle.instance_id, handle.role, host, port)
+        log.info("registered %s (%s) at %s:%d", handle.instance_id, handle.role.value, host, port)
         return handle
 
     @property
@@ -114,12 +119,12 @@ class Router:
         return fp.model.vocab_size if fp else 0
 
     async def ready(self) -> bool:
-        return bool(self.registry.alive(("decode", "both")))
+        return bool(self.registry.decode_candidates())
 
     def num_waiting(self) -> int:
         """Requests routed to a decode instance beyond what it runs at once (known without polling)."""
         return sum(max(0, h.num_inflight - h.welcome.max_num_seqs)
-                   for h in self.registry.alive(("decode", "both")) if h.welcome.max_num_seqs)
+                   for h in self.registry.decode_candidates() if h.welcome.max_num_seqs)
 
     def instance_stats(self) -> list[Stats]:
         return [h.stats for h in self.registry.instances.values() if h.stats is not None and h.is_alive]

@@ -1,0 +1,218 @@
+"""Every command-line flag of `minipd`, declared once.
+
+Each `Flag` says which roles' parsers have it and which child roles a launcher passes its
+parsed value on to (`inherit`): `minipd --role cluster` builds each child's command line with
+`inherited_argv`, from the values it parsed, so a flag added here reaches the processes that
+need it without any launcher code changing. `build_parser(role)` makes one role's parser.
+Several meanings of `--port` are several flags (each role has one).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, NamedTuple
+
+from minipd.api.app import DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS
+from minipd.control.role import INSTANCE_ROLES, Role
+from minipd.disagg.instance import DEFAULT_LEASE_S
+from minipd.engine.engine import EngineConfig
+from minipd.engine.kv_pool import DTYPES
+from minipd.engine.sampling_params import SamplingParams
+from minipd.models.config import PRESETS
+from minipd.router.router import RouterConfig
+from minipd.transports.registry import BACKENDS
+
+DEFAULT_ROUTER_PORT = 8100
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+ROLE_SUMMARIES = {
+    Role.BOTH: "colocated instance: prefill and decode on one engine, with chunked prefill (the baseline)",
+    Role.PREFILL: "prefill instance: computes prompts and streams their KV to decode instances, layer by layer",
+    Role.DECODE: "decode instance: reserves blocks, receives the KV, decodes in continuous batches",
+    Role.ROUTER: "router: picks instances, reserves before prefill, relays tokens (the KV never passes through it)",
+    Role.CLUSTER: "launcher: a router plus prefill, decode and colocated instances as processes on this host",
+}
+COMMAND_ROLES = tuple(ROLE_SUMMARIES)
+
+_ENGINE = EngineConfig()
+_ROUTING = RouterConfig()
+_SAMPLING = SamplingParams()
+ENGINE_ROLES = frozenset({*INSTANCE_ROLES, Role.CLUSTER})
+INSTANCES = frozenset(INSTANCE_ROLES)
+EVERY_CHILD = frozenset({*INSTANCE_ROLES, Role.ROUTER})
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+class Flag(NamedTuple):
+    name: str
+    roles: frozenset[Role]  # the roles whose parser has this flag
+    group: str  # its section in --help
+    options: dict[str, Any]  # argparse keyword arguments
+    inherit: frozenset[Role] = frozenset()  # child roles a launcher passes the parsed value on to
+
+    @property
+    def dest(self) -> str:
+        return self.options.get("dest", self.name.lstrip("-").replace("-", "_"))
+
+
+def _flag(name: str, roles, group: str, inherit=(), **options) -> Flag:
+    return Flag(name, frozenset(roles), group, options, frozenset(inherit))
+
+
+PROCESS, MODEL, SCHEDULER, INSTANCE, ROUTER, POLICY, HTTP, CLUSTER, DEMO = (
+    "process", "model and KV cache", "scheduler", "instance (control plane and KV transport)", "router",
+    "routing policy", "OpenAI-compatible HTTP API", "local cluster", "prompts in, tokens and latencies out")
+ALL = frozenset(COMMAND_ROLES)
+SERVING = frozenset({Role.BOTH, Role.ROUTER, Role.CLUSTER})
+ROUTING = frozenset({Role.ROUTER, Role.CLUSTER})
+DEMOS = frozenset({Role.BOTH, Role.CLUSTER})
+
+FLAGS: tuple[Flag, ...] = (
+    _flag("--log-level", ALL, PROCESS, EVERY_CHILD, default="WARNING", choices=LOG_LEVELS,
+          help="logging verbosity (default: %(default)s)"),
+    _flag("--host", ALL, PROCESS, EVERY_CHILD, default=DEFAULT_HOST,
+          help="address this process's ports bind (control, KV, HTTP); a launcher binds every process there "
+               "(default: %(default)s)"),
+    # ---- model and scheduler: every role that runs an engine
+    _flag("--model", {*ENGINE_ROLES, Role.ROUTER}, MODEL, EVERY_CHILD, default=_ENGINE.model,
+          help=f"a built-in preset ({', '.join(PRESETS)}; seeded random weights, byte tokenizer) or a Hugging "
+               "Face-format directory (config.json, *.safetensors, tokenizer.json) of the Llama or Qwen2 family; "
+               "the router loads only its tokenizer, which must match the instances' (default: %(default)s)"),
+    _flag("--device", ENGINE_ROLES, MODEL, INSTANCES, default=_ENGINE.device,
+          help="torch device: cpu, cuda, cuda:1 (default: %(default)s)"),
+    _flag("--dtype", ENGINE_ROLES, MODEL, INSTANCES, default=_ENGINE.dtype, choices=sorted(DTYPES),
+          help="weights and KV cache dtype (default: %(default)s)"),
+    _flag("--block-size", ENGINE_ROLES, MODEL, INSTANCES, type=int, default=_ENGINE.block_size,
+          help="tokens per KV block (default: %(default)s)"),
+    _flag("--num-blocks", ENGINE_ROLES, MODEL, INSTANCES, type=int, default=_ENGINE.num_blocks,
+          help="KV blocks in each instance's pool, preallocated at start (default: %(default)s)"),
+    _flag("--max-model-len", ENGINE_ROLES, MODEL, INSTANCES, type=int, default=_ENGINE.max_model_len,
+          help="longest sequence (prompt + output) in tokens (default: %(default)s)"),
+    _flag("--max-num-seqs", ENGINE_ROLES, SCHEDULER, INSTANCES, type=int, default=_ENGINE.max_num_seqs,
+          help="most requests running at once (default: %(default)s)"),
+    _flag("--max-num-batched-tokens", ENGINE_ROLES, SCHEDULER, INSTANCES, type=int,
+          default=_ENGINE.max_num_batched_tokens,
+          help="token budget of one engine step; bounds how much prefill one step carries (default: %(default)s)"),
+    _flag("--no-chunked-prefill", ENGINE_ROLES, SCHEDULER, INSTANCES, dest="enable_chunked_prefill",
+          action="store_false", help="run each prompt's prefill in one step instead of budget-sized chunks"),
+    _flag("--no-prefix-caching", ENGINE_ROLES, SCHEDULER, INSTANCES, dest="enable_prefix_caching",
+          action="store_false", help="do not reuse the KV of full blocks shared with earlier prompts"),
+    _flag("--torch-threads", ENGINE_ROLES, SCHEDULER, INSTANCES, type=int, default=None,
+          help="torch intra-op threads of each engine's compute thread (default: torch's choice)"),
+    # ---- instances
+    _flag("--port", {Role.PREFILL, Role.DECODE}, INSTANCE, type=int, default=0,
+          help="control port; 0 picks a free one, announced on the READY line (default: 0)"),
+    _flag("--control-port", {Role.BOTH}, INSTANCE, type=int, default=None,
+          help="also serve the control plane on this port, so a router can use this colocated instance "
+               "(0 picks a free one, announced on the READY line); without it, no router can reach it"),
+    _flag("--instance-id", INSTANCES, INSTANCE, default=None, help="name in the cluster (default: ROLE-PID)"),
+    _flag("--transport", {*INSTANCE_ROLES, Role.CLUSTER}, INSTANCE, INSTANCES, default="tcp", choices=sorted(BACKENDS),
+          help="KV transfer backend; loopback works only inside one process (default: %(default)s)"),
+    _flag("--link-gbps", {*INSTANCE_ROLES, Role.CLUSTER}, INSTANCE, INSTANCES, type=float, default=None,
+          help="cap each instance's outgoing KV bandwidth (prefill instances send), in gigabits per second "
+               "(default: no cap)"),
+    _flag("--lease-s", {*INSTANCE_ROLES, Role.CLUSTER}, INSTANCE, INSTANCES, type=float, default=DEFAULT_LEASE_S,
+          help="decode: free a reservation whose decode has not started after this long (default: %(default)s)"),
+    _flag("--router", INSTANCES, INSTANCE, type=parse_address, default=None, metavar="HOST:PORT",
+          help="register with this router once serving (default: the router is told by its flags)"),
+    # ---- the router
+    _flag("--port", {Role.ROUTER}, ROUTER, type=int, default=DEFAULT_ROUTER_PORT,
+          help="port for clients (minipd.ClusterClient) and instance registration; 0 picks a free one "
+               "(default: %(default)s)"),
+    _flag("--prefill", {Role.ROUTER}, ROUTER, type=parse_address, action="append", default=[], metavar="HOST:PORT",
+          help="a prefill instance's control port; repeat for several"),
+    _flag("--decode", {Role.ROUTER}, ROUTER, type=parse_address, action="append", default=[], metavar="HOST:PORT",
+          help="a decode instance's control port; repeat for several"),
+    _flag("--colocated", {Role.ROUTER}, ROUTER, type=parse_address, action="append", default=[], metavar="HOST:PORT",
+          help="a colocated instance's control port (`--role both --control-port`); repeat for several"),
+    _flag("--local-prefill-max-tokens", ROUTING, POLICY, {Role.ROUTER}, type=int,
+          default=_ROUTING.local_prefill_max_tokens,
+          help="prompts with at most this many uncached tokens are prefilled on the decode instance itself "
+               "(conditional disaggregation); -1 disables (default: %(default)s)"),
+    _flag("--no-layerwise", ROUTING, POLICY, {Role.ROUTER}, dest="layerwise", action="store_false",
+          help="send the KV after the whole prefill instead of layer by layer (for comparison)"),
+    # ---- the OpenAI-compatible HTTP API
+    _flag("--port", {Role.BOTH}, HTTP, type=int, default=None,
+          help="serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics on this port instead "
+               "of answering --prompt; 0 picks a free port, announced on stdout"),
+    _flag("--http-port", ROUTING, HTTP, {Role.ROUTER}, type=int, default=None,
+          help="the router also serves the OpenAI API and /metrics on this port; 0 picks a free port, announced on "
+               "stdout"),
+    _flag("--http-host", ROUTING, HTTP, {Role.ROUTER}, default=DEFAULT_HOST,
+          help="address the router's HTTP API binds (default: %(default)s)"),
+    _flag("--served-model-name", SERVING, HTTP, {Role.ROUTER}, default=None,
+          help="the model id clients pass as `model` (default: the --model value)"),
+    _flag("--max-waiting-requests", SERVING, HTTP, {Role.ROUTER}, type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
+          help="answer 503 with Retry-After while this many requests wait already (default: %(default)s)"),
+    # ---- the local cluster launcher
+    _flag("--port", {Role.CLUSTER}, CLUSTER, {Role.ROUTER}, type=int, default=0,
+          help="the router's client port; 0 picks a free one (default: 0)"),
+    _flag("--num-prefill", {Role.CLUSTER}, CLUSTER, type=int, default=1, help="prefill instances (default: %(default)s)"),
+    _flag("--num-decode", {Role.CLUSTER}, CLUSTER, type=int, default=1, help="decode instances (default: %(default)s)"),
+    _flag("--num-colocated", {Role.CLUSTER}, CLUSTER, type=int, default=0,
+          help="colocated instances (prefill and decode on one engine) behind the router (default: %(default)s)"),
+    # ---- answering prompts from the command line
+    _flag("--prompt", DEMOS, DEMO, action="append", default=[],
+          help="a prompt to answer and print with its latencies; repeat for several (they run batched). Without "
+               "any, `both` reads prompts one per line from standard input and `cluster` serves until Ctrl-C"),
+    _flag("--max-tokens", DEMOS, DEMO, type=int, default=32, help="tokens to generate per prompt (default: %(default)s)"),
+    _flag("--temperature", DEMOS, DEMO, type=float, default=0.0,
+          help="sampling temperature; 0 is greedy (default: %(default)s)"),
+    _flag("--top-p", DEMOS, DEMO, type=float, default=_SAMPLING.top_p,
+          help="nucleus sampling mass in (0, 1] (default: %(default)s)"),
+    _flag("--top-k", DEMOS, DEMO, type=int, default=_SAMPLING.top_k,
+          help="keep the k most likely tokens; 0 disables (default: %(default)s)"),
+    _flag("--seed", DEMOS, DEMO, type=int, default=None, help="sampling seed (default: random)"),
+    _flag("--ignore-eos", DEMOS, DEMO, action="store_true", help="keep generating past the end-of-sequence token"),
+)
+
+
+def build_parser(role: Role | None) -> argparse.ArgumentParser:
+    """The parser of one role (`None`: the top-level parser, which knows only --role)."""
+    description = ("minipd: a small prefill/decode disaggregated LLM serving engine.\n\nRoles:\n"
+                   + "\n".join(f"  {r.value:8} {text}" for r, text in ROLE_SUMMARIES.items())
+                   + "\n\n`minipd --role ROLE --help` lists the flags of that role.")
+    parser = argparse.ArgumentParser(prog="minipd", description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--role", required=True, choices=[r.value for r in COMMAND_ROLES],
+                        help="what this process runs")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for flag in FLAGS:
+        if role is None or role not in flag.roles:
+            continue
+        group = groups.get(flag.group) or groups.setdefault(flag.group, parser.add_argument_group(flag.group))
+        group.add_argument(flag.name, **flag.options)
+    return parser
+
+
+def inherited_argv(args: argparse.Namespace, parent: Role, child: Role) -> list[str]:
+    """The flags a `parent` launcher passes on to a `child` process, with the values it parsed."""
+    argv: list[str] = []
+    for flag in FLAGS:
+        if parent in flag.roles and child in flag.inherit:
+            argv += _as_argv(flag, getattr(args, flag.dest))
+    return argv
+
+
+def _as_argv(flag: Flag, value: Any) -> list[str]:
+    action = flag.options.get("action")
+    if action == "store_true":
+        return [flag.name] if value else []
+    if action == "store_false":
+        return [] if value else [flag.name]
+    if value is None:
+        return []
+    values = value if action == "append" else [value]
+    return [item for v in values for item in (flag.name, _text(v))]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, tuple):  # a parsed HOST:PORT
+        return f"{value[0]}:{value[1]}"
+    return value.value if isinstance(value, Role) else str(value)
