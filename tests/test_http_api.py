@@ -242,6 +242,9 @@ class FailingBackend:
     def instance_stats(self) -> list[InstanceStats]:
         return []
 
+    def on_transfer_failure(self, callback) -> None:
+        pass
+
 
 def test_fake_backend_satisfies_the_protocol():
     assert isinstance(FailingBackend(), ServingBackend)

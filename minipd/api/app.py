@@ -121,6 +121,7 @@ def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
     app = web.Application(client_max_size=config.max_request_body_bytes, middlewares=[_errors_middleware])
     metrics = ServingMetrics(backend.instance_stats)
     app[METRICS_KEY] = metrics
+    backend.on_transfer_failure(lambda what: metrics.record_transfer_failure())
     serving = OpenAIServing(backend, metrics, config.max_waiting_requests, config.retry_after_s)
     routes = _Routes(backend, metrics, config.retry_after_s)
     app.router.add_post("/v1/completions", serving.completions)

@@ -16,7 +16,7 @@ router of a disaggregated cluster. A backend promises:
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Protocol, Sequence, runtime_checkable
+from typing import AsyncIterator, Callable, Protocol, Sequence, runtime_checkable
 
 import msgspec
 
@@ -92,3 +92,7 @@ class ServingBackend(Protocol):
 
     def instance_stats(self) -> list[InstanceStats]:
         """The latest known stats of every instance, one entry per instance."""
+
+    def on_transfer_failure(self, callback: Callable[[str], None]) -> None:
+        """Call `callback(what)` for every KV transfer that fails behind this backend (a
+        colocated engine has none)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from minipd.api.backend import BackendUnavailableError, InstanceStats, OutputStream
 from minipd.control.role import Role
@@ -35,3 +35,6 @@ class EngineBackend:
 
     def instance_stats(self) -> list[InstanceStats]:
         return [InstanceStats(self.instance_name, Role.BOTH, self.engine.stats())]
+
+    def on_transfer_failure(self, callback: Callable[[str], None]) -> None:
+        """One engine moves no KV between instances: nothing ever fails."""

@@ -5,9 +5,9 @@ TTFT is arrival at the front to the first token leaving it; ITL is each gap betw
 token-carrying increments; end-to-end is arrival to the last increment; queue time is
 the engine's arrival-to-first-scheduled. Request-level series are recorded by
 `RequestRecorder` (one per request), which also records the KV transfer that a final
-output reports in `RequestOutput.transfer`; `record_transfer` and
-`record_transfer_failure` are there for callers that see transfers elsewhere. On a
-colocated instance the transfer series stay at zero. Instance gauges are read from the backend at scrape time, so they
+output reports in `RequestOutput.transfer`; failed transfers are recorded by
+`record_transfer_failure`, which the app wires to its backend. On a colocated instance the
+transfer series stay at zero. Instance gauges are read from the backend at scrape time, so they
 are never stale and an instance that disappears disappears from /metrics too.
 """
 

@@ -4,13 +4,14 @@ The router already speaks the backend's language (`submit` returns a stream that
 on every instance the request touched when left early; `ready` means a decode-capable
 instance is alive); this adapter names its instances' stats the way the HTTP front and
 its gauges expect them, and turns "no instance to route to" into a 503. KV transfer
-figures reach /metrics through `RequestOutput.transfer` on each final output, so
-`Router.on_transfer` must not be wired to the same metrics as well (it would count twice).
+figures reach /metrics through `RequestOutput.transfer` on each final output; failed
+transfers, which no final output reports (a retry may still succeed), through
+`Router.on_transfer_failure`.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from minipd.engine.block_manager import BlockUsage
 from minipd.engine.engine import EngineStats
@@ -47,3 +48,6 @@ class RouterBackend:
             s.num_running, s.num_waiting, 0, BlockUsage(s.num_blocks, s.num_free_blocks, s.num_used_blocks,
                                                         s.num_cached_blocks)))
                 for s in self.router.instance_stats()]
+
+    def on_transfer_failure(self, callback: Callable[[str], None]) -> None:
+        self.router.on_transfer_failure = callback

@@ -75,7 +75,7 @@ class Welcome(Reply, tag="welcome"):
 
 class CallError(Reply, tag="error"):
     message: str
-    kind: str = "error"  # "invalid" (bad input), "busy" (no capacity), "error"
+    kind: str = "error"  # "invalid" (bad input), "busy" (no capacity), "transfer" (KV did not move), "error"
 
 
 # ---- disaggregated request flow ----------------------------------------------------------
@@ -124,9 +124,15 @@ class Decode(Message, tag="decode"):
 
 
 class KVLanded(Message, tag="kv_landed"):
-    """Decode -> router, before the first token: when the receiver saw the last byte land."""
+    """Decode -> router, before the first token: when the receiver saw the last byte land, or
+    (`error` set) why the KV did not land."""
 
-    landed_at: float  # time.time() on the decode instance
+    landed_at: float = 0.0  # time.time() on the decode instance
+    error: str | None = None
+
+
+class Renew(Message, tag="renew"):
+    """Router -> decode, while the prefill of a reservation is under way: extend its lease."""
 
 
 class Generate(Message, tag="generate"):
@@ -193,5 +199,5 @@ class ClusterStats(Reply, tag="cluster_stats"):
 
 
 AnyMessage = (Hello | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode | Generate
-              | KVLanded | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
+              | KVLanded | Renew | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
               | ClusterStats)

@@ -16,17 +16,19 @@ import time
 from typing import NamedTuple
 
 from minipd.transports.base import Transport
+from minipd.transports.errors import TransferError
 from minipd.transports.registry import create_transport
 
 from minipd.control.channel import Channel
 from minipd.control.role import Role
 from minipd.control.messages import (Abort, CallError, Decode, Generate, GetStats, Hello, KVLanded, Message,
-                               PeerLost, Prefill, Prefilled, Reserve, Reserved, Stats, TokenOutput, Welcome)
+                               PeerLost, Prefill, Prefilled, Renew, Reserve, Reserved, Stats, TokenOutput,
+                                     Welcome)
 from minipd.control.server import ControlServer
 from minipd.engine.engine import Engine, NoCapacity
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
-from minipd.engine.request import FinishReason, RequestOutput
+from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError
 
@@ -109,6 +111,8 @@ class Instance(ControlServer):
             case Generate():
                 self.track(channel, message.request_id)
                 await self._generate(channel, message)
+            case Renew():
+                self._renew(message.request_id)
             case Abort():
                 await self.abort_request(message.request_id)
             case PeerLost():
@@ -163,14 +167,25 @@ class Instance(ControlServer):
             return
         try:
             landed = await self.transport.wait_landed(request_id, DEFAULT_LAND_TIMEOUT_S)
-            channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at))
+        except TransferError as exc:  # the blocks are still ours
+            self.engine.release_blocks(reservation.block_ids)
+            channel.send(KVLanded(request_id=request_id, error=str(exc)))
+            self._send_failure(channel, request_id, f"{type(exc).__name__}: {exc}")
+            return
+        channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at))
+        try:
             stream = self.engine.adopt(reservation.token_ids, reservation.block_ids, reservation.num_cached_tokens,
                                        message.first_token, message.sampling, request_id)
-        except Exception as exc:  # TransferError, InvalidRequestError: the blocks are still ours
+        except InvalidRequestError as exc:
             self.engine.release_blocks(reservation.block_ids)
             self._send_failure(channel, request_id, f"{type(exc).__name__}: {exc}")
             return
         await self._forward(channel, stream)
+
+    def _renew(self, request_id: str) -> None:
+        reservation = self.reservations.get(request_id)
+        if reservation is not None:
+            self.reservations[request_id] = reservation._replace(deadline=time.monotonic() + self.lease_s)
 
     async def _drop_reservation(self, request_id: str) -> bool:
         reservation = self.reservations.pop(request_id, None)
@@ -214,6 +229,9 @@ class Instance(ControlServer):
             report = await asyncio.wait_for(sender.result, DEFAULT_PREFILL_TIMEOUT_S)
         except InvalidRequestError as exc:
             channel.reply(message, CallError(message=str(exc), kind="invalid"))
+        except TransferError as exc:
+            channel.reply(message, CallError(message=f"prefill of {request_id}: KV transfer failed: {exc}",
+                                             kind="transfer"))
         except Exception as exc:
             channel.reply(message, CallError(message=f"prefill of {request_id} failed: {exc}"))
         else:
@@ -256,9 +274,7 @@ class Instance(ControlServer):
 
     def _send_failure(self, channel: Channel, request_id: str, reason: str) -> None:
         self.untrack(channel, request_id)
-        channel.send(TokenOutput(request_id=request_id, output=RequestOutput(
-            request_id=request_id, token_ids=[], text="", finished=True, finish_reason=FinishReason.ABORT.value,
-            error=reason)))
+        channel.send(TokenOutput(request_id=request_id, output=RequestOutput.aborted(request_id, reason)))
 
     async def abort_request(self, request_id: str) -> None:
         self.engine.abort(request_id)

@@ -1,8 +1,11 @@
 """Sends one request's prompt KV from a prefill instance into a decode instance's reserved blocks.
 
-Layer-wise (the default): the moment layer i's K/V is written, its block runs go out while
-layer i+1 computes, so only the last layer's transfer is exposed after compute. The
-alternative, `layerwise=False`, sends every layer after the forward pass (for comparison).
+Layer-wise (the default): the moment layer i's K/V is written, the blocks of layer i that
+became final go out while layer i+1 computes, so only the last layer's transfer is exposed
+after compute. A prompt prefilled in chunks sends, after each chunk's layer i, the blocks that
+chunk completed (a block only partly filled waits for the next chunk; the last chunk sends
+the rest), so no block is sent twice. The alternative, `layerwise=False`, sends every layer
+after the last chunk (for comparison).
 
 Blocks the decode instance already holds (its prefix cache) are skipped; blocks found in the
 prefill instance's own prefix cache are sent like computed ones.
@@ -15,7 +18,7 @@ import time
 from typing import NamedTuple
 
 from minipd.transports.base import Transport
-from minipd.transports.block_run import BlockRun, coalesce_runs
+from minipd.transports.block_run import coalesce_runs
 
 from minipd.engine.engine import Engine
 from minipd.engine.request import Request
@@ -45,19 +48,20 @@ class LayerwiseKVSender:
         self.dst_block_ids, self.num_skip_blocks = dst_block_ids, num_skip_blocks
         self.layerwise = layerwise
         self.num_layers = engine.model_config.num_layers
+        self.block_size = engine.config.block_size
         self.request: Request | None = None  # set by the caller right after submitting
         self.result: asyncio.Future[SendReport] = asyncio.get_running_loop().create_future()
-        self._runs: list[BlockRun] | None = None
+        self._num_sent = [num_skip_blocks] * self.num_layers  # leading blocks of each layer sent
         self._first_write_time: float | None = None
 
-    def on_layer(self, layer: int) -> None:
+    def on_layer(self, layer: int, num_final_tokens: int) -> None:
         if self.layerwise:
-            self._write(layer, self.request.block_ids)
+            self._send_final(layer, self.request.block_ids, num_final_tokens)
 
     def on_prefilled(self, first_token: int, block_ids: list[int], compute: tuple[float, float]) -> None:
         if not self.layerwise:
             for layer in range(self.num_layers):
-                self._write(layer, block_ids)
+                self._send_final(layer, block_ids, self.request.num_prompt_tokens)
         asyncio.get_running_loop().create_task(self._finish(first_token, block_ids, compute))
 
     def on_failed(self, reason: str) -> None:
@@ -65,15 +69,24 @@ class LayerwiseKVSender:
             self.result.set_exception(PrefillFailed(reason))
         asyncio.get_running_loop().create_task(self.transport.abort(self.request_id))
 
-    def _write(self, layer: int, block_ids: list[int]) -> None:
-        if self._runs is None:
-            src = block_ids[self.num_skip_blocks:]
-            if len(src) != len(self.dst_block_ids):
-                raise ValueError(f"{len(src)} blocks to send but {len(self.dst_block_ids)} reserved")
-            self._runs = coalesce_runs(src, self.dst_block_ids)
+    def _send_final(self, layer: int, block_ids: list[int], num_final_tokens: int) -> None:
+        """Send the blocks of `layer` that the first `num_final_tokens` prompt tokens fill and
+        that have not gone out yet (all of them, the last partial one too, once the whole
+        prompt is final)."""
+        if self._first_write_time is None:
+            if len(block_ids) - self.num_skip_blocks != len(self.dst_block_ids):
+                raise ValueError(f"{len(block_ids) - self.num_skip_blocks} blocks to send but "
+                                 f"{len(self.dst_block_ids)} reserved")
             self._first_write_time = time.perf_counter()
-        if self._runs:
-            self.transport.write_layer(self.peer_id, self.request_id, layer, self._runs)
+        whole_prompt = num_final_tokens >= self.request.num_prompt_tokens
+        end = len(block_ids) if whole_prompt else num_final_tokens // self.block_size
+        start = self._num_sent[layer]
+        if end <= start:
+            return
+        self._num_sent[layer] = end
+        skip = self.num_skip_blocks
+        runs = coalesce_runs(block_ids[start:end], self.dst_block_ids[start - skip:end - skip])
+        self.transport.write_layer(self.peer_id, self.request_id, layer, runs)
 
     async def _finish(self, first_token: int, block_ids: list[int], compute: tuple[float, float]) -> None:
         try:

@@ -25,6 +25,7 @@ import torch
 from minipd.engine.block_manager import BlockManager, BlockUsage
 from minipd.engine.detokenizer import Detokenizer
 from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
+from minipd.engine import kv_sink
 from minipd.engine.kv_sink import KVSink
 from minipd.engine.model_loader import load_model
 from minipd.engine.model_runner import ModelRunner
@@ -39,14 +40,6 @@ log = logging.getLogger(__name__)
 
 class NoCapacity(RuntimeError):
     """Not enough free KV blocks for a reservation right now; try later or elsewhere."""
-
-
-def _notify_layer(sinks: list[KVSink], layer: int) -> None:
-    for sink in sinks:
-        try:
-            sink.on_layer(layer)
-        except Exception:  # one sink's failure must not stop the others or the engine
-            log.exception("KV sink failed on layer %d", layer)
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -173,12 +166,9 @@ class Engine:
 
     def submit_prefill(self, token_ids: Sequence[int], params: SamplingParams, request_id: str,
                        sink: KVSink) -> RequestStream:
-        """Prefill only: compute the prompt's KV in one step, sample the first token, and hand
-        the KV to `sink` (see kv_sink.py). The stream yields that one token."""
+        """Prefill only: compute the prompt's KV (in chunks, like any prompt), sample the first
+        token, and hand the KV to `sink` (see kv_sink.py). The stream yields that one token."""
         request = self.make_request(token_ids, msgspec.structs.replace(params, max_tokens=1), request_id)
-        if request.num_tokens > self.config.max_num_batched_tokens:
-            raise InvalidRequestError("prompt", f"{request.num_tokens} tokens exceed this prefill instance's "
-                                                f"max_num_batched_tokens ({self.config.max_num_batched_tokens})")
         request.kv_sink = sink
         return self._enqueue(request)
 
@@ -210,12 +200,8 @@ class Engine:
         request.num_computed_tokens = request.num_tokens
         request.num_cached_tokens = num_cached_tokens
         self.block_manager.register_computed(block_ids, request.token_ids, request.num_tokens)
-        stream = RequestStream(request.request_id, self.abort, request)
-        self._streams[request.request_id] = stream
-        self.scheduler.add_prefilled(request)
+        stream = self._enqueue(request)
         self._append_token(request, first_token)
-        self._idle.clear()
-        self._wakeup.set()
         return stream
 
     def release_blocks(self, block_ids: Sequence[int]) -> None:
@@ -274,8 +260,8 @@ class Engine:
                 await self._wakeup.wait()
                 self._idle.clear()
                 continue
-            sinks = [c.request.kv_sink for c in output.chunks if c.request.kv_sink is not None]
-            hook = self._layer_hook(loop, sinks) if sinks else None
+            calls = kv_sink.sink_calls(output.chunks)
+            hook = kv_sink.layer_notifier(loop, calls, self._wait_for_device) if calls else None
             step_start = time.perf_counter()
             try:
                 sampled = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks, hook)
@@ -283,21 +269,20 @@ class Engine:
                 log.exception("engine step failed")
                 self._fail(output, exc)
                 continue
-            step_times = (step_start, time.perf_counter())
+            step_end = time.perf_counter()
             for chunk in output.chunks:
-                chunk.request.step_times = step_times
+                chunk.request.record_step(step_start, step_end)
             self.scheduler.update_computed(output)
             self._process(output, sampled)
 
-    def _layer_hook(self, loop: asyncio.AbstractEventLoop, sinks: list[KVSink]) -> Callable[[int], None]:
-        """Runs on the compute thread after each layer's K/V write; tells the sinks on the loop."""
-        is_cuda = self.device.type == "cuda"
-
-        def layer_done(layer: int) -> None:
-            if is_cuda:  # the sinks read the pool from other streams/threads: the write must have landed
-                torch.cuda.current_stream(self.device).synchronize()
-            loop.call_soon_threadsafe(_notify_layer, sinks, layer)
-        return layer_done
+    @property
+    def _wait_for_device(self) -> Callable[[], None] | None:
+        """What a layer hook must wait for before a transfer may read the pool: on CUDA, the
+        layer's write on the compute stream (transfers read from other streams and threads)."""
+        if self.device.type != "cuda":
+            return None
+        device = self.device
+        return lambda: torch.cuda.current_stream(device).synchronize()
 
     def _process(self, output: SchedulerOutput, sampled: list[int]) -> None:
         tokens = iter(sampled)
@@ -336,15 +321,10 @@ class Engine:
             error=error, queue_time_s=request.queue_time_s))
 
     def _finish(self, request: Request, finish: FinishReason, error: str | None) -> None:
-        sink = request.kv_sink
-        if sink is None:
+        if request.kv_sink is None:
             self.scheduler.finish(request)
-        elif finish is not FinishReason.ABORT and request.num_output_tokens:
-            sink.on_prefilled(request.output_token_ids[0], self.scheduler.finish(request, free_blocks=False),
-                              request.step_times)
         else:
-            self.scheduler.finish(request)
-            sink.on_failed(error or "aborted")
+            kv_sink.hand_off(request, self.scheduler, finish is not FinishReason.ABORT, error)
 
     def _apply_aborts(self) -> None:
         if not self._pending_aborts:

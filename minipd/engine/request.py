@@ -50,6 +50,13 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     queue_time_s: float | None = None  # arrival to first scheduled, once known
     transfer: TransferInfo | None = None  # disaggregated requests, on the final output
 
+    @classmethod
+    def aborted(cls, request_id: str, error: str | None, num_prompt_tokens: int = 0) -> "RequestOutput":
+        """The final output of a request that ended without (more) tokens: aborted, or failed
+        with `error`."""
+        return cls(request_id=request_id, token_ids=[], text="", finished=True,
+                   finish_reason=FinishReason.ABORT.value, num_prompt_tokens=num_prompt_tokens, error=error)
+
 
 class Request:
     """Token ids (prompt then output), the blocks holding their KV, and progress counters."""
@@ -66,10 +73,9 @@ class Request:
         self.num_computed_tokens = 0  # leading tokens whose KV is in the pool
         self.num_cached_tokens = 0  # of the prompt, found in the prefix cache
         self.num_preemptions = 0
-        self.kv_sink = None  # a KVSink when the KV is sent to another instance
-        self.step_times = (0.0, 0.0)  # perf_counter start/end of the last step that ran it
+        self.kv_sink = None  # a KVSink when the KV is sent to another instance (kv_sink.py)
+        self.compute_times = (0.0, 0.0)  # perf_counter: start of its first step, end of its latest
         self.first_scheduled_time: float | None = None
-        self.first_token_time: float | None = None
         # detokenization state
         self.output_text = ""
         self.num_text_sent = 0
@@ -80,6 +86,14 @@ class Request:
         if self.first_scheduled_time is None:
             return None
         return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def is_preemptible(self) -> bool:
+        """False while its KV streams to another instance: a transfer may be reading its blocks."""
+        return self.kv_sink is None
+
+    def record_step(self, start: float, end: float) -> None:
+        self.compute_times = (self.compute_times[0] or start, end)
 
     @property
     def num_tokens(self) -> int:

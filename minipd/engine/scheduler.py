@@ -3,9 +3,10 @@
 Each step:
 1. Running requests first, oldest first: one token for a decoding request, the next chunk
    for a request still in prefill. If a request needs a block and none is free, the newest
-   running request is preempted (its blocks freed; it is recomputed later).
+   preemptible running request is preempted (its blocks freed; it is recomputed later).
 2. Then waiting requests, oldest first, while blocks, sequence slots and budget last. A new
-   request gets blocks for its whole prompt up front, reusing prefix-cached blocks.
+   request gets blocks for its whole prompt up front, reusing prefix-cached blocks; a
+   request whose prompt KV arrived from a prefill instance (adopted) already holds them.
 
 Decode before prefill keeps inter-token latency steady in colocated mode; chunking bounds
 how much prefill work one step may carry.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import msgspec
 
@@ -62,17 +63,9 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0  # since start, for metrics and tests
 
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
     def add(self, request: Request) -> None:
-        request.status = RequestStatus.WAITING
-        self.waiting.append(request)
-
-    def add_prefilled(self, request: Request) -> None:
-        """Queue a request whose prompt KV is already in `request.block_ids` (received from a
-        prefill instance); it is admitted like any other, within max_num_seqs, without
+        """Queue a request. One whose prompt KV is already in `request.block_ids` (adopted from
+        a prefill instance) is admitted like any other, within max_num_seqs, without
         allocating or computing its prompt again."""
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
@@ -84,12 +77,12 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = self._chunk_size(request, request.num_tokens - request.num_computed_tokens, budget)
+            num_new = self._chunk_size(request.num_tokens - request.num_computed_tokens, budget)
             if num_new == 0:
                 i += 1
                 continue
             if not self._make_room(request, num_new, preempted):
-                break  # `request` itself was preempted
+                continue  # `request` itself was preempted and left `running`: index i is the next one
             chunks.append(self._chunk(request, num_new))
             budget -= num_new
             i += 1
@@ -120,20 +113,12 @@ class Scheduler:
         block_ids, request.block_ids = request.block_ids, []
         return block_ids
 
-    def requests(self) -> Iterable[Request]:
-        yield from self.running
-        yield from self.waiting
-
     # ---- internals --------------------------------------------------------------------
-    def _chunk_size(self, request: Request, remaining: int, budget: int) -> int:
-        """Tokens to run now: all that remain if they fit, else a chunk when chunking is on.
-
-        A request whose KV is sent elsewhere is never chunked: its layer-wise sender relies on
-        each layer being final for the whole prompt after one step.
-        """
+    def _chunk_size(self, remaining: int, budget: int) -> int:
+        """Tokens to run now: all that remain if they fit, else a chunk when chunking is on."""
         if remaining <= budget:
             return remaining
-        return budget if self.config.enable_chunked_prefill and request.kv_sink is None else 0
+        return budget if self.config.enable_chunked_prefill else 0
 
     def _chunk(self, request: Request, num_new: int) -> ScheduledChunk:
         return ScheduledChunk(request, num_new, request.num_computed_tokens + num_new == request.num_tokens)
@@ -142,7 +127,7 @@ class Scheduler:
         bm = self.block_manager
         needed = bm.blocks_for(request.num_computed_tokens + num_new) - len(request.block_ids)
         while needed > bm.num_free_blocks:
-            victim = self.running[-1]
+            victim = next((r for r in reversed(self.running) if r.is_preemptible), request)
             self._preempt(victim)
             preempted.append(victim)
             if victim is request:
@@ -155,7 +140,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
             if request.block_ids:  # prefilled elsewhere: only its new tokens run
-                num_new = self._chunk_size(request, request.num_tokens - request.num_computed_tokens, budget)
+                num_new = self._chunk_size(request.num_tokens - request.num_computed_tokens, budget)
                 needed = bm.blocks_for(request.num_computed_tokens + num_new) - len(request.block_ids)
                 if num_new == 0 or needed > bm.num_free_blocks:
                     break
@@ -166,7 +151,7 @@ class Scheduler:
             if bm.num_new_blocks_for(request.token_ids) > bm.num_free_blocks:
                 break
             match = bm.match_prefix(request.token_ids)
-            num_new = self._chunk_size(request, request.num_tokens - match.num_tokens, budget)
+            num_new = self._chunk_size(request.num_tokens - match.num_tokens, budget)
             if num_new == 0:
                 break
             request.block_ids, request.num_computed_tokens = bm.allocate(request.token_ids)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import msgspec
-
 from minipd.control.role import Role
 from minipd.transports.loopback_hub import LoopbackHub
 
@@ -21,12 +19,6 @@ from minipd.router.router import Router, RouterConfig
 from minipd.engine.sampling_params import SamplingParams
 
 LOCALHOST = "127.0.0.1"
-
-
-def prefill_engine_config(config: EngineConfig) -> EngineConfig:
-    """Prefill instances run each prompt in one step (the layer-wise sender needs whole layers)."""
-    return msgspec.structs.replace(config, enable_chunked_prefill=False,
-                                   max_num_batched_tokens=max(config.max_num_batched_tokens, config.max_model_len))
 
 
 class InProcessCluster:
@@ -43,8 +35,7 @@ class InProcessCluster:
         try:
             for role, count in ((Role.PREFILL, num_prefill), (Role.DECODE, num_decode)):
                 for i in range(count):
-                    engine_config = prefill_engine_config(config) if role is Role.PREFILL else config
-                    instance = await Instance.create(Engine(engine_config), role, f"{role.value}-{i}", "loopback",
+                    instance = await Instance.create(Engine(config), role, f"{role.value}-{i}", "loopback",
                                                      config.model, {"hub": hub}, **extra)
                     instances.append(instance)
                     await instance.serve(LOCALHOST, 0)

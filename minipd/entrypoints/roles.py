@@ -25,7 +25,6 @@ from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
-from minipd.entrypoints.inprocess_cluster import prefill_engine_config
 from minipd.entrypoints.prompt_demo import answer_prompts
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.control_port import RouterControlPort
@@ -46,8 +45,6 @@ def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
 
         return prepare_cluster(args)
     config = engine_config_from_args(args)
-    if role is Role.PREFILL:
-        config = prefill_engine_config(config)
     if role is Role.BOTH:
         params = demo_params(args)
         http = http_config(args.host, args.port, args)

@@ -78,6 +78,5 @@ class ClusterClient:
     async def _fail_when_closed(self) -> None:
         await self.channel.closed.wait()
         for request_id, stream in list(self._streams.items()):
-            stream.put(RequestOutput(request_id=request_id, token_ids=[], text="", finished=True,
-                                     finish_reason="abort", error=f"connection lost: {self.channel.close_reason}"))
+            stream.put(RequestOutput.aborted(request_id, f"connection lost: {self.channel.close_reason}"))
         self._streams.clear()

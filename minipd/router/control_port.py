@@ -17,7 +17,7 @@ from minipd.control.messages import (Abort, CallError, ClientGenerate, ClusterSt
 from minipd.control.role import Role
 from minipd.control.server import ControlServer
 from minipd.router.registry import IncompatibleInstance
-from minipd.engine.request import FinishReason, RequestOutput
+from minipd.engine.request import RequestOutput
 from minipd.router.router import Router
 from minipd.engine.sampling_params import InvalidRequestError
 
@@ -72,9 +72,8 @@ class RouterControlPort(ControlServer):
         try:
             stream = self.router.submit(prompt, message.sampling, request_id, message.layerwise)
         except (InvalidRequestError, RuntimeError) as exc:
-            channel.send(TokenOutput(request_id=message.request_id, output=RequestOutput(
-                request_id=message.request_id, token_ids=[], text="", finished=True,
-                finish_reason=FinishReason.ABORT.value, error=str(exc))))
+            channel.send(TokenOutput(request_id=message.request_id,
+                                     output=RequestOutput.aborted(message.request_id, str(exc))))
             return
         self.track(channel, request_id)
         try:

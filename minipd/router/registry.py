@@ -8,9 +8,10 @@ has in flight there since.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import OrderedDict
-from typing import Iterable, NamedTuple
+from typing import Iterable, Iterator, NamedTuple
 
 from minipd.engine.block_manager import chain_hashes
 from minipd.control.channel import Channel
@@ -40,6 +41,17 @@ class InstanceHandle:
     @property
     def is_alive(self) -> bool:
         return not self.channel.closed.is_set()
+
+    @contextlib.contextmanager
+    def counted(self, num_prompt_tokens: int = 0) -> Iterator[None]:
+        """Count one request (and its prompt tokens to prefill) as in flight here while inside."""
+        self.num_inflight += 1
+        self.num_inflight_tokens += num_prompt_tokens
+        try:
+            yield
+        finally:
+            self.num_inflight -= 1
+            self.num_inflight_tokens -= num_prompt_tokens
 
     def remember_prefix(self, hashes: Iterable[int], capacity: int) -> None:
         self._prefix_capacity = capacity

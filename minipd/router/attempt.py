@@ -1,0 +1,169 @@
+"""One try of one request across the cluster, top-down (see `run_attempt`).
+
+Every stage runs under `blame(instance)`: a failure there (the instance died, timed out,
+refused, or ended the request with an error before any token reached the caller) becomes an
+`AttemptFailed` naming that instance, which the router then leaves out of the next try. That
+is the only place where blame is assigned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Iterator
+
+from minipd.control.channel import ChannelClosed, RemoteError
+from minipd.control.messages import Decode, Generate, Message, Prefill, Prefilled, Renew, Reserve, Reserved
+from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.router.registry import InstanceHandle
+from minipd.router.routed_request import RoutedRequest
+
+if TYPE_CHECKING:
+    from minipd.router.router import Router
+
+log = logging.getLogger(__name__)
+
+BUSY_RETRY_MIN_S = 0.01  # a full decode pool is asked again after this, doubling up to the max
+BUSY_RETRY_MAX_S = 0.5
+RENEWALS_PER_LEASE = 3  # a reservation's lease is renewed this often per lease while its prefill runs
+
+
+class InstanceFailed(RuntimeError):
+    """An instance ended the request with an error before any token reached the caller."""
+
+
+class AttemptFailed(Exception):
+    """One try failed. `blamed`: the instance at fault, left out of the next try (None when no
+    instance is); `retry`: whether another try may succeed (False for a request refused as
+    invalid, which would be refused anywhere)."""
+
+    def __init__(self, cause: BaseException, blamed: str | None, retry: bool = True):
+        super().__init__(str(cause))
+        self.cause, self.blamed, self.retry = cause, blamed, retry
+
+
+@contextlib.contextmanager
+def blame(instance: InstanceHandle, peer: InstanceHandle | None = None) -> Iterator[None]:
+    """Turn a failure of a call on `instance` into `AttemptFailed` blaming it, or blaming
+    `peer` (the other end of its KV transfer) when `peer` is what died."""
+    try:
+        yield
+    except (ChannelClosed, TimeoutError, RemoteError, InstanceFailed) as exc:
+        culprit = peer if peer is not None and not peer.is_alive else instance
+        invalid = isinstance(exc, RemoteError) and exc.kind == "invalid"
+        raise AttemptFailed(exc, culprit.instance_id, retry=not invalid) from exc
+
+
+async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str]) -> None:
+    """pick → local or disaggregated → reserve → prefill → decode, streaming the decode
+    instance's tokens to the caller. Raises AttemptFailed."""
+    registry, config = router.registry, router.config
+    decode = registry.pick_decode(exclude=excluded)
+    if decode is None:
+        raise AttemptFailed(ChannelClosed("no decode instance available"), None, retry=False)
+    hashes = registry.prompt_hashes(routed.token_ids)
+    prefill, expected_cached = registry.pick_prefill(hashes, exclude=excluded)
+    uncached_on_decode = len(routed.token_ids) - decode.prefix_overlap(hashes) * registry.block_size
+    routed.instances = {decode.instance_id}
+    decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
+    with decode.counted():  # load is counted from the pick, so concurrent picks see it
+        if prefill is None or uncached_on_decode <= config.local_prefill_max_tokens:
+            with blame(decode):
+                await stream_from(router, decode, routed, Generate(
+                    request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params))
+            return
+        routed.instances.add(prefill.instance_id)
+        with prefill.counted(len(routed.token_ids) - expected_cached):
+            with blame(decode):
+                reserved = await reserve(router, decode, routed, prefill.instance_id)
+            with blame(prefill, peer=decode):
+                first_token = await prefill_on(router, prefill, decode, reserved, routed)
+        routed.instances.discard(prefill.instance_id)
+        prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
+        with blame(decode):
+            await stream_from(router, decode, routed, Decode(
+                request_id=routed.request_id, first_token=first_token, sampling=routed.params))
+
+
+async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest, prefill_id: str) -> Reserved:
+    """Reserve blocks on `decode`; while its pool is full ("busy"), wait for running requests
+    to free blocks, backing off, up to the call timeout (then RemoteError)."""
+    loop = asyncio.get_running_loop()
+    timeout = router.config.call_timeout_s
+    deadline = loop.time() + timeout
+    wait_s = BUSY_RETRY_MIN_S
+    while True:
+        try:
+            return await decode.channel.call(Reserve(request_id=routed.request_id, token_ids=routed.token_ids,
+                                                     prefill_instance=prefill_id), timeout)
+        except RemoteError as exc:
+            if exc.kind != "busy" or loop.time() + wait_s > deadline:
+                raise
+        router.num_busy_waits += 1
+        await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation
+        wait_s = min(BUSY_RETRY_MAX_S, 2 * wait_s)
+
+
+async def prefill_on(router: Router, prefill: InstanceHandle, decode: InstanceHandle, reserved: Reserved,
+                     routed: RoutedRequest) -> int:
+    """Prefill with the KV streamed into the reservation, renewing its lease meanwhile; returns
+    the first token and records the transfer."""
+    renewals = asyncio.get_running_loop().create_task(_renew_lease(decode, routed.request_id, reserved.lease_s))
+    try:
+        prefilled: Prefilled = await prefill.channel.call(Prefill(
+            request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params,
+            decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
+            decode_fingerprint=decode.welcome.fingerprint, dst_block_ids=reserved.dst_block_ids,
+            num_skip_blocks=reserved.num_cached_tokens // router.registry.block_size,
+            layerwise=routed.layerwise), router.config.call_timeout_s)
+    except RemoteError as exc:
+        if exc.kind == "transfer":
+            router.note_transfer_failure(f"{prefill.instance_id} -> {decode.instance_id}: {exc}")
+        raise
+    finally:
+        renewals.cancel()
+    routed.transfer = TransferInfo(prefill.instance_id, decode.instance_id, prefilled.num_bytes,
+                                   prefilled.num_cached_tokens, reserved.num_cached_tokens,
+                                   prefilled.compute_s, prefilled.transfer_s, prefilled.exposed_s)
+    routed.timestamps = (prefilled.compute_end_at, prefilled.first_write_at)
+    return prefilled.first_token
+
+
+async def _renew_lease(decode: InstanceHandle, request_id: str, lease_s: float) -> None:
+    """While a prefill is under way the reservation is in use: keep it from expiring. The
+    renewals stop with the prefill call, which has a timeout, so no lease is held forever."""
+    while True:
+        await asyncio.sleep(lease_s / RENEWALS_PER_LEASE)  # periodic renewal, not a synchronisation
+        decode.channel.send(Renew(request_id=request_id))
+
+
+async def stream_from(router: Router, decode: InstanceHandle, routed: RoutedRequest, message: Message) -> None:
+    """Send a streaming request and relay its outputs to the caller until it finishes or the
+    instance dies."""
+    routed.outputs = asyncio.Queue()
+    decode.channel.send(message)
+    while True:
+        output = await _next_output(routed, decode)
+        if output.error is not None and not routed.first_token_sent and not output.token_ids:
+            raise InstanceFailed(output.error)
+        routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
+        if output.finished:
+            output.transfer = routed.transfer
+            router.finish(routed, output)
+            return
+        routed.stream.put(output)
+
+
+async def _next_output(routed: RoutedRequest, decode: InstanceHandle) -> RequestOutput:
+    """The request's next output, or ChannelClosed if the instance dies first."""
+    get = asyncio.ensure_future(routed.outputs.get())
+    closed = asyncio.ensure_future(decode.channel.closed.wait())
+    try:
+        done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        get.cancel()
+        closed.cancel()
+    if get not in done:
+        raise ChannelClosed(f"{decode.instance_id} died: {decode.channel.close_reason}")
+    return get.result()

@@ -1,0 +1,36 @@
+"""The router's state of one request, and the measured figures of its KV transfer."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.engine.request_stream import RequestStream
+from minipd.engine.sampling_params import SamplingParams
+
+
+class RoutedRequest:
+    def __init__(self, request_id: str, token_ids: list[int], params: SamplingParams, stream: RequestStream,
+                 layerwise: bool):
+        self.request_id = request_id
+        self.token_ids = token_ids
+        self.params = params
+        self.stream = stream
+        self.layerwise = layerwise  # stream the KV per layer during prefill, or send it afterwards
+        self.instances: set[str] = set()  # every instance that may hold state for it
+        self.first_token_sent = False
+        self.task: asyncio.Task | None = None
+        self.transfer: TransferInfo | None = None
+        self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()
+        self.outputs: asyncio.Queue[RequestOutput] | None = None  # set while an instance streams it
+
+    def record_landing(self, landed_at: float) -> None:
+        """Measure the transfer to the receiver's landing time (the last byte acknowledged),
+        which replaces the sender's view; both clocks are wall clocks, exact on one host."""
+        if self.transfer is None:
+            return
+        compute_end_at, first_write_at = self.timestamps
+        self.transfer = msgspec.structs.replace(self.transfer, transfer_s=max(0.0, landed_at - first_write_at),
+                                                exposed_s=max(0.0, landed_at - compute_end_at))
