@@ -36,8 +36,8 @@ def _role_parser(role: str | None) -> argparse.ArgumentParser:
         return parser
     if role == "router":
         parser.add_argument("--model", default="tiny",
-                            help="preset or HF directory whose tokenizer the router uses; must match the "
-                                 "instances' (default: %(default)s)")
+                            help="preset, packaged model, .gguf file or HF directory whose tokenizer the router "
+                                 "uses (no weights are loaded); must match the instances' (default: %(default)s)")
         add_router_arguments(parser)
         _add_router_http_arguments(parser)
         return parser
@@ -91,6 +91,9 @@ def _add_demo_arguments(parser: argparse.ArgumentParser, what: str | None = None
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens; 0 disables (default: 0)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past the end-of-sequence token")
+    g.add_argument("--chat", action="store_true",
+                   help="send each prompt as a user message through the model's chat template (instruct models "
+                        "such as smollm2 answer questions that way)")
 
 
 def _role_of(argv: list[str]) -> str | None:
@@ -137,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
 def _job(role: str, args: argparse.Namespace):
     """Validate everything the role needs (ValueError names the flag) and return its coroutine."""
     from . import roles
-    from .engine import Engine
     from .engine_args import engine_config_from_args
 
     if role == "router":
@@ -156,29 +158,44 @@ def _job(role: str, args: argparse.Namespace):
             raise ValueError("num_decode: a cluster needs at least one decode instance")
         from .model_loader import load_tokenizer_only
 
-        load_tokenizer_only(args.model)
+        tokenizer = load_tokenizer_only(args.model)
         from .http_front import router_http_argv, router_http_config
 
         if args.http_port is not None:
             router_http_config(args)
+        from .local_demo import chat_wrapper
+
         return run_cluster(args, roles.router_policy_argv(args) + router_http_argv(args), args.prompt,
-                           _demo_params(args))
+                           _demo_params(args), chat_wrapper(tokenizer) if args.chat else None)
     if role in ("prefill", "decode"):
         if role == "prefill":
             from .inprocess_cluster import prefill_engine_config
 
             config = prefill_engine_config(config)
-        return roles.run_instance(role, args, Engine(config))
+        return roles.run_instance(role, args, _load_engine(role, config))
     params = _demo_params(args)
     http_config = _http_config_from_args(args)
-    engine = Engine(config)
+    engine = _load_engine(role, config)
     if http_config is not None:
         from .http_server import serve_engine
 
         return serve_engine(engine, args.served_model_name or args.model, http_config)
     from .local_demo import run_demo
 
-    return run_demo(engine, args.prompt, params)
+    return run_demo(engine, args.prompt, params, chat=args.chat)
+
+
+def _load_engine(role: str, config):
+    """Build the engine and say on stderr which model and dtype it serves, and why that dtype."""
+    import time
+
+    from .engine import Engine
+
+    start = time.perf_counter()
+    engine = Engine(config)
+    print(f"minipd {role}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
+          f"{engine.dtype_choice.describe()}", file=sys.stderr, flush=True)
+    return engine
 
 
 def _http_config_from_args(args: argparse.Namespace):

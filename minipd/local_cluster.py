@@ -14,7 +14,7 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import msgspec
 
@@ -145,7 +145,7 @@ class LocalCluster:
 
 
 async def run_cluster(args: argparse.Namespace, router_args: list[str], prompts: list[str],
-                      params: SamplingParams) -> int:
+                      params: SamplingParams, wrap: Callable[[str], str] | None = None) -> int:
     cluster = LocalCluster()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -169,7 +169,7 @@ async def run_cluster(args: argparse.Namespace, router_args: list[str], prompts:
         if prompts:
             client = await ClusterClient.connect(host, port)
             try:
-                return await answer_prompts(client, prompts, params)
+                return await answer_prompts(client, prompts, params, wrap=wrap)
             finally:
                 await client.close()
         print("serving; Ctrl-C stops every process", flush=True)
