@@ -83,7 +83,8 @@ class _Cursor:
             return self.array()
         fmt = _SCALAR_FORMATS.get(value_type)
         if fmt is None:
-            raise ValueError(f"gguf: {self.path} has a metadata value of unknown type {value_type} at offset {self.pos}")
+            raise ValueError(f"gguf: {self.path} has a metadata value of unknown type {value_type} "
+                             f"at offset {self.pos}")
         return self.scalar(fmt)
 
     def array(self) -> list[Any]:
