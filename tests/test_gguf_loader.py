@@ -1,6 +1,7 @@
 """The GGUF loader on tiny llama files written by GGUFWriter: every supported tensor type reads
 back as the weights it was written from (Q/K permutation undone), transformers reads the same
-file the same way, and unsupported architectures, tensor types and features are refused by name."""
+file the same way, the tokenizer comes from the metadata, and unsupported architectures, tensor
+types, features and tokenizers are refused by name."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from gguf.quants import dequantize, quantize
 
 from minipd.models.gguf_file import read_gguf
 from minipd.models.gguf_loader import config_from_gguf, load_gguf_model
+from minipd.models.gguf_tokenizer import gguf_tokenizer
 
+from engine_helpers import complete, greedy, reference_greedy
 from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
 Q = GGMLQuantizationType
@@ -138,3 +141,27 @@ def test_not_a_gguf_file(tmp_path: Path) -> None:
         read_gguf(path)
     with pytest.raises(FileNotFoundError):
         read_gguf(tmp_path / "absent.gguf")
+
+
+def test_the_tokenizer_comes_from_the_metadata_and_unsupported_kinds_are_named(tmp_path: Path) -> None:
+    path = write_llama_gguf(tmp_path / "t.gguf", TINY, hf_weights(TINY))
+    file = read_gguf(path)
+    merged_id = TINY.vocab_size - 1  # the file's last token, '!"', made by its one merge
+    tokenizer = gguf_tokenizer(file)
+    assert tokenizer.encode('!"#') == tokenizer.encode('!"#', add_bos=False) == [merged_id, 5]
+    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.decode([1, merged_id, 2])) == ("<s>", "</s>", '!"')
+    file.metadata["tokenizer.ggml.pre"] = "qwen2"
+    with pytest.raises(ValueError, match="tokenizer.ggml.pre 'qwen2' is not supported"):
+        gguf_tokenizer(file)
+    file.metadata["tokenizer.ggml.model"] = "llama"
+    with pytest.raises(ValueError, match="tokenizer.ggml.model 'llama'.*not supported"):
+        gguf_tokenizer(file)
+
+
+def test_the_engine_serves_a_gguf_path(tmp_path: Path, make_engine, loop_thread) -> None:
+    path = write_llama_gguf(tmp_path / "served.gguf", TINY, hf_weights(TINY, seed=5), Q.Q8_0)
+    engine = make_engine(model=str(path), dtype="float32", num_blocks=16, max_model_len=128)
+    assert engine.model_config == config_from_gguf(read_gguf(path))
+    prompt = engine.tokenizer.encode('!"#$%&')
+    result = loop_thread.run(complete(engine, prompt, greedy(6)))
+    assert result.token_ids == reference_greedy(engine, prompt, 6)

@@ -155,22 +155,3 @@ def test_the_router_reads_the_tokenizer_without_touching_weights(monkeypatch, ou
     tokenizer = load_tokenizer_only("smollm2")
     assert tokenizer.encode("Paris is nice") == ours.encode("Paris is nice")
     assert tokenizer.chat_template == ours.chat_template
-
-
-def test_unsupported_tokenizer_metadata_is_named(tmp_path):
-    from gguf import GGMLQuantizationType
-
-    from gguf_helpers import TINY, hf_weights, write_llama_gguf
-
-    path = write_llama_gguf(tmp_path / "t.gguf", TINY, hf_weights(TINY), GGMLQuantizationType.F32)
-    file = read_gguf(path)
-    merged_id = TINY.vocab_size - 1  # the file's last token, '!"', made by its one merge
-    tokenizer = gguf_tokenizer(file)
-    assert tokenizer.encode('!"#') == tokenizer.encode('!"#', add_bos=False) == [merged_id, 5]
-    assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.decode([1, merged_id, 2])) == ("<s>", "</s>", '!"')
-    file.metadata["tokenizer.ggml.pre"] = "qwen2"
-    with pytest.raises(ValueError, match="tokenizer.ggml.pre 'qwen2' is not supported"):
-        gguf_tokenizer(file)
-    file.metadata["tokenizer.ggml.model"] = "llama"
-    with pytest.raises(ValueError, match="tokenizer.ggml.model 'llama'.*not supported"):
-        gguf_tokenizer(file)
