@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from minipd.engine.dtype_choice import DTYPE_CHOICES
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_runner import ModelRunner
 from minipd.engine.request import Request
@@ -37,6 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="median of this many runs (default: %(default)s)")
     parser.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate")
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
+                        help="engine (and transformers) dtype; the README's figures are float32 (default: %(default)s)")
 
 
 def _prompts(batch: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -103,7 +106,7 @@ def _hf_model(engine: Engine):
     if c.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True)
-    return model.to(engine.device)
+    return model.to(device=engine.device, dtype=engine.dtype)  # the engine's resolved dtype
 
 
 def _hf_generate_s(model, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:
@@ -117,11 +120,11 @@ def _hf_generate_s(model, prompts: list[list[int]], new_tokens: int) -> tuple[fl
 
 def run(args: argparse.Namespace) -> dict:
     max_len = args.prompt_len + args.output_len + 16
-    config = EngineConfig(model=args.model, num_blocks=max(args.batches) * (max_len // 16 + 1) + 16,
+    config = EngineConfig(model=args.model, dtype=args.dtype, num_blocks=max(args.batches) * (max_len // 16 + 1) + 16,
                           max_model_len=max_len, max_num_seqs=max(args.batches), max_num_batched_tokens=2048,
                           enable_prefix_caching=False)
     decode_tokens = args.output_len - 1
-    result = {"model": args.model, "prompt_len": args.prompt_len, "output_len": args.output_len,
+    result = {"model": args.model, "dtype": args.dtype, "prompt_len": args.prompt_len, "output_len": args.output_len,
               "torch_threads": torch.get_num_threads(), "engine_tok_s": {}, "raw_tok_s": {}, "hf_tok_s": {}}
 
     async def measure() -> None:

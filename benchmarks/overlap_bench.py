@@ -26,10 +26,11 @@ import time
 
 import torch
 
-from minipd.router.client import ClusterClient
+from minipd.engine.dtype_choice import DTYPE_CHOICES
 from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.entrypoints.process_cluster import ProcessCluster
+from minipd.router.client import ClusterClient
 from minipd.models.config import preset_config
 from minipd.router.router import RouterConfig
 from minipd.engine.sampling_params import SamplingParams
@@ -44,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[256, 1024, 2048])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--link-gbps", type=float, default=None, help="cap the prefill instance's KV egress")
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
+                        help="weights and KV dtype; the README's figures are float32 (default: %(default)s)")
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="compute threads per instance; 1 leaves a core of this 2-core machine to the transfer, "
                              "as a GPU would leave the CPU free (default: %(default)s)")
@@ -51,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     max_len = max(args.prompt_lens) + 16
-    return EngineConfig(model=args.model, num_blocks=2 * (max_len // 16 + 2) * 2, max_model_len=max_len,
+    return EngineConfig(model=args.model, dtype=args.dtype, num_blocks=2 * (max_len // 16 + 2) * 2, max_model_len=max_len,
                         max_num_batched_tokens=max_len, enable_prefix_caching=False)
 
 
@@ -100,7 +103,7 @@ async def _run_transport(transport: str, args: argparse.Namespace, config: Engin
             return await _measure(cluster, args.prompt_lens, args.repeats, seed=1)
     processes = ProcessCluster.from_argv([
         "--transport", transport, "--model", config.model, "--torch-threads", str(args.torch_threads),
-        "--num-blocks", str(config.num_blocks), "--max-model-len", str(config.max_model_len),
+        "--dtype", config.dtype, "--num-blocks", str(config.num_blocks), "--max-model-len", str(config.max_model_len),
         "--max-num-batched-tokens", str(config.max_num_batched_tokens), "--no-prefix-caching",
         "--local-prefill-max-tokens", "-1", *(["--link-gbps", str(args.link_gbps)] if args.link_gbps else [])])
     await processes.start()
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace) -> dict:
     config = _engine_config(args)
     num_layers = preset_config(args.model).num_layers
     ideal = (num_layers - 1) / num_layers
-    result = {"model": args.model, "layers": num_layers, "ideal_hidden_fraction": ideal,
+    result = {"model": args.model, "dtype": args.dtype, "layers": num_layers, "ideal_hidden_fraction": ideal,
               "hidden_fraction_target": ideal - HIDDEN_SLACK, "transports": {}}
     for transport in args.transports:
         measured = asyncio.run(_run_transport(transport, args, config))

@@ -245,7 +245,7 @@ def load_hf_model(path: str | Path, device: torch.device | str = "cpu",
     if config.tie_word_embeddings:
         _drop_tied_head(locations)
 
-    model = LlamaForCausalLM(config, device=device, dtype=dtype)
+    model = LlamaForCausalLM(config, device=device, dtype=dtype, initialize=False)  # all overwritten below
     params = model.state_dict()
     missing = sorted(set(params) - set(locations))
     unexpected = sorted(set(locations) - set(params))

@@ -14,6 +14,7 @@ Two entry points share the weights:
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 import torch
@@ -44,12 +45,19 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def _fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _fuse_linears(linears: list[nn.Linear], copy_values: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Concatenate the weights (and biases) of linears that read the same input into one tensor,
     and re-point each linear's parameters at its slice, so one matmul replaces several while
-    the HF parameter names (and in-place loading into them) keep working."""
-    weight = torch.cat([m.weight.data for m in linears])
-    bias = torch.cat([m.bias.data for m in linears]) if linears[0].bias is not None else None
+    the HF parameter names (and in-place loading into them) keep working. Without
+    `copy_values` the fused tensors are only allocated (their values are about to be loaded)."""
+    def fused(parts: list[torch.Tensor]) -> torch.Tensor:
+        if copy_values:
+            return torch.cat(parts)
+        return torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype,
+                           device=parts[0].device)
+
+    weight = fused([m.weight.data for m in linears])
+    bias = fused([m.bias.data for m in linears]) if linears[0].bias is not None else None
     start = 0
     for m in linears:
         end = start + m.out_features
@@ -73,8 +81,8 @@ class Attention(nn.Module):
         self.qkv_weight: torch.Tensor | None = None
         self.qkv_bias: torch.Tensor | None = None
 
-    def fuse(self) -> None:
-        self.qkv_weight, self.qkv_bias = _fuse_linears([self.q_proj, self.k_proj, self.v_proj])
+    def fuse(self, copy_values: bool = True) -> None:
+        self.qkv_weight, self.qkv_bias = _fuse_linears([self.q_proj, self.k_proj, self.v_proj], copy_values)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Projected q [T, heads, d], rotated k and v [T, kv_heads, d]."""
@@ -92,8 +100,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gate_up_weight: torch.Tensor | None = None
 
-    def fuse(self) -> None:
-        self.gate_up_weight, _ = _fuse_linears([self.gate_proj, self.up_proj])
+    def fuse(self, copy_values: bool = True) -> None:
+        self.gate_up_weight, _ = _fuse_linears([self.gate_proj, self.up_proj], copy_values)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
@@ -120,18 +128,25 @@ class LlamaBackbone(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
+    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 initialize: bool = True):
+        """`initialize=False` allocates the parameters without computing torch's random init
+        (about 3 s for a 135M-parameter model on 2 cores), for loaders that overwrite every one."""
         super().__init__()
         self.config = config
-        self.model = LlamaBackbone(config)
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.to(device=device, dtype=dtype)
+        with contextlib.nullcontext() if initialize else torch.device("meta"):
+            self.model = LlamaBackbone(config)
+            if not config.tie_word_embeddings:
+                self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if initialize:
+            self.to(device=device, dtype=dtype)
+        else:
+            self.to(dtype=dtype).to_empty(device=device)
         self.rope = RotaryEmbedding(config, torch.device(device), dtype)
         self.requires_grad_(False)
         for layer in self.model.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
+            layer.self_attn.fuse(copy_values=initialize)
+            layer.mlp.fuse(copy_values=initialize)
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Tokenizers: the interface the engine uses, a byte-level one for the presets, and a
-Hugging Face `tokenizer.json` one for real checkpoints.
+Hugging Face `tokenizers` one for real checkpoints (a `tokenizer.json` here, or built from a
+GGUF file's metadata by gguf_tokenizer.py).
 
 Streaming contract: `decode` is a pure function of the whole id list, so the engine
 decodes the full output so far and emits the difference from the previous text. A
@@ -32,12 +33,18 @@ class Tokenizer(ABC):
     Attributes (set by every implementation, read-only afterwards):
       bos_token_id: id prepended by `encode(add_bos=True)`, or None when the model has none.
       eos_token_ids: ids that end generation (may be empty).
+      bos_token, eos_token: the text of the BOS and EOS tokens as the tokenizer's config names
+        them, for chat templates (`{{ bos_token }}`); None when the model names none or the
+        token has no text (the byte tokenizer's). `encode` reads that text back as the one
+        special id, so a template that starts with `bos_token` still gets a single BOS.
       vocab_size: number of ids `decode` understands (including special tokens).
       chat_template: the Jinja chat template, or None.
     """
 
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
+    bos_token: str | None
+    eos_token: str | None
     vocab_size: int
     chat_template: str | None
 
@@ -56,6 +63,7 @@ class ByteTokenizer(Tokenizer):
     def __init__(self) -> None:
         self.bos_token_id = BYTE_BOS_ID
         self.eos_token_ids = (BYTE_EOS_ID,)
+        self.bos_token = self.eos_token = None  # ids outside the bytes: no text spells them
         self.vocab_size = BYTE_VOCAB_SIZE
         self.chat_template = None
 
@@ -90,33 +98,33 @@ def _chat_template(directory: Path, tokenizer_config: dict[str, Any]) -> str | N
 
 
 class HFTokenizer(Tokenizer):
-    """A `tokenizers` tokenizer.json plus the special tokens from tokenizer_config.json.
+    """A `tokenizers` tokenizer plus its special tokens (from tokenizer_config.json, or from a
+    GGUF file's metadata, see gguf_tokenizer.py).
 
     BOS is added by `encode` itself rather than by the tokenizer's post-processor, so that
-    `add_bos` means the same for every checkpoint; `add_bos_token: false` in
-    tokenizer_config.json turns it off. EOS ids are the tokenizer config's `eos_token`
-    plus `eos_token_id` from generation_config.json (chat models list several there).
+    `add_bos` means the same for every checkpoint; `add_bos=False` here (tokenizer_config.json's
+    `add_bos_token: false`) turns it off. EOS ids are `eos_token`'s id plus
+    `extra_eos_token_ids` (generation_config.json's `eos_token_id`: chat models list several).
     """
 
-    def __init__(self, tokenizer: _RustTokenizer, tokenizer_config: dict[str, Any] | None = None,
-                 chat_template: str | None = None, extra_eos_token_ids: Sequence[int] = ()):
-        tokenizer_config = tokenizer_config or {}
+    def __init__(self, tokenizer: _RustTokenizer, bos_token: str | None = None, eos_token: str | None = None,
+                 add_bos: bool = True, chat_template: str | None = None, extra_eos_token_ids: Sequence[int] = ()):
         self._tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         self.chat_template = chat_template
-        self.bos_token_id = self._special_id(tokenizer_config, "bos_token")
-        self._add_bos = bool(tokenizer_config.get("add_bos_token", True))
-        eos_token_id = self._special_id(tokenizer_config, "eos_token")
+        self.bos_token, self.eos_token = bos_token, eos_token
+        self.bos_token_id = self._special_id(bos_token, "bos_token")
+        self._add_bos = add_bos
+        eos_token_id = self._special_id(eos_token, "eos_token")
         eos_ids = ([] if eos_token_id is None else [eos_token_id]) + [int(i) for i in extra_eos_token_ids]
         self.eos_token_ids = tuple(dict.fromkeys(eos_ids))  # dedupe, keep order
 
-    def _special_id(self, tokenizer_config: dict[str, Any], field: str) -> int | None:
-        content = _token_content(tokenizer_config.get(field))
+    def _special_id(self, content: str | None, field: str) -> int | None:
         if content is None:
             return None
         token_id = self._tokenizer.token_to_id(content)
         if token_id is None:
-            raise ValueError(f"tokenizer: {field} {content!r} from {TOKENIZER_CONFIG_FILE} is not in the vocabulary")
+            raise ValueError(f"tokenizer: {field} {content!r} is not in the vocabulary")
         return token_id
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
@@ -149,5 +157,9 @@ def load_tokenizer(path: str | Path) -> HFTokenizer:
     generation_eos = _read_json(directory / GENERATION_CONFIG_FILE).get("eos_token_id")
     if isinstance(generation_eos, int):
         generation_eos = [generation_eos]
-    return HFTokenizer(_RustTokenizer.from_file(str(tokenizer_file)), tokenizer_config,
-                       _chat_template(directory, tokenizer_config), generation_eos or ())
+    return HFTokenizer(_RustTokenizer.from_file(str(tokenizer_file)),
+                       bos_token=_token_content(tokenizer_config.get("bos_token")),
+                       eos_token=_token_content(tokenizer_config.get("eos_token")),
+                       add_bos=bool(tokenizer_config.get("add_bos_token", True)),
+                       chat_template=_chat_template(directory, tokenizer_config),
+                       extra_eos_token_ids=generation_eos or ())

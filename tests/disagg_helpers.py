@@ -12,9 +12,10 @@ from engine_helpers import Completion
 
 BLOCK_SIZE = 16
 LOCAL_PREFILL_MAX_TOKENS = 16
-CONFIG = EngineConfig(model="tiny", block_size=BLOCK_SIZE, num_blocks=256, max_model_len=512,
+# float32 pinned: disaggregated and colocated outputs are compared token for token.
+CONFIG = EngineConfig(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=256, max_model_len=512,
                       max_num_batched_tokens=64)
-ENGINE_ARGV = ["--block-size", str(BLOCK_SIZE), "--num-blocks", "256", "--max-model-len", "512",
+ENGINE_ARGV = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--num-blocks", "256", "--max-model-len", "512",
                "--max-num-batched-tokens", "64"]
 ROUTER_ARGV = ["--local-prefill-max-tokens", str(LOCAL_PREFILL_MAX_TOKENS)]
 MAX_TOKENS = 10

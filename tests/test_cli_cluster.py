@@ -25,6 +25,8 @@ def test_main_job_answers_prompts_with_latency_and_transfer_figures():
     assert out.count("output (12 tokens, finish=length)") == 2
     assert out.count("TTFT ") == 2 and "ITL mean" in out
     assert re.search(r"KV prefill-0 -> decode-0: [\d.]+ KiB, prefill compute [\d.]+ ms, transfer", out)
+    for role in ("prefill", "decode"):  # each instance says which dtype it serves and why
+        assert re.search(rf"minipd {role}: model tiny loaded in [\d.]+ s, dtype \w+ \(", proc.stderr), proc.stderr
 
 
 def test_ctrl_c_stops_every_process():

@@ -12,8 +12,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 def test_cuda_engine_matches_cpu(make_engine, loop_thread):
     prompts = ["hello from the gpu", "a" * 90, "block boundary " * 4]
-    cpu = make_engine(model="tiny", device="cpu", num_blocks=64, max_model_len=256)
-    gpu = make_engine(model="tiny", device="cuda", num_blocks=64, max_model_len=256)
+    cpu = make_engine(model="tiny", device="cpu", dtype="float32", num_blocks=64, max_model_len=256)
+    gpu = make_engine(model="tiny", device="cuda", dtype="float32", num_blocks=64, max_model_len=256)
     on_cpu = loop_thread.run(complete_all(cpu, prompts, greedy(16)))
     on_gpu = loop_thread.run(complete_all(gpu, prompts, greedy(16)))
     assert gpu.kv_pool.is_cuda

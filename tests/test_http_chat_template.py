@@ -33,6 +33,18 @@ def test_the_model_template_is_rendered_when_the_tokenizer_has_one():
                                              "<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_special_token_variables_render_empty_without_token_text():
+    tokenizer = ByteTokenizer()  # its BOS and EOS are ids with no text
+    tokenizer.chat_template = "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}"
+    assert ChatTemplate.for_tokenizer(tokenizer).render(CONVERSATION) == "You are terse."
+
+
+def test_special_token_variables_render_as_the_given_text():
+    template = ChatTemplate("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}", bos_token="<s>",
+                            eos_token="</s>")
+    assert template.render(CONVERSATION) == "<s>You are terse.</s>"
+
+
 def test_a_template_refusing_the_conversation_is_a_400_on_messages():
     with pytest.raises(ApiError) as info:
         ChatTemplate(STRICT).render(CONVERSATION)

@@ -17,7 +17,8 @@ from http_helpers import (OpenStream, http_json, sample, scrape, start_cluster, 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512
 LONG_MAX_TOKENS = 480  # long enough to still be running while the test does several calls
-COMMON_FLAGS = ("--model", MODEL, "--num-blocks", "64", "--max-model-len", str(MAX_MODEL_LEN),
+# float32 pinned: streamed and whole texts, and stopped and full texts, are compared exactly.
+COMMON_FLAGS = ("--model", MODEL, "--dtype", "float32", "--num-blocks", "64", "--max-model-len", str(MAX_MODEL_LEN),
                 "--max-num-seqs", "1", "--max-waiting-requests", "1")
 
 SERVERS = {

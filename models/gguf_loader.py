@@ -1,0 +1,223 @@
+"""Load a llama-architecture GGUF file (llama.cpp's format) into minipd, weights served dense.
+
+`config_from_gguf` maps the `llama.*` metadata onto `ModelConfig` (special token ids from
+`tokenizer.ggml.*`). Anything the model cannot reproduce exactly -- another architecture,
+mixture-of-experts, partial rotary, RoPE frequency factors, a RoPE scaling other than
+linear -- is refused with a `ValueError` naming it.
+
+`load_gguf_model` checks every tensor's name, type and shape before it allocates the model,
+then dequantizes one tensor at a time (F32, F16, BF16, Q8_0, Q4_0, Q4_1, through
+`gguf.quants`) to float32, undoes llama.cpp's Q/K row permutation, and copies it into the
+model in the engine dtype; each float32 copy is dropped before the next tensor is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from .config import ModelConfig, RopeScaling
+from .gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
+from .llama import LlamaForCausalLM
+
+SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_TENSOR_TYPES = tuple(GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"))
+SUPPORTED_ROPE_SCALING = ("none", "linear")
+
+ARCHITECTURE_KEY = "general.architecture"
+# llama.cpp's defaults (llama-hparams / llama-model.cpp) when a llama file leaves these out.
+_DEFAULT_ROPE_THETA = 10000.0
+_DEFAULT_RMS_NORM_EPS = 1e-5
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_LAYER_PREFIX = "blk."
+_OUTPUT = "output.weight"
+_ROPE_FACTORS = "rope_freqs.weight"
+
+
+def _required(metadata: dict[str, Any], key: str) -> Any:
+    value = metadata.get(key)
+    if value is None:
+        raise ValueError(f"gguf: required metadata {key!r} is missing")
+    if isinstance(value, list):
+        raise ValueError(f"gguf: metadata {key!r} is a per-layer list, which is not supported")
+    return value
+
+
+def gguf_architecture(file: GGUFFile) -> str:
+    """`general.architecture`, or ValueError naming it when it is not supported."""
+    architecture = file.metadata.get(ARCHITECTURE_KEY)
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"gguf: architecture {architecture!r} ({ARCHITECTURE_KEY} in {file.path}) is not "
+                         f"supported; supported: {list(SUPPORTED_ARCHITECTURES)}")
+    return architecture
+
+
+def _rope_scaling(metadata: dict[str, Any], arch: str) -> RopeScaling | None:
+    kind = metadata.get(f"{arch}.rope.scaling.type", "none")
+    if kind not in SUPPORTED_ROPE_SCALING:
+        raise ValueError(f"gguf: {arch}.rope.scaling.type {kind!r} is not supported; "
+                         f"supported: {list(SUPPORTED_ROPE_SCALING)}")
+    factor = float(metadata.get(f"{arch}.rope.scaling.factor", 1.0))
+    if kind == "none" or factor == 1.0:
+        return None
+    return RopeScaling(rope_type="linear", factor=factor)
+
+
+def _eos_token_ids(metadata: dict[str, Any]) -> tuple[int, ...]:
+    """EOS plus llama.cpp's other end-of-generation ids (end of turn, end of message)."""
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+    return tuple(dict.fromkeys(int(metadata[k]) for k in keys if metadata.get(k) is not None))
+
+
+def config_from_gguf(file: GGUFFile) -> ModelConfig:
+    """`ModelConfig` from a llama GGUF's metadata; ValueError names what cannot be served exactly."""
+    arch = gguf_architecture(file)
+    metadata = file.metadata
+    expert_count = metadata.get(f"{arch}.expert_count") or 0
+    if expert_count:
+        raise ValueError(f"gguf: {arch}.expert_count = {expert_count}: mixture-of-experts models are not supported")
+    if _ROPE_FACTORS in file.tensors:
+        raise ValueError(f"gguf: tensor {_ROPE_FACTORS!r} (per-frequency RoPE factors, as Llama 3.1 uses) "
+                         "is not supported")
+    hidden_size = int(_required(metadata, f"{arch}.embedding_length"))
+    num_heads = int(_required(metadata, f"{arch}.attention.head_count"))
+    head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden_size // num_heads)
+    value_dim = int(metadata.get(f"{arch}.attention.value_length") or head_dim)
+    rope_dim = int(metadata.get(f"{arch}.rope.dimension_count") or head_dim)
+    if value_dim != head_dim:
+        raise ValueError(f"gguf: {arch}.attention.value_length ({value_dim}) != key_length ({head_dim}) "
+                         "is not supported")
+    if rope_dim != head_dim:
+        raise ValueError(f"gguf: {arch}.rope.dimension_count ({rope_dim}) != head dim ({head_dim}): "
+                         "partial rotary embeddings are not supported")
+    embedding = file.tensors.get("token_embd.weight")
+    vocab_size = metadata.get(f"{arch}.vocab_size") or (embedding.shape[0] if embedding else None)
+    if vocab_size is None:
+        raise ValueError(f"gguf: neither {arch}.vocab_size nor tensor 'token_embd.weight' is present")
+    bos = metadata.get("tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        vocab_size=int(vocab_size),
+        hidden_size=hidden_size,
+        intermediate_size=int(_required(metadata, f"{arch}.feed_forward_length")),
+        num_layers=int(_required(metadata, f"{arch}.block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(metadata.get(f"{arch}.attention.head_count_kv") or num_heads),
+        head_dim=head_dim,
+        max_position_embeddings=int(_required(metadata, f"{arch}.context_length")),
+        rms_norm_eps=float(metadata.get(f"{arch}.attention.layer_norm_rms_epsilon", _DEFAULT_RMS_NORM_EPS)),
+        rope_theta=float(metadata.get(f"{arch}.rope.freq_base", _DEFAULT_ROPE_THETA)),
+        rope_scaling=_rope_scaling(metadata, arch),
+        tie_word_embeddings=_OUTPUT not in file.tensors,  # llama.cpp reuses token_embd when output is absent
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=_eos_token_ids(metadata),
+        architecture="LlamaForCausalLM",
+    )
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The model's parameter name for a GGUF tensor name, or None when it has none."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    if gguf_name.startswith(_LAYER_PREFIX):
+        index, _, rest = gguf_name[len(_LAYER_PREFIX):].partition(".")
+        if index.isdigit() and rest in _LAYER_NAMES:
+            return f"model.layers.{int(index)}.{_LAYER_NAMES[rest]}"
+    return None
+
+
+def unpermute_qk_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation (convert_hf_to_gguf.py `LlamaModel.permute`).
+
+    llama.cpp rotates adjacent pairs (x0, x1), (x2, x3), ... while HF Llama rotates the two
+    halves of each head; the converter reorders each head's rows from [first half; second half]
+    to interleaved pairs, so this puts every head's rows i and i + head_dim/2 back apart.
+    """
+    rows = weight.shape[0]
+    half = rows // num_heads // 2
+    return weight.reshape(num_heads, half, 2, *weight.shape[1:]).transpose(1, 2).reshape(weight.shape)
+
+
+def _check_type(file: GGUFFile, info: GGUFTensorInfo) -> None:
+    if info.ggml_type not in SUPPORTED_TENSOR_TYPES:
+        raise ValueError(f"gguf: tensor {info.name!r} in {file.path} has type {info.type_name}, which is not "
+                         f"supported; supported: {[t.name for t in SUPPORTED_TENSOR_TYPES]}")
+
+
+def dequantize_tensor(file: GGUFFile, info: GGUFTensorInfo) -> np.ndarray:
+    """One tensor as float32 (shape `info.shape`); ValueError names an unsupported type."""
+    _check_type(file, info)
+    values = dequantize(file.tensor_bytes(info), GGMLQuantizationType(info.ggml_type)).reshape(info.shape)
+    # F32 comes back as a view of the read-only file mapping; torch wants memory it may write.
+    return values if values.flags.writeable else values.copy()
+
+
+def _check_tensors(file: GGUFFile, model_shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+    """GGUF name -> parameter name for every tensor, after checking names, types and shapes."""
+    names = {gguf_name: hf_name(gguf_name) for gguf_name in file.tensors}
+    unexpected = sorted(g for g, h in names.items() if h is None or h not in model_shapes)
+    missing = sorted(set(model_shapes) - set(names.values()))
+    if missing or unexpected:
+        raise ValueError(f"gguf {file.path}: missing tensors {missing}; unexpected tensors {unexpected}")
+    for gguf_name, name in names.items():
+        info = file.tensors[gguf_name]
+        _check_type(file, info)
+        if info.shape != model_shapes[name]:
+            raise ValueError(f"gguf: tensor {gguf_name!r} in {file.path} has shape {info.shape}, "
+                             f"expected {model_shapes[name]}")
+    return names
+
+
+def load_gguf_weights(file: GGUFFile, device: torch.device | str = "cpu",
+                      dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """Build the model of an already parsed GGUF file (see `load_gguf_model`)."""
+    config = config_from_gguf(file)
+    shapes = _model_shapes(config)
+    names = _check_tensors(file, shapes)
+    model = LlamaForCausalLM(config, device=device, dtype=dtype, initialize=False)  # every tensor is loaded below
+    params = model.state_dict()
+    with torch.no_grad():
+        for gguf_name, name in names.items():
+            values = torch.from_numpy(dequantize_tensor(file, file.tensors[gguf_name]))
+            if name.endswith("q_proj.weight"):
+                values = unpermute_qk_rows(values, config.num_heads)
+            elif name.endswith("k_proj.weight"):
+                values = unpermute_qk_rows(values, config.num_kv_heads)
+            params[name].copy_(values)
+            del values  # the float32 copy goes before the next tensor is dequantized
+    return model
+
+
+def _model_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter shapes of the model `config` describes, without allocating it."""
+    model = LlamaForCausalLM(config, device="meta", initialize=False)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def load_gguf_model(path: str | Path, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+    """Build a `LlamaForCausalLM` from the llama GGUF file at `path`, dequantized to `dtype` on
+    `device`. Raises FileNotFoundError when it does not exist and ValueError naming an
+    unsupported architecture, tensor type or feature, or missing/unexpected/misshapen tensors
+    (all checked before the model is allocated)."""
+    return load_gguf_weights(read_gguf(path), device=device, dtype=dtype)
