@@ -14,6 +14,7 @@ import uvloop
 
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun, coalesce_runs, split_runs
+from minipd.transports.ends_after_headers import EndsAfterHeaders
 from minipd.transports.errors import TransferError
 from minipd.transports.link_limiter import LinkLimiter
 from minipd.transports.messages import Hello, LayerHeader, MAX_HEADER_BYTES
@@ -119,12 +120,11 @@ def test_tcp_closes_the_link_on_a_bad_frame_and_leaves_the_pool(case: str) -> No
     assert not pool.any(), "a rejected frame wrote into the pool"
 
 
-class _HeldWrites(Transport):
+class _HeldWrites(EndsAfterHeaders):
     """A backend whose writes announce their header at once, then hold their payload until the
     test releases it; it records every end-of-request message (None for an abort)."""
 
     backend = "held"
-    finish_early = True
 
     def __init__(self, pool, *, instance_id: str) -> None:
         super().__init__(pool, instance_id=instance_id)
@@ -145,7 +145,7 @@ class _HeldWrites(Transport):
 
     async def _write(self, peer_id, request_id, layer, runs) -> None:
         await self.headers_go.wait()
-        self._announced(request_id)
+        self._header_out(request_id)
         await self.release.wait()
         if self.payload_fails:
             raise TransferError(peer_id, request_id, "payload lost")

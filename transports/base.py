@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -49,6 +48,7 @@ from minipd.transports.link_limiter import LinkLimiter
 from minipd.transports.messages import PoolDescription, decode_description, message_encoder
 from minipd.transports.pool_layout import PoolLayout
 from minipd.transports.receive_ledger import MAX_REMEMBERED_ABORTS, ReceiveLedger
+from minipd.transports.recent_ids import RecentIds
 from minipd.transports.results import LayerWritten, ReceiveOutcome, RequestLanded, RequestSent
 
 logger = logging.getLogger(__name__)
@@ -65,8 +65,6 @@ class _Sending:
         self.writes: list[asyncio.Task[LayerWritten]] = []
         self.num_bytes = 0
         self.aborted = False
-        self.announced = 0  # layers whose header has gone out (backends with `finish_early`)
-        self.all_announced = asyncio.Event()
 
 
 class Transport(ABC):
@@ -80,11 +78,6 @@ class Transport(ABC):
     # True when writes are one-sided (the receiver cannot refuse them): abort on the
     # receiver then waits for the sender's end-of-request message.
     one_sided: ClassVar[bool] = False
-    # True when the end-of-request message may go out once every layer's header has (calling
-    # `_announced` per header): the receiver's own receives then say when the bytes landed,
-    # and the message follows the headers in order. Saves the wait for the last payload's
-    # completion before the receiver may hear of the end.
-    finish_early: ClassVar[bool] = False
 
     def __init__(self, pool: torch.Tensor, *, instance_id: str, link_gbps: float | None = None,
                  abort_drain_s: float = DEFAULT_ABORT_DRAIN_S) -> None:
@@ -96,7 +89,7 @@ class Transport(ABC):
         self._ledger = ReceiveLedger(self.layout)
         self._peers: dict[str, PoolDescription] = {}
         self._sending: dict[str, _Sending] = {}
-        self._sender_aborted: OrderedDict[str, None] = OrderedDict()
+        self._sender_aborted: RecentIds[None] = RecentIds(MAX_REMEMBERED_ABORTS)
         self._lost_peers: set[str] = set()  # reported lost and not heard of since
         self._closed = False
 
@@ -195,15 +188,13 @@ class Transport(ABC):
         task = asyncio.get_running_loop().create_task(
             self._write_guarded(peer_id, request_id, layer, list(runs), num_bytes, sending))
         sending.writes.append(task)
-        sending.all_announced.clear()  # set again once this layer's header is out too
         return task
 
     async def finish_request(self, peer_id: str, request_id: str) -> RequestSent:
         """Wait for all of the request's writes, then tell the receiver they are complete
-        (a `finish_early` backend tells it as soon as every layer's header is out). Called
-        once per request after its last `write_layer`; returns once every write completed,
-        and raises TransferError if any failed (the receiver is then told the request is
-        aborted)."""
+        (a backend may tell it sooner, see `_end_before_writes_complete`). Called once per
+        request after its last `write_layer`; returns once every write completed, and raises
+        TransferError if any failed (the receiver is then told the request is aborted)."""
         if request_id in self._sender_aborted:
             raise TransferError(peer_id, request_id, "request was aborted")
         sending = self._sending.get(request_id)
@@ -212,14 +203,8 @@ class Transport(ABC):
         elif sending.peer_id != peer_id:
             raise ValueError(f"request {request_id!r} is being sent to {sending.peer_id!r}, not {peer_id!r}")
         writes = asyncio.gather(*sending.writes, return_exceptions=True)
-        finished_early = False
-        if self.finish_early and sending.writes:
-            announced = asyncio.ensure_future(sending.all_announced.wait())
-            await asyncio.wait([writes, announced], return_when=asyncio.FIRST_COMPLETED)
-            announced.cancel()
-            if not writes.done():
-                await self._guard(peer_id, request_id, self._send_end(peer_id, request_id, sending.num_bytes))
-                finished_early = True
+        finished_early = bool(sending.writes) and await self._end_before_writes_complete(
+            peer_id, request_id, sending, writes)
         results = await writes
         self._sending.pop(request_id, None)
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -232,14 +217,6 @@ class Transport(ABC):
         if not finished_early:
             await self._guard(peer_id, request_id, self._send_end(peer_id, request_id, sending.num_bytes))
         return RequestSent(request_id, len(sending.writes), sending.num_bytes)
-
-    def _announced(self, request_id: str) -> None:
-        """Backends with `finish_early`: one more layer header of `request_id` has gone out."""
-        sending = self._sending.get(request_id)
-        if sending is not None:
-            sending.announced += 1
-            if sending.announced == len(sending.writes):
-                sending.all_announced.set()
 
     # ---- both sides ------------------------------------------------------------------
 
@@ -257,9 +234,7 @@ class Transport(ABC):
             # Writes already issued run to completion (a move cut midway would corrupt the
             # link); writes not yet issued see the flag and never start.
             sending.aborted = True
-            self._sender_aborted[request_id] = None
-            while len(self._sender_aborted) > MAX_REMEMBERED_ABORTS:
-                self._sender_aborted.popitem(last=False)
+            self._sender_aborted.remember(request_id, None)
             await asyncio.gather(*sending.writes, return_exceptions=True)
             await self._send_end_quietly(sending.peer_id, request_id, None)
         peer_id = self._ledger.peer_of(request_id)
@@ -326,6 +301,14 @@ class Transport(ABC):
             await self._send_end(peer_id, request_id, num_bytes)
         except Exception as exc:  # the peer may be gone; the abort itself already succeeded
             logger.info("could not tell %r that %r ended: %s", peer_id, request_id, exc)
+
+    async def _end_before_writes_complete(self, peer_id: str, request_id: str, sending: _Sending,
+                                          writes: asyncio.Future) -> bool:
+        """Sender hook, called by `finish_request` while the request's `writes` run: a backend
+        whose receiver learns by itself when the bytes landed may tell it the request's end
+        now (`_send_end`) and return True; `finish_request` still waits for the writes and
+        follows with an abort if one fails. Default: False (the end follows the writes)."""
+        return False
 
     async def _drain_aborted(self, peer_id: str, request_id: str) -> None:
         """Receiver hook: return once no more bytes of aborted `request_id` can land (only

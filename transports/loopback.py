@@ -78,10 +78,7 @@ class LoopbackTransport(Transport):
         self._ledger.record_landed(peer_id, request_id, num_bytes)
 
     def ended(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
-        if num_bytes is None:
-            self._ledger.record_sender_abort(peer_id, request_id)
-        else:
-            self._ledger.record_finish(peer_id, request_id, num_bytes)
+        self._ledger.record_end(peer_id, request_id, num_bytes)
 
     def _drop_peer(self, peer_id: str, reason: str) -> None:
         pass  # nothing to tear down in-process

@@ -186,10 +186,10 @@ class NixlTransport(Transport):
                     logger.error("peer %r wrote outside what we allow (%s); dropping it", peer_id, reason)
                     self._ledger.fail_peer(peer_id, f"protocol violation: {reason}")
             case Finish(request_id=request_id, num_bytes=num_bytes):
-                self._ledger.record_finish(peer_id, request_id, num_bytes)
+                self._ledger.record_end(peer_id, request_id, num_bytes)
                 self._mark_ended(request_id)
             case Abort(request_id=request_id):
-                self._ledger.record_sender_abort(peer_id, request_id)
+                self._ledger.record_end(peer_id, request_id, None)
                 self._mark_ended(request_id)
             case _:
                 logger.warning("ignoring unexpected %s from %r", type(message).__name__, peer_id)

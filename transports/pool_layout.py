@@ -43,10 +43,6 @@ class PoolLayout(NamedTuple):
     def layer_bytes(self) -> int:
         return self.num_blocks * self.block_bytes
 
-    @property
-    def total_bytes(self) -> int:
-        return self.num_layers * self.layer_bytes
-
     def offset(self, layer: int, block: int) -> int:
         """Byte offset of block `block` of layer `layer` from the start of the pool."""
         return layer * self.layer_bytes + block * self.block_bytes

@@ -7,11 +7,11 @@ import asyncio
 import enum
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from minipd.transports.errors import TransferError
 from minipd.transports.pool_layout import PoolLayout
+from minipd.transports.recent_ids import RecentIds
 from minipd.transports.results import ReceiveOutcome, RequestLanded
 
 logger = logging.getLogger(__name__)
@@ -48,8 +48,8 @@ class ReceiveLedger:
     """Tracks requests a receiver expects; used from the event-loop thread only.
 
     Backends call `check_write` before landing anything, `begin_landing`/`end_landing` around
-    receives that write pool memory, and `record_finish` / `record_sender_abort` when the
-    sender says so. The transport's public receiver calls (`expect`, `wait_landed`,
+    receives that write pool memory, and `record_end` when the sender says the request is
+    complete or aborted. The transport's public receiver calls (`expect`, `wait_landed`,
     `poll_landed`, `abort`, `peer_lost`) map one to one onto this class.
     """
 
@@ -57,14 +57,14 @@ class ReceiveLedger:
         self._layout = layout
         self._expected: dict[str, _Expected] = {}
         self._outcomes: dict[str, ReceiveOutcome] = {}
-        self._aborted: OrderedDict[str, str] = OrderedDict()
+        self._aborted: RecentIds[str] = RecentIds(MAX_REMEMBERED_ABORTS)  # request id -> its peer
 
     def expect(self, request_id: str, peer_id: str, dst_block_ids: Sequence[int]) -> None:
         if request_id in self._expected or request_id in self._outcomes:
             raise ValueError(f"request {request_id!r} is already expected")
         for block in dst_block_ids:
             self._layout.check_blocks(int(block), 1, "destination")
-        self._aborted.pop(request_id, None)
+        self._aborted.forget(request_id)
         self._expected[request_id] = _Expected(peer_id, dst_block_ids)
 
     def check_write(self, peer_id: str, request_id: str, layer: int, runs: Sequence[tuple[int, int]],
@@ -122,7 +122,14 @@ class ReceiveLedger:
                 entry.last_landed_at = time.time()
             self._maybe_complete(request_id, entry)
 
-    def record_finish(self, peer_id: str, request_id: str, num_bytes: int) -> None:
+    def record_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
+        """The sender ended the request: complete with `num_bytes` in all, or aborted (None)."""
+        if num_bytes is None:
+            self._record_sender_abort(peer_id, request_id)
+        else:
+            self._record_finish(peer_id, request_id, num_bytes)
+
+    def _record_finish(self, peer_id: str, request_id: str, num_bytes: int) -> None:
         entry = self._expected.get(request_id)
         if entry is None:
             self._forget_abort(request_id, peer_id)
@@ -133,7 +140,7 @@ class ReceiveLedger:
         entry.bytes_promised = num_bytes
         self._maybe_complete(request_id, entry)
 
-    def record_sender_abort(self, peer_id: str, request_id: str) -> None:
+    def _record_sender_abort(self, peer_id: str, request_id: str) -> None:
         entry = self._expected.get(request_id)
         if entry is None:
             self._forget_abort(request_id, peer_id)
@@ -223,13 +230,11 @@ class ReceiveLedger:
             self._outcomes[request_id] = outcome
 
     def _remember_abort(self, request_id: str, peer_id: str) -> None:
-        self._aborted[request_id] = peer_id
-        while len(self._aborted) > MAX_REMEMBERED_ABORTS:
-            self._aborted.popitem(last=False)
+        self._aborted.remember(request_id, peer_id)
 
     def _forget_abort(self, request_id: str, peer_id: str) -> None:
         if self._aborted.get(request_id) == peer_id:
-            del self._aborted[request_id]
+            self._aborted.forget(request_id)
 
 
 def _unwrap(outcome: ReceiveOutcome) -> RequestLanded:

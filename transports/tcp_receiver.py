@@ -126,10 +126,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
             case LayerHeader():
                 self._on_layer(message)
             case Finish(request_id=request_id, num_bytes=num_bytes):
-                self._ledger.record_finish(self.peer_id, request_id, num_bytes)
+                self._ledger.record_end(self.peer_id, request_id, num_bytes)
                 self._expect_prefix()
             case Abort(request_id=request_id):
-                self._ledger.record_sender_abort(self.peer_id, request_id)
+                self._ledger.record_end(self.peer_id, request_id, None)
                 self._expect_prefix()
             case Hello():
                 self._violation("second hello on one link")

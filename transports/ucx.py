@@ -14,7 +14,7 @@ from typing import Callable
 
 import msgspec
 
-from minipd.transports.base import Transport
+from minipd.transports.ends_after_headers import EndsAfterHeaders
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
 from minipd.transports.messages import (MAX_HEADER_BYTES, Abort, Finish, LayerHeader, Message,
@@ -172,7 +172,7 @@ def _detach_ucxx_progress(loop: asyncio.AbstractEventLoop) -> None:
             task.cancel()
 
 
-class UcxTransport(Transport):
+class UcxTransport(EndsAfterHeaders):
     """Receiver: one header receive is always posted on the worker; a layer header is judged
     by the ledger, then one tagged receive per run is posted straight into the destination
     blocks, then a READY byte goes back to the sender's worker (address in the header's
@@ -185,7 +185,6 @@ class UcxTransport(Transport):
     """
 
     backend = "ucx"
-    finish_early = True  # tag matching keeps the Finish behind every layer header
 
     def __init__(self, pool, *, instance_id: str, **options) -> None:
         super().__init__(pool, instance_id=instance_id, **options)
@@ -246,7 +245,7 @@ class UcxTransport(Transport):
             self._parked.append(ready)
             raise
         regions = [header_buffer, ready]  # UCX holds raw pointers: keep every buffer alive until done
-        self._announced(request_id)
+        self._header_out(request_id)
         try:
             await self._progress.wait([header_request, ready_request])
         except BaseException:
@@ -322,9 +321,9 @@ class UcxTransport(Transport):
             case LayerHeader():
                 self._on_layer(peer_id, message, reply_to)
             case Finish(request_id=request_id, num_bytes=num_bytes):
-                self._ledger.record_finish(peer_id, request_id, num_bytes)
+                self._ledger.record_end(peer_id, request_id, num_bytes)
             case Abort(request_id=request_id):
-                self._ledger.record_sender_abort(peer_id, request_id)
+                self._ledger.record_end(peer_id, request_id, None)
             case _:
                 logger.warning("ignoring unexpected %s from %r", type(message).__name__, peer_id)
 

@@ -23,7 +23,8 @@ ROOT_HASH = 0  # parent hash of a sequence's first block
 
 
 class OutOfBlocks(RuntimeError):
-    """Raised when an allocation asks for more blocks than are free; check `can_*` first."""
+    """Raised when an allocation asks for more blocks than are free; check `num_free_blocks` or
+    `num_new_blocks_for` first."""
 
 
 class PrefixMatch(NamedTuple):
@@ -111,9 +112,6 @@ class BlockManager:
             self._hash_to_block[h] = block_id
 
     # ---- allocation -------------------------------------------------------------------
-    def can_allocate(self, num_new_blocks: int) -> bool:
-        return num_new_blocks <= self.num_free_blocks
-
     def allocate(self, token_ids: Sequence[int], num_tokens: int | None = None) -> tuple[list[int], int]:
         """Blocks for the first `num_tokens` (default all) of `token_ids`, reusing cached prefix blocks.
 
