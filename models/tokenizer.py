@@ -128,7 +128,9 @@ class HFTokenizer(Tokenizer):
         return token_id
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it encodes (encode does not), so a thread that
+        # tokenizes a huge prompt does not stop the event loop (minipd/engine/prompt_encoder.py)
+        ids = self._tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
         wants_bos = add_bos and self._add_bos and self.bos_token_id is not None
         # A rendered chat template often starts with the BOS text already; never double it.
         if wants_bos and (not ids or ids[0] != self.bos_token_id):

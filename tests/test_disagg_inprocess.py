@@ -220,10 +220,12 @@ def test_malformed_control_frames_close_only_that_connection(cluster, loop_threa
 
 def test_requests_wait_for_a_full_decode_pool_instead_of_failing(loop_thread):
     # 12 decode blocks: three 90-token prompts (6 blocks each, then growth) cannot all hold blocks at once.
+    # KV admission off: the router accepts them all and the third waits for blocks.
     small_decode = msgspec.structs.replace(CONFIG, num_blocks=12, max_model_len=190)
+    router_config = RouterConfig(local_prefill_max_tokens=-1, kv_admission_ratio=None)
 
     async def run():
-        async with await InProcessCluster.start(small_decode, 1, 1, RouterConfig(local_prefill_max_tokens=-1)) as c:
+        async with await InProcessCluster.start(small_decode, 1, 1, router_config) as c:
             prompts = [[k + 1] * 90 for k in range(3)]
             params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
             results = await asyncio.gather(*(_collect(c, p, params) for p in prompts))

@@ -159,7 +159,7 @@ def test_transfer_recorders_feed_the_transfer_series(serve, engine):
 
 
 def test_disconnect_aborts_running_and_waiting_requests(serve, engine, loop_thread):
-    served = serve(EngineBackend(engine, MODEL))
+    served = serve(EngineBackend(engine, MODEL, kv_admission_ratio=None))  # the second must wait, not be refused
     body = {"prompt": "hold on", "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True}
     running = OpenStream(served.url, COMPLETIONS, body)
     assert running.next_event()["choices"]  # it runs (max_num_seqs=1), so the next one waits

@@ -7,7 +7,10 @@ its own metrics registry (`app[METRICS_KEY]`), so the disaggregated flow can rec
 transfers on it and several servers can share a process.
 
 Client disconnects cancel the request's handler (`handler_cancellation`), which aborts
-the request in the backend even while it is still waiting for its first token.
+the request in the backend even while it is still waiting for its first token. Slow clients
+are cut off: a connection whose request headers are not complete within `header_timeout_s`
+(or that idles that long between requests) is closed, and a body that has not fully arrived
+within `body_timeout_s` is answered 408.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ DEFAULT_MAX_REQUEST_BODY_BYTES = 4 * 1024 * 1024  # far above max_model_len of t
 HEALTH_TIMEOUT_S = 5.0  # a backend that cannot say within this is not ready
 RETRY_AFTER_S = 1
 SHUTDOWN_TIMEOUT_S = 5.0  # in-flight requests are aborted after this on shutdown
+DEFAULT_HEADER_TIMEOUT_S = 10.0  # far above any real client's header time on a local network
+DEFAULT_BODY_TIMEOUT_S = 30.0  # a max-size body at a slow 1 Mbit/s still arrives well within it
 
 METRICS_KEY = web.AppKey("metrics", ServingMetrics)
 
@@ -45,6 +50,8 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_waiting_requests: int | None = DEFAULT_MAX_WAITING_REQUESTS  # None: no admission limit
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     retry_after_s: int = RETRY_AFTER_S
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # request headers complete within this, or closed
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole body within this, or 408
 
     def validate(self) -> None:
         if not 0 <= self.port < 2**16:
@@ -53,15 +60,23 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"max_waiting_requests: must be >= 0, got {self.max_waiting_requests}")
         if self.max_request_body_bytes <= 0:
             raise ValueError(f"max_request_body_bytes: must be positive, got {self.max_request_body_bytes}")
+        for field in ("header_timeout_s", "body_timeout_s"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{field}: must be positive, got {getattr(self, field)}")
 
+
+CONFIG_KEY = web.AppKey("config", HttpConfig)
 
 _encoder = msgspec.json.Encoder()
 
 
 def error_response(error: ApiError) -> web.Response:
     headers = {} if error.retry_after_s is None else {"Retry-After": str(error.retry_after_s)}
-    return web.Response(status=error.status, body=_encoder.encode(error.body()), content_type="application/json",
-                        headers=headers)
+    response = web.Response(status=error.status, body=_encoder.encode(error.body()), content_type="application/json",
+                            headers=headers)
+    if error.close_connection:
+        response.force_close()
+    return response
 
 
 def _json(value: msgspec.Struct | dict) -> web.Response:
@@ -122,7 +137,13 @@ def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
     metrics = ServingMetrics(backend.instance_stats)
     app[METRICS_KEY] = metrics
     backend.on_transfer_failure(lambda what: metrics.record_transfer_failure())
-    serving = OpenAIServing(backend, metrics, config.max_waiting_requests, config.retry_after_s)
+    app[CONFIG_KEY] = config
+    serving = OpenAIServing(backend, metrics, config.max_waiting_requests, config.retry_after_s,
+                            config.body_timeout_s)
+
+    async def close_serving(app: web.Application) -> None:
+        serving.close()
+    app.on_cleanup.append(close_serving)
     routes = _Routes(backend, metrics, config.retry_after_s)
     app.router.add_post("/v1/completions", serving.completions)
     app.router.add_post("/v1/chat/completions", serving.chat_completions)
@@ -134,7 +155,10 @@ def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
 
 async def start_http_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (0: a free port); returns the runner (call `cleanup()`) and the port."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    # aiohttp closes a connection that idles `keepalive_timeout` while it waits for a request:
+    # from its start, and headers that arrive partly do not count as a request
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+                           keepalive_timeout=app[CONFIG_KEY].header_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -1,4 +1,8 @@
-"""`ServingBackend` over one colocated engine (`minipd --role both --port P`)."""
+"""`ServingBackend` over one colocated engine (`minipd --role both --port P`).
+
+Admission by KV capacity (engine/kv_admission.py): a request is refused with NoCapacity
+(503) while the engine's live requests claim `kv_admission_ratio` times its pool already.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from typing import Callable, Sequence
 from minipd.api.backend import BackendUnavailableError, InstanceStats, OutputStream
 from minipd.control.role import Role
 from minipd.engine.engine import Engine
+from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO, claim_limit, validate_ratio
 from minipd.engine.sampling_params import SamplingParams
 
 NOT_RUNNING_RETRY_AFTER_S = 1  # an engine that is not running yet is usually starting up
@@ -15,8 +20,11 @@ NOT_RUNNING_RETRY_AFTER_S = 1  # an engine that is not running yet is usually st
 class EngineBackend:
     """`ServingBackend` over one colocated engine (`--role both`), on the engine's loop."""
 
-    def __init__(self, engine: Engine, model_name: str, instance_name: str = "local"):
+    def __init__(self, engine: Engine, model_name: str, instance_name: str = "local",
+                 kv_admission_ratio: float | None = DEFAULT_KV_ADMISSION_RATIO):
+        validate_ratio(kv_admission_ratio)
         self.engine = engine
+        self.kv_limit_blocks = claim_limit(kv_admission_ratio, engine.config.num_blocks)
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.config.max_model_len
@@ -25,7 +33,7 @@ class EngineBackend:
     def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
         if not self.engine.is_running:
             raise BackendUnavailableError("the engine is not running", retry_after_s=NOT_RUNNING_RETRY_AFTER_S)
-        return self.engine.submit(prompt, params, request_id)
+        return self.engine.submit(prompt, params, request_id, kv_limit_blocks=self.kv_limit_blocks)
 
     async def ready(self) -> bool:
         return self.engine.is_running

@@ -36,12 +36,15 @@ class ErrorResponse(msgspec.Struct):
 class ApiError(Exception):
     """An error answered to the client as `status` with an OpenAI error body.
 
-    `retry_after_s`, when set, becomes a `Retry-After` header (overload, unavailable).
+    `retry_after_s`, when set, becomes a `Retry-After` header (overload, unavailable);
+    `close_connection` closes the connection after the answer (the rest of the request was
+    not read, so the connection cannot carry another one).
     """
 
     def __init__(self, status: int, message: str, *, param: str | None = None, type: str = INVALID_REQUEST,
-                 code: str | None = None, retry_after_s: int | None = None):
+                 code: str | None = None, retry_after_s: int | None = None, close_connection: bool = False):
         super().__init__(message)
+        self.close_connection = close_connection
         self.status = status
         self.message = message
         self.param = param

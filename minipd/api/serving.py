@@ -1,13 +1,17 @@
 """The generation endpoints: /v1/completions and /v1/chat/completions.
 
 One request, top-down:
-1. decode the body into its Struct (400 naming the field on any mismatch) and refuse
-   options minipd cannot honour, or a model it does not serve (404);
+1. read the body within `body_timeout_s` (408 past it; 400 for a body that does not decode
+   as its Content-Encoding says), decode it into its Struct (400 naming the field on any
+   mismatch) and refuse options minipd cannot honour, or a model it does not serve (404);
 2. admission: 503 with Retry-After while `max_waiting_requests` requests wait already;
-3. submit to the backend (400 for a request it refuses, 503 when it is unavailable);
-4. answer with one JSON body, or with server-sent events ending in `data: [DONE]`.
+3. render the chat template and tokenize on a tokenizer thread, off the event loop, so a huge
+   prompt does not stall other users' streams (400 for a prompt that is empty or too long);
+4. submit the token ids to the backend (400 for a request it refuses, 503 with Retry-After
+   when it is unavailable or its KV capacity is claimed already);
+5. answer with one JSON body, or with server-sent events ending in `data: [DONE]`.
 
-Leaving step 4 early for any reason, a client disconnect included, leaves the stream's
+Leaving step 5 early for any reason, a client disconnect included, leaves the stream's
 `async with` block, which aborts the request in the backend and frees its blocks.
 """
 
@@ -17,7 +21,7 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -26,8 +30,11 @@ from minipd.api.errors import OVERLOADED, SERVER_ERROR, ApiError, bad_request, f
 from minipd.api.chat_template import ChatTemplate
 from minipd.api.metrics import RequestRecorder, ServingMetrics
 from minipd.api.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-                              ChatCompletionResponse, ChatDelta, ChatReply, CompletionChoice, CompletionRequest,
-                              CompletionResponse, Usage, GenerationRequest, make_usage)
+                              ChatCompletionResponse, ChatDelta, ChatReply, CompletionChoice,
+                              CompletionRequest, CompletionResponse, Usage, GenerationRequest, make_usage)
+from minipd.engine.kv_admission import NoCapacity
+from minipd.engine.prompt_check import prompt_token_ids
+from minipd.engine.prompt_encoder import PromptEncoder
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.api.backend import BackendUnavailableError, OutputStream, ServingBackend
@@ -37,6 +44,7 @@ log = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 SSE_DONE = b"data: [DONE]\n\n"
 PROMPT_FIELDS = ("prompt", "prompt_token_ids")  # what the engine calls the prompt in its errors
+NO_LENGTH_LIMIT = 2**63  # a backend that knows no max_model_len yet (no instance) checks it itself
 
 RequestT = TypeVar("RequestT", bound=GenerationRequest)
 
@@ -98,33 +106,39 @@ class OpenAIServing:
     """The generation handlers of one app, over one backend."""
 
     def __init__(self, backend: ServingBackend, metrics: ServingMetrics, max_waiting_requests: int | None,
-                 overload_retry_after_s: int):
+                 overload_retry_after_s: int, body_timeout_s: float):
         self.backend = backend
         self.metrics = metrics
         self.max_waiting_requests = max_waiting_requests
         self.overload_retry_after_s = overload_retry_after_s
+        self.body_timeout_s = body_timeout_s
         self.chat_template = ChatTemplate.for_tokenizer(backend.tokenizer)
+        self.prompt_encoder = PromptEncoder(backend.tokenizer)
         self._encoder = msgspec.json.Encoder()
+
+    def close(self) -> None:
+        self.prompt_encoder.close()
 
     async def completions(self, http_request: web.Request) -> web.StreamResponse:
         recorder = self.metrics.start_request()
         request = await self._decode(http_request, CompletionRequest)
-        prompt: str | list[int] = request.prompt
         request_id = f"cmpl-{uuid.uuid4().hex}"
+        text = request.prompt
+        prompt = (lambda: text) if isinstance(text, str) else text
         return await self._generate(http_request, request, prompt, "prompt",
                                     CompletionFormat(request_id, self.backend.model_name), recorder)
 
     async def chat_completions(self, http_request: web.Request) -> web.StreamResponse:
         recorder = self.metrics.start_request()
         request = await self._decode(http_request, ChatCompletionRequest)
-        prompt = self.chat_template.render(request.messages)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        return await self._generate(http_request, request, prompt, "messages",
+        messages = request.messages
+        return await self._generate(http_request, request, lambda: self.chat_template.render(messages), "messages",
                                     ChatFormat(request_id, self.backend.model_name), recorder)
 
     # ---- steps ----------------------------------------------------------------------
     async def _decode(self, http_request: web.Request, request_type: type[RequestT]) -> RequestT:
-        body = await http_request.read()  # aiohttp answers 413 past client_max_size
+        body = await self._read_body(http_request)
         try:
             request = msgspec.json.decode(body, type=request_type)
         except msgspec.DecodeError as exc:
@@ -135,6 +149,37 @@ class OpenAIServing:
                                 f"{self.backend.model_name!r}", param="model", code="model_not_found")
         return request
 
+    async def _read_body(self, http_request: web.Request) -> bytes:
+        """The whole (decompressed) body; aiohttp answers 413 past client_max_size."""
+        try:
+            return await asyncio.wait_for(http_request.read(), self.body_timeout_s)
+        except asyncio.TimeoutError:
+            http_request.content.feed_eof()  # the rest is never read: the connection closes after the answer
+            raise ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g} s",
+                           close_connection=True) from None
+        except web.RequestPayloadError as exc:
+            http_request.content.feed_eof()
+            encoding = http_request.headers.get("Content-Encoding", "identity")
+            raise ApiError(400, f"Content-Encoding: the request body is not valid {encoding}: "
+                                f"{exc.__cause__ or exc}", close_connection=True) from None
+
+    async def _token_ids(self, prompt: Callable[[], str] | list[int], prompt_param: str) -> list[int]:
+        """Token ids as they are, or the text `prompt()` makes (a chat template's rendering)
+        tokenized, both on a tokenizer thread."""
+        if isinstance(prompt, list):
+            return prompt
+        tokenizer, max_model_len = self.backend.tokenizer, self.backend.max_model_len or NO_LENGTH_LIMIT
+        try:
+            return await self.prompt_encoder.run(
+                lambda: prompt_token_ids(tokenizer, prompt(), tokenizer.vocab_size, max_model_len))
+        except InvalidRequestError as exc:
+            raise self._invalid(exc, prompt_param) from None
+
+    @staticmethod
+    def _invalid(exc: InvalidRequestError, prompt_param: str) -> ApiError:
+        detail = str(exc).removeprefix(f"{exc.field}: ")
+        return bad_request(prompt_param if exc.field in PROMPT_FIELDS else exc.field, detail)
+
     def _admit(self) -> None:
         limit = self.max_waiting_requests
         if limit is None:
@@ -144,22 +189,25 @@ class OpenAIServing:
             raise ApiError(503, f"overloaded: {num_waiting} requests are waiting (limit {limit}); retry later",
                            type=OVERLOADED, retry_after_s=self.overload_retry_after_s)
 
-    def _submit(self, prompt: str | Sequence[int], request: GenerationRequest, prompt_param: str,
+    def _submit(self, prompt: Sequence[int], request: GenerationRequest, prompt_param: str,
                 request_id: str) -> OutputStream:
         params = request.sampling_params_for(self.backend.max_model_len)
         try:
             return self.backend.submit(prompt, params, request_id)
         except InvalidRequestError as exc:
-            detail = str(exc).removeprefix(f"{exc.field}: ")
-            raise bad_request(prompt_param if exc.field in PROMPT_FIELDS else exc.field, detail) from None
+            raise self._invalid(exc, prompt_param) from None
         except BackendUnavailableError as exc:
             raise ApiError(503, f"unavailable: {exc}", type=OVERLOADED, retry_after_s=exc.retry_after_s) from None
+        except NoCapacity as exc:
+            raise ApiError(503, f"overloaded: {exc}; retry later", type=OVERLOADED,
+                           retry_after_s=self.overload_retry_after_s) from None
 
-    async def _generate(self, http_request: web.Request, request: GenerationRequest, prompt: str | Sequence[int],
-                        prompt_param: str, fmt: CompletionFormat | ChatFormat,
-                        recorder: RequestRecorder) -> web.StreamResponse:
+    async def _generate(self, http_request: web.Request, request: GenerationRequest,
+                        prompt: Callable[[], str] | list[int], prompt_param: str,
+                        fmt: CompletionFormat | ChatFormat, recorder: RequestRecorder) -> web.StreamResponse:
         self._admit()
-        stream = self._submit(prompt, request, prompt_param, fmt.request_id)
+        token_ids = await self._token_ids(prompt, prompt_param)
+        stream = self._submit(token_ids, request, prompt_param, fmt.request_id)
         try:
             async with stream:
                 if request.stream:

@@ -16,8 +16,8 @@ reference that the caller must give back with `free` exactly once.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from typing import NamedTuple, Sequence
+from collections import Counter, OrderedDict, deque
+from typing import Iterable, NamedTuple, Sequence
 
 ROOT_HASH = 0  # parent hash of a sequence's first block
 
@@ -72,6 +72,13 @@ class BlockManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def num_freed_by(self, block_id_lists: Iterable[Sequence[int]], keep: Iterable[int] = ()) -> int:
+        """Blocks that would become free if every list in `block_id_lists` gave its references
+        back (`free` on each), not counting the blocks in `keep`."""
+        drops = Counter(b for block_ids in block_id_lists for b in block_ids)
+        kept = set(keep)
+        return sum(1 for b, n in drops.items() if self._ref_counts[b] == n and b not in kept)
 
     # ---- prefix cache -----------------------------------------------------------------
     def match_prefix(self, token_ids: Sequence[int]) -> PrefixMatch:

@@ -6,6 +6,9 @@ The engine loop, top-down, one step at a time:
 3. run the forward pass and sampling on the single compute thread, so the event loop keeps
    serving I/O while the model runs;
 4. advance progress, append sampled tokens, check stop conditions, stream increments.
+A step that fails never fails the requests that were merely batched with the culprit: each
+is run again alone (`_isolate_failure`), and a request whose sampling failed is the only
+one failed (`SamplingFailed`).
 
 All scheduler and request state is touched only on the event loop thread.
 """
@@ -26,6 +29,7 @@ from minipd.engine import kv_sink
 from minipd.engine.block_manager import BlockManager, BlockUsage
 from minipd.engine.detokenizer import Detokenizer
 from minipd.engine.dtype_choice import AUTO, DTYPE_CHOICES, resolve_dtype
+from minipd.engine.kv_admission import KVClaims, NoCapacity, claim_blocks
 from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
 from minipd.engine.kv_sink import KVSink
 from minipd.engine.model_loader import load_model
@@ -33,14 +37,13 @@ from minipd.engine.model_runner import ModelRunner
 from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.request import FinishReason, Request, RequestOutput, RequestStatus
 from minipd.engine.request_stream import RequestStream
+from minipd.engine.sampler import SamplingFailed
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
-
-class NoCapacity(RuntimeError):
-    """Not enough free KV blocks for a reservation right now; try later or elsewhere."""
+__all__ = ["Engine", "EngineConfig", "EngineStats", "NoCapacity"]
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +113,7 @@ class Engine:
         self.detokenizer = Detokenizer(self.tokenizer)
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self._streams: dict[str, RequestStream] = {}
+        self.kv_claims = KVClaims()  # of the live requests (kv_admission.py)
         self._pending_aborts: set[str] = set()
         self._ids = itertools.count()
         self._wakeup: asyncio.Event | None = None
@@ -166,10 +170,12 @@ class Engine:
         return Request(request_id, token_ids, params)
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               request_id: str | None = None) -> RequestStream:
-        """Validate, enqueue and return the request's output stream."""
+               request_id: str | None = None, kv_limit_blocks: int | None = None) -> RequestStream:
+        """Validate, enqueue and return the request's output stream. With `kv_limit_blocks`,
+        raise NoCapacity instead when the KV claims of the live requests and this one would
+        exceed it (kv_admission.py)."""
         request = self.make_request(prompt, params, request_id)
-        return self._enqueue(request)
+        return self._enqueue(request, kv_limit_blocks)
 
     def submit_prefill(self, token_ids: Sequence[int], params: SamplingParams, request_id: str,
                        sink: KVSink) -> RequestStream:
@@ -184,6 +190,8 @@ class Engine:
 
         Returns (block ids for the whole prompt, leading tokens already held here thanks to the
         prefix cache). The caller owns the blocks: `adopt` them or `release_blocks` them.
+        Raises NoCapacity unless the blocks are free beyond those the queued requests need for
+        their next step: a reservation is the newest request, so it may not take those.
         """
         if len(token_ids) >= self.config.max_model_len:
             raise InvalidRequestError("prompt", f"{len(token_ids)} tokens; max_model_len is "
@@ -192,8 +200,10 @@ class Engine:
         if bm.blocks_for(len(token_ids)) > bm.num_blocks:
             raise InvalidRequestError("prompt", f"{len(token_ids)} tokens need more blocks than this instance's "
                                                 f"whole pool ({bm.num_blocks})")
-        if bm.num_new_blocks_for(token_ids) > bm.num_free_blocks:
-            raise NoCapacity(f"{bm.blocks_for(len(token_ids))} blocks needed, {bm.num_free_blocks} free")
+        needed, spare = bm.num_new_blocks_for(token_ids), self.scheduler.spare_blocks()
+        if needed > spare:
+            raise NoCapacity(f"{needed} blocks needed, {bm.num_free_blocks} free of which queued requests need "
+                             f"{bm.num_free_blocks - spare}")
         return bm.allocate(token_ids)
 
     def adopt(self, token_ids: Sequence[int], block_ids: list[int], num_cached_tokens: int, first_token: int,
@@ -214,10 +224,15 @@ class Engine:
     def release_blocks(self, block_ids: Sequence[int]) -> None:
         """Give back blocks handed out by `reserve` or to a KV sink."""
         self.block_manager.free(block_ids)
+        if self._wakeup is not None:  # a request waiting for blocks may run now
+            self._wakeup.set()
 
-    def _enqueue(self, request: Request) -> RequestStream:
+    def _enqueue(self, request: Request, kv_limit_blocks: int | None = None) -> RequestStream:
         if self._loop_task is None:
             raise RuntimeError("engine not started: use `async with Engine(...)` or `await engine.start()`")
+        claim = claim_blocks(request.num_prompt_tokens, request.sampling.max_tokens, self.config.max_model_len,
+                             self.config.block_size)
+        self.kv_claims.admit(request.request_id, claim, kv_limit_blocks)
         stream = RequestStream(request.request_id, self.abort, request)
         self._streams[request.request_id] = stream
         self.scheduler.add(request)
@@ -269,18 +284,40 @@ class Engine:
                 continue
             calls = kv_sink.sink_calls(output.chunks)
             hook = kv_sink.layer_notifier(loop, calls, self._wait_for_device) if calls else None
-            step_start = time.perf_counter()
             try:
-                sampled = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks, hook)
-            except Exception as exc:  # a failed step fails its requests, not the engine
-                log.exception("engine step failed")
-                self._fail(output, exc)
+                await self._step(output, hook)
+            except Exception as exc:  # a failed step fails only the requests that fail alone
+                log.exception("engine step failed; running its requests one by one")
+                await self._isolate_failure(output, exc)
+
+    async def _step(self, output: SchedulerOutput, hook: Callable[[int], None] | None) -> None:
+        """Run one step on the compute thread, then advance its requests (raises if the step fails)."""
+        step_start = time.perf_counter()
+        sampled = await asyncio.get_running_loop().run_in_executor(self._executor, self.runner.execute,
+                                                                   output.chunks, hook)
+        step_end = time.perf_counter()
+        for chunk in output.chunks:
+            chunk.request.record_step(step_start, step_end)
+        self.scheduler.update_computed(output)
+        self._process(output, sampled)
+
+    async def _isolate_failure(self, output: SchedulerOutput, exc: Exception) -> None:
+        """After a failed step, each of its requests runs its chunk again alone, and only one
+        that fails alone too is failed. This is safe because a failed step changed no request's
+        progress: running a chunk again rewrites the same KV slots. A request whose KV streams
+        out is failed at once instead: its sink may have sent layers of the failed step."""
+        for chunk in output.chunks:
+            request = chunk.request
+            if request.status is RequestStatus.FINISHED:
                 continue
-            step_end = time.perf_counter()
-            for chunk in output.chunks:
-                chunk.request.record_step(step_start, step_end)
-            self.scheduler.update_computed(output)
-            self._process(output, sampled)
+            if request.kv_sink is not None:
+                self._emit(request, FinishReason.ABORT, error=f"engine step failed: {type(exc).__name__}: {exc}")
+                continue
+            try:
+                await self._step(SchedulerOutput([chunk], []), None)
+            except Exception as alone:
+                log.exception("request %s failed alone too", request.request_id)
+                self._emit(request, FinishReason.ABORT, error=f"engine step failed: {type(alone).__name__}: {alone}")
 
     @property
     def _wait_for_device(self) -> Callable[[], None] | None:
@@ -291,11 +328,17 @@ class Engine:
         device = self.device
         return lambda: torch.cuda.current_stream(device).synchronize()
 
-    def _process(self, output: SchedulerOutput, sampled: list[int]) -> None:
+    def _process(self, output: SchedulerOutput, sampled: list[int | SamplingFailed]) -> None:
         tokens = iter(sampled)
         for chunk in output.chunks:
-            if chunk.samples:
-                self._append_token(chunk.request, next(tokens))
+            if not chunk.samples:
+                continue
+            token = next(tokens)
+            if isinstance(token, SamplingFailed):  # this request alone fails
+                log.error("request %s: %s", chunk.request.request_id, token)
+                self._emit(chunk.request, FinishReason.ABORT, error=str(token))
+            else:
+                self._append_token(chunk.request, token)
 
     def _append_token(self, request: Request, token: int) -> None:
         if request.status is RequestStatus.FINISHED:
@@ -314,6 +357,7 @@ class Engine:
         if finish is not None:
             self._finish(request, finish, error)
             self._streams.pop(request.request_id, None)
+            self.kv_claims.release(request.request_id)
         if stream is None:
             return
         new_tokens = request.output_token_ids[request.num_tokens_sent:]
@@ -342,6 +386,3 @@ class Engine:
                 self._emit(stream.request, FinishReason.ABORT)
         self._pending_aborts.clear()
 
-    def _fail(self, output: SchedulerOutput, exc: Exception) -> None:
-        for chunk in output.chunks:
-            self._emit(chunk.request, FinishReason.ABORT, error=f"engine step failed: {type(exc).__name__}: {exc}")

@@ -13,7 +13,7 @@ import torch
 from minipd.models.llama import LayerHook, LlamaForCausalLM
 from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, PrefillSpan
 
-from minipd.engine.sampler import sample
+from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
 
 
@@ -25,8 +25,10 @@ class ModelRunner:
         self.block_size = kv_pool.shape[3]
         self.buffers = GatherBuffers(tuple(kv_pool.shape[3:]), kv_pool.dtype, self.device)
 
-    def execute(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None = None) -> list[int]:
-        """Run one step; returns the sampled token of every chunk with `samples`, in chunk order."""
+    def execute(self, chunks: Sequence[ScheduledChunk],
+                layer_hook: LayerHook | None = None) -> list[int | SamplingFailed]:
+        """Run one step; returns the sampled token (or why sampling it failed) of every chunk
+        with `samples`, in chunk order. Raises if the forward pass fails."""
         ordered = sorted(range(len(chunks)), key=lambda i: chunks[i].num_new_tokens != 1)  # decodes first
         input_ids, positions, meta, logit_rows = self._prepare([chunks[i] for i in ordered])
         logits_indices = [row for i, row in zip(ordered, logit_rows) if chunks[i].samples]

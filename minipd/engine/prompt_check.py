@@ -6,7 +6,7 @@ from typing import Sequence
 
 from minipd.models.tokenizer import Tokenizer
 
-from minipd.engine.sampling_params import InvalidRequestError
+from minipd.engine.sampling_params import MAX_INT, InvalidRequestError
 
 
 def prompt_token_ids(tokenizer: Tokenizer, prompt: str | Sequence[int], vocab_size: int,
@@ -22,7 +22,8 @@ def prompt_token_ids(tokenizer: Tokenizer, prompt: str | Sequence[int], vocab_si
             raise InvalidRequestError("prompt_token_ids", "must not be empty")
         bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab_size]
         if bad:
-            raise InvalidRequestError("prompt_token_ids", f"ids {bad[:5]} outside the vocabulary [0, {vocab_size})")
+            shown = [t if isinstance(t, int) and abs(t) <= MAX_INT else "..." for t in bad[:5]]  # no 1000-digit echo
+            raise InvalidRequestError("prompt_token_ids", f"ids {shown} outside the vocabulary [0, {vocab_size})")
     if len(token_ids) >= max_model_len:
         raise InvalidRequestError("prompt", f"{len(token_ids)} tokens; max_model_len is {max_model_len} "
                                             f"(the prompt must leave room for at least one output token)")

@@ -73,6 +73,7 @@ class Request:
         self.num_computed_tokens = 0  # leading tokens whose KV is in the pool
         self.num_cached_tokens = 0  # of the prompt, found in the prefix cache
         self.num_preemptions = 0
+        self.order = -1  # age rank given by the scheduler when first queued: lower is older
         self.kv_sink = None  # a KVSink when the KV is sent to another instance (kv_sink.py)
         self.compute_times = (0.0, 0.0)  # perf_counter: start of its first step, end of its latest
         self.first_scheduled_time: float | None = None

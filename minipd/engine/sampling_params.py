@@ -6,11 +6,13 @@ instances unchanged. `validate` raises `InvalidRequestError` naming the offendin
 
 from __future__ import annotations
 
+import math
 import random
 
 import msgspec
 
 MAX_SEED = 2**63 - 1
+MAX_INT = 2**63 - 1  # every integer crosses the control plane as a signed 64-bit msgpack int
 
 
 class InvalidRequestError(ValueError):
@@ -38,19 +40,24 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     def validate(self, vocab_size: int) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise InvalidRequestError("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
-        if not self.temperature >= 0.0:
-            raise InvalidRequestError("temperature", f"must be >= 0, got {self.temperature!r}")
+        if self.max_tokens > MAX_INT:  # the value is not echoed: it may have thousands of digits
+            raise InvalidRequestError("max_tokens", "must be below 2**63")
+        if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
+            raise InvalidRequestError("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise InvalidRequestError("top_k", f"must be a non-negative integer (0 disables), got {self.top_k!r}")
+        if self.top_k > MAX_INT:
+            raise InvalidRequestError("top_k", "must be below 2**63")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
-            raise InvalidRequestError("seed", f"must be in [0, 2**63), got {self.seed!r}")
+            raise InvalidRequestError("seed", "must be in [0, 2**63)")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must be non-empty strings")
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
-            raise InvalidRequestError("stop_token_ids", f"ids {bad} outside the vocabulary [0, {vocab_size})")
+            shown = [t if abs(t) <= MAX_INT else "..." for t in bad[:5]]
+            raise InvalidRequestError("stop_token_ids", f"ids {shown} outside the vocabulary [0, {vocab_size})")
 
     def with_seed(self) -> "SamplingParams":
         """A copy whose seed is fixed (drawn now if unset)."""

@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 from typing import Any, NamedTuple
 
-from minipd.api.app import DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS
+from minipd.api.app import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.disagg.instance import DEFAULT_LEASE_S
 from minipd.engine.engine import EngineConfig
 from minipd.engine.dtype_choice import DTYPE_CHOICES
+from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
 from minipd.engine.sampling_params import SamplingParams
 from minipd.models.config import PRESETS
 from minipd.models.packaged_models import PACKAGED_MODELS
@@ -145,6 +146,14 @@ FLAGS: tuple[Flag, ...] = (
                "(conditional disaggregation); -1 disables (default: %(default)s)"),
     _flag("--no-layerwise", ROUTING, POLICY, {Role.ROUTER}, dest="layerwise", action="store_false",
           help="send the KV after the whole prefill instead of layer by layer (for comparison)"),
+    _flag("--kv-admission-ratio", SERVING, POLICY, {Role.ROUTER}, type=float, default=DEFAULT_KV_ADMISSION_RATIO,
+          help="accept a request only while the KV blocks that live requests may fill (prompt + max_tokens each) "
+               "stay within this many times the KV blocks of the decode pools (the engine's pool when colocated); "
+               "beyond, answer 503 with Retry-After. 1 gives every accepted request room for its whole output; "
+               "above 1 overcommits (the excess waits for blocks); 0 disables (default: %(default)s)"),
+    _flag("--kv-wait-s", ROUTING, POLICY, {Role.ROUTER}, type=float, default=_ROUTING.kv_wait_s,
+          help="longest a request waits for room in a decode pool before it fails as overloaded "
+               "(default: %(default)s)"),
     # ---- the OpenAI-compatible HTTP API
     _flag("--port", {Role.BOTH}, HTTP, type=int, default=None,
           help="serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics on this port instead "
@@ -158,6 +167,11 @@ FLAGS: tuple[Flag, ...] = (
           help="the model id clients pass as `model` (default: the --model value)"),
     _flag("--max-waiting-requests", SERVING, HTTP, {Role.ROUTER}, type=int, default=DEFAULT_MAX_WAITING_REQUESTS,
           help="answer 503 with Retry-After while this many requests wait already (default: %(default)s)"),
+    _flag("--http-header-timeout-s", SERVING, HTTP, {Role.ROUTER}, type=float, default=DEFAULT_HEADER_TIMEOUT_S,
+          help="close a connection whose request headers are not complete within this, or that idles this long "
+               "between requests (default: %(default)s)"),
+    _flag("--http-body-timeout-s", SERVING, HTTP, {Role.ROUTER}, type=float, default=DEFAULT_BODY_TIMEOUT_S,
+          help="answer 408 to a request whose body has not fully arrived within this (default: %(default)s)"),
     # ---- the local cluster launcher
     _flag("--port", {Role.CLUSTER}, CLUSTER, {Role.ROUTER}, type=int, default=0,
           help="the router's client port; 0 picks a free one (default: 0)"),

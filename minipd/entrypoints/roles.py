@@ -24,6 +24,7 @@ from minipd.control.messages import Register
 from minipd.control.role import Role
 from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine, EngineConfig
+from minipd.engine.kv_admission import validate_ratio
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.prompt_demo import run_demo
@@ -79,7 +80,9 @@ def http_config(host: str, port: int | None, args: argparse.Namespace) -> HttpCo
     """The HTTP front's config when a port is given, else None (raises ValueError naming the flag)."""
     if port is None:
         return None
-    config = HttpConfig(host=host, port=port, max_waiting_requests=args.max_waiting_requests)
+    validate_ratio(args.kv_admission_ratio)
+    config = HttpConfig(host=host, port=port, max_waiting_requests=args.max_waiting_requests,
+                        header_timeout_s=args.http_header_timeout_s, body_timeout_s=args.http_body_timeout_s)
     config.validate()
     return config
 
@@ -108,7 +111,8 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
                                              lease_s=args.lease_s)
             port = await instance.serve(args.host, control_port)
         if http is not None:
-            api = await start_api(EngineBackend(engine, args.served_model_name or args.model), http)
+            api = await start_api(EngineBackend(engine, args.served_model_name or args.model,
+                                                kv_admission_ratio=args.kv_admission_ratio), http)
         if instance is not None:
             print(f"READY {role.value} {instance.instance_id} {args.host}:{port}", flush=True)
             if args.router is not None:

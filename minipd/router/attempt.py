@@ -88,18 +88,24 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
 
 async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest, prefill_id: str) -> Reserved:
     """Reserve blocks on `decode`; while its pool is full ("busy"), wait for running requests
-    to free blocks, backing off, up to the call timeout (then RemoteError)."""
+    to free blocks, backing off, up to `kv_wait_s`. Past that the request fails as overloaded,
+    blaming no instance and not tried again: the cluster is out of KV capacity, which another
+    try right away would not change (admission, `kv_admission_ratio`, keeps this rare)."""
     loop = asyncio.get_running_loop()
     timeout = router.config.call_timeout_s
-    deadline = loop.time() + timeout
+    deadline = loop.time() + router.config.kv_wait_s
     wait_s = BUSY_RETRY_MIN_S
     while True:
         try:
             return await decode.channel.call(Reserve(request_id=routed.request_id, token_ids=routed.token_ids,
                                                      prefill_instance=prefill_id), timeout)
         except RemoteError as exc:
-            if exc.kind != "busy" or loop.time() + wait_s > deadline:
+            if exc.kind != "busy":
                 raise
+            if loop.time() + wait_s > deadline:
+                raise AttemptFailed(RuntimeError(f"overloaded: {decode.instance_id} had no room for the prompt's KV "
+                                                 f"within {router.config.kv_wait_s:g} s ({exc})"), None,
+                                    retry=False) from exc
         router.num_busy_waits += 1
         await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation
         wait_s = min(BUSY_RETRY_MAX_S, 2 * wait_s)

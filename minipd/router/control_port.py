@@ -1,7 +1,8 @@
 """The router's control port: clients send requests here, and instances register here.
 
 Clients: `Hello(role=Role.CLIENT)`, then `ClientGenerate` (answered by a stream of `TokenOutput`
-ending with a finished one; a refused request ends at once with `error` set), `Abort`, and
+ending with a finished one; a refused request ends at once with `error` set; the prompt is
+tokenized on a worker thread, off the loop), `Abort`, and
 `GetStats` (answered by `ClusterStats`). Instances: `Register(host, port)`; the router
 connects back, handshakes and answers `Registered` or `CallError` (e.g. a fingerprint
 mismatch, saying what differs). A client's requests are aborted when its connection drops.
@@ -28,6 +29,7 @@ class RouterControlPort(ControlServer):
     def __init__(self, router: Router):
         super().__init__("router")
         self.router = router
+        self._tokenizing: dict[str, bool] = {}  # request id -> aborted meanwhile
 
     async def close(self) -> None:
         await self.close_connections()
@@ -55,7 +57,10 @@ class RouterControlPort(ControlServer):
             case ClientGenerate():
                 await self._generate(channel, message)
             case Abort():
-                self.router.abort(self._scoped(channel, message.request_id))
+                request_id = self._scoped(channel, message.request_id)
+                if request_id in self._tokenizing:
+                    self._tokenizing[request_id] = True
+                self.router.abort(request_id)
             case GetStats():
                 channel.reply(message, ClusterStats(instances=await self.router.refresh_stats(message.settle)))
             case _:
@@ -69,11 +74,22 @@ class RouterControlPort(ControlServer):
     async def _generate(self, channel: Channel, message: ClientGenerate) -> None:
         request_id = self._scoped(channel, message.request_id)
         prompt = message.prompt if message.prompt is not None else (message.token_ids or [])
+        self._tokenizing[request_id] = False
         try:
-            stream = self.router.submit(prompt, message.sampling, request_id, message.layerwise)
-        except (InvalidRequestError, RuntimeError) as exc:
+            if self.router.registry.instances:  # else submit says there is none
+                prompt = await self.router.prompt_encoder.token_ids(prompt, self.router.vocab_size,
+                                                                    self.router.max_model_len)
+            aborted = self._tokenizing.get(request_id, False)
+            stream = None if aborted else self.router.submit(prompt, message.sampling, request_id, message.layerwise)
+        except (InvalidRequestError, RuntimeError) as exc:  # NoCapacity included
             channel.send(TokenOutput(request_id=message.request_id,
                                      output=RequestOutput.aborted(message.request_id, str(exc))))
+            return
+        finally:
+            self._tokenizing.pop(request_id, None)
+        if stream is None:  # the client aborted it while it was being tokenized
+            channel.send(TokenOutput(request_id=message.request_id,
+                                     output=RequestOutput.aborted(message.request_id, None)))
             return
         self.track(channel, request_id)
         try:

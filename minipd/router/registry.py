@@ -115,6 +115,10 @@ class InstanceRegistry:
     def decode_candidates(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
         return [h for h in self.alive(exclude) if h.role.serves_decode]
 
+    def decode_num_blocks(self) -> int:
+        """KV blocks of the alive decode-capable instances together, as last reported."""
+        return sum(h.stats.num_blocks for h in self.decode_candidates() if h.stats is not None)
+
     def prompt_hashes(self, token_ids: list[int]) -> list[int]:
         return chain_hashes(token_ids, self.block_size)
 

@@ -28,7 +28,9 @@ from minipd.control.channel import Channel, ChannelClosed, RemoteError
 from minipd.control.messages import PROTOCOL_VERSION, Abort, GetStats, Hello, KVLanded, Message, PeerLost, Stats
 from minipd.control.messages import TokenOutput, Welcome
 from minipd.control.role import Role
+from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO, KVClaims, claim_blocks, claim_limit, validate_ratio
 from minipd.engine.prompt_check import prompt_token_ids
+from minipd.engine.prompt_encoder import PromptEncoder
 from minipd.engine.request import FinishReason, RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -46,15 +48,27 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
     local_prefill_max_tokens: int = 16  # uncached prompt tokens at or below which decode prefills itself
     layerwise: bool = True  # stream KV per layer during prefill, or send it all afterwards
     call_timeout_s: float = 120.0
+    # accept a request while the KV claims of live requests fit in this many times the decode
+    # instances' blocks (engine/kv_admission.py); None or 0: no limit
+    kv_admission_ratio: float | None = DEFAULT_KV_ADMISSION_RATIO
+    kv_wait_s: float = 30.0  # longest a request waits for room in a decode pool before it fails as overloaded
+
+    def validate(self) -> None:
+        validate_ratio(self.kv_admission_ratio)
+        if not self.kv_wait_s > 0:
+            raise ValueError(f"kv_wait_s: must be positive, got {self.kv_wait_s!r}")
 
 
 class Router:
     def __init__(self, tokenizer, config: RouterConfig = RouterConfig(), model_name: str = "minipd"):
+        config.validate()
         self.tokenizer = tokenizer
+        self.prompt_encoder = PromptEncoder(tokenizer)  # for callers that tokenize off the loop
         self.config = config
         self.model_name = model_name
         self.registry = InstanceRegistry()
         self._requests: dict[str, RoutedRequest] = {}
+        self.kv_claims = KVClaims()  # of the requests in `_requests`
         self._ids = itertools.count()
         self._stats_task: asyncio.Task | None = None
         self._closing = False
@@ -108,6 +122,10 @@ class Router:
         return sum(max(0, h.num_inflight - h.welcome.max_num_seqs)
                    for h in self.registry.decode_candidates() if h.welcome.max_num_seqs)
 
+    def kv_claim_limit(self) -> int | None:
+        """The most KV blocks live requests may claim together (None: no limit)."""
+        return claim_limit(self.config.kv_admission_ratio, self.registry.decode_num_blocks())
+
     def instance_stats(self) -> list[Stats]:
         return [h.stats for h in self.registry.instances.values() if h.stats is not None and h.is_alive]
 
@@ -135,13 +153,17 @@ class Router:
             self.abort(routed.request_id)
         for handle in list(self.registry.instances.values()):
             await handle.channel.close()
+        self.prompt_encoder.close()
 
     # ---- requests ---------------------------------------------------------------------
     def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
                request_id: str | None = None, layerwise: bool | None = None) -> RequestStream:
-        """Validate and start routing; returns the stream of outputs (raises InvalidRequestError).
+        """Validate and start routing; returns the stream of outputs. Raises InvalidRequestError,
+        or NoCapacity when the cluster's KV capacity is claimed already (`kv_admission_ratio`).
 
-        `layerwise` overrides the router's KV streaming mode for this request (experiments)."""
+        A text prompt is tokenized here, on the loop; servers pass token ids from
+        `prompt_encoder` instead. `layerwise` overrides the router's KV streaming mode for this
+        request (experiments)."""
         params = (params or SamplingParams()).with_seed()
         if not self.registry.instances:
             raise RuntimeError("the router has no instances")
@@ -150,6 +172,8 @@ class Router:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
+        claim = claim_blocks(len(token_ids), params.max_tokens, self.max_model_len, self.registry.block_size)
+        self.kv_claims.admit(request_id, claim, self.kv_claim_limit())
         stream = RequestStream(request_id, self.abort)
         routed = RoutedRequest(request_id, token_ids, params, stream,
                                self.config.layerwise if layerwise is None else layerwise)
@@ -210,18 +234,25 @@ class Router:
 
     def finish(self, routed: RoutedRequest, last: RequestOutput) -> None:
         """End the request once with its final output from an instance."""
-        if self._requests.pop(routed.request_id, None) is not None:
+        if self._forget(routed):
             routed.stream.put(last)
 
     def _fail(self, routed: RoutedRequest, error: str | None) -> None:
         """End the request once as aborted (`error` None) or failed: every instance it touched
         is told, and its routing task stops."""
-        if self._requests.pop(routed.request_id, None) is None:
+        if not self._forget(routed):
             return
         self._abort_on_instances(routed)
         if routed.task is not None and routed.task is not asyncio.current_task():
             routed.task.cancel()
         routed.stream.put(RequestOutput.aborted(routed.request_id, error, len(routed.token_ids)))
+
+    def _forget(self, routed: RoutedRequest) -> bool:
+        """Drop a live request and its KV claim; False if it had ended already."""
+        if self._requests.pop(routed.request_id, None) is None:
+            return False
+        self.kv_claims.release(routed.request_id)
+        return True
 
     def _abort_on_instances(self, routed: RoutedRequest) -> None:
         for instance_id in routed.instances:
