@@ -25,6 +25,7 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"  # transformers >= 4.50 saves the tem
 GENERATION_CONFIG_FILE = "generation_config.json"
 
 _NUM_BYTE_VALUES = 256
+_GIL_SLICE_BYTES = 1 << 16  # bytes turned into ids per call: one call holds the GIL well under a millisecond
 
 
 class Tokenizer(ABC):
@@ -50,7 +51,10 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        """Token ids of `text`; with `add_bos`, starting with exactly one BOS when the model has one."""
+        """Token ids of `text`; with `add_bos`, starting with exactly one BOS when the model has one.
+
+        Servers call it on worker threads, so it must not hold the GIL for long at a time
+        (however long the text), or the event loop would stall meanwhile."""
 
     @abstractmethod
     def decode(self, ids: Sequence[int]) -> str:
@@ -68,8 +72,11 @@ class ByteTokenizer(Tokenizer):
         self.chat_template = None
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = list(text.encode("utf-8"))
-        return [BYTE_BOS_ID, *ids] if add_bos else ids
+        data = text.encode("utf-8")
+        ids = [BYTE_BOS_ID] if add_bos else []
+        for start in range(0, len(data), _GIL_SLICE_BYTES):  # slices: other threads run in between
+            ids.extend(data[start:start + _GIL_SLICE_BYTES])
+        return ids
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if 0 <= i < _NUM_BYTE_VALUES).decode("utf-8", errors="replace")

@@ -4,14 +4,21 @@ Requests forbid unknown fields: a sampling option that is silently ignored produ
 wrong output without any sign, so `{"best_off": 2}` is a 400 naming `best_off`. Known
 OpenAI fields that minipd does not implement are accepted only at their neutral value
 (`UNSUPPORTED_AT_DEFAULT`). Extensions beyond OpenAI (as vLLM has them): `top_k` and
-`ignore_eos`.
+`ignore_eos`. Chat messages forbid unknown keys too: `tool_calls`, `tool_call_id`,
+`function_call`, `refusal` and `audio` name things minipd cannot honour, so they are refused
+naming the key (`messages[0].tool_calls`) rather than dropped.
+
+Every integer is bounded to a signed 64 bits (`Int`): the router ships requests to its
+instances as msgpack, which holds no more, and a bigger number is a 400 naming its field.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+from minipd.engine.sampling_params import MAX_INT
 
 from minipd.api.errors import bad_request
 from minipd.engine.sampling_params import SamplingParams
@@ -28,6 +35,9 @@ UNSUPPORTED_AT_DEFAULT: dict[str, Any] = {
 }
 
 
+Int = Annotated[int, msgspec.Meta(ge=-MAX_INT - 1, le=MAX_INT)]
+
+
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
 
@@ -36,13 +46,13 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     """Fields shared by completions and chat completions."""
 
     model: str | None = None  # None: the served model
-    max_tokens: int | None = None
+    max_tokens: Int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None  # extension; None or 0 disables
-    seed: int | None = None
+    top_k: Int | None = None  # extension; None or 0 disables
+    seed: Int | None = None
     stop: str | list[str] | None = None
-    n: int = 1
+    n: Int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # extension
@@ -77,21 +87,21 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 
 
 class CompletionRequest(GenerationRequest, kw_only=True):
-    prompt: str | list[int]  # text, or token ids
+    prompt: str | list[Int]  # text, or token ids
     echo: bool = False
-    best_of: int | None = None
+    best_of: Int | None = None
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: Int | None = None
 
     def sampling_params_for(self, max_model_len: int) -> SamplingParams:
         return self.sampling_params(DEFAULT_COMPLETION_MAX_TOKENS if self.max_tokens is None else self.max_tokens)
 
 
-class TextPart(msgspec.Struct, tag_field="type", tag="text"):
+class TextPart(msgspec.Struct, tag_field="type", tag="text", forbid_unknown_fields=True):
     text: str
 
 
-class ChatMessage(msgspec.Struct):
+class ChatMessage(msgspec.Struct, forbid_unknown_fields=True):
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -104,9 +114,9 @@ class ChatMessage(msgspec.Struct):
 
 class ChatCompletionRequest(GenerationRequest, kw_only=True):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None  # OpenAI's newer name for max_tokens
+    max_completion_tokens: Int | None = None  # OpenAI's newer name for max_tokens
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: Int | None = None
 
     def check_supported(self) -> None:
         super().check_supported()

@@ -5,7 +5,9 @@ Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decod
 answers `Generate` (prefill and decode here, used for colocated serving and for short
 prompts), `Abort`, `PeerLost` and `GetStats`.
 
-Everything a router asked for through a connection is aborted when that connection drops.
+Everything a router asked for through a connection is aborted when that connection drops,
+and every prefill whose KV was going to a decode instance the router reports lost
+(`PeerLost`) is aborted at once: there is nowhere left to send its KV.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Instance(ControlServer):
         self.reservations: dict[str, Reservation] = {}
         self._peer_ids: dict[str, str] = {}  # decode instance id -> transport peer id
         self._connecting: dict[str, asyncio.Task] = {}
+        self._prefills_to: dict[str, set[str]] = {}  # decode instance id -> ids of prefills for it
         self._lease_task: asyncio.Task | None = None
         self.expired_leases: asyncio.Queue[str] = asyncio.Queue()  # request ids, for observers and tests
 
@@ -118,6 +121,7 @@ class Instance(ControlServer):
             case PeerLost():
                 self.transport.peer_lost(message.instance_id, message.reason)
                 self._peer_ids.pop(message.instance_id, None)
+                await self._abort_prefills_to(message.instance_id)
             case GetStats():
                 if message.settle:
                     await self.engine.wait_idle(SETTLE_TIMEOUT_S)
@@ -220,8 +224,12 @@ class Instance(ControlServer):
                                                      f"{self.instance_id}: {'; '.join(differences)}", kind="invalid"))
             self.untrack(channel, request_id)
             return
+        prefills_to_decode = self._prefills_to.setdefault(message.decode_instance, set())
+        prefills_to_decode.add(request_id)
         try:
             peer_id = await self._peer(message.decode_instance, message.decode_description)
+            if request_id not in prefills_to_decode:
+                raise TransferError(message.decode_instance, request_id, "the decode instance was lost")
             sender = LayerwiseKVSender(self.engine, self.transport, peer_id, request_id, message.dst_block_ids,
                                        message.num_skip_blocks, message.layerwise)
             stream = self.engine.submit_prefill(message.token_ids, message.sampling, request_id, sender)
@@ -242,6 +250,15 @@ class Instance(ControlServer):
                 first_write_at=report.first_write_at))
         finally:
             self.untrack(channel, request_id)
+            prefills_to_decode.discard(request_id)
+
+    async def _abort_prefills_to(self, decode_instance: str) -> None:
+        prefills = self._prefills_to.pop(decode_instance, set())
+        aborted = list(prefills)
+        prefills.clear()  # a prefill still connecting to the lost instance sees it is gone
+        for request_id in aborted:
+            log.info("%s: %s lost; prefill of %s aborted", self.instance_id, decode_instance, request_id)
+            await self.abort_request(request_id)
 
     async def _peer(self, instance_id: str, description: bytes) -> str:
         """Connect the transport to a decode instance once, however many requests ask at once."""
