@@ -48,6 +48,24 @@ def http_json(method: str, url: str, body: dict | bytes | None = None) -> HttpRe
         return HttpResult(error.code, dict(error.headers), json.loads(error.read()))
 
 
+def http_post(url: str, body: bytes, headers: dict[str, str]) -> HttpResult:
+    """A POST with exactly these headers (plus Host and Content-Length); the body is decoded
+    as JSON when it is JSON."""
+    parts = urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        connection.request("POST", parts.path, body, headers)
+        response = connection.getresponse()
+        raw = response.read()
+        try:
+            decoded = json.loads(raw)
+        except ValueError:
+            decoded = {"raw": raw.decode(errors="replace")}
+        return HttpResult(response.status, dict(response.headers), decoded)
+    finally:
+        connection.close()
+
+
 def http_text(url: str) -> str:
     with urllib.request.urlopen(url, timeout=REQUEST_TIMEOUT_S) as response:
         return response.read().decode()

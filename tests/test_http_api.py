@@ -6,6 +6,7 @@ Every engine here is checked by the autouse `pools_back_to_full` fixture after e
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from typing import AsyncIterator, Sequence
 
@@ -19,7 +20,7 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.api.backend import InstanceStats, ServingBackend
 from minipd.api.engine_backend import EngineBackend
 
-from http_helpers import OpenStream, http_json, http_text, sample, scrape
+from http_helpers import OpenStream, http_json, http_post, http_text, sample, scrape
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512
@@ -100,6 +101,26 @@ COMPLETIONS = "/v1/completions"
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs", "not supported"),
     (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tools": []}, 400, "tools", "unknown field"),
     (COMPLETIONS, {"prompt": "x" * (MAX_BODY_BYTES + 1)}, 413, None, "body size"),
+    # integers the control plane cannot carry (msgpack holds 64 bits): 400 naming the field, never 500
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 10**1000}, 400, "max_tokens", "<= 9223372036854775807"),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": -10**1000}, 400, "max_tokens", ">= -9223372036854775808"),
+    (COMPLETIONS, {"prompt": "hi", "top_k": 2**64}, 400, "top_k", "<= 9223372036854775807"),
+    (COMPLETIONS, {"prompt": "hi", "seed": 2**64}, 400, "seed", "<= 9223372036854775807"),
+    (COMPLETIONS, {"prompt": "hi", "n": 2**64}, 400, "n", "<= 9223372036854775807"),
+    (COMPLETIONS, {"prompt": "hi", "best_of": 2**64}, 400, "best_of", "<= 9223372036854775807"),
+    (COMPLETIONS, {"prompt": "hi", "logprobs": 2**64}, 400, "logprobs", "<= 9223372036854775807"),
+    (COMPLETIONS, {"prompt": [1, 2**64]}, 400, "prompt[1]", "<= 9223372036854775807"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2**64}, 400,
+     "max_completion_tokens", "<= 9223372036854775807"),
+    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2**64}, 400, "top_logprobs",
+     "<= 9223372036854775807"),
+    # inside messages, as at the top level, what minipd cannot honour is refused, not dropped
+    (CHAT, {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}, 400, "messages[0].tool_calls",
+     "unknown field"),
+    (CHAT, {"messages": [{"role": "user", "content": "x", "tool_call_id": "t"}]}, 400, "messages[0].tool_call_id",
+     "unknown field"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache": 1}]}]}, 400,
+     "messages[0].content[0].cache", "unknown field"),
 ])
 def test_bad_input_gets_its_status_and_names_the_problem(server, path, body, status, param, words):
     result = http_json("POST", server.url + path, body)
@@ -110,6 +131,29 @@ def test_bad_input_gets_its_status_and_names_the_problem(server, path, body, sta
         assert error["message"].startswith(f"{param}: ")
     assert set(error) == {"message", "type", "param", "code"}
     assert http_json("POST", server.url + COMPLETIONS, GOOD).status == 200  # still serving
+
+
+@pytest.mark.parametrize("encoding, body", [
+    ("gzip", b"this is not gzip"), ("deflate", b"nor deflate"),
+    ("gzip", gzip.compress(json.dumps(GOOD).encode())[:10] + b"\xff" * 16),  # a gzip header, then garbage
+])
+def test_a_body_that_does_not_decode_as_its_content_encoding_says_is_a_400(server, encoding, body):
+    result = http_post(server.url + COMPLETIONS, body, {"Content-Type": "application/json",
+                                                        "Content-Encoding": encoding})
+    assert result.status == 400, result.body
+    assert result.body["error"]["message"].startswith(f"Content-Encoding: the request body is not valid {encoding}")
+    assert http_json("POST", server.url + COMPLETIONS, GOOD).status == 200  # still serving
+
+
+def test_a_gzip_body_is_read(server):
+    body = gzip.compress(json.dumps(GOOD).encode())
+    result = http_post(server.url + COMPLETIONS, body, {"Content-Type": "application/json", "Content-Encoding": "gzip"})
+    assert result.status == 200 and result.body["usage"]["completion_tokens"] == 2
+
+
+def test_a_named_chat_message_is_accepted(server):
+    body = {"messages": [{"role": "user", "content": "hi", "name": "alice"}], "max_tokens": 2}
+    assert http_json("POST", server.url + CHAT, body).status == 200
 
 
 @pytest.mark.parametrize("method, path, status", [("GET", "/v1/nothing", 404), ("GET", COMPLETIONS, 405)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -13,7 +14,7 @@ from minipd.router.router import RouterConfig
 from minipd.api.router_backend import RouterBackend
 from minipd.api.engine_backend import EngineBackend
 
-from http_helpers import OpenStream, http_json, sample, scrape
+from http_helpers import OpenStream, http_json, http_post, sample, scrape
 
 MODEL = "tiny"
 CONFIG = dict(model=MODEL, dtype="float32", num_blocks=32, max_model_len=256)  # texts compared exactly
@@ -81,3 +82,22 @@ def test_disconnect_mid_stream_aborts_on_every_instance(router_url, cluster, loo
     stream.close()
     assert loop_thread.run(_all_pools_full(cluster)), "blocks not freed on every instance after the disconnect"
     assert sample(scrape(router_url), "minipd_request_aborts_total", cause="client_disconnect") == 1
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**1000}, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "top_k": 2**64}, "top_k"),
+    ("/v1/completions", {"prompt": [1, 2, 2**64]}, "prompt[2]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": 2**70},
+     "max_completion_tokens"),
+])
+def test_integers_msgpack_cannot_carry_are_a_400_naming_the_field_not_a_500(router_url, path, body, param):
+    result = http_json("POST", router_url + path, body)
+    assert result.status == 400 and result.body["error"]["param"] == param, result.body
+    assert http_json("POST", f"{router_url}/v1/completions", {"prompt": PROMPT, "max_tokens": 2}).status == 200
+
+
+def test_a_body_that_is_not_gzip_is_a_400_over_the_router(router_url):
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    result = http_post(f"{router_url}/v1/completions", json.dumps({"prompt": PROMPT}).encode(), headers)
+    assert result.status == 400 and result.body["error"]["message"].startswith("Content-Encoding:")
