@@ -40,6 +40,10 @@ class Tokenizer(ABC):
         special id, so a template that starts with `bos_token` still gets a single BOS.
       vocab_size: number of ids `decode` understands (including special tokens).
       chat_template: the Jinja chat template, or None.
+      max_token_chars: the most characters of text one token can stand for, so a text of n
+        characters encodes to at least n / max_token_chars tokens; None when the tokenizer
+        cannot promise a bound (a normalizer may shrink the text first). It lets a server
+        refuse a prompt far beyond max_model_len without tokenizing megabytes.
     """
 
     bos_token_id: int | None
@@ -48,6 +52,7 @@ class Tokenizer(ABC):
     eos_token: str | None
     vocab_size: int
     chat_template: str | None
+    max_token_chars: int | None = None
 
     @abstractmethod
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
@@ -70,6 +75,7 @@ class ByteTokenizer(Tokenizer):
         self.bos_token = self.eos_token = None  # ids outside the bytes: no text spells them
         self.vocab_size = BYTE_VOCAB_SIZE
         self.chat_template = None
+        self.max_token_chars = 1  # one id per UTF-8 byte, and a character is at least one byte
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -118,6 +124,11 @@ class HFTokenizer(Tokenizer):
                  add_bos: bool = True, chat_template: str | None = None, extra_eos_token_ids: Sequence[int] = ()):
         self._tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+        # A vocabulary string is at least as long as the text its token stands for (byte-level
+        # BPE: one character per byte; metaspace: one per character; byte fallback and WordPiece:
+        # longer), unless a normalizer rewrites the text before it is split.
+        vocab = tokenizer.get_vocab(with_added_tokens=True)
+        self.max_token_chars = max(map(len, vocab), default=1) if tokenizer.normalizer is None else None
         self.chat_template = chat_template
         self.bos_token, self.eos_token = bos_token, eos_token
         self.bos_token_id = self._special_id(bos_token, "bos_token")

@@ -2,8 +2,9 @@
 
 One request, top-down:
 1. read the body within `body_timeout_s` (408 past it; 400 for a body that does not decode
-   as its Content-Encoding says), decode it into its Struct (400 naming the field on any
-   mismatch) and refuse options minipd cannot honour, or a model it does not serve (404);
+   as its Content-Encoding says), decode it into its Struct on a tokenizer thread (400 naming
+   the field on any mismatch) and refuse options minipd cannot honour, or a model it does not
+   serve (404);
 2. admission: 503 with Retry-After while `max_waiting_requests` requests wait already;
 3. render the chat template and tokenize on a tokenizer thread, off the event loop, so a huge
    prompt does not stall other users' streams (400 for a prompt that is empty or too long);
@@ -139,8 +140,8 @@ class OpenAIServing:
     # ---- steps ----------------------------------------------------------------------
     async def _decode(self, http_request: web.Request, request_type: type[RequestT]) -> RequestT:
         body = await self._read_body(http_request)
-        try:
-            request = msgspec.json.decode(body, type=request_type)
+        try:  # on a tokenizer thread too: a few megabytes of JSON take milliseconds to decode
+            request = await self.prompt_encoder.run(lambda: msgspec.json.decode(body, type=request_type))
         except msgspec.DecodeError as exc:
             raise from_decode_error(exc) from None
         request.check_supported()
