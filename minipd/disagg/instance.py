@@ -248,7 +248,8 @@ class Instance(ControlServer):
                 num_bytes=report.num_bytes, compute_s=report.compute_s, transfer_s=report.transfer_s,
                 exposed_s=report.exposed_s, compute_end_at=report.compute_end_at,
                 first_write_at=report.first_write_at))
-        finally:
+        finally:  # whatever happened, nothing keeps computing for it (a no-op once it finished)
+            self.engine.abort(request_id)
             self.untrack(channel, request_id)
             prefills_to_decode.discard(request_id)
 

@@ -14,11 +14,13 @@ prefill instance's own prefix cache are sent like computed ones.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import NamedTuple
 
 from minipd.transports.base import Transport
 from minipd.transports.block_run import coalesce_runs
+from minipd.transports.errors import TransferError
 
 from minipd.engine.engine import Engine
 from minipd.engine.request import Request
@@ -34,12 +36,17 @@ class SendReport(NamedTuple):
     first_write_at: float  # time.time()
 
 
+log = logging.getLogger(__name__)
+
+
 class PrefillFailed(RuntimeError):
     pass
 
 
 class LayerwiseKVSender:
-    """A `KVSink` (see kv_sink.py). `result` resolves to a SendReport or raises."""
+    """A `KVSink` (see kv_sink.py). `result` resolves to a SendReport or raises. Once a write
+    fails (the peer is gone), the transfer is over: `result` raises that TransferError and
+    later layers are not sent."""
 
     def __init__(self, engine: Engine, transport: Transport, peer_id: str, request_id: str,
                  dst_block_ids: list[int], num_skip_blocks: int, layerwise: bool = True):
@@ -55,8 +62,12 @@ class LayerwiseKVSender:
         self._first_write_time: float | None = None
 
     def on_layer(self, layer: int, num_final_tokens: int) -> None:
-        if self.layerwise:
-            self._send_final(layer, self.request.block_ids, num_final_tokens)
+        if self.layerwise and not self.result.done():
+            try:
+                self._send_final(layer, self.request.block_ids, num_final_tokens)
+            except TransferError as exc:
+                log.warning("KV of %s not sent from layer %d on: %s", self.request_id, layer, exc)
+                self.result.set_exception(exc)
 
     def on_prefilled(self, first_token: int, block_ids: list[int], compute: tuple[float, float]) -> None:
         if not self.layerwise:
