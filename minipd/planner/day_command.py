@@ -24,7 +24,7 @@ from .ratio_controller import ControllerConfig
 from .slo import SLO
 
 DEFAULT_BUILTIN = "llama3-70b-h100-tp4"
-DEFAULT_SLO = ("ttft:1500", "itl:60")
+DEFAULT_SLO = ("ttft:1500", "itl:40")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

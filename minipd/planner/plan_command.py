@@ -19,6 +19,7 @@ import msgspec
 
 from minipd.workload import WORKLOADS
 
+from .cluster_spec import COLOCATED_SCHEDULING
 from .kv_link import KVLink
 from .latency_profile import LatencyProfile
 from .local_prefill_policy import LocalPrefillThresholds
@@ -47,7 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="prefill prompts of at most T uncached tokens on decode; several values: the planner picks")
     g.add_argument("--prefill-busy-tokens", type=int, help="also prefill locally while the prefill queue holds more")
     g.add_argument("--colocated-budgets", type=int, nargs="+", metavar="TOKENS",
-                   help="chunk budgets to try for colocated instances (default: the profile's)")
+                   help="chunk budgets to try for colocated instances (default: 512, 2048 and the profile's)")
+    g.add_argument("--colocated-scheduling", choices=COLOCATED_SCHEDULING, default="chunked",
+                   help="colocated steps: minipd's chunked prefill, or whole prompts first (vLLM's original)")
     g = parser.add_argument_group("workload")
     g.add_argument("--workload", choices=WORKLOADS, default="mixed")
     g.add_argument("--prompt-len", help="LengthDist, e.g. fixed:512, uniform:32:512, lognormal:1024:0.6:64:8192")
@@ -83,6 +86,7 @@ def _config(args: argparse.Namespace) -> PlanConfig:
                        for t in args.local_prefill_max_tokens)
     return PlanConfig(profile=profile, num_instances=args.num_instances, workload=workload, slo=slo, link=link,
                       local_prefill=thresholds, colocated_budgets=tuple(args.colocated_budgets or ()),
+                      colocated_scheduling=args.colocated_scheduling,
                       requests_per_instance=None if args.num_requests else DEFAULT_REQUESTS_PER_INSTANCE,
                       eval_rate_rps=args.rate, target=args.target)
 

@@ -45,6 +45,7 @@ class PlanConfig(msgspec.Struct, frozen=True, kw_only=True):
     link: KVLink
     local_prefill: tuple[LocalPrefillThresholds, ...] = (LocalPrefillThresholds(),)
     colocated_budgets: tuple[int, ...] = ()  # empty: COLOCATED_BUDGETS and the profile's budget
+    colocated_scheduling: str = "chunked"  # or "prefill-first"; see SimOptions
     requests_per_instance: int | None = None  # set: each run has this many requests per instance
     eval_rate_rps: float | None = None  # None: EVAL_FRACTION of the winner's goodput
     target: float = 0.9
@@ -100,7 +101,8 @@ def options_for(config: PlanConfig, cluster: ClusterSpec) -> list[tuple[str, Sim
     """The settings a candidate is tried with, each with a label."""
     if cluster.num_colocated:
         budgets = config.colocated_budgets or sorted({*COLOCATED_BUDGETS, config.profile.max_batched_tokens})
-        return [(f"chunk {b}", SimOptions(link=config.link, colocated_batched_tokens=b)) for b in budgets]
+        return [(f"chunk {b}", SimOptions(link=config.link, colocated_batched_tokens=b,
+                                          colocated_scheduling=config.colocated_scheduling)) for b in budgets]
     return [(_threshold_label(t), SimOptions(link=config.link, local_prefill=t)) for t in config.local_prefill]
 
 

@@ -34,8 +34,8 @@ def green_zone(plan: Plan, slo_ttft_s: float | None, slo_decode: tuple[str, floa
         top.legend(loc="upper right")
     top.set_yscale("log")
     top.set_ylabel("P90 TTFT (ms)")
-    top.set_title(f"{plan.profile}, {plan.num_instances} instances, {plan.eval_rate_rps:.1f} rps "
-                  f"(green: SLO attainment >= {plan.target:.0%}; * best goodput)")
+    top.set_title(f"{plan.profile}, {plan.num_instances} instances, at {plan.eval_rate_rps:.1f} rps\n"
+                  f"green: SLO attainment >= {plan.target:.0%}; * best goodput", fontsize=10)
     kind = slo_decode[0] if slo_decode else "itl"
     # The per-request metric the SLO checks, at its P90 over requests: under the line means at
     # least 90% of requests meet it, as the TTFT bar does for TTFT.
@@ -98,8 +98,9 @@ def day(result, path: str) -> None:
     rate.set_ylabel("request rate (rps)", color="tab:orange")
     for h in result.hours:
         if h.hour == 0 or result.hours[h.hour - 1].shape != h.shape:
-            roles.annotate(h.shape, (h.hour, 0), xytext=(2, 2), textcoords="offset points", fontsize=8)
-    roles.legend(loc="upper left", fontsize=8)
+            roles.annotate(h.shape, (h.hour, 1), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                           textcoords="offset points", va="top", fontsize=8)
+    roles.legend(loc="center left", fontsize=8)
     roles.set_title(f"{result.profile} x{result.num_instances}, SLO {result.slo}: attainment fixed "
                     f"{result.fixed_attainment:.1%}, controller {result.controller_attainment:.1%}")
     for ax, field, label in ((ttft, "ttft_attainment", "TTFT attainment"),

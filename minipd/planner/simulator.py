@@ -21,15 +21,13 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-import numpy as np
-
 from minipd.workload import RequestSpec
 
 from .cluster_spec import ClusterSpec, SimOptions
 from .kv_link import KVLink
 from .latency_profile import LatencyProfile
+from .latency_recorder import LatencyRecorder
 from .local_prefill_policy import PlacementInput, place_prefill
-from .log_histogram import LogHistogram
 from .mixed_worker import COLOCATED, DECODE, MixedWorker
 from .prefill_worker import PREFILL, PrefillWorker
 from .sim_request import Mode, SimRequest
@@ -37,7 +35,6 @@ from .sim_result import RoleChange, SimResult
 
 STEP_END, TRANSFER_DONE, ROLE_READY, CONTROL, TTFT_DEADLINE = range(5)
 DEFAULT_OPTIONS = SimOptions()
-REQUEST_ITL_PERCENTILE = 90  # a request's `itl` is this percentile of its own gaps
 
 
 class Simulator:
@@ -79,9 +76,7 @@ class _Run:
         self.num_finished = 0
         self.num_admission_waits = 0
         self.peak_kv: dict[int, int] = {}
-        n = len(self.requests)
-        self.ttft, self.tpot, self.itl, self.itl_max, self.e2e = ([math.nan] * n for _ in range(5))
-        self.gaps = LogHistogram()
+        self.recorder = LatencyRecorder(len(self.requests))
         self.roles: list[RoleChange] = []
         self.moves: list = []
 
@@ -219,9 +214,7 @@ class _Run:
             self._kick(request.decode)
 
     def _first_token(self, request: SimRequest) -> None:
-        request.first_token_s = self.now
-        ttft = self.now - request.arrival_s
-        self.ttft[request.index] = ttft
+        ttft = self.recorder.first_token(request, self.now)
         if self.controller is not None and not request.reported_late:
             self.controller.observe_ttft(self.now, ttft, request.admitted_s - request.arrival_s)
 
@@ -232,21 +225,10 @@ class _Run:
             self.controller.observe_late(self.now, admitted - request.arrival_s)
 
     def _finish(self, request: SimRequest) -> None:
-        worker = request.decode
-        i, k = request.index, request.output_len - 1
-        request.finish_s = self.now
-        self.e2e[i] = self.now - request.arrival_s
-        if k:
-            times = worker.times.window(request.join_step, request.join_step + k)
-            gaps = np.diff(times, prepend=request.first_token_s)
-            rank = math.ceil(REQUEST_ITL_PERCENTILE / 100 * k) - 1
-            self.tpot[i] = (times[-1] - request.first_token_s) / k
-            self.itl[i] = float(np.partition(gaps, rank)[rank])
-            self.itl_max[i] = float(gaps.max())
-            self.gaps.add(gaps)
-        worker.release(request)
+        self.recorder.finished(request, self.now)
+        request.decode.release(request)
         self.num_finished += 1
-        self._check_drained(worker)
+        self._check_drained(request.decode)
 
     # ---- role changes ------------------------------------------------------------------
     def _record_roles(self) -> None:
@@ -288,14 +270,9 @@ class _Run:
             self._admit()
 
     def _result(self) -> SimResult:
-        r = self.requests
-        return SimResult(
-            arrival_s=np.array([q.arrival_s for q in r]), prompt_len=np.array([q.prompt_len for q in r]),
-            output_len=np.array([q.output_len for q in r]), ttft_s=np.array(self.ttft), tpot_s=np.array(self.tpot),
-            itl_p90_s=np.array(self.itl), itl_max_s=np.array(self.itl_max), e2e_s=np.array(self.e2e),
-            mode=np.array([int(q.mode) for q in r]), itl_gaps=self.gaps, roles=self.roles, moves=self.moves,
-            peak_kv_used=self.peak_kv, kv_capacity=self.profile.kv_capacity_tokens,
-            num_admission_waits=self.num_admission_waits)
+        return self.recorder.result(self.requests, roles=self.roles, moves=self.moves, peak_kv_used=self.peak_kv,
+                                    kv_capacity=self.profile.kv_capacity_tokens,
+                                    num_admission_waits=self.num_admission_waits)
 
 
 def _queued_tokens(worker: PrefillWorker) -> int:
