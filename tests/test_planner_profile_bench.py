@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def bench():
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT))  # bench.py imports benchmarks.* from the repository root
     spec = importlib.util.spec_from_file_location("bench_main", ROOT / "bench.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
