@@ -80,3 +80,29 @@ def bisect_goodput(measure: Callable[[float], float], low: float, high: float, s
         else:
             failing = middle
     return BisectionResult(Goodput(passing, (passing, failing)), probes)
+
+
+class BandwidthThreshold(NamedTuple):
+    """The link bandwidth below which attainment falls under the target. `gbps` is
+    interpolated linearly in 1/bandwidth (transfer time) between `last_passing_gbps` and
+    `first_failing_gbps`; None when the sweep never fails (`never_fails`) or fails even at its
+    most generous bandwidth (`always_fails`)."""
+
+    gbps: float | None
+    last_passing_gbps: float | None
+    first_failing_gbps: float | None
+    never_fails: bool = False
+    always_fails: bool = False
+
+
+def bandwidth_threshold(link_gbps: Sequence[float], attainments: Sequence[float],
+                        target: float = ATTAINMENT_TARGET) -> BandwidthThreshold:
+    """Going from generous to starved, the first bandwidth at which attainment falls below
+    `target` (as `goodput_from_sweep` does for rising rates, on the transfer time 1/bandwidth)."""
+    found = goodput_from_sweep([1 / g for g in link_gbps], attainments, target)
+    if found.below_range:
+        return BandwidthThreshold(None, None, max(link_gbps), always_fails=True)
+    if found.above_range:
+        return BandwidthThreshold(None, min(link_gbps), None, never_fails=True)
+    passing, failing = found.bracket
+    return BandwidthThreshold(1 / found.rps, 1 / passing, 1 / failing)
