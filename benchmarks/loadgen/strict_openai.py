@@ -143,3 +143,7 @@ def parse_strict(raw: Any, kind: ResponseKind) -> BaseModel:
         error = exc.errors()[0]
         path = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"]).lstrip(".")
         raise StrictResponseError(kind, path or "$", error["msg"]) from None
+
+
+for _kind in ResponseKind:  # openai's models defer building their validators to the first use;
+    _kind.value.model_rebuild(force=True)  # build them now, so no timed request pays for it
