@@ -41,8 +41,7 @@ DEFAULT_RATE = 0.6
 DEFAULT_NUM_PROMPTS = 24
 DEFAULT_SLO = ["ttft:1500"]
 QUICK = {"model": "tiny", "gbps": [1.0, 0.02], "prompt_len": LengthDist.uniform(1024, 1536),
-         "output_len": LengthDist.fixed(4), "request_rate": 2.0, "num_prompts": 6, "goodput": ["ttft:500"],
-         "dataset": None}
+         "output_len": LengthDist.fixed(4), "request_rate": 2.0, "num_prompts": 6, "goodput": ["ttft:500"]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from minipd.workload import LengthDist
 
 DEFAULT_NUM_PROMPTS = 40
 QUICK = {"model": "tiny", "num_prompts": 8, "prompt_len": LengthDist.uniform(48, 96),
-         "output_len": LengthDist.fixed(8), "request_rate": 4.0, "dataset": None}
+         "output_len": LengthDist.fixed(8), "request_rate": 4.0}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -42,7 +42,7 @@ DEFAULT_DURATION_S = 40.0
 DEFAULT_MIN_PROMPTS = 20
 QUICK = {"model": "tiny", "rates": [2.0, 4.0], "prompt_len": LengthDist.uniform(64, 128),
          "output_len": LengthDist.fixed(8), "duration_s": 2.0, "min_prompts": 6, "bisect_steps": 0,
-         "itl_slo": ["ttft:2000", "tpot:100"], "ttft_slo": ["ttft:1000", "tpot:400"], "dataset": None}
+         "itl_slo": ["ttft:2000", "tpot:100"], "ttft_slo": ["ttft:1000", "tpot:400"]}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

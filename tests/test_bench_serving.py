@@ -46,6 +46,27 @@ def test_serve_prints_the_vllm_summary(tmp_path):
     assert "Serving Benchmark Result" in stdout and "Mean TTFT (ms):" in stdout
 
 
+def write_sharegpt(path: Path, num_conversations: int) -> None:
+    conversations = [{"id": f"c{i}", "conversations": [
+        {"from": "human", "value": f"Question {i}: how long does the ferry crossing take when the sea is calm?"},
+        {"from": "gpt", "value": "About forty minutes."[:8 + i]}]} for i in range(num_conversations)]
+    conversations.append({"id": "no-reply", "conversations": [{"from": "human", "value": "unanswered"}]})
+    path.write_text(json.dumps(conversations))
+
+
+@pytest.mark.timeout(300)
+def test_serve_takes_its_prompts_from_a_sharegpt_file(tmp_path):
+    dataset = tmp_path / "conversations.json"
+    write_sharegpt(dataset, 10)
+    result, _ = bench(tmp_path, "serve", "--dataset", str(dataset))
+    rows = result["requests"]
+    assert len(rows) == 8 and all(r["success"] for r in rows)
+    # byte-level model: each answer's length in bytes (8 + i, all different) is its output length
+    outputs = [r["output_tokens"] for r in rows]
+    assert len(set(outputs)) == 8 and set(outputs) <= set(range(8, 18))
+    assert all(r["prompt_tokens"] == r["prompt_len"] for r in rows)
+
+
 @pytest.mark.timeout(300)
 def test_slo_reports_both_modes_and_both_slos(tmp_path):
     result, stdout = bench(tmp_path, "slo")
