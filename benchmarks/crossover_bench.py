@@ -30,6 +30,7 @@ from benchmarks.loadgen.client import served_model
 from benchmarks.loadgen.crossover_model import (measured_crossover_gbps, model_crossover_gbps,
                                                 model_interference_s, stall_s)
 from benchmarks.loadgen.deployments import ServerOptions, start_colocated, start_disaggregated
+from benchmarks.loadgen.host_load import ForeignCpu
 from benchmarks.loadgen.model_facts import num_layers
 from benchmarks.loadgen.plotting import save, subplots
 from benchmarks.loadgen.probes import DecodeStream, probe_ttft, warm_up_and_calibrate
@@ -115,6 +116,7 @@ def run(args: argparse.Namespace) -> dict:
     server = ServerOptions(model=args.model, torch_threads=args.torch_threads, max_model_len=-(-max_len // 16) * 16,
                            num_blocks=args.num_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
                            transport=args.transport, extra_flags=tuple(args.server_flag))
+    foreign = ForeignCpu()
     with Processes() as processes:
         deployment = start_colocated(processes, server, 1, "separate")
         coloc = asyncio.run(_interference(deployment.urls[0], args, builder))
@@ -145,6 +147,7 @@ def run(args: argparse.Namespace) -> dict:
         result["colocated_ttft_ms"].append(coloc["colocated_ttft_s"][i] * MS)
         result["kv_bytes"].append(kv)
         result["extra_ttft_ms"][str(n)] = [t * MS for t in extra]
+    result["foreign_cpu"] = foreign.share()
     result["model_over_measured"] = [m / x if m and x else None for m, x in
                                      zip(result["crossover_gbps_model"], result["crossover_gbps_measured"])]
     return result
@@ -163,6 +166,7 @@ def print_table(result: dict) -> None:
               f"{result['interference_ms'][i]:>6.0f}ms {result['interference_model_ms'][i]:>5.0f}ms "
               f"{'not reached' if measured is None else f'{measured:.3f} Gbit/s':>19} "
               f"{'-' if modelled is None else f'{modelled:.3f}':>7} {'-' if ratio is None else f'{ratio:.2f}':>11}")
+    print(f"other jobs used {result['foreign_cpu']:.0%} of the machine meanwhile")
     print("extra TTFT over an unlimited link (ms) per bandwidth " + " ".join(f"{g:g}" for g in result["link_gbps"]))
     for n, extra in result["extra_ttft_ms"].items():
         print(f"{n:>6}: " + " ".join(f"{t:.0f}" for t in extra))

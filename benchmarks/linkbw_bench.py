@@ -72,7 +72,7 @@ def _run_point(urls: list[str], specs, builder, tag: str, config) -> tuple[Measu
 def _sweep(method: str, args: argparse.Namespace, specs_at, builder, server, slo) -> dict:
     config = options.runner_config(args)
     rows: dict[str, list] = {"link_gbps": [], "p90_ttft_ms": [], "attainment": [], "kv_bytes_per_request": [],
-                             "num_failed": []}
+                             "num_failed": [], "foreign_cpu": []}
     extra: dict = {}
 
     def record(gbps: float, measured: Measured, kv_bytes: float | None) -> bool:
@@ -81,6 +81,7 @@ def _sweep(method: str, args: argparse.Namespace, specs_at, builder, server, slo
         rows["attainment"].append(measured.attainment(slo))
         rows["kv_bytes_per_request"].append(kv_bytes)
         rows["num_failed"].append(measured.summary.failed)
+        rows["foreign_cpu"].append(measured.foreign_cpu)
         return measured.attainment(slo) >= args.stop_below
 
     bandwidths = sorted(args.gbps, reverse=True)
@@ -140,12 +141,14 @@ def print_table(result: dict) -> None:
     slo = " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in result["slo"].items())
     print(f"linkbw: model {result['model']}, {result['workload']} at {result['request_rate']:g} req/s, "
           f"{result['num_prompts']} requests per bandwidth, SLO {slo}")
-    print(f"{'method':>7} {'Gbit/s':>7} {'KV MiB/req':>10} {'P90 TTFT':>9} {'attainment':>10} {'failed':>6}")
+    print(f"{'method':>7} {'Gbit/s':>7} {'KV MiB/req':>10} {'P90 TTFT':>9} {'attainment':>10} {'failed':>6} "
+          f"{'other jobs':>10}")
     for method, m in result["methods"].items():
         for i, gbps in enumerate(m["link_gbps"]):
             kv = m["kv_bytes_per_request"][i]
             print(f"{method:>7} {gbps:>7.3g} {'-' if kv is None else f'{kv / 2**20:.1f}':>10} "
-                  f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['attainment'][i]:>10.0%} {m['num_failed'][i]:>6}")
+                  f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['attainment'][i]:>10.0%} {m['num_failed'][i]:>6} "
+                  f"{m['foreign_cpu'][i]:>10.0%}")
     for method, m in result["methods"].items():
         if m["never_fails"]:
             verdict = f"the SLO holds down to {m['last_passing_gbps']:g} Gbit/s (starve further to see it fail)"

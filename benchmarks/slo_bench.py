@@ -12,10 +12,10 @@ SLOs are judged on the same requests:
   here, since all of them prefill while the disaggregated pair has one prefill instance.
 
 Both deployments stay up for the whole sweep and take turns at each rate (alternating which
-goes first), so the drift of a shared machine hits both alike. Goodput (DistServe): the highest rate at which at least 90% of requests meet the SLO,
-interpolated between the rates measured around the crossing (or bisected with
-`--bisect-steps`). Failed requests are never good. The winner depends on the SLO: both
-sides are reported.
+goes first), so the drift of a shared machine hits both alike. Goodput (DistServe): the
+highest rate at which at least 90% of requests meet the SLO, interpolated between the rates
+measured around the crossing (or bisected with `--bisect-steps`). Failed requests are never
+good. The winner depends on the SLO: both sides are reported.
 
     python bench.py slo --model small --json slo.json --plot slo.png
 """
@@ -118,12 +118,12 @@ def print_table(result: dict) -> None:
           f"thread(s) per instance; SLOs: " + "; ".join(f"{n} = {t}" for n, t in slo_text.items()))
     names = list(result["slo"])
     header = f"{'mode':>13} {'rate':>5} {'reqs':>4} {'fail':>4} " + " ".join(f"{n:>11}" for n in names)
-    print(header + f" {'P90 TTFT':>9} {'P90 ITL':>8}")
+    print(header + f" {'P90 TTFT':>9} {'P90 ITL':>8} {'other jobs':>10}")
     for mode, m in result["modes"].items():
         for i, rate in enumerate(m["rates"]):
             att = " ".join(f"{m['attainment'][n][i]:>11.0%}" for n in names)
             print(f"{mode:>13} {rate:>5.2f} {m['num_requests'][i]:>4} {m['num_failed'][i]:>4} {att} "
-                  f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['p90_itl_ms'][i]:>6.1f}ms")
+                  f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['p90_itl_ms'][i]:>6.1f}ms {m['foreign_cpu'][i]:>10.0%}")
     for mode, m in result["modes"].items():
         goodputs = ", ".join(f"{n} {m['goodput_rps'][n]:.2f} req/s" + (f" ({m['goodput_flags'][n]})"
                                                                       if n in m["goodput_flags"] else "")

@@ -45,8 +45,9 @@ class ServerOptions(msgspec.Struct, frozen=True, kw_only=True):
     def engine_flags(self) -> list[str]:
         flags = ["--model", self.model, "--torch-threads", str(self.torch_threads),
                  "--max-model-len", str(self.max_model_len)]
-        for flag, value in (("--num-blocks", self.num_blocks), ("--max-num-batched-tokens", self.max_num_batched_tokens),
-                            ("--max-num-seqs", self.max_num_seqs)):
+        optional = (("--num-blocks", self.num_blocks), ("--max-num-batched-tokens", self.max_num_batched_tokens),
+                    ("--max-num-seqs", self.max_num_seqs))
+        for flag, value in optional:
             if value is not None:
                 flags += [flag, str(value)]
         return flags + list(self.extra_flags)

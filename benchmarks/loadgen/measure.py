@@ -8,6 +8,7 @@ from typing import NamedTuple, Sequence
 
 from minipd.workload import RequestSpec
 
+from .host_load import ForeignCpu
 from .prompts import PromptBuilder
 from .records import RequestRecord
 from .runner import RunnerConfig, RunResult, run_workload
@@ -20,6 +21,7 @@ MS_PER_S = 1e3
 class Measured(NamedTuple):
     result: RunResult
     summary: RunSummary  # against the run's main SLO
+    foreign_cpu: float  # share of the machine other jobs used during the run (host_load.ForeignCpu)
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -38,11 +40,12 @@ class Measured(NamedTuple):
 def measure(urls: Sequence[str], specs: Sequence[RequestSpec], builder: PromptBuilder, run_tag: str,
             config: RunnerConfig, slo: SLO = SLO()) -> Measured:
     """Run `specs` against `urls` and summarize; warns when the server counted prompts otherwise."""
+    foreign = ForeignCpu()
     result = asyncio.run(run_workload(urls, specs, builder, run_tag, config))
     if result.num_prompt_len_mismatches:
         print(f"warning: {run_tag}: the server counted {result.num_prompt_len_mismatches} of {len(specs)} prompts "
               "at another length than requested (is --tokenizer the served model's?)", file=sys.stderr)
-    return Measured(result, summarize(result.records, result.duration_s, slo))
+    return Measured(result, summarize(result.records, result.duration_s, slo), foreign.share())
 
 
 def record_rows(records: Sequence[RequestRecord]) -> list[dict]:

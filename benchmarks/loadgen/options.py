@@ -19,6 +19,7 @@ from .tokenizer_source import prompt_tokens
 
 BLOCK_ALIGN = 16  # max_model_len is rounded up to whole KV blocks
 SPECIAL_TOKENS_MARGIN = 8  # room for BOS and the like beyond the requested prompt length
+UNLIMITED_LEN = 1 << 20
 
 
 def _length(text: str) -> LengthDist:
@@ -113,9 +114,8 @@ def workload(args: argparse.Namespace, process: ArrivalProcess, num_requests: in
     """The requests of one run; `seed_offset` varies them between the runs of one experiment."""
     seed = args.seed + seed_offset
     if args.dataset:
-        return load_sharegpt(args.dataset, num_requests, process, builder.count, seed=seed,
-                             max_prompt_len=args.max_model_len - SPECIAL_TOKENS_MARGIN if args.max_model_len else
-                             1 << 20)
+        max_len = args.max_model_len - SPECIAL_TOKENS_MARGIN if args.max_model_len else UNLIMITED_LEN
+        return load_sharegpt(args.dataset, num_requests, process, builder.count, seed=seed, max_prompt_len=max_len)
     return make_workload(args.workload, num_requests, process, seed=seed, prompt_len=args.prompt_len,
                          output_len=args.output_len)
 

@@ -40,6 +40,7 @@ class SweepResult(NamedTuple):
                 "num_requests": [len(p.measured.records) for p in points],
                 "num_failed": [p.measured.summary.failed for p in points],
                 "duration_s": [p.measured.summary.duration_s for p in points],
+                "foreign_cpu": [p.measured.foreign_cpu for p in points],
                 "goodput_rps": dict(self.goodput),
                 "goodput_bracket": {name: list(b) for name, b in self.goodput_bracket.items()},
                 "goodput_flags": dict(self.goodput_flags)}
@@ -75,7 +76,7 @@ def _goodputs(points: list[RatePoint], run_at: Callable[[float, int], Measured],
         if bisect_steps and not (found.below_range or found.above_range):
             cache = {p.rate: p.measured for p in points}
 
-            def attainment_at(rate: float, slo: SLO = slo) -> float:
+            def attainment_at(rate: float, slo: SLO = slo, cache: dict = cache) -> float:
                 if rate not in cache:
                     cache[rate] = run_at(rate, len(points))
                     points.append(RatePoint(rate, cache[rate]))
