@@ -37,7 +37,7 @@ from minipd.workload import LengthDist
 
 METHODS = ("bucket", "netns")
 DEFAULT_GBPS = (10.0, 2.0, 1.0, 0.5, 0.3, 0.2, 0.15, 0.1, 0.07, 0.05)
-DEFAULT_RATE = 0.6
+DEFAULT_RATE = 0.4
 DEFAULT_NUM_PROMPTS = 24
 DEFAULT_SLO = ["ttft:1500"]
 QUICK = {"model": "tiny", "gbps": [1.0, 0.02], "prompt_len": LengthDist.uniform(1024, 1536),

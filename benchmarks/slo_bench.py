@@ -36,7 +36,7 @@ from minipd.workload import LengthDist
 
 MODES = ("colocated", "disaggregated")
 DEFAULT_RATES = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
-DEFAULT_ITL_TIGHT = ["ttft:4000", "tpot:60"]
+DEFAULT_ITL_TIGHT = ["ttft:5000", "tpot:50"]
 DEFAULT_TTFT_TIGHT = ["ttft:1500", "tpot:250"]
 DEFAULT_DURATION_S = 40.0
 DEFAULT_MIN_PROMPTS = 20

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from benchmarks.loadgen.processes import Processes
+from benchmarks.loadgen.processes import ManagedProcess, Processes
 
 GONE_TIMEOUT_S = 10.0
 # A child that starts a grandchild, says where it is, and then waits to be stopped: the shape
@@ -77,3 +79,29 @@ def test_waiting_for_an_announcement_is_bounded():
         assert time.monotonic() - start < 5
         pid = child.process.pid
     assert wait_gone(pid)
+
+
+def test_a_second_interrupt_while_stopping_waits_until_every_child_is_gone(monkeypatch):
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)  # what bench.py installs
+    original_stop = ManagedProcess.stop
+
+    def stop_with_a_signal(self):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives in the middle of the cleanup
+        return original_stop(self)
+
+    monkeypatch.setattr(ManagedProcess, "stop", stop_with_a_signal)
+    pids = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with Processes() as processes:
+                for name in ("first", "second"):
+                    child = processes.start(name, [sys.executable, "-c", PARENT])
+                    pids += [child.process.pid, child.wait_for_line(ready_pid, 30)]
+                    child.drain()
+                raise RuntimeError("the run failed")  # the first interruption of the run
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(pids) == 4 and all(wait_gone(pid) for pid in pids)

@@ -26,6 +26,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .signals import interrupts_deferred
+
 NS_PREFIX = "mpdbench"
 NS_PATTERN = re.compile(rf"^{NS_PREFIX}-(\d+)-\d+-[pd]$")
 LOCK_FILE = Path("/tmp/minipd-bench-netns.lock")
@@ -177,11 +179,13 @@ class ShapedLink:
         return _run("tc", "-n", self.prefill_ns, "qdisc", "show", "dev", self.kv_p).strip()
 
     def close(self) -> None:
-        """Delete both namespaces (their veths, and so the root ends, go with them)."""
-        for ns in (self.prefill_ns, self.decode_ns):
-            _run("ip", "netns", "del", ns, check=False)
-        for dev in (self.root_p, self.root_d):  # gone with their peers; removed here if a step failed early
-            _run("ip", "link", "del", dev, check=False)
+        """Delete both namespaces (their veths, and so the root ends, go with them); a Ctrl-C or
+        SIGTERM meanwhile waits until they are gone."""
+        with interrupts_deferred():
+            for ns in (self.prefill_ns, self.decode_ns):
+                _run("ip", "netns", "del", ns, check=False)
+            for dev in (self.root_p, self.root_d):  # gone with their peers; removed here if a step failed early
+                _run("ip", "link", "del", dev, check=False)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()

@@ -3,7 +3,8 @@
 Each child runs in its own session (process group), so stopping it also stops every process it
 started itself (the cluster launcher's router and instances): SIGTERM to the group, then
 SIGKILL after a grace period. `Processes` stops all of its children when its `with` block
-ends, however it ends (an exception, Ctrl-C, or SIGTERM turned into one by `bench.py`).
+ends, however it ends (an exception, Ctrl-C, or SIGTERM turned into one by `bench.py`), and
+a second interrupt while it stops them is held back until they are all gone.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Callable, TypeVar
+
+from .signals import interrupts_deferred
 
 STOP_GRACE_S = 10.0
 KILL_WAIT_S = 5.0
@@ -129,8 +132,10 @@ class Processes:
         return child
 
     def stop_all(self) -> None:
-        while self.children:
-            self.children.pop().stop()
+        """Every child, newest first; a Ctrl-C or SIGTERM meanwhile waits until all are stopped."""
+        with interrupts_deferred():
+            while self.children:
+                self.children.pop().stop()
 
     def __enter__(self) -> "Processes":
         return self
