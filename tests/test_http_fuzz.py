@@ -15,6 +15,7 @@ import zlib
 
 import msgspec
 import pytest
+from http_helpers import OpenStream, http_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,8 +25,6 @@ from minipd.api.router_backend import RouterBackend
 from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
-
-from http_helpers import OpenStream, http_json
 
 CONFIG = EngineConfig(model="tiny", dtype="float32", num_blocks=64, max_model_len=128)  # any request ends soon
 EXAMPLES_PER_BACKEND = 100
@@ -67,7 +66,8 @@ scalars = (st.none() | st.booleans() | st.integers() | st.integers(-2**70, 2**70
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
                                                                                            max_size=3), max_leaves=8)
 sensible = {
-    "max_tokens": st.integers(1, 8), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1), "top_k": st.integers(0, 50),
+    "max_tokens": st.integers(1, 8), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1),
+    "top_k": st.integers(0, 50),
     "seed": st.integers(0, 2**63 - 1), "stream": st.booleans(), "ignore_eos": st.booleans(),
     "stop": st.text(min_size=1, max_size=3) | st.lists(st.text(min_size=1, max_size=3), max_size=2),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),

@@ -11,12 +11,11 @@ import time
 
 import msgspec
 import pytest
+from http_helpers import OpenStream, http_json
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.engine_backend import EngineBackend
 from minipd.engine.engine import EngineConfig
-
-from http_helpers import OpenStream, http_json
 
 CONFIG = EngineConfig(model="tiny", num_blocks=64, max_model_len=512)
 TIMEOUT_S = 0.5

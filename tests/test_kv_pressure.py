@@ -14,6 +14,7 @@ import time
 import aiohttp
 import msgspec
 import pytest
+from engine_helpers import complete_all, greedy
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.engine_backend import EngineBackend
@@ -23,8 +24,6 @@ from minipd.engine.kv_admission import NoCapacity, claim_blocks
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
-
-from engine_helpers import complete_all, greedy
 
 BLOCK_SIZE = 16
 DECODE = EngineConfig(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=32, max_model_len=256,
@@ -153,7 +152,7 @@ def test_a_burst_of_ten_times_capacity_is_refused_early_and_every_accepted_reque
     for status, headers, text, _ in refused:
         assert status == 503 and headers["Retry-After"] == "1"
         assert msgspec.json.decode(text)["error"]["type"] == "overloaded_error" and "KV capacity" in text
-    for status, headers, text, _ in accepted:  # each completed in full
+    for _, headers, text, _ in accepted:  # each completed in full
         if headers["Content-Type"].startswith("text/event-stream"):
             events = [msgspec.json.decode(line[6:]) for line in text.splitlines()
                       if line.startswith("data: {")]

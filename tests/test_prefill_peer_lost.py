@@ -69,5 +69,3 @@ def test_prefills_for_a_lost_decode_instance_are_aborted_at_once(loop_thread, ca
     assert all(r[-1].error is not None and r[-1].num_output_tokens == 0 for r in results)
     layer_failures = [r for r in caplog.records if "KV sink failed on layer" in r.getMessage()]
     assert layer_failures == []
-    aborted = [r for r in caplog.records if "lost; prefill of" in r.getMessage()]
-    assert len(aborted) == NUM_PROMPTS

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from engine_helpers import complete, greedy
+from http_helpers import OpenStream, http_json
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.engine_backend import EngineBackend
@@ -16,9 +18,6 @@ from minipd.engine.engine import EngineConfig
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
-
-from engine_helpers import complete, greedy
-from http_helpers import OpenStream, http_json
 
 CONFIG = EngineConfig(model="tiny", dtype="float32", num_blocks=128, max_model_len=256)
 CHAT = "/v1/chat/completions"
@@ -74,7 +73,7 @@ def test_an_extreme_sampling_request_beside_four_live_streams_harms_none_of_them
     finally:
         for s in streams:
             s.close()
-    for (text, errors), reference in zip(rests, alone):
+    for (text, errors), reference in zip(rests, alone, strict=True):
         assert errors == []
         assert text == reference.body["choices"][0]["message"]["content"]
     # and the extreme request itself is served: as greedy, which is what those values mean
@@ -83,29 +82,41 @@ def test_an_extreme_sampling_request_beside_four_live_streams_harms_none_of_them
     assert extreme_reply.body["choices"][0]["message"] == greedy_reply.body["choices"][0]["message"]
 
 
+POISON = "\x7f"  # byte 127: in no other prompt, so the model can tell the poisoned request's tokens
+
+
+class PoisonedModel:
+    """The model, except that a forward pass over any POISON token fails."""
+
+    def __init__(self, model):
+        self.model, self.failed_batch_tokens = model, []
+
+    def __call__(self, input_ids, *args):
+        if bool((input_ids == ord(POISON)).any()):
+            self.failed_batch_tokens.append(input_ids.numel())
+            raise RuntimeError("the forward pass failed")
+        return self.model(input_ids, *args)
+
+
 def test_a_forward_pass_that_fails_for_one_request_fails_only_that_request(make_engine, loop_thread, monkeypatch):
     engine = make_engine(**msgspec.structs.asdict(CONFIG))
     prompts = [f"prompt number {i}" for i in range(4)]
     expected = [loop_thread.run(complete(engine, p, greedy(STREAM_TOKENS))).token_ids for p in prompts]
-    execute = engine.runner.execute
-    poisoned_steps = []
-
-    def failing_for_poison(chunks, hook=None):
-        if any(c.request.request_id == "poison" for c in chunks):
-            poisoned_steps.append(len(chunks))
-            raise RuntimeError("the forward pass failed")
-        return execute(chunks, hook)
-    monkeypatch.setattr(engine.runner, "execute", failing_for_poison)
+    poisoned = PoisonedModel(engine.runner.model)
+    monkeypatch.setattr(engine.runner, "model", poisoned)
+    poison_prompt = POISON * 3
 
     async def together():
         streams = [engine.submit(p, greedy(STREAM_TOKENS)) for p in prompts]
         first = [await s.__anext__() for s in streams]  # the four run, then the poison joins their batch
-        poison = engine.submit("poison", greedy(STREAM_TOKENS), request_id="poison")
-        rests = [[o async for o in s] for s in streams]
+        poison = engine.submit(poison_prompt, greedy(STREAM_TOKENS))
+        rests = []
+        for s in streams:
+            rests.append([o async for o in s])
         return first, rests, [o async for o in poison]
     first, rests, poison = loop_thread.run(together())
-    assert max(poisoned_steps) > 1, "the poison must have shared a step with the others"
-    for f, rest, want in zip(first, rests, expected):
+    assert max(poisoned.failed_batch_tokens) > len(poison_prompt) + 1, "the poison must share a step with others"
+    for f, rest, want in zip(first, rests, expected, strict=True):
         assert rest[-1].error is None and f.token_ids + [t for o in rest for t in o.token_ids] == want
     assert poison[-1].finish_reason == "abort" and "the forward pass failed" in poison[-1].error
 

@@ -15,6 +15,7 @@ import time
 from typing import NamedTuple
 
 import pytest
+from http_helpers import OpenStream, http_json
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.router_backend import RouterBackend
@@ -24,8 +25,6 @@ from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.client import ClusterClient
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router, RouterConfig
-
-from http_helpers import OpenStream, http_json
 
 CONFIG = EngineConfig(model="tiny", num_blocks=64, max_model_len=512)
 HUGE_PROMPT_BYTES = 3_900_000
@@ -65,7 +64,7 @@ def event_times(stream: OpenStream, count: int) -> list[float]:
 
 
 def gaps(times: list[float]) -> list[float]:
-    return [b - a for a, b in zip(times, times[1:])]
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
 
 
 # Another process sends the huge prompts, as other users would: a client in this process

@@ -18,10 +18,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from minipd.engine.sampling_params import MAX_INT
-
 from minipd.api.errors import bad_request
-from minipd.engine.sampling_params import SamplingParams
+from minipd.engine.sampling_params import MAX_INT, SamplingParams
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_TEMPERATURE = 1.0

@@ -5,9 +5,8 @@ Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decod
 answers `Generate` (prefill and decode here, used for colocated serving and for short
 prompts), `Abort`, `PeerLost` and `GetStats`.
 
-Everything a router asked for through a connection is aborted when that connection drops,
-and every prefill whose KV was going to a decode instance the router reports lost
-(`PeerLost`) is aborted at once: there is nowhere left to send its KV.
+Everything a router asked for through a connection is aborted when that connection drops, and
+every prefill for a decode instance the router reports lost (`PeerLost`) at once.
 """
 
 from __future__ import annotations
@@ -121,7 +120,9 @@ class Instance(ControlServer):
             case PeerLost():
                 self.transport.peer_lost(message.instance_id, message.reason)
                 self._peer_ids.pop(message.instance_id, None)
-                await self._abort_prefills_to(message.instance_id)
+                prefills = self._prefills_to.pop(message.instance_id, set())
+                while prefills:  # their KV has nowhere to go
+                    await self.abort_request(prefills.pop())
             case GetStats():
                 if message.settle:
                     await self.engine.wait_idle(SETTLE_TIMEOUT_S)
@@ -224,11 +225,10 @@ class Instance(ControlServer):
                                                      f"{self.instance_id}: {'; '.join(differences)}", kind="invalid"))
             self.untrack(channel, request_id)
             return
-        prefills_to_decode = self._prefills_to.setdefault(message.decode_instance, set())
-        prefills_to_decode.add(request_id)
+        self._prefills_to.setdefault(message.decode_instance, set()).add(request_id)
         try:
             peer_id = await self._peer(message.decode_instance, message.decode_description)
-            if request_id not in prefills_to_decode:
+            if request_id not in self._prefills_to.get(message.decode_instance, ()):  # lost meanwhile
                 raise TransferError(message.decode_instance, request_id, "the decode instance was lost")
             sender = LayerwiseKVSender(self.engine, self.transport, peer_id, request_id, message.dst_block_ids,
                                        message.num_skip_blocks, message.layerwise)
@@ -251,15 +251,7 @@ class Instance(ControlServer):
         finally:  # whatever happened, nothing keeps computing for it (a no-op once it finished)
             self.engine.abort(request_id)
             self.untrack(channel, request_id)
-            prefills_to_decode.discard(request_id)
-
-    async def _abort_prefills_to(self, decode_instance: str) -> None:
-        prefills = self._prefills_to.pop(decode_instance, set())
-        aborted = list(prefills)
-        prefills.clear()  # a prefill still connecting to the lost instance sees it is gone
-        for request_id in aborted:
-            log.info("%s: %s lost; prefill of %s aborted", self.instance_id, decode_instance, request_id)
-            await self.abort_request(request_id)
+            self._prefills_to.get(message.decode_instance, set()).discard(request_id)
 
     async def _peer(self, instance_id: str, description: bytes) -> str:
         """Connect the transport to a decode instance once, however many requests ask at once."""

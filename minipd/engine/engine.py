@@ -6,9 +6,7 @@ The engine loop, top-down, one step at a time:
 3. run the forward pass and sampling on the single compute thread, so the event loop keeps
    serving I/O while the model runs;
 4. advance progress, append sampled tokens, check stop conditions, stream increments.
-A step that fails never fails the requests that were merely batched with the culprit: each
-is run again alone (`_isolate_failure`), and a request whose sampling failed is the only
-one failed (`SamplingFailed`).
+One request's failure never fails the others of its step (`ModelRunner.execute`).
 
 All scheduler and request state is touched only on the event loop thread.
 """
@@ -33,11 +31,10 @@ from minipd.engine.kv_admission import KVClaims, NoCapacity, claim_blocks
 from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
 from minipd.engine.kv_sink import KVSink
 from minipd.engine.model_loader import load_model
-from minipd.engine.model_runner import ModelRunner
+from minipd.engine.model_runner import ChunkResult, ModelRunner, StepFailed
 from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.request import FinishReason, Request, RequestOutput, RequestStatus
 from minipd.engine.request_stream import RequestStream
-from minipd.engine.sampler import SamplingFailed
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 
@@ -284,40 +281,13 @@ class Engine:
                 continue
             calls = kv_sink.sink_calls(output.chunks)
             hook = kv_sink.layer_notifier(loop, calls, self._wait_for_device) if calls else None
+            step_start = time.perf_counter()
             try:
-                await self._step(output, hook)
-            except Exception as exc:  # a failed step fails only the requests that fail alone
-                log.exception("engine step failed; running its requests one by one")
-                await self._isolate_failure(output, exc)
-
-    async def _step(self, output: SchedulerOutput, hook: Callable[[int], None] | None) -> None:
-        """Run one step on the compute thread, then advance its requests (raises if the step fails)."""
-        step_start = time.perf_counter()
-        sampled = await asyncio.get_running_loop().run_in_executor(self._executor, self.runner.execute,
-                                                                   output.chunks, hook)
-        step_end = time.perf_counter()
-        for chunk in output.chunks:
-            chunk.request.record_step(step_start, step_end)
-        self.scheduler.update_computed(output)
-        self._process(output, sampled)
-
-    async def _isolate_failure(self, output: SchedulerOutput, exc: Exception) -> None:
-        """After a failed step, each of its requests runs its chunk again alone, and only one
-        that fails alone too is failed. This is safe because a failed step changed no request's
-        progress: running a chunk again rewrites the same KV slots. A request whose KV streams
-        out is failed at once instead: its sink may have sent layers of the failed step."""
-        for chunk in output.chunks:
-            request = chunk.request
-            if request.status is RequestStatus.FINISHED:
-                continue
-            if request.kv_sink is not None:
-                self._emit(request, FinishReason.ABORT, error=f"engine step failed: {type(exc).__name__}: {exc}")
-                continue
-            try:
-                await self._step(SchedulerOutput([chunk], []), None)
-            except Exception as alone:
-                log.exception("request %s failed alone too", request.request_id)
-                self._emit(request, FinishReason.ABORT, error=f"engine step failed: {type(alone).__name__}: {alone}")
+                results = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks, hook)
+            except Exception as exc:  # the runner fails chunks, not steps; this is a last resort
+                log.exception("engine step failed")
+                results = [StepFailed(f"engine step failed: {type(exc).__name__}: {exc}")] * len(output.chunks)
+            self._process(output, results, (step_start, time.perf_counter()))
 
     @property
     def _wait_for_device(self) -> Callable[[], None] | None:
@@ -328,17 +298,19 @@ class Engine:
         device = self.device
         return lambda: torch.cuda.current_stream(device).synchronize()
 
-    def _process(self, output: SchedulerOutput, sampled: list[int | SamplingFailed]) -> None:
-        tokens = iter(sampled)
-        for chunk in output.chunks:
-            if not chunk.samples:
-                continue
-            token = next(tokens)
-            if isinstance(token, SamplingFailed):  # this request alone fails
-                log.error("request %s: %s", chunk.request.request_id, token)
-                self._emit(chunk.request, FinishReason.ABORT, error=str(token))
-            else:
-                self._append_token(chunk.request, token)
+    def _process(self, output: SchedulerOutput, results: list[ChunkResult], step: tuple[float, float]) -> None:
+        """Advance the chunks that ran, append their sampled tokens, and fail those that failed
+        (their progress stays where it was)."""
+        ran = [c for c, r in zip(output.chunks, results) if not isinstance(r, Exception)]
+        for chunk in ran:
+            chunk.request.record_step(*step)
+        self.scheduler.update_computed(SchedulerOutput(ran, output.preempted))
+        for chunk, result in zip(output.chunks, results):
+            if isinstance(result, Exception):  # this request alone fails
+                log.error("request %s: %s", chunk.request.request_id, result)
+                self._emit(chunk.request, FinishReason.ABORT, error=str(result))
+            elif chunk.samples:
+                self._append_token(chunk.request, result)
 
     def _append_token(self, request: Request, token: int) -> None:
         if request.status is RequestStatus.FINISHED:

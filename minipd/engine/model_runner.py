@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Sequence
 
 import torch
@@ -16,6 +17,15 @@ from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, Pref
 from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
 
+log = logging.getLogger(__name__)
+
+
+class StepFailed(Exception):
+    """The forward pass failed for a chunk, run alone too; returned (not raised) by `execute`."""
+
+
+ChunkResult = int | None | SamplingFailed | StepFailed
+
 
 class ModelRunner:
     def __init__(self, model: LlamaForCausalLM, kv_pool: torch.Tensor):
@@ -25,10 +35,35 @@ class ModelRunner:
         self.block_size = kv_pool.shape[3]
         self.buffers = GatherBuffers(tuple(kv_pool.shape[3:]), kv_pool.dtype, self.device)
 
-    def execute(self, chunks: Sequence[ScheduledChunk],
-                layer_hook: LayerHook | None = None) -> list[int | SamplingFailed]:
-        """Run one step; returns the sampled token (or why sampling it failed) of every chunk
-        with `samples`, in chunk order. Raises if the forward pass fails."""
+    def execute(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None = None) -> list[ChunkResult]:
+        """Run one step; one result per chunk, in order: the sampled token of a chunk that
+        samples, None for one that does not, or the exception that failed it.
+
+        One request never fails the others of its step. A row whose sampling fails is that
+        row's `SamplingFailed`. If the forward pass fails, each chunk runs again alone, and only
+        one that fails alone too gets a `StepFailed`; this is safe because a failed step advanced
+        no request, and running a chunk again rewrites the same KV slots. A chunk whose KV
+        streams out fails at once instead: its sink may have sent layers of the failed step.
+        """
+        try:
+            return self._run(chunks, layer_hook)
+        except Exception as exc:
+            if len(chunks) == 1:
+                return [StepFailed(f"engine step failed: {type(exc).__name__}: {exc}")]
+            log.exception("engine step of %d chunks failed; running them one by one", len(chunks))
+        results: list[ChunkResult] = []
+        for chunk in chunks:
+            if chunk.request.kv_sink is not None:
+                results.append(StepFailed("engine step failed while its KV streamed out"))
+                continue
+            try:
+                results += self._run([chunk], None)
+            except Exception as alone:
+                log.exception("request %s failed alone too", chunk.request.request_id)
+                results.append(StepFailed(f"engine step failed: {type(alone).__name__}: {alone}"))
+        return results
+
+    def _run(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None) -> list[ChunkResult]:
         ordered = sorted(range(len(chunks)), key=lambda i: chunks[i].num_new_tokens != 1)  # decodes first
         input_ids, positions, meta, logit_rows = self._prepare([chunks[i] for i in ordered])
         logits_indices = [row for i, row in zip(ordered, logit_rows) if chunks[i].samples]
@@ -38,7 +73,7 @@ class ModelRunner:
         requests = [chunks[i].request for i in sampled_order]
         tokens = sample(logits, [r.sampling for r in requests], [r.num_output_tokens for r in requests])
         by_chunk = dict(zip(sampled_order, tokens))
-        return [by_chunk[i] for i in range(len(chunks)) if chunks[i].samples]
+        return [by_chunk.get(i) for i in range(len(chunks))]
 
     def _prepare(self, chunks: Sequence[ScheduledChunk]):
         bs = self.block_size

@@ -13,9 +13,8 @@ import asyncio
 import concurrent.futures
 from typing import Callable, Sequence, TypeVar
 
-from minipd.models.tokenizer import Tokenizer
-
 from minipd.engine.prompt_check import prompt_token_ids
+from minipd.models.tokenizer import Tokenizer
 
 # Two, so one huge prompt does not hold up every other request's tokenization; more would
 # only compete with the compute thread for cores.
