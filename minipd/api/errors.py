@@ -36,11 +36,12 @@ class ErrorResponse(msgspec.Struct):
 class ApiError(Exception):
     """An error answered to the client as `status` with an OpenAI error body.
 
-    `retry_after_s`, when set, becomes a `Retry-After` header (overload, unavailable).
+    `retry_after_s`, when set, becomes a `Retry-After` header (overload, unavailable);
+    `headers` are added to the response as they are (`WWW-Authenticate` on a 401).
     """
 
     def __init__(self, status: int, message: str, *, param: str | None = None, type: str = INVALID_REQUEST,
-                 code: str | None = None, retry_after_s: int | None = None):
+                 code: str | None = None, retry_after_s: int | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -48,6 +49,7 @@ class ApiError(Exception):
         self.type = type
         self.code = code
         self.retry_after_s = retry_after_s
+        self.headers = headers or {}
 
     def body(self) -> ErrorResponse:
         return ErrorResponse(ErrorBody(self.message, self.type, self.param, self.code))

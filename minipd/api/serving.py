@@ -1,8 +1,9 @@
 """The generation endpoints: /v1/completions and /v1/chat/completions.
 
 One request, top-down:
-1. decode the body into its Struct (400 naming the field on any mismatch) and refuse
-   options minipd cannot honour, or a model it does not serve (404);
+1. refuse a body that is not `application/json` (415), decode it into its Struct (400
+   naming the field on any mismatch) and refuse options minipd cannot honour, or a model it
+   does not serve (404);
 2. admission: 503 with Retry-After while `max_waiting_requests` requests wait already;
 3. submit to the backend (400 for a request it refuses, 503 when it is unavailable);
 4. answer with one JSON body, or with server-sent events ending in `data: [DONE]`.
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 SSE_DONE = b"data: [DONE]\n\n"
 PROMPT_FIELDS = ("prompt", "prompt_token_ids")  # what the engine calls the prompt in its errors
+# Parameters (`; charset=utf-8`) are allowed. A browser sends a cross-origin POST without
+# asking first only for text/plain and form types: requiring JSON closes that door.
+JSON_CONTENT_TYPE = "application/json"
 
 RequestT = TypeVar("RequestT", bound=GenerationRequest)
 
@@ -124,6 +128,10 @@ class OpenAIServing:
 
     # ---- steps ----------------------------------------------------------------------
     async def _decode(self, http_request: web.Request, request_type: type[RequestT]) -> RequestT:
+        if http_request.content_type != JSON_CONTENT_TYPE:  # aiohttp: lower-cased, without parameters
+            given = http_request.headers.get("Content-Type")
+            raise ApiError(415, f"Content-Type: expected {JSON_CONTENT_TYPE}, got {repr(given) if given else 'none'}",
+                           param="Content-Type", code="unsupported_media_type")
         body = await http_request.read()  # aiohttp answers 413 past client_max_size
         try:
             request = msgspec.json.decode(body, type=request_type)
