@@ -66,7 +66,8 @@ def test_with_a_secret_the_attack_gets_nowhere_and_the_cache_stays_clean(loop_th
     report, pool_untouched, outputs = loop_thread.run(run(), timeout=ATTACK_TIMEOUT_S)
     assert not report.welcomed and report.first_reply == "CallError", "a Hello without the secret must be refused"
     assert report.reserved is None, "an unauthenticated process reserved blocks"
-    assert report.kv_answers[:1] == ["challenge"], "the KV port must challenge a new link"
+    assert report.kv_answers[0] == "challenge", "the KV port must challenge a new link"
+    assert report.kv_answers[1].startswith("refused: the sender has no cluster secret"), report.kv_answers
     assert pool_untouched, "an unauthenticated process wrote into the decode pool"
     assert report.adopted_tokens == [], "decode adopted KV from an unauthenticated process"
     last = outputs[-1]

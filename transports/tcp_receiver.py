@@ -25,6 +25,10 @@ PREFIX = struct.Struct("!I")  # header length, then the msgpack header, then the
 DISCARD_BYTES = 1 << 20
 # A sender that has not completed the handshake by then is disconnected.
 HANDSHAKE_TIMEOUT_S = 10.0
+# A refused sender's link is half-closed and what it still sends is discarded for this long,
+# so that the refusal reaches it (closing with its bytes unread would reset the connection
+# and could destroy the refusal in flight).
+REFUSAL_LINGER_S = 1.0
 
 
 class ReceiverSetup(NamedTuple):
@@ -199,13 +203,15 @@ class FrameReceiver(asyncio.BufferedProtocol):
         self._expect_prefix()
 
     def _refuse(self, claimed_peer: str, reason: str) -> None:
-        """Tell the sender why the handshake failed, then hang up (after the reason is sent)."""
+        """Tell the sender why the handshake failed, then hang up (see REFUSAL_LINGER_S)."""
         logger.warning("refusing tcp KV link from %r: %s", claimed_peer, reason)
         self._state = "closed"
         self._small_view = self._discard
         self._filled = 0
+        self._handshake_timer.cancel()
         self._transport.write(encode_frame(Refused(reason)))
-        self._transport.close()
+        self._transport.write_eof()
+        asyncio.get_running_loop().call_later(REFUSAL_LINGER_S, self._transport.abort)
 
     def _handshake_expired(self) -> None:
         if self.peer_id is None and self._state != "closed":
