@@ -46,6 +46,9 @@ class TcpCluster:
     def instances(self) -> list[Instance]:
         return [self.prefill, self.decode]
 
+    def instance(self, instance_id: str) -> Instance:
+        return next(i for i in self.instances if i.instance_id == instance_id)
+
     def kv_address(self) -> tuple[str, int]:
         host, _, port = self.decode.transport._endpoint().decode().rpartition(":")
         return host, int(port)
