@@ -1,8 +1,14 @@
-"""minipd experiments. Each subcommand prints a human table and can write machine-readable JSON.
+"""minipd experiments. Each subcommand prints a human table and can write machine-readable JSON
+(`--json FILE`) and a plot (`--plot FILE.png`).
 
     python bench.py engine --json engine.json
     python bench.py transport --json transport.json
     python bench.py overlap --json overlap.json
+    python bench.py profile --json profile.json
+    python bench.py serve --url http://127.0.0.1:8000 --request-rate 1 --goodput ttft:2000 tpot:50
+    python bench.py slo --json slo.json --plot slo.png
+    python bench.py linkbw --json linkbw.json --plot linkbw.png
+    python bench.py crossover --json crossover.json --plot crossover.png
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -14,6 +20,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
+import signal
 import sys
 
 # subcommand -> (module under benchmarks/ exposing add_arguments(parser), run(args) -> dict and
@@ -23,7 +31,28 @@ EXPERIMENTS = {
     "engine": ("benchmarks.engine_bench", "decode tokens/s: engine vs raw model loop vs transformers"),
     "transport": ("benchmarks.transport_bench", "KV transfer bandwidth of every backend vs memcpy and a raw socket"),
     "overlap": ("benchmarks.overlap_bench", "exposed KV transfer: layer-wise streaming vs send-after-prefill"),
+    "profile": ("benchmarks.profile_bench", "prefill/decode step times fitted into a planner latency profile"),
+    "serve": ("benchmarks.serve_bench", "one workload at one rate against an OpenAI endpoint: vLLM's serving summary"),
+    "slo": ("benchmarks.slo_bench", "SLO attainment and goodput vs request rate: colocated vs disaggregated"),
+    "linkbw": ("benchmarks.linkbw_bench", "TTFT and SLO attainment vs KV link bandwidth (token bucket, shaped veth)"),
+    "crossover": ("benchmarks.crossover_bench",
+                  "per prompt length, the link bandwidth where KV transfer cost equals prefill interference"),
 }
+
+
+def _finite_or_null(value):
+    """NaN and infinities (no samples, no crossing) as JSON null, so the file is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(v) for v in value]
+    return value
+
+
+def _interrupt_on_sigterm(signum, frame) -> None:
+    raise KeyboardInterrupt  # so every `finally` runs: started servers and namespaces are removed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,13 +69,21 @@ def main(argv: list[str] | None = None) -> int:
             p.description = module.__doc__
             p.formatter_class = argparse.RawDescriptionHelpFormatter
             module.add_arguments(p)
+            if hasattr(module, "plot"):
+                p.add_argument("--plot", metavar="FILE.png", help="draw the results into this PNG file")
     args = parser.parse_args(argv)
-    result = module.run(args)
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+    try:
+        result = module.run(args)
+    except ValueError as exc:  # a bad flag value, named by the message
+        parser.error(str(exc))
     module.print_table(result)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, sort_keys=True)
+            json.dump(_finite_or_null(result), f, indent=2, sort_keys=True, allow_nan=False)
         print(f"wrote {args.json}")
+    if getattr(args, "plot", None):
+        module.plot(result, args.plot)
     return 0
 
 

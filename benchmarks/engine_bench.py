@@ -27,6 +27,8 @@ from minipd.engine.request import Request
 from minipd.engine.sampling_params import SamplingParams
 from minipd.engine.scheduler import ScheduledChunk
 
+from benchmarks.baseline_plots import plot_engine as plot  # noqa: F401 (bench.py --plot)
+
 DEFAULT_BATCHES = (1, 8, 32)
 REFERENCE_BATCH = 8  # overhead and speedup are reported at this batch size
 
@@ -40,6 +42,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-hf", action="store_true", help="leave out transformers' generate")
     parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                         help="engine (and transformers) dtype; the README's figures are float32 (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run: the tiny model, small batches")
+
+
+QUICK = {"model": "tiny", "batches": [1, 2], "prompt_len": 16, "output_len": 8, "repeats": 1}
 
 
 def _prompts(batch: int, length: int, seed: int = 0) -> list[list[int]]:
@@ -119,6 +125,8 @@ def _hf_generate_s(model, prompts: list[list[int]], new_tokens: int) -> tuple[fl
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.quick:
+        vars(args).update(QUICK)
     max_len = args.prompt_len + args.output_len + 16
     config = EngineConfig(model=args.model, dtype=args.dtype, num_blocks=max(args.batches) * (max_len // 16 + 1) + 16,
                           max_model_len=max_len, max_num_seqs=max(args.batches), max_num_batched_tokens=2048,

@@ -34,6 +34,8 @@ from minipd.models.config import preset_config
 from minipd.router.router import RouterConfig
 from minipd.engine.sampling_params import SamplingParams
 
+from benchmarks.baseline_plots import plot_overlap as plot  # noqa: F401 (bench.py --plot)
+
 MS = 1e3
 HIDDEN_SLACK = 0.05  # the tolerance below (L-1)/L
 
@@ -49,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="compute threads per instance; 1 leaves a core of this 2-core machine to the transfer, "
                              "as a GPU would leave the CPU free (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run: tiny model, loopback and tcp")
+
+
+QUICK = {"model": "tiny", "transports": ["loopback", "tcp"], "prompt_lens": [256], "repeats": 1}
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -117,6 +123,8 @@ async def _run_transport(transport: str, args: argparse.Namespace, config: Engin
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.quick:
+        vars(args).update(QUICK)
     config = _engine_config(args)
     num_layers = preset_config(args.model).num_layers
     ideal = (num_layers - 1) / num_layers

@@ -35,6 +35,8 @@ from minipd.transports.block_run import coalesce_runs
 from minipd.transports.loopback_hub import LoopbackHub
 from minipd.transports.registry import BACKENDS, available_transports, create_transport
 
+from benchmarks.baseline_plots import plot_transport as plot  # noqa: F401 (bench.py --plot)
+
 MIB = 1 << 20
 NUM_LAYERS = 4  # the tiny model's layer count
 TINY_BLOCK_SHAPE = (2, 16, 2, 32)  # K/V x block_size x kv_heads x head_dim, fp32: 8 KiB
@@ -56,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--small-chunk-blocks", type=int, default=32,
                         help="the small-block map hands out destination blocks in chunks of this many (default 32)")
     parser.add_argument("--link-gbps", type=float, default=None, help="cap each transport's egress (Gbit/s)")
+    parser.add_argument("--quick", action="store_true", help="a short smoke run: loopback, 4 MiB")
+
+
+QUICK = {"backends": "loopback", "request_mib": 4, "repeats": 2, "rounds": 1}
 
 
 # ---- baselines -------------------------------------------------------------------------
@@ -252,6 +258,8 @@ def measure_in_process(backend: str, case: Case, repeats: int, options: dict) ->
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.quick:
+        vars(args).update(QUICK)
     request_bytes = args.request_mib * MIB
     installed = set(available_transports())
     backends = [b for b in args.backends.split(",") if b in installed]

@@ -1,4 +1,6 @@
-"""Fixtures: one background event loop per session, engines that are checked for leaks after every test."""
+"""Fixtures: one background event loop per session, engines that are checked for leaks after every
+test; and the `fast` marker: `pytest -m fast` runs the modules below (no processes, tiny models)
+in well under 30 s, for a quick check while editing. CI runs everything."""
 
 from __future__ import annotations
 
@@ -9,6 +11,22 @@ from minipd.engine.engine import Engine, EngineConfig
 from loop_thread import LoopThread
 
 _live_engines: list[Engine] = []
+
+FAST_MODULES = {
+    "test_block_manager", "test_scheduler_units", "test_picking_units", "test_sampling", "test_workload",
+    "test_kv_pool", "test_transport_units", "test_tokenizer", "test_http_chat_template", "test_engine_correctness",
+    "test_http_api", "test_disagg_inprocess", "test_http_router", "test_gguf_loader", "test_layers",
+}
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "fast: in the quick subset (`pytest -m fast`); see conftest.FAST_MODULES")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.module.__name__ in FAST_MODULES:
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(scope="session")

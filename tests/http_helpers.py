@@ -1,4 +1,8 @@
-"""Helpers for the HTTP tests: a live `minipd` server process, raw HTTP calls, /metrics samples."""
+"""Helpers for the HTTP tests: a live `minipd` server process, raw HTTP calls, /metrics samples.
+
+Every 200 answer of a generation endpoint, whole or streamed event by event, is checked
+against the `openai` package's models (`openai_contract.check_body`) before a test sees it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from openai_contract import check_body, is_generation
 
 STARTUP_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 30.0
@@ -43,9 +49,12 @@ def http_json(method: str, url: str, body: dict | bytes | None = None) -> HttpRe
     request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
-            return HttpResult(response.status, dict(response.headers), json.loads(response.read()))
+            result = HttpResult(response.status, dict(response.headers), json.loads(response.read()))
     except urllib.error.HTTPError as error:
         return HttpResult(error.code, dict(error.headers), json.loads(error.read()))
+    if method == "POST" and is_generation(urlsplit(url).path):
+        check_body(urlsplit(url).path, result.body, stream=False)
+    return result
 
 
 def http_text(url: str) -> str:
@@ -58,6 +67,7 @@ class OpenStream:
 
     def __init__(self, base_url: str, path: str, body: dict):
         parts = urlsplit(base_url)
+        self.path = path
         self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=REQUEST_TIMEOUT_S)
         self.connection.request("POST", path, json.dumps({**body, "stream": True}),
                                 {"Content-Type": "application/json"})
@@ -69,7 +79,10 @@ class OpenStream:
             line = self.response.readline()
             assert line, "stream ended early"
             if line.startswith(b"data: "):
-                return json.loads(line[len(b"data: "):])
+                event = json.loads(line[len(b"data: "):])
+                if self.response.status == 200:
+                    check_body(self.path, event, stream=True)
+                return event
 
     def close(self) -> None:
         self.response.close()

@@ -147,6 +147,19 @@ def test_completed_requests_are_counted_and_timed(serve, engine):
     assert sample(samples, "minipd_kv_blocks_total", instance="local") == 32
 
 
+def test_every_generated_token_is_one_event(server):
+    # A stop string longer than the output holds all of its text back until the end; clients
+    # still see one event per token, so they can time every token.
+    body = {"prompt": "tick", "max_tokens": 6, "ignore_eos": True, "temperature": 0, "stop": ["@" * 8]}
+    stream = OpenStream(server.url, COMPLETIONS, body)
+    events = [stream.next_event()]
+    while events[-1]["choices"][0]["finish_reason"] is None:
+        events.append(stream.next_event())
+    stream.close()
+    assert len(events) == 6 and events[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(event["choices"][0]["text"] == "" for event in events[:-1])
+
+
 def test_transfer_recorders_feed_the_transfer_series(serve, engine):
     served = serve(EngineBackend(engine, MODEL))
     metrics = served.app[METRICS_KEY]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import openai
 import pytest
 
+from benchmarks.loadgen.strict_openai import ResponseKind
 from http_helpers import (OpenStream, http_json, sample, scrape, start_cluster, start_colocated, stop,
                           wait_until_pools_full)
+from openai_contract import CHECKED, strict_openai_client
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512
@@ -39,13 +41,14 @@ def server(request, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=30)
+    return strict_openai_client(f"{server}/v1", timeout=30)
 
 
 SAMPLED = dict(max_tokens=12, temperature=0.8, top_p=0.95, seed=1234, extra_body={"top_k": 50, "ignore_eos": True})
 
 
 def test_streamed_completion_equals_non_streamed(client):
+    before = CHECKED.copy()
     whole = client.completions.create(model=MODEL, prompt="Prefill is compute-bound;", **SAMPLED)
     choice = whole.choices[0]
     assert choice.finish_reason == "length"
@@ -55,9 +58,13 @@ def test_streamed_completion_equals_non_streamed(client):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    # every body the client parsed was checked against the openai models first
+    assert CHECKED[ResponseKind.COMPLETION] - before[ResponseKind.COMPLETION] == 1
+    assert CHECKED[ResponseKind.COMPLETION_CHUNK] - before[ResponseKind.COMPLETION_CHUNK] == len(chunks)
 
 
 def test_streamed_chat_equals_non_streamed(client):
+    before = CHECKED.copy()
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, minipd"}]
     whole = client.chat.completions.create(model=MODEL, messages=messages, **SAMPLED)
     reply = whole.choices[0]
@@ -67,6 +74,8 @@ def test_streamed_chat_equals_non_streamed(client):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == reply.message.content
     assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is None
+    assert CHECKED[ResponseKind.CHAT_COMPLETION] - before[ResponseKind.CHAT_COMPLETION] == 1
+    assert CHECKED[ResponseKind.CHAT_COMPLETION_CHUNK] - before[ResponseKind.CHAT_COMPLETION_CHUNK] == len(chunks)
 
 
 def test_stop_string_ends_the_completion(client):

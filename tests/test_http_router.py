@@ -81,3 +81,28 @@ def test_disconnect_mid_stream_aborts_on_every_instance(router_url, cluster, loo
     stream.close()
     assert loop_thread.run(_all_pools_full(cluster)), "blocks not freed on every instance after the disconnect"
     assert sample(scrape(router_url), "minipd_request_aborts_total", cause="client_disconnect") == 1
+
+
+@pytest.mark.parametrize("side", ["sender", "receiver"])
+def test_a_real_transfer_failure_moves_the_failure_counter_and_the_request_still_completes(
+        router_url, cluster, monkeypatch, side):
+    """A KV link that breaks while the KV moves: the sender's write fails, or the receiver is
+    told the sender aborted. The router counts the failure on /metrics and retries the request
+    elsewhere (here: the decode instance prefills it itself)."""
+    prefill = cluster.instance("prefill-0")
+    transport = prefill.transport
+    if side == "sender":
+        async def broken_write(peer_id, request_id, layer, runs):
+            raise ConnectionResetError("link down")
+        monkeypatch.setattr(transport, "_write", broken_write)
+    else:
+        original_end = transport._send_end
+
+        async def aborting_end(peer_id, request_id, num_bytes):
+            await original_end(peer_id, request_id, None)  # the receiver hears "aborted"
+        monkeypatch.setattr(transport, "_send_end", aborting_end)
+    before = sample(scrape(router_url), "minipd_kv_transfer_failures_total")
+    result = http_json("POST", f"{router_url}/v1/completions",
+                       {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True, "temperature": 0})
+    assert result.status == 200 and result.body["usage"]["completion_tokens"] == 4
+    assert sample(scrape(router_url), "minipd_kv_transfer_failures_total") == before + 1

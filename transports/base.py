@@ -33,6 +33,10 @@ Lifecycle and call pattern (all calls on the event-loop thread of the owning ins
 Failures: every failure of a transfer raises (or reports) `TransferError` naming the peer
 and the request. Programming errors (a block outside the pool, an unknown layer) raise
 ValueError synchronously.
+
+Length: one concept, the interface and the behaviour every backend shares (validation, the
+link limit, sender bookkeeping, aborts), kept together so that the contract above is read and
+enforced in one place; the receiver's bookkeeping is in receive_ledger.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,11 @@
 """UCX transport (ucxx): tagged sends from the source blocks into receives posted on the
 destination blocks, over an endpoint made from the receiver's worker address (shared memory
-on one host, RDMA where the hardware has it)."""
+on one host, RDMA where the hardware has it). Worker progress is in ucx_progress.py, the early
+end of a request in ends_after_headers.py.
+
+Length: one backend, sender and receiver sides of one protocol (header, READY, payload), which
+only make sense read together.
+"""
 
 from __future__ import annotations
 
@@ -22,10 +27,10 @@ from minipd.transports.messages import (MAX_HEADER_BYTES, Abort, Finish, LayerHe
                                         PoolDescription)
 from minipd.transports.pool_layout import pool_bytes
 from minipd.transports.receive_ledger import Verdict
-from minipd.transports.wakeable_sleep import WakeableSleep
 
-os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-import ucxx  # noqa: E402  (after the environment above is set)
+from minipd.transports.ucx_progress import MAX_POLL_S, ProgressDriver, detach_ucxx_progress, ucx_worker
+
+import ucxx  # noqa: E402,I001  (after ucx_progress has set UCX's environment)
 from ucxx._lib.arr import Array  # noqa: E402
 from ucxx._lib.libucxx import UCXEndpoint  # noqa: E402
 from ucxx.types import Tag, TagMaskFull  # noqa: E402
@@ -48,10 +53,7 @@ PROGRESS_MODE = "blocking"  # event-driven on the asyncio loop; no extra progres
 # complete under rendezvous.
 # One status byte per layer, sent by the receiver to tag `tag_base + len(runs)` of the sender.
 READY_GO, READY_SKIP, READY_REFUSED = 1, 2, 3
-SPIN_S = 2e-3  # a wait spins this long, then sleeps from MIN to MAX seconds between polls
 CLOSE_PERIOD_NS = 1_000_000_000
-MIN_POLL_S = 50e-6
-MAX_POLL_S = 250e-6
 # With no transfer expected, the header receive polls this rarely: an idle instance (every
 # prefill instance, a decode instance between requests) must not take CPU from its engine.
 IDLE_POLL_S = 20e-3
@@ -67,110 +69,6 @@ class Envelope(msgspec.Struct, array_like=True, frozen=True):
 
 _envelope_encoder = msgspec.msgpack.Encoder()
 _envelope_decoder = msgspec.msgpack.Decoder(Envelope)
-
-
-def _worker():
-    # The worker of ucxx's process-wide context: its tag_send/tag_recv requests can be
-    # posted in bulk and awaited together, without one asyncio task per message.
-    return ucxx.core._get_ctx().worker
-
-
-class _ProgressDriver:
-    """Waits for UCX requests by driving the worker ourselves, with one task for all waiters
-    (many layers in flight each spinning their own loop only multiply progress calls).
-
-    It spins (yielding to the loop) while requests keep completing at least every SPIN_S,
-    then polls with a sleep that doubles up to the smallest `max_poll_s()` of the waiters (an
-    idle cap, above MAX_POLL_S, applies at once); a new waiter or `wake()` restarts the spin.
-    The blocking progress mode's epoll wake-ups alone are too coarse here: a wake-up per protocol step costs more than the move, and shared-memory
-    arrivals may only be seen at its 1 s fallback timer. The back-off keeps a stalled peer
-    from burning a core the other process needs."""
-
-    def __init__(self) -> None:
-        self._waiters: list[tuple[list, asyncio.Future, Callable[[], float]]] = []
-        self._sleep = WakeableSleep()  # the back-off sleep, cut short by a new waiter or wake()
-        self._task: asyncio.Task | None = None
-
-    async def wait(self, requests, max_poll_s: Callable[[], float] = lambda: MAX_POLL_S) -> None:
-        left = [r for r in requests if not r.completed]
-        if left:
-            # Requests that completed when posted (a receive matching a message UCX already
-            # holds) return at once: queued behind the driver, they would wait out whatever the
-            # next progress call does, e.g. the copy of a whole layer.
-            loop = asyncio.get_running_loop()
-            done = loop.create_future()
-            self._waiters.append((left, done, max_poll_s))
-            self.wake()
-            if self._task is None or self._task.done():
-                self._task = loop.create_task(self._drive())
-            await done  # cancelling the waiter leaves its requests posted, as before
-        for request in requests:
-            request.check_error()
-
-    def wake(self) -> None:
-        """Cut a back-off sleep short and spin again: a transfer is about to start."""
-        self._sleep.wake()
-
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _drive(self) -> None:
-        worker = _worker()
-        spin_until = time.monotonic() + SPIN_S
-        sleep_s = MIN_POLL_S
-        while self._waiters:
-            worker.progress()
-            progressed, still = False, []
-            for requests, done, max_poll_s in self._waiters:
-                if done.done():  # its waiter was cancelled
-                    continue
-                left = [r for r in requests if not r.completed]
-                progressed = progressed or len(left) < len(requests)
-                if left:
-                    still.append((left, done, max_poll_s))
-                else:
-                    done.set_result(None)
-            self._waiters = still
-            if not still:
-                return
-            if progressed:
-                spin_until = time.monotonic() + SPIN_S
-                sleep_s = MIN_POLL_S
-            # The peer process does its half of each protocol step (the copy, the reply) only
-            # while it runs: when both share a core, yield it instead of spinning out the slice.
-            os.sched_yield()
-            if time.monotonic() < spin_until:
-                await asyncio.sleep(0)
-                continue
-            cap = min(w[2]() for w in self._waiters)
-            # Waiters that expect nothing soon (an idle header receive) poll at their slow pace
-            # straight away; `wake` cuts such a sleep short once a transfer is expected.
-            pause_s = cap if cap > MAX_POLL_S else min(sleep_s, cap)
-            if await self._sleep(pause_s):  # woken: a transfer is likely starting, spin again
-                spin_until = time.monotonic() + SPIN_S
-                sleep_s = MIN_POLL_S
-            else:
-                sleep_s = min(cap, sleep_s * 2)
-
-
-def _detach_ucxx_progress(loop: asyncio.AbstractEventLoop) -> None:
-    """Undo the blocking-mode progress that ucxx attaches to the loop when it initialises.
-
-    Its reader on the worker's epoll descriptor fires again and again whenever the worker
-    cannot be re-armed (level-triggered), which kept an idle instance's loop at ~100% CPU and
-    stretched decode steps several-fold. This transport progresses the worker itself (see
-    `_ProgressDriver`, including the always-posted header receive), so nothing is lost.
-    """
-    from ucxx._lib_async import application_context
-
-    progress = application_context.ProgressTasks.pop(loop, None)
-    if progress is None:
-        return
-    loop.remove_reader(_worker().epoll_file_descriptor)
-    for task in progress._tasks:
-        if task is not None:
-            task.cancel()
 
 
 class UcxTransport(EndsAfterHeaders):
@@ -204,7 +102,7 @@ class UcxTransport(EndsAfterHeaders):
         self._landing: dict[str, set[asyncio.Task]] = {}
         self._address = b""
         self._reply_endpoints: dict[str, tuple[bytes, UCXEndpoint]] = {}
-        self._progress = _ProgressDriver()
+        self._progress = ProgressDriver()
         self._seal = HeaderSeal(self.secret)
         self._replies: list[tuple[Array, object]] = []  # READY sends still in flight
         # Buffers UCX may still write into (a READY receive of a write cut short): kept alive.
@@ -215,7 +113,7 @@ class UcxTransport(EndsAfterHeaders):
             ucxx.init(progress_mode=PROGRESS_MODE)
         except RuntimeError:
             logger.debug("ucxx already initialised in this process; sharing its worker")
-        _detach_ucxx_progress(asyncio.get_running_loop())
+        detach_ucxx_progress(asyncio.get_running_loop())
         self._address = ucxx.get_worker_address().tobytes()
         self._receive_task = asyncio.get_running_loop().create_task(self._receive_headers())
 
@@ -225,7 +123,7 @@ class UcxTransport(EndsAfterHeaders):
     async def _connect(self, peer: PoolDescription) -> None:
         # The bare endpoint, not ucxx's async wrapper: the wrapper's finalizer closes it with a
         # blocking close, which never returns for a dead peer when error handling is off.
-        worker = _worker()
+        worker = ucx_worker()
         address = ucxx.get_ucx_address_from_buffer(peer.endpoint)
         self._endpoints[peer.instance_id] = UCXEndpoint.create_from_worker_address(
             worker, address, False)  # endpoint error handling off: shared memory, not TCP
@@ -242,7 +140,7 @@ class UcxTransport(EndsAfterHeaders):
         # Posted before the header goes out, so the reply never arrives unexpected.
         ready_byte = bytearray(1)
         ready = Array(ready_byte)
-        ready_request = _worker().tag_recv(ready, Tag(tag_base + len(runs)), TagMaskFull)
+        ready_request = ucx_worker().tag_recv(ready, Tag(tag_base + len(runs)), TagMaskFull)
         try:
             header_buffer, header_request = self._post_header(endpoint, header, reply_to=True)
         except BaseException:
@@ -300,7 +198,7 @@ class UcxTransport(EndsAfterHeaders):
     # ---- receiver ----------------------------------------------------------------------
 
     async def _receive_headers(self) -> None:
-        worker = _worker()
+        worker = ucx_worker()
         view = memoryview(self._header_buffer)
         while True:
             await self._progress.wait([worker.tag_recv(Array(self._header_buffer), Tag(HEADER_TAG), TagMaskFull)],
@@ -339,7 +237,7 @@ class UcxTransport(EndsAfterHeaders):
     def _on_layer(self, peer_id: str, header: LayerHeader, reply_to: bytes) -> None:
         verdict, reason = self._ledger.check_write(peer_id, header.request_id, header.layer, header.runs,
                                                    header.num_bytes)
-        worker = _worker()
+        worker = ucx_worker()
         block_bytes = self.layout.block_bytes
         ready_tag = header.tag_base + len(header.runs)
         if verdict is Verdict.REJECT:
@@ -378,7 +276,7 @@ class UcxTransport(EndsAfterHeaders):
                 self._lost_endpoints.append(known[1])  # the sender restarted; never close (may block)
             try:
                 endpoint = UCXEndpoint.create_from_worker_address(
-                    _worker(), ucxx.get_ucx_address_from_buffer(address), False)
+                    ucx_worker(), ucxx.get_ucx_address_from_buffer(address), False)
             except Exception as exc:  # a malformed address from the wire
                 logger.warning("cannot reach ucx sender %r: %s", peer_id, exc)
                 return False

@@ -1,6 +1,6 @@
 """Prometheus metrics of one serving front, in its own `CollectorRegistry`.
 
-Every name starts with `minipd_` and carries its unit. Latencies follow DESIGN.md:
+Every name starts with `minipd_` and carries its unit. Latencies follow the usual definitions:
 TTFT is arrival at the front to the first token leaving it; ITL is each gap between
 token-carrying increments; end-to-end is arrival to the last increment; queue time is
 the engine's arrival-to-first-scheduled. Request-level series are recorded by

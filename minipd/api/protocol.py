@@ -144,14 +144,17 @@ class CompletionChoice(msgspec.Struct):
     logprobs: None = None
 
 
-class CompletionResponse(msgspec.Struct, omit_defaults=True):
+# The response bodies carry OpenAI's `object` field as their msgspec tag: a tag is written on
+# every encode, so `omit_defaults` (which keeps `usage` out of stream chunks, as OpenAI's own
+# streams do without `include_usage`) can never drop it; clients reject bodies without it.
+
+class CompletionResponse(msgspec.Struct, omit_defaults=True, tag_field="object", tag="text_completion"):
     """A whole completion (`text_completion`) or one streamed chunk of it."""
 
     id: str
     created: int
     model: str
     choices: list[CompletionChoice]
-    object: str = "text_completion"
     usage: Usage | None = None
 
 
@@ -179,21 +182,19 @@ class ChatChunkChoice(msgspec.Struct):
     logprobs: None = None
 
 
-class ChatCompletionResponse(msgspec.Struct, omit_defaults=True):
+class ChatCompletionResponse(msgspec.Struct, omit_defaults=True, tag_field="object", tag="chat.completion"):
     id: str
     created: int
     model: str
     choices: list[ChatChoice]
-    object: str = "chat.completion"
     usage: Usage | None = None
 
 
-class ChatCompletionChunk(msgspec.Struct, omit_defaults=True):
+class ChatCompletionChunk(msgspec.Struct, omit_defaults=True, tag_field="object", tag="chat.completion.chunk"):
     id: str
     created: int
     model: str
     choices: list[ChatChunkChoice]
-    object: str = "chat.completion.chunk"
     usage: Usage | None = None
 
 

@@ -217,7 +217,10 @@ class OpenAIServing:
                 log.error("request %s failed in the backend: %s", fmt.request_id, output.error)
                 await self._send(response, _engine_failure(fmt.request_id).body())
                 return
-            if output.text or output.finished:
+            # One event per generated token, even one whose text is held back (an unfinished
+            # UTF-8 sequence, a possible stop string): clients time tokens by events, as
+            # vLLM's streams let them.
+            if output.token_ids or output.text or output.finished:
                 await self._send(response, fmt.chunk(output.text, output.finish_reason))
             if output.finished and include_usage:
                 await self._send(response, fmt.usage_chunk(_usage(output)))

@@ -1,4 +1,5 @@
-"""The `minipd` command: one binary, the role chosen by `--role` (flags in `flags.py`).
+"""The `minipd` command: one binary, the role chosen by `--role` (flags in `flags.py`), or
+`minipd plan|day|calibrate-distserve ...` for the planner (minipd/planner, docs/planner.md).
 
 Every flag is checked before anything starts: a bad value exits with status 2 and a message
 naming the flag. Then the role's runner (`roles.py`, or `process_cluster.py` for the launcher)
@@ -14,6 +15,7 @@ import sys
 
 from minipd.control.role import Role
 from minipd.entrypoints.flags import COMMAND_ROLES, build_parser
+from minipd.planner.__main__ import COMMANDS as PLANNER_COMMANDS
 
 
 def _role_of(argv: list[str]) -> Role | None:
@@ -25,6 +27,10 @@ def _role_of(argv: list[str]) -> Role | None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in PLANNER_COMMANDS:  # `minipd plan ...`: the planner, no serving role
+        from minipd.planner.__main__ import main as planner_main
+
+        return planner_main(argv)
     try:
         role = _role_of(argv)
     except SystemExit as exc:  # an unknown role: show the full usage

@@ -211,7 +211,8 @@ def build_parser(role: Role | None) -> argparse.ArgumentParser:
     """The parser of one role (`None`: the top-level parser, which knows only --role)."""
     description = ("minipd: a small prefill/decode disaggregated LLM serving engine.\n\nRoles:\n"
                    + "\n".join(f"  {r.value:8} {text}" for r, text in ROLE_SUMMARIES.items())
-                   + "\n\n`minipd --role ROLE --help` lists the flags of that role.")
+                   + "\n\n`minipd --role ROLE --help` lists the flags of that role. `minipd plan --help`: the P:D "
+                   "planner (a simulator of clusters of any size; docs/planner.md).")
     parser = argparse.ArgumentParser(prog="minipd", description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--role", required=True, choices=[r.value for r in COMMAND_ROLES],

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from minipd.control.channel import ChannelClosed, RemoteError
 from minipd.control.messages import Decode, Generate, Message, Prefill, Prefilled, Renew, Reserve, Reserved
@@ -44,13 +44,14 @@ class AttemptFailed(Exception):
 
 
 @contextlib.contextmanager
-def blame(instance: InstanceHandle, peer: InstanceHandle | None = None) -> Iterator[None]:
+def blame(instance: InstanceHandle, peer: InstanceHandle | None = None,
+          peer_at_fault: Callable[[], bool] = lambda: False) -> Iterator[None]:
     """Turn a failure of a call on `instance` into `AttemptFailed` blaming it, or blaming
-    `peer` (the other end of its KV transfer) when `peer` is what died."""
+    `peer` (the other end of its KV transfer) when `peer` is what died or `peer_at_fault()`."""
     try:
         yield
     except (ChannelClosed, TimeoutError, RemoteError, InstanceFailed) as exc:
-        culprit = peer if peer is not None and not peer.is_alive else instance
+        culprit = peer if peer is not None and (not peer.is_alive or peer_at_fault()) else instance
         invalid = isinstance(exc, RemoteError) and exc.kind == "invalid"
         raise AttemptFailed(exc, culprit.instance_id, retry=not invalid) from exc
 
@@ -81,7 +82,8 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
                 first_token = await prefill_on(router, prefill, decode, reserved, routed)
         routed.instances.discard(prefill.instance_id)
         prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
-        with blame(decode):
+        # the KV not landing is the sender's failure (or its link's), not the receiver's
+        with blame(decode, peer=prefill, peer_at_fault=lambda: routed.kv_load_failed):
             await stream_from(router, decode, routed, Decode(
                 request_id=routed.request_id, first_token=first_token, sampling=routed.params))
 

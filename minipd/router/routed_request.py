@@ -21,6 +21,7 @@ class RoutedRequest:
         self.layerwise = layerwise  # stream the KV per layer during prefill, or send it afterwards
         self.instances: set[str] = set()  # every instance that may hold state for it
         self.first_token_sent = False
+        self.kv_load_failed = False  # the decode instance reported that the KV did not land
         self.task: asyncio.Task | None = None
         self.transfer: TransferInfo | None = None
         self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()

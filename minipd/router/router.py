@@ -208,6 +208,8 @@ class Router:
         elif isinstance(message, KVLanded):
             if message.error is not None:
                 self.note_transfer_failure(f"{message.request_id} on {channel.name}: {message.error}")
+                if routed is not None:
+                    routed.kv_load_failed = True
             elif routed is not None:
                 routed.record_landing(message.landed_at)
         else:

@@ -1,0 +1,56 @@
+"""One measured run, start to summary, for the experiments (which run many)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import NamedTuple, Sequence
+
+from minipd.workload import RequestSpec
+
+from .host_load import ForeignCpu
+from .prompts import PromptBuilder
+from .records import RequestRecord
+from .runner import RunnerConfig, RunResult, run_workload
+from .slo import SLO, attainment
+from .stats import RunSummary, percentile, summarize
+
+MS_PER_S = 1e3
+
+
+class Measured(NamedTuple):
+    result: RunResult
+    summary: RunSummary  # against the run's main SLO
+    foreign_cpu: float  # share of the machine other jobs used during the run (host_load.ForeignCpu)
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return self.result.records
+
+    def attainment(self, slo: SLO) -> float:
+        return attainment(self.records, slo)
+
+    def p90_ttft_ms(self) -> float:
+        return percentile([r.ttft_s * MS_PER_S for r in self.records if r.success], 90)
+
+    def p90_itl_ms(self) -> float:
+        return percentile([gap * MS_PER_S for r in self.records if r.success for gap in r.itl_s], 90)
+
+
+def measure(urls: Sequence[str], specs: Sequence[RequestSpec], builder: PromptBuilder, run_tag: str,
+            config: RunnerConfig, slo: SLO = SLO()) -> Measured:
+    """Run `specs` against `urls` and summarize; warns when the server counted prompts otherwise."""
+    foreign = ForeignCpu()
+    result = asyncio.run(run_workload(urls, specs, builder, run_tag, config))
+    if result.num_prompt_len_mismatches:
+        print(f"warning: {run_tag}: the server counted {result.num_prompt_len_mismatches} of {len(specs)} prompts "
+              "at another length than requested (is --tokenizer the served model's?)", file=sys.stderr)
+    return Measured(result, summarize(result.records, result.duration_s, slo), foreign.share())
+
+
+def record_rows(records: Sequence[RequestRecord]) -> list[dict]:
+    """Per-request figures for the JSON (milliseconds)."""
+    return [{"index": r.index, "sent_s": r.sent_s, "success": r.success, "error": r.error,
+             "prompt_len": r.prompt_len, "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+             "ttft_ms": r.ttft_s * MS_PER_S, "tpot_ms": r.tpot_s * MS_PER_S, "e2el_ms": r.e2el_s * MS_PER_S,
+             "itl_ms": [gap * MS_PER_S for gap in r.itl_s]} for r in records]

@@ -1,0 +1,49 @@
+"""What one simulated run produced: per-request latencies and the cluster's history."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from .log_histogram import LogHistogram
+
+
+class RoleChange(NamedTuple):
+    time_s: float
+    num_prefill: int  # instances serving as prefill (draining ones excluded)
+    num_decode: int
+    num_switching: int  # draining or between roles
+
+
+class SimResult(NamedTuple):
+    """Arrays are indexed like the workload's requests. Latencies are seconds; a request with
+    a single output token has no gaps (tpot, itl nan). `itl_p90` is the 90th percentile of
+    the request's own gaps; `itl_gaps` holds every gap of every request."""
+
+    arrival_s: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    itl_p90_s: np.ndarray
+    itl_max_s: np.ndarray
+    e2e_s: np.ndarray
+    mode: np.ndarray  # Mode values
+    itl_gaps: LogHistogram
+    roles: list[RoleChange]
+    moves: list  # controller Decisions that moved an instance
+    peak_kv_used: dict[int, int]  # instance index -> most KV tokens reserved at once (decode/colocated)
+    kv_capacity: int
+    num_admission_waits: int  # requests that found no KV room on arrival
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def duration_s(self) -> float:
+        """First arrival to last token."""
+        if not self.num_requests:
+            return 0.0
+        return float(np.max(self.arrival_s + self.e2e_s) - np.min(self.arrival_s))
