@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from minipd.control.messages import PROTOCOL_VERSION, AnyMessage, Decode, Hello, Reserve, Reserved, TokenOutput
-from minipd.control.messages import Welcome
+from minipd.control.messages import PROTOCOL_VERSION, AnyMessage, Decode, Hello, Reserve, Reserved, TokenOutput, Welcome
 from minipd.control.role import Role
 from minipd.engine.sampling_params import SamplingParams
 from minipd.transports import messages as kv

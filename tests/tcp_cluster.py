@@ -25,7 +25,7 @@ class TcpCluster:
 
     @classmethod
     async def start(cls, secret: SharedSecret | None, config: EngineConfig = CONFIG,
-                    router_config: RouterConfig = RouterConfig(), **instance_options) -> "TcpCluster":
+                    router_config: RouterConfig | None = None, **instance_options) -> "TcpCluster":
         instances: list[Instance] = []
         try:
             for role in (Role.PREFILL, Role.DECODE):
@@ -33,7 +33,8 @@ class TcpCluster:
                                                  {"host": LOCALHOST}, secret=secret, **instance_options)
                 instances.append(instance)
                 await instance.serve(LOCALHOST, 0)
-            router = Router(instances[0].engine.tokenizer, router_config, model_name=config.model, secret=secret)
+            router = Router(instances[0].engine.tokenizer, router_config or RouterConfig(), model_name=config.model,
+                            secret=secret)
             for instance in instances:
                 await router.add_instance(LOCALHOST, instance.port)
         except BaseException:

@@ -13,6 +13,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
+from http_helpers import REQUEST_TIMEOUT_S
+from socket_queues import listening_addresses
 
 from minipd.control.handshake import AuthenticationError
 from minipd.control.role import Role
@@ -22,10 +25,6 @@ from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.router.client import ClusterClient
 from minipd.transports.shared_secret import SharedSecret
-
-from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
-from http_helpers import REQUEST_TIMEOUT_S
-from socket_queues import listening_addresses
 
 API_KEY = "sk-cluster-test-key"
 START_TIMEOUT_S = 180.0

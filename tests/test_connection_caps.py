@@ -15,6 +15,8 @@ import sys
 
 import msgspec
 import pytest
+from socket_queues import rss_bytes, wait_until_read
+from tcp_cluster import LOCALHOST, SECRET, TcpCluster
 
 from minipd.control import channel as channel_module
 from minipd.control import server as server_module
@@ -29,9 +31,6 @@ from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.router.client import ClusterClient
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router
-
-from socket_queues import rss_bytes, wait_until_read
-from tcp_cluster import LOCALHOST, SECRET, TcpCluster
 
 HEADER = struct.Struct(">I")
 NUM_CONNECTIONS = 20

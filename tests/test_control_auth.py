@@ -11,12 +11,12 @@ import struct
 import msgspec
 import pytest
 import torch
+from tcp_cluster import CONFIG, LOCALHOST, OTHER_SECRET, SECRET, TcpCluster
 
 from minipd.control.channel import RemoteError
 from minipd.control.handshake import AuthenticationError, open_channel
 from minipd.control.limits import max_frame_bytes
-from minipd.control.messages import (PROTOCOL_VERSION, ClientGenerate, GetStats, Hello, Prove, Register, Reserve,
-                                     Welcome)
+from minipd.control.messages import PROTOCOL_VERSION, ClientGenerate, GetStats, Hello, Prove, Register, Reserve, Welcome
 from minipd.control.role import Role
 from minipd.control.server import ControlServer
 from minipd.disagg.instance import Instance
@@ -26,8 +26,6 @@ from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router
 from minipd.transports import messages as kv
 from minipd.transports.shared_secret import NONCE_BYTES, new_nonce
-
-from tcp_cluster import CONFIG, LOCALHOST, OTHER_SECRET, SECRET, TcpCluster
 
 TIMEOUT_S = 10.0
 HEADER = struct.Struct(">I")

@@ -16,19 +16,34 @@ import struct
 
 import msgspec
 import pytest
+from engine_helpers import complete
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tcp_cluster import CONFIG, LOCALHOST, SECRET, TcpCluster
 
 from minipd.control.handshake import client_proof
-from minipd.control.messages import (PROTOCOL_VERSION, Abort, AnyMessage, Challenge, ClientGenerate, Decode,
-                                     Generate, GetStats, Hello, PeerLost, Prefill, Prove, Register, Renew, Reserve,
-                                     Stats, Welcome)
+from minipd.control.messages import (
+    PROTOCOL_VERSION,
+    Abort,
+    AnyMessage,
+    Challenge,
+    ClientGenerate,
+    Decode,
+    Generate,
+    GetStats,
+    Hello,
+    PeerLost,
+    Prefill,
+    Prove,
+    Register,
+    Renew,
+    Reserve,
+    Stats,
+    Welcome,
+)
 from minipd.control.role import Role
 from minipd.engine.sampling_params import SamplingParams
 from minipd.transports.shared_secret import new_nonce
-
-from engine_helpers import complete
-from tcp_cluster import CONFIG, LOCALHOST, SECRET, TcpCluster
 
 HEADER = struct.Struct(">I")
 TIMEOUT_S = 10.0
@@ -54,7 +69,8 @@ MESSAGES = st.one_of(
               call_id=calls, request_id=request_ids),
     # a decode instance of its own: the prefill instance's link to decode-0 belongs to the router
     st.builds(Prefill, token_ids=token_lists, sampling=sampling, decode_instance=st.just("fuzz-decode"),
-              decode_description=st.binary(max_size=64), decode_fingerprint=st.deferred(lambda: st.just(FINGERPRINT[0])),
+              decode_description=st.binary(max_size=64),
+              decode_fingerprint=st.deferred(lambda: st.just(FINGERPRINT[0])),
               dst_block_ids=st.lists(st.integers(-2, 70), max_size=5),
               num_skip_blocks=st.integers(-1, 3), call_id=calls, request_id=request_ids),
     st.builds(Decode, first_token=st.integers(-1, 300), sampling=sampling, request_id=request_ids),

@@ -12,11 +12,10 @@ import urllib.request
 import openai
 import pytest
 from aiohttp import web
+from http_helpers import REQUEST_TIMEOUT_S, HttpResult, http_json
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.engine_backend import EngineBackend
-
-from http_helpers import REQUEST_TIMEOUT_S, HttpResult, http_json
 
 MODEL = "tiny"
 KEY = "sk-minipd-test-key"

@@ -10,12 +10,11 @@ import random
 import msgspec
 import pytest
 import torch
-
-from minipd.engine.sampling_params import SamplingParams
-
 from engine_helpers import complete
 from kv_attack import poison_prefix
 from tcp_cluster import BLOCK_SIZE, CONFIG, SECRET, TcpCluster
+
+from minipd.engine.sampling_params import SamplingParams
 
 PREFIX_BLOCKS = 2  # the 32-token prefix
 MAX_TOKENS = 16

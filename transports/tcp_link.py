@@ -9,8 +9,16 @@ import socket
 from collections.abc import Callable, Sequence
 
 from minipd.transports.link_auth import RECEIVER_LABEL, sender_proof
-from minipd.transports.messages import (MAX_HANDSHAKE_HEADER_BYTES, Challenge, Hello, HelloAck, Message, Refused,
-                                        decode_message, message_encoder)
+from minipd.transports.messages import (
+    MAX_HANDSHAKE_HEADER_BYTES,
+    Challenge,
+    Hello,
+    HelloAck,
+    Message,
+    Refused,
+    decode_message,
+    message_encoder,
+)
 from minipd.transports.pool_layout import PoolLayout
 from minipd.transports.shared_secret import NONCE_BYTES, SharedSecret, new_nonce
 from minipd.transports.tcp_receiver import HANDSHAKE_TIMEOUT_S, PREFIX, encode_frame

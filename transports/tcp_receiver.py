@@ -10,8 +10,19 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from minipd.transports.connection_slots import ConnectionSlots
 from minipd.transports.link_auth import SENDER_LABEL, receiver_proof
-from minipd.transports.messages import (MAX_HANDSHAKE_HEADER_BYTES, Abort, Challenge, Finish, Hello, HelloAck,
-                                        LayerHeader, Message, Refused, decode_message, message_encoder)
+from minipd.transports.messages import (
+    MAX_HANDSHAKE_HEADER_BYTES,
+    Abort,
+    Challenge,
+    Finish,
+    Hello,
+    HelloAck,
+    LayerHeader,
+    Message,
+    Refused,
+    decode_message,
+    message_encoder,
+)
 from minipd.transports.receive_ledger import ReceiveLedger, Verdict
 from minipd.transports.shared_secret import NONCE_BYTES, SharedSecret, new_nonce
 

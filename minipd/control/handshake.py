@@ -24,6 +24,9 @@ from minipd.control.messages import PROTOCOL_VERSION, Challenge, Hello, Message,
 from minipd.control.role import Role
 from minipd.transports.shared_secret import NONCE_BYTES, SharedSecret, new_nonce
 
+__all__ = ["AuthenticationError", "SharedSecret", "client_proof", "client_proof_ok", "handshake", "open_channel",
+           "server_proof"]  # SharedSecret: for layers that may not import transports (the router)
+
 CLIENT_LABEL = b"minipd control client v2"
 SERVER_LABEL = b"minipd control server v2"
 SECRET_HINT = "start every process of the cluster with the same --cluster-secret (or MINIPD_CLUSTER_SECRET)"

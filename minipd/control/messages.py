@@ -214,6 +214,6 @@ class ClusterStats(Reply, tag="cluster_stats"):
     instances: list[Stats]
 
 
-AnyMessage = (Hello | Challenge | Prove | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode | Generate
-              | KVLanded | Renew | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
+AnyMessage = (Hello | Challenge | Prove | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode
+              | Generate | KVLanded | Renew | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
               | ClusterStats)

@@ -3,12 +3,9 @@
 Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decode instance);
 `decode` answers `Reserve` and `Decode` (hold blocks, receive the KV, decode); every role
 answers `Generate` (prefill and decode here, used for colocated serving and for short
-prompts), `Abort`, `PeerLost` and `GetStats`.
-
-Only routers may connect, and with a cluster secret only routers that prove it
-(`ControlServer`): so `Reserve`, `Prefill`, `Renew` and every other call come from an
-authenticated router, and the transport, given the same secret, accepts KV only from the
-instance a reservation names over an authenticated link. Everything a router asked for
+prompts), `Abort`, `PeerLost` and `GetStats`. Only routers may connect (with a cluster
+secret, only those that prove it), and the transport, given the same secret, takes KV only
+from the instance a reservation names, over an authenticated link. What a router asked for
 through a connection is aborted when that connection drops.
 """
 
@@ -75,10 +72,8 @@ class Instance(ControlServer):
     @classmethod
     async def create(cls, engine: Engine, role: Role, instance_id: str, transport_name: str, model_name: str,
                      transport_options: dict | None = None, lease_s: float = DEFAULT_LEASE_S,
-                     secret: SharedSecret | None = None,
-                     max_connections: int = DEFAULT_MAX_CONNECTIONS) -> "Instance":
-        """Start the engine and the transport (which gets `secret` too); `max_connections` caps
-        the control port (a tcp transport's KV port takes its own from `transport_options`)."""
+                     secret: SharedSecret | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> "Instance":
+        """`secret` also goes to the transport; `max_connections` caps the control port only."""
         transport = create_transport(transport_name, engine.kv_pool, instance_id=instance_id, secret=secret,
                                      **(transport_options or {}))
         await transport.start()
@@ -108,9 +103,7 @@ class Instance(ControlServer):
                        max_num_seqs=self.engine.config.max_num_seqs)
 
     def refuses_role(self, role: Role) -> str | None:
-        if role is Role.ROUTER:
-            return None
-        return f"{self.instance_id} is an instance; only a router may connect to it, not a {role.value}"
+        return None if role is Role.ROUTER else f"{self.instance_id} is an instance; only a router may connect to it"
 
     def max_frame_bytes(self) -> int:
         return max_frame_bytes(self.engine.config.max_model_len)

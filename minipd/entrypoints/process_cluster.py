@@ -64,7 +64,7 @@ class ProcessCluster:
     `start` then `stop` (also used by tests and benchmarks, through `from_argv`)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.secret_generated = args.cluster_secret is None
+        self.secret_generated = getattr(args, "cluster_secret", None) is None
         if self.secret_generated:
             args = argparse.Namespace(**{**vars(args), "cluster_secret": generate_secret_text()})
         self.args = args

@@ -26,8 +26,12 @@ from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
-from minipd.entrypoints.credentials import (api_key_from_args, cluster_secret_from_args, warn_if_exposed,
-                                            warn_if_open_api)
+from minipd.entrypoints.credentials import (
+    api_key_from_args,
+    cluster_secret_from_args,
+    warn_if_exposed,
+    warn_if_open_api,
+)
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.control_port import RouterControlPort

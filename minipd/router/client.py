@@ -16,13 +16,12 @@ import itertools
 from typing import AsyncIterator, Sequence
 
 from minipd.control.channel import Channel, FrameTooLarge
-from minipd.control.handshake import open_channel
+from minipd.control.handshake import SharedSecret, open_channel
 from minipd.control.role import Role
 from minipd.control.messages import Abort, ClientGenerate, ClusterStats, GetStats, Message, Stats, TokenOutput, Welcome
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
-from minipd.transports.shared_secret import SharedSecret
 
 
 class ClusterClient:

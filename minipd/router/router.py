@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import msgspec
 
 from minipd.control.channel import Channel, ChannelClosed, RemoteError
-from minipd.control.handshake import open_channel
+from minipd.control.handshake import SharedSecret, open_channel
 from minipd.control.limits import MAX_REQUEST_ID_CHARS
 from minipd.control.messages import Abort, GetStats, KVLanded, Message, PeerLost, Stats, TokenOutput
 from minipd.control.role import Role
@@ -36,7 +36,6 @@ from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.router.attempt import AttemptFailed, run_attempt
 from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
 from minipd.router.routed_request import RoutedRequest
-from minipd.transports.shared_secret import SharedSecret
 
 log = logging.getLogger(__name__)
 
