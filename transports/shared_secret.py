@@ -30,6 +30,8 @@ class SharedSecret:
             raise ValueError(f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes, got {len(key)}; "
                              f"generate one with: python -c 'import secrets; print(secrets.token_hex(32))'")
         self._key = bytes(key)
+        # keyed once: each proof copies it instead of hashing the key again
+        self._keyed = hmac.new(self._key, digestmod=hashlib.sha256)
 
     @classmethod
     def from_text(cls, text: str) -> "SharedSecret":
@@ -37,7 +39,7 @@ class SharedSecret:
 
     def proof(self, label: bytes, *parts: bytes | str | int) -> bytes:
         """HMAC-SHA256 over `label` and `parts` (str encoded as UTF-8, int as decimal text)."""
-        mac = hmac.new(self._key, digestmod=hashlib.sha256)
+        mac = self._keyed.copy()
         for part in (label, *parts):
             data = part.encode() if isinstance(part, str) else str(part).encode() if isinstance(part, int) else part
             mac.update(_PART_LENGTH.pack(len(data)))
@@ -47,6 +49,9 @@ class SharedSecret:
     def verify(self, proof: bytes, label: bytes, *parts: bytes | str | int) -> bool:
         """Whether `proof` is ours for these parts (constant-time comparison)."""
         return hmac.compare_digest(proof, self.proof(label, *parts))
+
+    def __reduce__(self):  # the keyed HMAC does not pickle; the key does (process launchers, tests)
+        return SharedSecret, (self._key,)
 
     def __repr__(self) -> str:
         return "SharedSecret(<hidden>)"
