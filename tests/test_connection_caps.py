@@ -39,6 +39,7 @@ MAX_MODEL_LEN = 1024
 START_TIMEOUT_S = 120.0
 HANG_UP_WAIT_S = 0.5  # a connection the server keeps stays silent this long
 TIMEOUT_S = 30.0
+SCENARIO_TIMEOUT_S = 180.0  # a whole in-process scenario, cluster start included, on a loaded machine
 # The bound the tests state: every connection may hold one frame below the cap (twice, for
 # the buffer's growth policy), plus a fixed allowance for the connections' own objects.
 RSS_SLACK_BYTES = 8 << 20
@@ -169,7 +170,7 @@ def test_at_the_cap_unauthenticated_connections_give_way_and_then_new_ones_are_r
             return evicted, refused, stats, served[-1]
         finally:
             await cluster.close()
-    evicted, refused, stats, served = loop_thread.run(scenario())
+    evicted, refused, stats, served = loop_thread.run(scenario(), timeout=SCENARIO_TIMEOUT_S)
     assert evicted == [True, True, True], "the idle connections gave their slots to authenticated peers"
     assert refused, "with every slot authenticated, a new connection is closed at once"
     assert all(s.instance_id == "decode-0" for s in stats), "the authenticated peers are served"
@@ -188,7 +189,7 @@ def test_a_connection_without_a_handshake_is_closed_after_the_timeout(loop_threa
             return closed
         finally:
             await cluster.close()
-    assert loop_thread.run(scenario())
+    assert loop_thread.run(scenario(), timeout=SCENARIO_TIMEOUT_S)
 
 
 def test_a_peer_that_does_not_read_is_cut_off(loop_thread, monkeypatch):
@@ -241,7 +242,7 @@ def test_frames_above_the_caps(loop_thread):
         finally:
             await server.close()
             await cluster.close()
-    still_up, reason, too_long, served = loop_thread.run(scenario())
+    still_up, reason, too_long, served = loop_thread.run(scenario(), timeout=SCENARIO_TIMEOUT_S)
     assert still_up and reason == "peer closed the connection", "the instance hangs up on a frame above its cap"
     assert too_long.field == "prompt" and "frame cap" in str(too_long)
     assert served.error is None and served.num_output_tokens == 2

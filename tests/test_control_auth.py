@@ -28,12 +28,13 @@ from minipd.transports import messages as kv
 from minipd.transports.shared_secret import NONCE_BYTES, new_nonce
 
 TIMEOUT_S = 10.0
+START_TIMEOUT_S = 180.0
 HEADER = struct.Struct(">I")
 
 
 @pytest.fixture(scope="module")
 def cluster(loop_thread):
-    cluster = loop_thread.run(TcpCluster.start(SECRET))
+    cluster = loop_thread.run(TcpCluster.start(SECRET), timeout=START_TIMEOUT_S)
     yield cluster
     loop_thread.run(cluster.close())
 

@@ -47,6 +47,7 @@ from minipd.transports.shared_secret import new_nonce
 
 HEADER = struct.Struct(">I")
 TIMEOUT_S = 10.0
+START_TIMEOUT_S = 180.0
 QUIET_S = 0.02  # after its frames, a fuzz connection lingers this long for answers, then closes
 SETTLE_S = 10.0
 MAX_EXAMPLES = 60
@@ -118,7 +119,7 @@ FRAMES = st.one_of(MESSAGES.map(lambda m: _frame(msgspec.msgpack.encode(m))), mu
 
 @pytest.fixture(scope="module")
 def cluster(loop_thread):
-    cluster = loop_thread.run(TcpCluster.start(SECRET))
+    cluster = loop_thread.run(TcpCluster.start(SECRET), timeout=START_TIMEOUT_S)
     FINGERPRINT[:] = [cluster.decode.fingerprint]
     yield cluster
     loop_thread.run(cluster.close())
