@@ -9,8 +9,8 @@ Until its handshake is done a connection may send only `Hello` and `Prove`, in f
 at most HANDSHAKE_MAX_FRAME_BYTES, within HANDSHAKE_TIMEOUT_S; anything else, a role this
 server does not serve (`refuses_role`), or a wrong proof is answered with
 `CallError(kind="auth")` and the connection is closed. Subclasses implement `welcome`,
-`handle` (which only ever sees messages of authenticated peers, whose role is
-`channel.peer_role`) and `abort_request`.
+`refuses_role`, `max_frame_bytes`, `handle` (which only ever sees messages of authenticated
+peers, whose role is `channel.peer_role`) and `abort_request`.
 """
 
 from __future__ import annotations
