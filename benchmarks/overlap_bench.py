@@ -30,7 +30,6 @@ from minipd.engine.dtype_choice import DTYPE_CHOICES
 from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.router.client import ClusterClient
 from minipd.models.config import preset_config
 from minipd.router.router import RouterConfig
 from minipd.engine.sampling_params import SamplingParams
@@ -114,7 +113,7 @@ async def _run_transport(transport: str, args: argparse.Namespace, config: Engin
         "--local-prefill-max-tokens", "-1", *(["--link-gbps", str(args.link_gbps)] if args.link_gbps else [])])
     await processes.start()
     try:
-        client = await ClusterClient.connect(*processes.router_address)
+        client = await processes.client()
         try:
             return await _measure(client, args.prompt_lens, args.repeats, seed=1)
         finally:

@@ -8,7 +8,8 @@ import struct
 import msgspec
 import pytest
 
-from minipd.control.channel import Channel, RemoteError
+from minipd.control.channel import RemoteError
+from minipd.control.handshake import open_channel
 from minipd.control.messages import Prefill, Register, Reserve
 from minipd.control.role import Role
 from minipd.engine.engine import Engine
@@ -157,8 +158,10 @@ def test_instances_can_register_with_the_router_port(cluster, loop_thread):
         try:
             for instance in (late, odd):
                 await instance.serve("127.0.0.1", 0)
-            channel = await Channel.connect("127.0.0.1", port, None, "test")
+            channel, _ = await open_channel("127.0.0.1", port, None, "test", Role.PREFILL, None, 10)
             registered = await channel.call(Register(host="127.0.0.1", port=late.port))
+            await channel.close()
+            channel, _ = await open_channel("127.0.0.1", port, None, "test", Role.DECODE, None, 10)
             with pytest.raises(RemoteError) as refused:
                 await channel.call(Register(host="127.0.0.1", port=odd.port))
             await channel.close()

@@ -8,7 +8,6 @@ import signal
 import msgspec
 import pytest
 
-from minipd.router.client import ClusterClient
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.engine.sampling_params import SamplingParams
 from minipd.transports.registry import available_transports
@@ -29,7 +28,7 @@ def _skip_unless_installed(transport: str):
 def cluster(request, loop_thread):
     processes = ProcessCluster.from_argv(["--transport", request.param, *ENGINE_ARGV, *ROUTER_ARGV])
     loop_thread.run(processes.start(), timeout=180)
-    client = loop_thread.run(ClusterClient.connect(*processes.router_address))
+    client = loop_thread.run(processes.client())
     yield processes, client
     loop_thread.run(client.close())
     loop_thread.run(processes.stop())
@@ -100,7 +99,7 @@ def test_decode_death_ends_the_request_and_frees_the_prefill_pool(loop_thread):
     loop_thread.run(processes.start(), timeout=180)
 
     async def kill_decode_midway():
-        client = await ClusterClient.connect(*processes.router_address)
+        client = await processes.client()
         try:
             stream = client.submit(list(range(90)), SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
             first = await stream.__anext__()

@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "workload": {"workload"},
     "engine": {"engine", "models"},
     "planner": {"planner", "workload", "engine", "models"},
-    "control": {"control", "engine", "models"},
+    "control": {"control", "engine", "models", "transports"},
     "disagg": {"disagg", "control", "engine", "models", "transports"},
     "router": {"router", "control", "engine", "models", "planner"},
     "api": {"api", "router", "control", "engine", "models"},

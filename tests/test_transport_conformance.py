@@ -1,6 +1,8 @@
 """The conformance suite every transport backend passes: cross-process for tcp, ucx and nixl,
 in-process for loopback. This process plays one side (usually the receiver), a `Peer` the
-other; byte patterns are pure functions of seeds, so each side can check the other's work."""
+other; byte patterns are pure functions of seeds, so each side can check the other's work.
+Every transport here shares a cluster secret (as the cluster launcher's always do), and a
+peer with another secret must not land a byte."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import uvloop
 from minipd.transports.errors import TransferError
 from minipd.transports.loopback_hub import LoopbackHub
 from minipd.transports.registry import BACKENDS, create_transport
+from minipd.transports.shared_secret import SharedSecret
 from transport_peer import NUM_LAYERS, START_TIMEOUT_S, Peer, make_pool
 
 NUM_BLOCKS = 256  # 4 layers x 256 blocks x 8 KiB = 8 MiB per pool
@@ -28,6 +31,10 @@ LINK_GBPS = 0.4
 LIMIT_TOLERANCE = 0.10
 # Backends that notice a dead peer themselves; the others rely on the control plane.
 SELF_DETECTING = {"tcp"}
+SECRET = SharedSecret(b"the conformance suite's cluster secret")
+WRONG_SECRET = SharedSecret(b"a secret of some other cluster")
+# How long a header that does not prove the secret is given to land anyway.
+FORGED_WAIT_S = 2.0
 
 
 def _installed(backend: str) -> bool:
@@ -48,7 +55,7 @@ class Env:
         self.backend = backend
         self.loop = uvloop.new_event_loop()
         self.hub = LoopbackHub()
-        self.options = {"hub": self.hub} if backend == "loopback" else {}
+        self.options = {"hub": self.hub, "secret": SECRET} if backend == "loopback" else {"secret": SECRET}
         self.pool = make_pool(NUM_BLOCKS, MAIN_SEED)
         self.original = self.pool.clone()
         self.transport = create_transport(backend, self.pool, instance_id=MAIN_ID, **self.options)
@@ -63,7 +70,7 @@ class Env:
         """Start a peer and connect it to us and us to it."""
         on_lost = None if self.backend in SELF_DETECTING else (
             lambda peer_id: self.transport.peer_lost(peer_id, "control plane: peer process died"))
-        peer = Peer(self.backend, instance_id, NUM_BLOCKS, seed, on_lost=on_lost, **self.options, **options)
+        peer = Peer(self.backend, instance_id, NUM_BLOCKS, seed, on_lost=on_lost, **{**self.options, **options})
         peer.attach(self.loop)
         self.peers.append(peer)
 
@@ -315,3 +322,52 @@ def test_receiver_killed_midway_fails_the_sender(env: Env) -> None:
     assert error.peer_id == "victim-receiver" and error.request_id == "to-victim"
     assert waited < FAILURE_BOUND_S
     assert same_bytes(env.pool, before), "the sender's pool changed"
+
+
+@pytest.mark.timeout(120)
+def test_a_sender_with_another_secret_lands_nothing(env: Env) -> None:
+    """tcp refuses the link itself; ucx drops its headers before posting a receive; a nixl
+    WRITE is one-sided and lands (what only the metadata's secrecy prevents), but its
+    notifications are ignored, so the request never counts as landed. A cluster member's
+    transfer right after is unaffected."""
+    if env.backend == "loopback":
+        pytest.skip("loopback peers share one process: there is no link to authenticate")
+    intruder = Peer(env.backend, "intruder", NUM_BLOCKS, LIMITED_SEED, secret=WRONG_SECRET)
+    intruder.attach(env.loop)
+    env.peers.append(intruder)
+    forged_blocks, legit_blocks = list(range(10, 20)), list(range(40, 50))
+
+    async def scenario():
+        await intruder.call("start", timeout=START_TIMEOUT_S)
+        env.transport.expect("forged", "intruder", forged_blocks)
+        connect_error, send = None, None
+        try:
+            await intruder.call("connect", description=env.transport.describe())
+        except TransferError as exc:
+            connect_error = exc.reason
+        else:  # a connectionless backend: the writes go out, unauthenticated
+            send = asyncio.ensure_future(intruder.call(
+                "send", request_id="forged", peer_id=MAIN_ID, src_ids=forged_blocks, dst_ids=forged_blocks,
+                layers=list(range(NUM_LAYERS)), timeout=2 * FORGED_WAIT_S))
+        with pytest.raises(TransferError) as never_landed:
+            await env.transport.wait_landed("forged", timeout=FORGED_WAIT_S)
+        if send is not None:
+            await asyncio.gather(send, return_exceptions=True)
+        env.transport.peer_lost("intruder", "not a member of this cluster")
+        failed = await _wait_polled(env.transport, {"forged"}, LANDED_TIMEOUT_S)
+        env.transport.expect("legit", PEER_ID, legit_blocks)
+        await env.peer.call("send", request_id="legit", peer_id=MAIN_ID, src_ids=legit_blocks, dst_ids=legit_blocks,
+                            layers=list(range(NUM_LAYERS)))
+        landed = await env.transport.wait_landed("legit", timeout=LANDED_TIMEOUT_S)
+        return connect_error, never_landed.value, failed["forged"], landed
+
+    connect_error, never_landed, failed, landed = env.run(scenario())
+    if env.backend == "tcp":
+        assert connect_error is not None and "refused the KV link" in connect_error and "secret" in connect_error
+    assert "within" in never_landed.reason, "the forged transfer must not count as landed"
+    assert failed.error is not None and failed.landed is None
+    assert landed.num_bytes == NUM_LAYERS * len(legit_blocks) * env.transport.layout.block_bytes
+    assert same_bytes(env.pool[:, legit_blocks], expected_blocks(PEER_SEED, legit_blocks))
+    writable = set(forged_blocks) if env.transport.one_sided else set()
+    assert_only_reserved_changed(env, writable | set(legit_blocks))
+    env.original.copy_(env.pool)

@@ -13,6 +13,9 @@ Lifecycle and call pattern (all calls on the event-loop thread of the owning ins
    `expect(request_id, peer_id, dst_block_ids)`. From then until the request's outcome
    is reported, the transport owns those destination blocks: only `peer_id` may write
    them, only inside that reservation; anything else is rejected before a byte lands.
+   With a cluster secret (`secret=`), `peer_id` is an authenticated identity: a link or
+   header that does not prove the secret is refused (`link_auth.py` says what each
+   backend can enforce).
 4. Sender (prefill), once per layer per request, possibly interleaved across requests:
    `write_layer(peer_id, request_id, layer, runs)` returns an awaitable at once; the
    source blocks must stay unchanged until it resolves. Then, once per request,
@@ -54,6 +57,7 @@ from minipd.transports.pool_layout import PoolLayout
 from minipd.transports.receive_ledger import MAX_REMEMBERED_ABORTS, ReceiveLedger
 from minipd.transports.recent_ids import RecentIds
 from minipd.transports.results import LayerWritten, ReceiveOutcome, RequestLanded, RequestSent
+from minipd.transports.shared_secret import SharedSecret
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +88,10 @@ class Transport(ABC):
     one_sided: ClassVar[bool] = False
 
     def __init__(self, pool: torch.Tensor, *, instance_id: str, link_gbps: float | None = None,
-                 abort_drain_s: float = DEFAULT_ABORT_DRAIN_S) -> None:
+                 abort_drain_s: float = DEFAULT_ABORT_DRAIN_S, secret: SharedSecret | None = None) -> None:
         self.pool = pool
+        # The cluster secret: links and headers are authenticated with it (see link_auth.py).
+        self.secret = secret
         self.layout = PoolLayout.from_tensor(pool)
         self.instance_id = instance_id
         self.abort_drain_s = abort_drain_s

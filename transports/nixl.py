@@ -14,6 +14,7 @@ import numpy as np
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
+from minipd.transports.link_auth import HeaderSeal
 from minipd.transports.messages import Abort, Finish, LayerHeader, Message, PoolDescription, decode_message
 from minipd.transports.receive_ledger import Verdict
 from minipd.transports.wakeable_sleep import WakeableSleep
@@ -70,9 +71,11 @@ class NixlTransport(Transport):
     header as its notification. Writes are one-sided: the receiver checks each layer
     header against its reservation when the notification arrives, after the bytes landed,
     so a misbehaving sender is detected (the request fails, the peer is dropped), not
-    prevented; and `abort` on the receiver returns only once the sender has ended the
-    request (or is lost), since only then can no more bytes arrive. Liveness comes from the
-    control plane through `peer_lost`."""
+    prevented. With a secret, every notification carries a proof of it (one without is
+    ignored), so no forged notification makes a request count as landed; the WRITE itself
+    cannot be refused (`link_auth.py`). And `abort` on the receiver returns only once the
+    sender has ended the request (or is lost), since only then can no more bytes arrive.
+    Liveness comes from the control plane through `peer_lost`."""
 
     backend = "nixl"
     one_sided = True
@@ -86,6 +89,7 @@ class NixlTransport(Transport):
         self._poll_task: asyncio.Task | None = None
         self._ended: dict[str, tuple[str, asyncio.Event]] = {}  # aborted request -> (peer, ended)
         self._idle = WakeableSleep()  # between polls while nothing is expected
+        self._seal = HeaderSeal(self.secret)
 
     async def _start(self) -> None:
         config = nixl_agent_config(enable_prog_thread=False, backends=[BACKEND])
@@ -116,7 +120,8 @@ class NixlTransport(Transport):
         local_ids += layer * self.layout.num_blocks
         remote_ids += layer * peer_blocks
         num_bytes = len(local_ids) * self.layout.block_bytes
-        notice = _encoder.encode(LayerHeader(request_id, layer, [(r.dst_start, r.num_blocks) for r in runs], num_bytes))
+        notice = self._seal.seal(_encoder.encode(
+            LayerHeader(request_id, layer, [(r.dst_start, r.num_blocks) for r in runs], num_bytes)), self.instance_id)
         try:
             handle = self._agent.make_prepped_xfer("WRITE", self._local, local_ids.astype(np.int32), remote,
                                                    remote_ids.astype(np.int32), notice)
@@ -141,7 +146,7 @@ class NixlTransport(Transport):
         agent_name, _, _ = self._remote_of(peer_id, request_id)
         message = Abort(request_id) if num_bytes is None else Finish(request_id, num_bytes)
         try:
-            self._agent.send_notif(agent_name, _encoder.encode(message))
+            self._agent.send_notif(agent_name, self._seal.seal(_encoder.encode(message), self.instance_id))
         except Exception as exc:
             raise TransferError(peer_id, request_id, f"NIXL notification failed: {exc!r}") from exc
 
@@ -159,8 +164,13 @@ class NixlTransport(Transport):
             notifications = self._agent.get_new_notifs()
             for peer_id, messages in notifications.items():
                 for raw in messages:
+                    body = self._seal.open(raw, peer_id)
+                    if body is None:
+                        logger.warning("dropping a NIXL notification from %r that does not prove the cluster secret",
+                                       peer_id)
+                        continue
                     try:
-                        message = decode_message(raw)
+                        message = decode_message(body)
                     except ValueError as exc:
                         logger.warning("dropping malformed NIXL notification from %r: %s", peer_id, exc)
                         continue

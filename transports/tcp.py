@@ -7,11 +7,12 @@ import logging
 
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun, split_runs
+from minipd.transports.connection_slots import DEFAULT_MAX_CONNECTIONS, ConnectionSlots
 from minipd.transports.errors import TransferError
-from minipd.transports.messages import Abort, Finish, Hello, LayerHeader, PoolDescription
+from minipd.transports.messages import Abort, Finish, LayerHeader, PoolDescription, max_layer_header_bytes
 from minipd.transports.pool_layout import pool_bytes
 from minipd.transports.tcp_link import TcpLink
-from minipd.transports.tcp_receiver import FrameReceiver
+from minipd.transports.tcp_receiver import DISCARD_BYTES, FrameReceiver, ReceiverSetup
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +27,10 @@ DEFAULT_HOST = "127.0.0.1"
 class TcpTransport(Transport):
     """Listens on `host:port` (port 0 picks a free one) for senders; connects to receivers.
 
-    Options: `host`, `port`. The pool must be in CPU memory: payload is received with
+    Options: `host`, `port`, `max_connections` (incoming links at once; links that have not
+    authenticated give way to new ones, see `ConnectionSlots`). With a `secret`, every link
+    opens with a mutual HMAC challenge and the sender's peer id is bound to it
+    (`link_auth.py`). The pool must be in CPU memory: payload is received with
     `recv_into` straight into the blocks, which device memory cannot take (construction
     raises ValueError for a CUDA pool; use ucx or nixl there). A sender's link failing
     fails its pending writes with TransferError; a receiver's incoming link failing fails
@@ -35,8 +39,10 @@ class TcpTransport(Transport):
 
     backend = "tcp"
 
-    def __init__(self, pool, *, instance_id: str, host: str = DEFAULT_HOST, port: int = 0, **options) -> None:
+    def __init__(self, pool, *, instance_id: str, host: str = DEFAULT_HOST, port: int = 0,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS, **options) -> None:
         super().__init__(pool, instance_id=instance_id, **options)
+        self._slots: ConnectionSlots[FrameReceiver] = ConnectionSlots(max_connections, f"tcp KV port of {instance_id}")
         if self.layout.device_type != "cpu":
             raise ValueError(f"tcp transport needs a CPU pool (it receives with recv_into), got "
                              f"{self.layout.device_type!r} memory; use the ucx or nixl transport")
@@ -49,11 +55,12 @@ class TcpTransport(Transport):
 
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        max_payload = max(MAX_FRAME_PAYLOAD_BYTES, self.layout.block_bytes)
-        self._server = await loop.create_server(
-            lambda: self._track(FrameReceiver(self._ledger, self.layout, self._bytes, max_payload,
-                                              self._receivers.discard)),
-            self._host, self._port)
+        setup = ReceiverSetup(
+            ledger=self._ledger, layout=self.layout, pool_view=self._bytes,
+            max_payload_bytes=max(MAX_FRAME_PAYLOAD_BYTES, self.layout.block_bytes),
+            max_header_bytes=max_layer_header_bytes(self.layout.num_blocks), secret=self.secret, slots=self._slots,
+            discard=memoryview(bytearray(DISCARD_BYTES)), on_closed=self._receivers.discard)
+        self._server = await loop.create_server(lambda: self._track(FrameReceiver(setup)), self._host, self._port)
         self._port = self._server.sockets[0].getsockname()[1]
         logger.info("tcp transport %r listening on %s:%d", self.instance_id, self._host, self._port)
 
@@ -66,8 +73,8 @@ class TcpTransport(Transport):
 
     async def _connect(self, peer: PoolDescription) -> None:
         host, _, port = peer.endpoint.decode().rpartition(":")
-        hello = Hello(self.instance_id, self.layout.num_layers, self.layout.block_bytes)
-        self._links[peer.instance_id] = await TcpLink.open(host, int(port), hello, peer.instance_id, self._fail_peer)
+        self._links[peer.instance_id] = await TcpLink.open(host, int(port), self.instance_id, self.layout,
+                                                           self.secret, peer.instance_id, self._fail_peer)
 
     async def _write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun]) -> None:
         link = self._link(peer_id, request_id)

@@ -8,8 +8,20 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 
-from minipd.transports.messages import Hello, Message, message_encoder
-from minipd.transports.tcp_receiver import PREFIX
+from minipd.transports.link_auth import RECEIVER_LABEL, sender_proof
+from minipd.transports.messages import (
+    MAX_HANDSHAKE_HEADER_BYTES,
+    Challenge,
+    Hello,
+    HelloAck,
+    Message,
+    Refused,
+    decode_message,
+    message_encoder,
+)
+from minipd.transports.pool_layout import PoolLayout
+from minipd.transports.shared_secret import NONCE_BYTES, SharedSecret, new_nonce
+from minipd.transports.tcp_receiver import HANDSHAKE_TIMEOUT_S, PREFIX, encode_frame
 
 logger = logging.getLogger(__name__)
 
@@ -32,25 +44,30 @@ class TcpLink:
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self._lost_reason: str | None = None
-        # The receiver never sends; readability means it closed the link or it broke.
+        # After the handshake the receiver never sends; readability means it closed the link or it broke.
         self._loop.add_reader(sock.fileno(), self._on_readable)
 
     @classmethod
-    async def open(cls, host: str, port: int, hello: Hello, peer_id: str,
-                   on_lost: Callable[[str, str], None]) -> TcpLink:
+    async def open(cls, host: str, port: int, sender_id: str, layout: PoolLayout, secret: SharedSecret | None,
+                   peer_id: str, on_lost: Callable[[str, str], None],
+                   timeout: float = HANDSHAKE_TIMEOUT_S) -> TcpLink:
+        """Connect and handshake (`link_auth.py`) as `sender_id`; raises ConnectionError saying
+        why the receiver refused us or failed to prove the secret, TimeoutError, or OSError."""
         loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         try:
-            await loop.sock_connect(sock, (host, port))
-        except OSError:
+            await asyncio.wait_for(_connect_and_handshake(loop, sock, (host, port), sender_id, layout, secret,
+                                                          peer_id), timeout)
+        except asyncio.TimeoutError:
+            sock.close()
+            raise TimeoutError(f"no KV link handshake with {peer_id} at {host}:{port} within {timeout} s") from None
+        except BaseException:
             sock.close()
             raise
-        link = cls(sock, peer_id, on_lost)
-        await link.send(hello, ())
-        return link
+        return cls(sock, peer_id, on_lost)
 
     async def send(self, message: Message, payload: Sequence[memoryview]) -> None:
         """Send one frame: `message` as the header, then the payload buffers in order. Raises
@@ -117,3 +134,49 @@ class TcpLink:
             self._sock.close()
         if self._lost_reason is None:
             self._lost_reason = "link closed"
+
+
+async def _connect_and_handshake(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: tuple[str, int],
+                                 sender_id: str, layout: PoolLayout, secret: SharedSecret | None, peer_id: str) -> None:
+    await loop.sock_connect(sock, address)
+    challenge = await _read_message(loop, sock, peer_id)
+    if not isinstance(challenge, Challenge):
+        raise ConnectionError(f"{peer_id} opened the KV link with {type(challenge).__name__}, not a challenge")
+    nonce = new_nonce()
+    hello = Hello(sender_id, layout.num_layers, layout.block_bytes, nonce,
+                  sender_proof(secret, challenge.nonce, nonce, sender_id, layout.num_layers, layout.block_bytes))
+    await loop.sock_sendall(sock, encode_frame(hello))
+    answer = await _read_message(loop, sock, peer_id)
+    match answer:
+        case Refused(reason=reason):
+            raise ConnectionError(f"{peer_id} refused the KV link: {reason}")
+        case HelloAck(proof=proof):
+            if secret is None:
+                return
+            if not proof:
+                raise ConnectionError(f"{peer_id} has no cluster secret configured; refusing to send it KV")
+            if len(challenge.nonce) != NONCE_BYTES or not secret.verify(proof, RECEIVER_LABEL, challenge.nonce,
+                                                                          nonce, sender_id):
+                raise ConnectionError(f"{peer_id} did not prove the cluster secret; refusing to send it KV")
+        case _:
+            raise ConnectionError(f"{peer_id} answered the KV handshake with {type(answer).__name__}")
+
+
+async def _read_message(loop: asyncio.AbstractEventLoop, sock: socket.socket, peer_id: str) -> Message:
+    (length,) = PREFIX.unpack(await _read_exactly(loop, sock, PREFIX.size, peer_id))
+    if not 0 < length <= MAX_HANDSHAKE_HEADER_BYTES:
+        raise ConnectionError(f"{peer_id} sent a handshake frame of {length} bytes")
+    try:
+        return decode_message(await _read_exactly(loop, sock, length, peer_id), MAX_HANDSHAKE_HEADER_BYTES)
+    except ValueError as exc:
+        raise ConnectionError(f"{peer_id} sent a malformed handshake frame: {exc}") from None
+
+
+async def _read_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, size: int, peer_id: str) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = await loop.sock_recv(sock, size - len(data))
+        if not chunk:
+            raise ConnectionError(f"{peer_id} closed the KV link during the handshake")
+        data += chunk
+    return bytes(data)

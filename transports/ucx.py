@@ -22,6 +22,7 @@ import msgspec
 from minipd.transports.ends_after_headers import EndsAfterHeaders
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
+from minipd.transports.link_auth import HeaderSeal
 from minipd.transports.messages import (MAX_HEADER_BYTES, Abort, Finish, LayerHeader, Message,
                                         PoolDescription)
 from minipd.transports.pool_layout import pool_bytes
@@ -74,7 +75,9 @@ class UcxTransport(EndsAfterHeaders):
     """Receiver: one header receive is always posted on the worker; a layer header is judged
     by the ledger, then one tagged receive per run is posted straight into the destination
     blocks, then a READY byte goes back to the sender's worker (address in the header's
-    envelope). Sender: posts the header, awaits READY, then one tagged send per run from the
+    envelope). With a secret, every header carries a proof of it and one without is dropped
+    before any receive is posted (`link_auth.py` says what that does and does not stop).
+    Sender: posts the header, awaits READY, then one tagged send per run from the
     source blocks and awaits them all. Endpoint error handling is off (it would force TCP), so UCX reports no
     dead peers: liveness comes from the control plane through `peer_lost`. A lost sender's
     posted receives can never match again (its nonce is gone), so they count as settled,
@@ -100,6 +103,7 @@ class UcxTransport(EndsAfterHeaders):
         self._address = b""
         self._reply_endpoints: dict[str, tuple[bytes, UCXEndpoint]] = {}
         self._progress = ProgressDriver()
+        self._seal = HeaderSeal(self.secret)
         self._replies: list[tuple[Array, object]] = []  # READY sends still in flight
         # Buffers UCX may still write into (a READY receive of a write cut short): kept alive.
         self._parked: list[object] = []
@@ -171,7 +175,8 @@ class UcxTransport(EndsAfterHeaders):
     def _post_header(self, endpoint, message: Message, reply_to: bool = False):
         """Post a header send; returns (buffer, request): the caller keeps the buffer alive until
         the request completes."""
-        body = _envelope_encoder.encode(Envelope(self.instance_id, message, self._address if reply_to else b""))
+        body = self._seal.seal(_envelope_encoder.encode(Envelope(self.instance_id, message,
+                                                                 self._address if reply_to else b"")))
         if len(body) + PREFIX.size > MAX_HEADER_BYTES:
             raise ValueError(f"header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
         buffer = Array(bytearray(PREFIX.pack(len(body)) + body))
@@ -202,7 +207,11 @@ class UcxTransport(EndsAfterHeaders):
             try:
                 if length > MAX_HEADER_BYTES - PREFIX.size:
                     raise msgspec.DecodeError(f"header length {length} over the cap")
-                envelope = _envelope_decoder.decode(view[PREFIX.size:PREFIX.size + length])
+                body = self._seal.open(view[PREFIX.size:PREFIX.size + length])
+                if body is None:  # checked before anything is posted into the pool
+                    logger.warning("dropping a ucx header that does not prove the cluster secret")
+                    continue
+                envelope = _envelope_decoder.decode(body)
             except msgspec.DecodeError as exc:
                 logger.warning("dropping malformed ucx header: %s", exc)
                 continue

@@ -1,8 +1,11 @@
 """The OpenAI-compatible HTTP front (aiohttp) over any `ServingBackend`.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics. Every error, a 404 route or a 413 body included, is answered in OpenAI's
-error format; an unexpected exception is logged and answered as a bare 500. Each app has
+GET /metrics. With an API key (`HttpConfig.api_key`), every route but /health requires it
+(`api_key.py`; 401 otherwise, before anything else is looked at). POST bodies must be
+`application/json` (415 otherwise), so a web page cannot drive the API with a "simple"
+cross-origin request (text/plain, forms). Every error, a 404 route or a 413 body included,
+is answered in OpenAI's error format; an unexpected exception is logged and answered as a bare 500. Each app has
 its own metrics registry (`app[METRICS_KEY]`), so the disaggregated flow can record KV
 transfers on it and several servers can share a process.
 
@@ -24,6 +27,7 @@ from typing import TextIO
 import msgspec
 from aiohttp import web
 
+from minipd.api.api_key import ApiKeyGuard
 from minipd.api.errors import NOT_FOUND, OVERLOADED, SERVER_ERROR, ApiError
 from minipd.api.metrics import CONTENT_TYPE, ServingMetrics
 from minipd.api.protocol import ModelCard, ModelList
@@ -52,6 +56,10 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     retry_after_s: int = RETRY_AFTER_S
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # request headers complete within this, or closed
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole body within this, or 408
+    api_key: str | None = None  # None: the API is open
+
+    def __repr__(self) -> str:  # never print the key
+        return f"HttpConfig(host={self.host!r}, port={self.port}, api_key={'<set>' if self.api_key else None})"
 
     def validate(self) -> None:
         if not 0 <= self.port < 2**16:
@@ -63,6 +71,8 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
         for field in ("header_timeout_s", "body_timeout_s"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{field}: must be positive, got {getattr(self, field)}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key: must not be empty")
 
 
 CONFIG_KEY = web.AppKey("config", HttpConfig)
@@ -71,7 +81,9 @@ _encoder = msgspec.json.Encoder()
 
 
 def error_response(error: ApiError) -> web.Response:
-    headers = {} if error.retry_after_s is None else {"Retry-After": str(error.retry_after_s)}
+    headers = dict(error.headers)
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(error.retry_after_s)
     response = web.Response(status=error.status, body=_encoder.encode(error.body()), content_type="application/json",
                             headers=headers)
     if error.close_connection:
@@ -133,7 +145,10 @@ class _Routes:
 def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
     """An aiohttp app serving `backend`; run it with `start_http_server`."""
     config.validate()
-    app = web.Application(client_max_size=config.max_request_body_bytes, middlewares=[_errors_middleware])
+    middlewares = [_errors_middleware]
+    if config.api_key is not None:
+        middlewares.append(ApiKeyGuard(config.api_key).middleware)
+    app = web.Application(client_max_size=config.max_request_body_bytes, middlewares=middlewares)
     metrics = ServingMetrics(backend.instance_stats)
     app[METRICS_KEY] = metrics
     backend.on_transfer_failure(lambda what: metrics.record_transfer_failure())

@@ -37,12 +37,14 @@ class ApiError(Exception):
     """An error answered to the client as `status` with an OpenAI error body.
 
     `retry_after_s`, when set, becomes a `Retry-After` header (overload, unavailable);
+    `headers` are added to the response as they are (`WWW-Authenticate` on a 401);
     `close_connection` closes the connection after the answer (the rest of the request was
     not read, so the connection cannot carry another one).
     """
 
     def __init__(self, status: int, message: str, *, param: str | None = None, type: str = INVALID_REQUEST,
-                 code: str | None = None, retry_after_s: int | None = None, close_connection: bool = False):
+                 code: str | None = None, retry_after_s: int | None = None, headers: dict[str, str] | None = None,
+                 close_connection: bool = False):
         super().__init__(message)
         self.close_connection = close_connection
         self.status = status
@@ -51,6 +53,7 @@ class ApiError(Exception):
         self.type = type
         self.code = code
         self.retry_after_s = retry_after_s
+        self.headers = headers or {}
 
     def body(self) -> ErrorResponse:
         return ErrorResponse(ErrorBody(self.message, self.type, self.param, self.code))

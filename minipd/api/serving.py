@@ -1,10 +1,10 @@
 """The generation endpoints: /v1/completions and /v1/chat/completions.
 
 One request, top-down:
-1. read the body within `body_timeout_s` (408 past it; 400 for a body that does not decode
-   as its Content-Encoding says), decode it into its Struct on a tokenizer thread (400 naming
-   the field on any mismatch) and refuse options minipd cannot honour, or a model it does not
-   serve (404);
+1. refuse a body that is not `application/json` (415), read it within `body_timeout_s` (408
+   past it; 400 for a body that does not decode as its Content-Encoding says), decode it into
+   its Struct on a tokenizer thread (400 naming the field on any mismatch) and refuse options
+   minipd cannot honour, or a model it does not serve (404);
 2. admission: 503 with Retry-After while `max_waiting_requests` requests wait already;
 3. render the chat template and tokenize on a tokenizer thread, off the event loop, so a huge
    prompt does not stall other users' streams (400 for a prompt that is empty or too long);
@@ -46,6 +46,9 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 SSE_DONE = b"data: [DONE]\n\n"
 PROMPT_FIELDS = ("prompt", "prompt_token_ids")  # what the engine calls the prompt in its errors
 NO_LENGTH_LIMIT = 2**63  # a backend that knows no max_model_len yet (no instance) checks it itself
+# Parameters (`; charset=utf-8`) are allowed. A browser sends a cross-origin POST without
+# asking first only for text/plain and form types: requiring JSON closes that door.
+JSON_CONTENT_TYPE = "application/json"
 
 RequestT = TypeVar("RequestT", bound=GenerationRequest)
 
@@ -139,6 +142,10 @@ class OpenAIServing:
 
     # ---- steps ----------------------------------------------------------------------
     async def _decode(self, http_request: web.Request, request_type: type[RequestT]) -> RequestT:
+        if http_request.content_type != JSON_CONTENT_TYPE:  # aiohttp: lower-cased, without parameters
+            given = http_request.headers.get("Content-Type")
+            raise ApiError(415, f"Content-Type: expected {JSON_CONTENT_TYPE}, got {repr(given) if given else 'none'}",
+                           param="Content-Type", code="unsupported_media_type")
         body = await self._read_body(http_request)
         try:  # on a tokenizer thread too: a few megabytes of JSON take milliseconds to decode
             request = await self.prompt_encoder.run(lambda: msgspec.json.decode(body, type=request_type))

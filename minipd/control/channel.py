@@ -2,7 +2,11 @@
 
 Frame: 4-byte big-endian length, then one msgpack-encoded `AnyMessage`. Frames above
 `max_frame_bytes` or that do not decode as a known message close the connection with a
-logged reason (the peer is broken or hostile; nothing from it is trusted afterwards).
+logged reason (the peer is broken or hostile; nothing from it is trusted afterwards). The
+caps come from `limits.py`: a server reads handshake-sized frames until its peer has
+authenticated (`handshake.py`), then frames sized for the peers' max_model_len. Sending a
+frame above `max_send_bytes` raises `FrameTooLarge` and leaves the connection up; a peer
+that lets more than MAX_WRITE_BUFFER_BYTES queue up unread is disconnected.
 
 A `Channel` multiplexes many requests: `call()` sends a `Call` and waits, with a timeout, for
 the `Reply` carrying the same `call_id`; every other incoming message goes to the handler.
@@ -19,12 +23,15 @@ from typing import Awaitable, Callable
 
 import msgspec
 
+from minipd.control.limits import HANDSHAKE_MAX_FRAME_BYTES, MAX_WRITE_BUFFER_BYTES, max_frame_bytes
 from minipd.control.messages import AnyMessage, Call, CallError, Message, Reply
+from minipd.control.role import Role
 
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct(">I")
-DEFAULT_MAX_FRAME_BYTES = 16 * 2**20
+# Until the handshake says the peers' max_model_len: room for a Welcome and its description.
+DEFAULT_MAX_FRAME_BYTES = max_frame_bytes(0)
 DEFAULT_CALL_TIMEOUT_S = 30.0
 
 Handler = Callable[["Channel", Message], Awaitable[None] | None]
@@ -32,6 +39,10 @@ Handler = Callable[["Channel", Message], Awaitable[None] | None]
 
 class ChannelClosed(ConnectionError):
     """The connection ended (or was refused) before a reply arrived."""
+
+
+class FrameTooLarge(ValueError):
+    """A message to send encodes to more than the peer accepts; nothing was sent."""
 
 
 class RemoteError(RuntimeError):
@@ -48,7 +59,9 @@ class Channel:
         self.name = name
         self._reader, self._writer = reader, writer
         self._handler = handler
-        self._max_frame_bytes = max_frame_bytes
+        self.max_frame_bytes = max_frame_bytes  # read side; raised once the peer is authenticated
+        self.max_send_bytes: int | None = None  # what the peer reads, once the handshake told us
+        self.peer_role: Role | None = None  # set by the handshake, on both ends
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(AnyMessage)
         self._calls: dict[int, asyncio.Future] = {}
@@ -74,12 +87,19 @@ class Channel:
 
     # ---- sending ----------------------------------------------------------------------
     def send(self, message: Message) -> None:
-        """Queue a message for sending (ordered); a closed channel drops it with a debug log."""
+        """Queue a message for sending (ordered); a closed channel drops it with a debug log.
+        Raises FrameTooLarge (sending nothing) if it encodes above `max_send_bytes`."""
         if self.closed.is_set():
             log.debug("%s: dropping %s on a closed channel", self.name, type(message).__name__)
             return
         payload = self._encoder.encode(message)
+        if self.max_send_bytes is not None and len(payload) > self.max_send_bytes:
+            raise FrameTooLarge(f"{type(message).__name__} of {len(payload)} bytes exceeds the "
+                                f"{self.max_send_bytes}-byte frame cap of {self.name}")
         self._writer.write(HEADER.pack(len(payload)) + payload)
+        queued = self._writer.transport.get_write_buffer_size()
+        if queued > MAX_WRITE_BUFFER_BYTES:
+            self._shutdown(f"the peer is not reading: {queued} bytes queued for it")
 
     async def call(self, message: Call, timeout: float = DEFAULT_CALL_TIMEOUT_S) -> Reply:
         """Send `message` and return its reply; raises RemoteError, ChannelClosed or TimeoutError."""
@@ -111,8 +131,8 @@ class Channel:
             while True:
                 header = await self._reader.readexactly(HEADER.size)
                 (length,) = HEADER.unpack(header)
-                if length > self._max_frame_bytes:
-                    reason = f"frame of {length} bytes exceeds the {self._max_frame_bytes}-byte cap"
+                if length > self.max_frame_bytes:
+                    reason = f"frame of {length} bytes exceeds the {self.max_frame_bytes}-byte cap"
                     break
                 payload = await self._reader.readexactly(length)
                 try:
@@ -152,6 +172,10 @@ class Channel:
                 self.reply(message, CallError(message=f"internal error: {type(exc).__name__}: {exc}"))
 
     # ---- closing ----------------------------------------------------------------------
+    def drop(self, reason: str) -> None:
+        """Close now (what was sent already still goes out), logging `reason`."""
+        self._shutdown(reason)
+
     def _shutdown(self, reason: str) -> None:
         if self.closed.is_set():
             return
@@ -181,10 +205,12 @@ class Channel:
 
 
 async def serve(host: str, port: int, on_channel: Callable[[Channel], None], name: str) -> asyncio.Server:
-    """Accept connections; each becomes a started Channel handed to `on_channel` (which sets its handler)."""
+    """Accept connections; each becomes a Channel reading handshake-sized frames, handed to
+    `on_channel` (which sets its handler, or drops it), then started."""
     def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        channel = Channel(reader, writer, None, f"{name}<-{peer}")
+        channel = Channel(reader, writer, None, f"{name}<-{peer}", HANDSHAKE_MAX_FRAME_BYTES)
         on_channel(channel)
-        channel.start()
+        if not channel.closed.is_set():
+            channel.start()
     return await asyncio.start_server(accepted, host, port)

@@ -16,7 +16,7 @@ from minipd.engine.sampling_params import SamplingParams
 
 from minipd.control.role import Role
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: the handshake authenticates with the cluster secret
 
 
 class Fingerprint(msgspec.Struct, frozen=True):
@@ -54,12 +54,26 @@ class Reply(Message, kw_only=True):
     call_id: int = 0
 
 
-# ---- handshake --------------------------------------------------------------------------
+# ---- handshake (minipd/control/handshake.py) ---------------------------------------------
 class Hello(Call, tag="hello"):
-    """Sent by whoever opens a connection; answered by `Welcome` or `CallError`."""
+    """Sent by whoever opens a connection; answered by `Challenge` (the server has a cluster
+    secret), `Welcome` (it has none) or `CallError`."""
 
     protocol_version: int
     role: Role  # ROUTER, CLIENT, or an instance role
+    nonce: bytes = b""  # the client's half of the challenge
+
+
+class Challenge(Reply, tag="challenge"):
+    """Server -> client: prove the cluster secret over both nonces (answer with `Prove`)."""
+
+    nonce: bytes
+
+
+class Prove(Call, tag="prove"):
+    """Client -> server: the client's proof; answered by `Welcome` or `CallError`."""
+
+    proof: bytes
 
 
 class Welcome(Reply, tag="welcome"):
@@ -71,11 +85,13 @@ class Welcome(Reply, tag="welcome"):
     model_name: str = ""
     max_model_len: int = 0
     max_num_seqs: int = 0
+    proof: bytes = b""  # the server's proof of the cluster secret (empty without one)
 
 
 class CallError(Reply, tag="error"):
     message: str
-    kind: str = "error"  # "invalid" (bad input), "busy" (no capacity), "transfer" (KV did not move), "error"
+    kind: str = "error"  # "invalid" (bad input), "busy" (no capacity), "transfer" (KV did not move),
+    # "auth" (the handshake failed or the peer may not send this), "error"
 
 
 # ---- disaggregated request flow ----------------------------------------------------------
@@ -198,6 +214,6 @@ class ClusterStats(Reply, tag="cluster_stats"):
     instances: list[Stats]
 
 
-AnyMessage = (Hello | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode | Generate
-              | KVLanded | Renew | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
+AnyMessage = (Hello | Challenge | Prove | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode
+              | Generate | KVLanded | Renew | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
               | ClusterStats)

@@ -3,10 +3,11 @@
 Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decode instance);
 `decode` answers `Reserve` and `Decode` (hold blocks, receive the KV, decode); every role
 answers `Generate` (prefill and decode here, used for colocated serving and for short
-prompts), `Abort`, `PeerLost` and `GetStats`.
-
-Everything a router asked for through a connection is aborted when that connection drops, and
-every prefill for a decode instance the router reports lost (`PeerLost`) at once.
+prompts), `Abort`, `PeerLost` and `GetStats`. Only routers may connect (with a cluster
+secret, only those that prove it), and the transport, given the same secret, takes KV only
+from the instance a reservation names, over an authenticated link. What a router asked for
+through a connection is aborted when that connection drops, and every prefill for a decode
+instance the router reports lost (`PeerLost`) at once.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from minipd.transports.registry import create_transport
 
 from minipd.control.channel import Channel
 from minipd.control.role import Role
-from minipd.control.messages import (Abort, CallError, Decode, Generate, GetStats, Hello, KVLanded, Message,
+from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
+from minipd.control.messages import (Abort, CallError, Decode, Generate, GetStats, KVLanded, Message,
                                PeerLost, Prefill, Prefilled, Renew, Reserve, Reserved, Stats, TokenOutput,
                                      Welcome)
 from minipd.control.server import ControlServer
+from minipd.transports.shared_secret import SharedSecret
 from minipd.engine.engine import Engine, NoCapacity
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
@@ -50,8 +53,9 @@ class Reservation(NamedTuple):
 
 class Instance(ControlServer):
     def __init__(self, engine: Engine, role: Role, instance_id: str, transport: Transport,
-                 model_name: str, lease_s: float = DEFAULT_LEASE_S):
-        super().__init__(instance_id)
+                 model_name: str, lease_s: float = DEFAULT_LEASE_S, secret: SharedSecret | None = None,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
+        super().__init__(instance_id, secret, max_connections)
         if not role.is_instance:
             raise ValueError(f"role: {role.value!r} is not an instance role")
         self.engine, self.role, self.instance_id = engine, role, instance_id
@@ -69,12 +73,14 @@ class Instance(ControlServer):
     # ---- lifecycle --------------------------------------------------------------------
     @classmethod
     async def create(cls, engine: Engine, role: Role, instance_id: str, transport_name: str, model_name: str,
-                     transport_options: dict | None = None, lease_s: float = DEFAULT_LEASE_S) -> "Instance":
-        transport = create_transport(transport_name, engine.kv_pool, instance_id=instance_id,
+                     transport_options: dict | None = None, lease_s: float = DEFAULT_LEASE_S,
+                     secret: SharedSecret | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> "Instance":
+        """`secret` also goes to the transport; `max_connections` caps the control port only."""
+        transport = create_transport(transport_name, engine.kv_pool, instance_id=instance_id, secret=secret,
                                      **(transport_options or {}))
         await transport.start()
         await engine.start()
-        return cls(engine, role, instance_id, transport, model_name, lease_s)
+        return cls(engine, role, instance_id, transport, model_name, lease_s, secret, max_connections)
 
     async def serve(self, host: str, port: int) -> int:
         """Start the control-plane server; returns the bound port."""
@@ -91,17 +97,22 @@ class Instance(ControlServer):
         await self.engine.close()
         await self.transport.close()
 
-    # ---- dispatch ---------------------------------------------------------------------
+    # ---- the handshake ----------------------------------------------------------------
+    def welcome(self) -> Welcome:
+        return Welcome(instance_id=self.instance_id, role=self.role, fingerprint=self.fingerprint,
+                       transport=self.transport.backend, transport_description=self.transport.describe(),
+                       model_name=self.model_name, max_model_len=self.engine.config.max_model_len,
+                       max_num_seqs=self.engine.config.max_num_seqs)
+
+    def refuses_role(self, role: Role) -> str | None:
+        return None if role is Role.ROUTER else f"{self.instance_id} is an instance; only a router may connect to it"
+
+    def max_frame_bytes(self) -> int:
+        return max_frame_bytes(self.engine.config.max_model_len)
+
+    # ---- dispatch (every peer here is an authenticated router) -------------------------
     async def handle(self, channel: Channel, message: Message) -> None:
         match message:
-            case Hello():
-                if self.refuse_hello(channel, message):
-                    return
-                channel.reply(message, Welcome(
-                    instance_id=self.instance_id, role=self.role, fingerprint=self.fingerprint,
-                    transport=self.transport.backend, transport_description=self.transport.describe(),
-                    model_name=self.model_name, max_model_len=self.engine.config.max_model_len,
-                    max_num_seqs=self.engine.config.max_num_seqs))
             case Reserve():
                 self.track(channel, message.request_id)
                 self._reserve(channel, message)

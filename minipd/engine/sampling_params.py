@@ -13,6 +13,10 @@ import msgspec
 
 MAX_SEED = 2**63 - 1
 MAX_INT = 2**63 - 1  # every integer crosses the control plane as a signed 64-bit msgpack int
+# Stop conditions travel inside control-plane frames, whose cap (`minipd.control.limits`)
+# counts on these bounds; OpenAI allows 4 stop strings.
+MAX_STOP_BYTES = 16 << 10  # all stop strings together, UTF-8
+MAX_STOP_TOKEN_IDS = 1024
 
 
 class InvalidRequestError(ValueError):
@@ -54,6 +58,11 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise InvalidRequestError("seed", "must be in [0, 2**63)")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop", "stop strings must be non-empty strings")
+        stop_bytes = sum(len(s.encode("utf-8", "surrogatepass")) for s in self.stop)
+        if stop_bytes > MAX_STOP_BYTES:
+            raise InvalidRequestError("stop", f"stop strings total {stop_bytes} bytes; at most {MAX_STOP_BYTES}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequestError("stop_token_ids", f"{len(self.stop_token_ids)} ids; at most {MAX_STOP_TOKEN_IDS}")
         bad = [t for t in self.stop_token_ids if not 0 <= t < vocab_size]
         if bad:
             shown = [t if abs(t) <= MAX_INT else "..." for t in bad[:5]]

@@ -3,16 +3,21 @@
 Each `Flag` says which roles' parsers have it and which child roles a launcher passes its
 parsed value on to (`inherit`): `minipd --role cluster` builds each child's command line with
 `inherited_argv`, from the values it parsed, so a flag added here reaches the processes that
-need it without any launcher code changing. `build_parser(role)` makes one role's parser.
-Several meanings of `--port` are several flags (each role has one).
+need it without any launcher code changing. A flag with an `env` variable (the secrets)
+takes its default from that variable, and a launcher hands it on through the child's
+environment (`inherited_env`), never its command line, so it does not show in `ps`.
+`build_parser(role)` makes one role's parser. Several meanings of `--port` are several flags
+(each role has one).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any, NamedTuple
 
 from minipd.api.app import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS
+from minipd.control.limits import DEFAULT_MAX_CONNECTIONS
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.disagg.instance import DEFAULT_LEASE_S
 from minipd.engine.engine import EngineConfig
@@ -65,19 +70,24 @@ class Flag(NamedTuple):
     group: str  # its section in --help
     options: dict[str, Any]  # argparse keyword arguments
     inherit: frozenset[Role] = frozenset()  # child roles a launcher passes the parsed value on to
+    env: str | None = None  # the environment variable giving its default, and carrying it to children
 
     @property
     def dest(self) -> str:
         return self.options.get("dest", self.name.lstrip("-").replace("-", "_"))
 
 
-def _flag(name: str, roles, group: str, inherit=(), **options) -> Flag:
-    return Flag(name, frozenset(roles), group, options, frozenset(inherit))
+def _flag(name: str, roles, group: str, inherit=(), env: str | None = None, **options) -> Flag:
+    return Flag(name, frozenset(roles), group, options, frozenset(inherit), env)
 
 
-PROCESS, MODEL, SCHEDULER, INSTANCE, ROUTER, POLICY, HTTP, CLUSTER, DEMO = (
-    "process", "model and KV cache", "scheduler", "instance (control plane and KV transport)", "router",
-    "routing policy", "OpenAI-compatible HTTP API", "local cluster", "prompts in, tokens and latencies out")
+PROCESS, SECURITY, MODEL, SCHEDULER, INSTANCE, ROUTER, POLICY, HTTP, CLUSTER, DEMO = (
+    "process", "security (README: Security)", "model and KV cache", "scheduler",
+    "instance (control plane and KV transport)", "router", "routing policy", "OpenAI-compatible HTTP API",
+    "local cluster", "prompts in, tokens and latencies out")
+NETWORKED = frozenset({*INSTANCE_ROLES, Role.ROUTER, Role.CLUSTER})
+CLUSTER_SECRET_ENV = "MINIPD_CLUSTER_SECRET"
+API_KEY_ENV = "MINIPD_API_KEY"
 ALL = frozenset(COMMAND_ROLES)
 SERVING = frozenset({Role.BOTH, Role.ROUTER, Role.CLUSTER})
 ROUTING = frozenset({Role.ROUTER, Role.CLUSTER})
@@ -89,6 +99,19 @@ FLAGS: tuple[Flag, ...] = (
     _flag("--host", ALL, PROCESS, EVERY_CHILD, default=DEFAULT_HOST,
           help="address this process's ports bind (control, KV, HTTP); a launcher binds every process there "
                "(default: %(default)s)"),
+    # ---- security
+    _flag("--cluster-secret", NETWORKED, SECURITY, EVERY_CHILD, env=CLUSTER_SECRET_ENV, default=None, metavar="TEXT",
+          help="shared secret of the cluster (at least 16 bytes): the control plane and the KV links authenticate "
+               "every peer with it (an HMAC challenge, both ways) and refuse any that does not prove it. Prefer "
+               f"the environment variable {CLUSTER_SECRET_ENV}, which keeps it out of `ps`. `cluster` generates one "
+               "when none is given and hands it to its children. Without one, nothing is authenticated "
+               "(default: none)"),
+    _flag("--api-key", SERVING, SECURITY, {Role.ROUTER}, env=API_KEY_ENV, default=None, metavar="KEY",
+          help="require `Authorization: Bearer KEY` on every HTTP route except /health (401 otherwise). Prefer the "
+               f"environment variable {API_KEY_ENV} (default: none, the API is open)"),
+    _flag("--max-connections", NETWORKED, SECURITY, EVERY_CHILD, type=int, default=DEFAULT_MAX_CONNECTIONS,
+          help="concurrent connections per listener (control port, tcp KV port, the router's client port); "
+               "connections that have not authenticated give way to new ones (default: %(default)s)"),
     # ---- model and scheduler: every role that runs an engine
     _flag("--model", {*ENGINE_ROLES, Role.ROUTER}, MODEL, EVERY_CHILD, default=_ENGINE.model, help=MODEL_HELP),
     _flag("--device", ENGINE_ROLES, MODEL, INSTANCES, default=_ENGINE.device,
@@ -213,17 +236,32 @@ def build_parser(role: Role | None) -> argparse.ArgumentParser:
         if role is None or role not in flag.roles:
             continue
         group = groups.get(flag.group) or groups.setdefault(flag.group, parser.add_argument_group(flag.group))
-        group.add_argument(flag.name, **flag.options)
+        options = dict(flag.options)
+        if flag.env and os.environ.get(flag.env):  # an empty variable counts as unset
+            options["default"] = os.environ[flag.env]
+        group.add_argument(flag.name, **options)
     return parser
 
 
 def inherited_argv(args: argparse.Namespace, parent: Role, child: Role) -> list[str]:
-    """The flags a `parent` launcher passes on to a `child` process, with the values it parsed."""
+    """The flags a `parent` launcher passes on to a `child` process on its command line, with
+    the values it parsed (flags with an `env` variable go by `inherited_env` instead)."""
     argv: list[str] = []
     for flag in FLAGS:
-        if parent in flag.roles and child in flag.inherit:
+        if parent in flag.roles and child in flag.inherit and flag.env is None:
             argv += _as_argv(flag, getattr(args, flag.dest))
     return argv
+
+
+def inherited_env(args: argparse.Namespace, parent: Role, child: Role) -> dict[str, str | None]:
+    """The environment variables a `parent` launcher sets for a `child` process: each
+    inherited flag with an `env` variable, with its parsed value (None: unset it there)."""
+    return {flag.env: _none_or_text(getattr(args, flag.dest)) for flag in FLAGS
+            if flag.env is not None and parent in flag.roles and child in flag.inherit}
+
+
+def _none_or_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
 
 
 def _as_argv(flag: Flag, value: Any) -> list[str]:

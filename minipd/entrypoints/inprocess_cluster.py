@@ -2,7 +2,8 @@
 
 Router, prefill and decode instances share the event loop; the control plane still runs
 over real TCP on 127.0.0.1, and the KV moves through the loopback transport (one pool to
-another by copy), so the request lifecycle is exactly the multi-process one.
+another by copy), so the request lifecycle is exactly the multi-process one. With `secret`,
+the control plane authenticates as a multi-process cluster's does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from minipd.disagg.instance import Instance
 from minipd.engine.request_stream import RequestStream
 from minipd.router.router import Router, RouterConfig
 from minipd.engine.sampling_params import SamplingParams
+from minipd.transports.shared_secret import SharedSecret
 
 LOCALHOST = "127.0.0.1"
 
@@ -28,7 +30,8 @@ class InProcessCluster:
 
     @classmethod
     async def start(cls, config: EngineConfig = EngineConfig(), num_prefill: int = 1, num_decode: int = 1,
-                    router_config: RouterConfig = RouterConfig(), lease_s: float | None = None) -> "InProcessCluster":
+                    router_config: RouterConfig = RouterConfig(), lease_s: float | None = None,
+                    secret: SharedSecret | None = None) -> "InProcessCluster":
         hub = LoopbackHub()
         instances: list[Instance] = []
         extra = {} if lease_s is None else {"lease_s": lease_s}
@@ -36,10 +39,10 @@ class InProcessCluster:
             for role, count in ((Role.PREFILL, num_prefill), (Role.DECODE, num_decode)):
                 for i in range(count):
                     instance = await Instance.create(Engine(config), role, f"{role.value}-{i}", "loopback",
-                                                     config.model, {"hub": hub}, **extra)
+                                                     config.model, {"hub": hub}, secret=secret, **extra)
                     instances.append(instance)
                     await instance.serve(LOCALHOST, 0)
-            router = Router(instances[0].engine.tokenizer, router_config, model_name=config.model)
+            router = Router(instances[0].engine.tokenizer, router_config, model_name=config.model, secret=secret)
             for instance in instances:
                 await router.add_instance(LOCALHOST, instance.port)
         except BaseException:

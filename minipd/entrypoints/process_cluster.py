@@ -3,7 +3,10 @@
 Starts the prefill, decode and colocated instances (`minipd --role prefill|decode|both`),
 waits for each to print its READY line, starts the router pointed at them, and prints where
 to send requests. Each child's command line is derived from the flags this command parsed
-(`flags.inherited_argv`).
+(`flags.inherited_argv`); secrets go to the children through their environment
+(`flags.inherited_env`). Without `--cluster-secret`, a fresh random secret is generated for
+the cluster, so its control plane and KV links are always authenticated; `cluster_secret`
+holds it for clients in this process (`client()`).
 With `--prompt`, answers the prompts through the client API (printing tokens, TTFT, ITL
 and KV transfer figures) and shuts down; otherwise serves until Ctrl-C. Every child is
 stopped on exit (SIGTERM, then SIGKILL after a grace period).
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Coroutine
@@ -22,11 +26,13 @@ from typing import NamedTuple
 from minipd.control.role import Role
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
-from minipd.entrypoints.flags import build_parser, inherited_argv
+from minipd.entrypoints.credentials import cluster_secret_from_args
+from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
 from minipd.entrypoints.roles import demo_params, engine_config_from_args, http_config
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.client import ClusterClient
+from minipd.transports.shared_secret import SharedSecret, generate_secret_text
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +64,11 @@ class ProcessCluster:
     `start` then `stop` (also used by tests and benchmarks, through `from_argv`)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
+        self.secret_generated = getattr(args, "cluster_secret", None) is None
+        if self.secret_generated:
+            args = argparse.Namespace(**{**vars(args), "cluster_secret": generate_secret_text()})
         self.args = args
+        self.cluster_secret: SharedSecret = cluster_secret_from_args(args)
         self.children: list[Child] = []
         self.router_address: tuple[str, int] | None = None
 
@@ -92,9 +102,19 @@ class ProcessCluster:
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
 
+    async def client(self, timeout: float = 30.0) -> ClusterClient:
+        """A client of the started cluster's router, authenticated with the cluster's secret."""
+        return await ClusterClient.connect(*self.router_address, timeout=timeout, secret=self.cluster_secret)
+
     async def _spawn(self, name: str, role: Role, argv: list[str]) -> Child:
+        env = dict(os.environ)
+        for variable, value in inherited_env(self.args, Role.CLUSTER, role).items():
+            if value is None:
+                env.pop(variable, None)
+            else:
+                env[variable] = value
         process = await asyncio.create_subprocess_exec(sys.executable, "-m", "minipd", "--role", role.value, *argv,
-                                                       stdout=asyncio.subprocess.PIPE)
+                                                       stdout=asyncio.subprocess.PIPE, env=env)
         announcements: list[str] = []
         try:
             address = await asyncio.wait_for(self._wait_ready(name, process, announcements), READY_TIMEOUT_S)
@@ -141,6 +161,7 @@ class ProcessCluster:
 def prepare_cluster(args: argparse.Namespace) -> Coroutine:
     """`minipd --role cluster`: check every flag first (ValueError names it); returns the run."""
     validate_cluster_args(args)
+    cluster_secret_from_args(args)
     tokenizer = load_tokenizer_only(args.model)
     engine_config_from_args(args)
     http_config(args.http_host, args.http_port, args)
@@ -158,11 +179,15 @@ async def run_cluster(cluster: ProcessCluster, prompts: list[str], params: Sampl
         host, port = cluster.router_address
         roles = ", ".join(f"{c.name} at {c.address[0]}:{c.address[1]}" for c in cluster.children[:-1])
         print(f"cluster ready ({cluster.args.transport} KV transport): {roles}", flush=True)
-        print(f"router: {host}:{port}  (Python: await minipd.ClusterClient.connect({host!r}, {port}))", flush=True)
+        print(f"router: {host}:{port}  (Python: await minipd.ClusterClient.connect({host!r}, {port}, "
+              f"secret=os.environ['MINIPD_CLUSTER_SECRET']))", flush=True)
+        if cluster.secret_generated:
+            print("the cluster secret was generated for this run and is known only to its processes; to connect "
+                  "clients of your own, start the cluster with MINIPD_CLUSTER_SECRET set", flush=True)
         for line in cluster.child("router").announcements:
             print(line, flush=True)
         if prompts:
-            client = await ClusterClient.connect(host, port)
+            client = await cluster.client()
             try:
                 return await answer_prompts(client, prompts, params, wrap=wrap)
             finally:

@@ -19,7 +19,7 @@ from collections.abc import Coroutine
 from minipd.api.app import HttpConfig, start_api
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
-from minipd.control.channel import Channel
+from minipd.control.handshake import open_channel
 from minipd.control.messages import Register
 from minipd.control.role import Role
 from minipd.disagg.instance import Instance
@@ -27,10 +27,17 @@ from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.kv_admission import validate_ratio
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.credentials import (
+    api_key_from_args,
+    cluster_secret_from_args,
+    warn_if_exposed,
+    warn_if_open_api,
+)
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router, RouterConfig
+from minipd.transports.shared_secret import SharedSecret
 
 CONNECT_TIMEOUT_S = 60.0
 RETRY_CONNECT_S = 0.2  # how often a router retries an instance that is still loading its model
@@ -40,13 +47,17 @@ def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
     """Validate everything `role` needs (ValueError names the flag), load what must be loaded
     before serving, and return the role's coroutine."""
     if role is Role.ROUTER:
-        router = Router(load_tokenizer_only(args.model), router_config_from_args(args), model_name=args.model)
-        return run_router(router, args, http_config(args.http_host, args.http_port, args))
+        secret = cluster_secret_from_args(args)
+        http = http_config(args.http_host, args.http_port, args)
+        router = Router(load_tokenizer_only(args.model), router_config_from_args(args), model_name=args.model,
+                        secret=secret)
+        return run_router(router, args, http)
     if role is Role.CLUSTER:
         from minipd.entrypoints.process_cluster import prepare_cluster
 
         return prepare_cluster(args)
     config = engine_config_from_args(args)
+    cluster_secret_from_args(args)  # checked before the model loads
     if role is Role.BOTH:
         params = demo_params(args)
         http = http_config(args.host, args.port, args)
@@ -82,7 +93,8 @@ def http_config(host: str, port: int | None, args: argparse.Namespace) -> HttpCo
         return None
     validate_ratio(args.kv_admission_ratio)
     config = HttpConfig(host=host, port=port, max_waiting_requests=args.max_waiting_requests,
-                        header_timeout_s=args.http_header_timeout_s, body_timeout_s=args.http_body_timeout_s)
+                        header_timeout_s=args.http_header_timeout_s, body_timeout_s=args.http_body_timeout_s,
+                        api_key=api_key_from_args(args))
     config.validate()
     return config
 
@@ -99,24 +111,28 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
     --control-port is given) and, with `http`, the OpenAI API over the same engine."""
     options = {"link_gbps": args.link_gbps} if args.link_gbps else {}
     if args.transport == "tcp":
-        options["host"] = args.host
+        options.update(host=args.host, max_connections=args.max_connections)
     instance_id = args.instance_id or f"{role.value}-{os.getpid()}"
     control_port = args.port if role is not Role.BOTH else args.control_port
+    secret = cluster_secret_from_args(args)
     instance = api = None
     try:
         if control_port is None:
             await engine.start()
         else:
+            warn_if_exposed(f"{role.value} instance {instance_id}", args.host, secret)
             instance = await Instance.create(engine, role, instance_id, args.transport, args.model, options,
-                                             lease_s=args.lease_s)
+                                             lease_s=args.lease_s, secret=secret,
+                                             max_connections=args.max_connections)
             port = await instance.serve(args.host, control_port)
         if http is not None:
+            warn_if_open_api(http.host, http.api_key)
             api = await start_api(EngineBackend(engine, args.served_model_name or args.model,
                                                 kv_admission_ratio=args.kv_admission_ratio), http)
         if instance is not None:
             print(f"READY {role.value} {instance.instance_id} {args.host}:{port}", flush=True)
             if args.router is not None:
-                await _register(args.router, args.host, port)
+                await _register(args.router, role, args.host, port, secret)
         await wait_for_stop_signal()
         return 0
     except Exception as exc:
@@ -131,8 +147,8 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
             await engine.close()
 
 
-async def _register(router: tuple[str, int], host: str, port: int) -> None:
-    channel = await Channel.connect(*router, None, "register", CONNECT_TIMEOUT_S)
+async def _register(router: tuple[str, int], role: Role, host: str, port: int, secret: SharedSecret | None) -> None:
+    channel, _ = await open_channel(*router, None, "register", role, secret, CONNECT_TIMEOUT_S)
     try:
         await channel.call(Register(host=host, port=port), CONNECT_TIMEOUT_S)
     finally:
@@ -140,9 +156,10 @@ async def _register(router: tuple[str, int], host: str, port: int) -> None:
 
 
 async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig | None) -> int:
-    server = RouterControlPort(router)
+    server = RouterControlPort(router, args.max_connections)
     api = None
     try:
+        warn_if_exposed("the router", args.host, router.secret)
         deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
         for role, addresses in ((Role.PREFILL, args.prefill), (Role.DECODE, args.decode),
                                 (Role.BOTH, args.colocated)):
@@ -150,6 +167,7 @@ async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig 
                 await _add_with_retry(router, host, port, role, deadline)
         port = await server.serve(args.host, args.port)
         if http is not None:
+            warn_if_open_api(http.host, http.api_key)
             api = await start_api(RouterBackend(router, args.served_model_name or router.model_name), http)
         print(f"READY router router {args.host}:{port}", flush=True)
         await wait_for_stop_signal()

@@ -1,9 +1,12 @@
 """A Python client for a running cluster (the router's control port).
 
-    client = await ClusterClient.connect("127.0.0.1", 8100)
+    client = await ClusterClient.connect("127.0.0.1", 8100, secret=os.environ.get("MINIPD_CLUSTER_SECRET"))
     async for out in client.generate("Hello", SamplingParams(max_tokens=8)):
         print(out.text, end="")
     await client.close()
+
+A router started with a cluster secret serves only clients that prove it (`secret`); a
+request too large for the router's frame cap raises `InvalidRequestError` on `submit`.
 """
 
 from __future__ import annotations
@@ -12,13 +15,13 @@ import asyncio
 import itertools
 from typing import AsyncIterator, Sequence
 
-from minipd.control.channel import Channel
+from minipd.control.channel import Channel, FrameTooLarge
+from minipd.control.handshake import SharedSecret, open_channel
 from minipd.control.role import Role
-from minipd.control.messages import (PROTOCOL_VERSION, Abort, ClientGenerate, ClusterStats, GetStats, Hello, Message,
-                               Stats, TokenOutput, Welcome)
+from minipd.control.messages import Abort, ClientGenerate, ClusterStats, GetStats, Message, Stats, TokenOutput, Welcome
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
-from minipd.engine.sampling_params import SamplingParams
+from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 
 
 class ClusterClient:
@@ -29,9 +32,14 @@ class ClusterClient:
         self._ids = itertools.count()
 
     @classmethod
-    async def connect(cls, host: str, port: int, timeout: float = 30.0) -> "ClusterClient":
-        channel = await Channel.connect(host, port, None, f"client->{host}:{port}", timeout)
-        welcome = await channel.call(Hello(protocol_version=PROTOCOL_VERSION, role=Role.CLIENT), timeout)
+    async def connect(cls, host: str, port: int, timeout: float = 30.0,
+                      secret: SharedSecret | str | None = None) -> "ClusterClient":
+        """Connect and handshake; `secret` is the cluster secret (text or a SharedSecret) when
+        the router has one. Raises AuthenticationError when the secrets do not match."""
+        if isinstance(secret, str):
+            secret = SharedSecret.from_text(secret)
+        channel, welcome = await open_channel(host, port, None, f"client->{host}:{port}", Role.CLIENT, secret,
+                                              timeout)
         client = cls(channel, welcome)
         channel.set_handler(client._on_message)
         asyncio.get_running_loop().create_task(client._fail_when_closed())
@@ -45,8 +53,12 @@ class ClusterClient:
         stream = RequestStream(request_id, self._abort)
         self._streams[request_id] = stream
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
-        self.channel.send(ClientGenerate(request_id=request_id, prompt=text, token_ids=ids,
-                                         sampling=params or SamplingParams(), layerwise=layerwise))
+        try:
+            self.channel.send(ClientGenerate(request_id=request_id, prompt=text, token_ids=ids,
+                                             sampling=params or SamplingParams(), layerwise=layerwise))
+        except FrameTooLarge as exc:
+            del self._streams[request_id]
+            raise InvalidRequestError("prompt", f"too large to send: {exc}") from None
         return stream
 
     async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,

@@ -1,11 +1,14 @@
 """The router's control port: clients send requests here, and instances register here.
 
-Clients: `Hello(role=Role.CLIENT)`, then `ClientGenerate` (answered by a stream of `TokenOutput`
-ending with a finished one; a refused request ends at once with `error` set; the prompt is
-tokenized on a worker thread, off the loop), `Abort`, and
-`GetStats` (answered by `ClusterStats`). Instances: `Register(host, port)`; the router
-connects back, handshakes and answers `Registered` or `CallError` (e.g. a fingerprint
-mismatch, saying what differs). A client's requests are aborted when its connection drops.
+Every peer first completes the handshake (`minipd.control.handshake`; with a cluster
+secret, it must prove it). Clients (`role=Role.CLIENT`) then send `ClientGenerate`
+(answered by a stream of `TokenOutput` ending with a finished one; a refused request ends
+at once with `error` set; the prompt is tokenized on a worker thread, off the loop),
+`Abort`, and `GetStats` (answered by `ClusterStats`). Instances (an instance role) send
+`Register(host, port)`; the router connects back, handshakes (so the instance must prove the
+secret too) and answers `Registered` or `CallError` (e.g. a fingerprint mismatch, saying
+what differs). Any other message from a role is refused. A client's requests are aborted
+when its connection drops.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from __future__ import annotations
 import logging
 
 from minipd.control.channel import Channel
-from minipd.control.messages import (Abort, CallError, ClientGenerate, ClusterStats, GetStats, Hello,
+from minipd.control.handshake import AuthenticationError
+from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
+from minipd.control.messages import (Abort, CallError, ClientGenerate, ClusterStats, GetStats,
                                Message, Register, Registered, TokenOutput, Welcome)
 from minipd.control.role import Role
 from minipd.control.server import ControlServer
@@ -25,9 +30,12 @@ from minipd.engine.sampling_params import InvalidRequestError
 log = logging.getLogger(__name__)
 
 
+CLIENT_MESSAGES = (ClientGenerate, Abort, GetStats)
+
+
 class RouterControlPort(ControlServer):
-    def __init__(self, router: Router):
-        super().__init__("router")
+    def __init__(self, router: Router, max_connections: int = DEFAULT_MAX_CONNECTIONS):
+        super().__init__("router", router.secret, max_connections)
         self.router = router
         self._tokenizing: dict[str, bool] = {}  # request id -> aborted meanwhile
 
@@ -37,19 +45,30 @@ class RouterControlPort(ControlServer):
     async def abort_request(self, request_id: str) -> None:
         self.router.abort(request_id)
 
+    def welcome(self) -> Welcome:
+        return Welcome(instance_id="router", role=Role.ROUTER, fingerprint=self.router.registry.fingerprint,
+                       model_name=self.router.model_name, max_model_len=self.router.max_model_len)
+
+    def refuses_role(self, role: Role) -> str | None:
+        if role is Role.CLIENT or role.is_instance:
+            return None
+        return f"the router's port serves clients and instances, not a {role.value}"
+
+    def max_frame_bytes(self) -> int:
+        return max_frame_bytes(self.router.max_model_len)
+
     async def handle(self, channel: Channel, message: Message) -> None:
+        role = channel.peer_role
+        if isinstance(message, CLIENT_MESSAGES) and role is not Role.CLIENT:
+            self.refuse(channel, message, f"a {role.value} may not send {type(message).__name__}; only clients may")
+            return
         match message:
-            case Hello():
-                if self.refuse_hello(channel, message):
-                    return
-                channel.reply(message, Welcome(instance_id="router", role=Role.ROUTER,
-                                               fingerprint=self.router.registry.fingerprint,
-                                               model_name=self.router.model_name,
-                                               max_model_len=self.router.max_model_len))
+            case Register() if not role.is_instance:
+                self.refuse(channel, message, f"a {role.value} may not register as an instance")
             case Register():
                 try:
-                    handle = await self.router.add_instance(message.host, message.port)
-                except (IncompatibleInstance, ConnectionError, OSError, TimeoutError) as exc:
+                    handle = await self.router.add_instance(message.host, message.port, expected_role=role)
+                except (IncompatibleInstance, AuthenticationError, ConnectionError, OSError, TimeoutError) as exc:
                     log.error("refused instance at %s:%d: %s", message.host, message.port, exc)
                     channel.reply(message, CallError(message=str(exc), kind="invalid"))
                 else:

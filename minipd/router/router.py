@@ -25,8 +25,9 @@ from typing import Callable, Sequence
 import msgspec
 
 from minipd.control.channel import Channel, ChannelClosed, RemoteError
-from minipd.control.messages import PROTOCOL_VERSION, Abort, GetStats, Hello, KVLanded, Message, PeerLost, Stats
-from minipd.control.messages import TokenOutput, Welcome
+from minipd.control.handshake import SharedSecret, open_channel
+from minipd.control.limits import MAX_REQUEST_ID_CHARS
+from minipd.control.messages import Abort, GetStats, KVLanded, Message, PeerLost, Stats, TokenOutput
 from minipd.control.role import Role
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO, KVClaims, claim_blocks, claim_limit, validate_ratio
 from minipd.engine.prompt_check import prompt_token_ids
@@ -60,12 +61,14 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Router:
-    def __init__(self, tokenizer, config: RouterConfig = RouterConfig(), model_name: str = "minipd"):
+    def __init__(self, tokenizer, config: RouterConfig = RouterConfig(), model_name: str = "minipd",
+                 secret: SharedSecret | None = None):
         config.validate()
         self.tokenizer = tokenizer
         self.prompt_encoder = PromptEncoder(tokenizer)  # for callers that tokenize off the loop
         self.config = config
         self.model_name = model_name
+        self.secret = secret  # proven to every instance, and required of them and of clients
         self.registry = InstanceRegistry()
         self._requests: dict[str, RoutedRequest] = {}
         self.kv_claims = KVClaims()  # of the requests in `_requests`
@@ -82,13 +85,12 @@ class Router:
         """Connect to an instance's control port, handshake, and register it.
 
         Raises IncompatibleInstance (fingerprint mismatch, saying what differs, or another role
-        than `expected_role`), or ConnectionError/TimeoutError when it cannot be reached.
+        than `expected_role`), AuthenticationError (the instance and the router do not share
+        the cluster secret), or ConnectionError/TimeoutError when it cannot be reached.
         """
-        channel = await Channel.connect(host, port, self._on_message, f"router->{host}:{port}", timeout)
+        channel, welcome = await open_channel(host, port, self._on_message, f"router->{host}:{port}", Role.ROUTER,
+                                              self.secret, timeout)
         try:
-            welcome = await channel.call(Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER), timeout)
-            if not isinstance(welcome, Welcome):
-                raise IncompatibleInstance(f"{host}:{port} answered the handshake with {type(welcome).__name__}")
             if expected_role is not None and welcome.role is not expected_role:
                 raise IncompatibleInstance(f"{host}:{port} is a {welcome.role.value} instance, not "
                                            f"{expected_role.value}")
@@ -170,6 +172,8 @@ class Router:
         params.validate(self.vocab_size)
         token_ids = prompt_token_ids(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
         request_id = request_id or f"req-{next(self._ids)}"
+        if len(request_id) > MAX_REQUEST_ID_CHARS:
+            raise InvalidRequestError("request_id", f"longer than {MAX_REQUEST_ID_CHARS} characters")
         if request_id in self._requests:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         claim = claim_blocks(len(token_ids), params.max_tokens, self.max_model_len, self.registry.block_size)
