@@ -8,6 +8,9 @@ secret, only those that prove it), and the transport, given the same secret, tak
 from the instance a reservation names, over an authenticated link. What a router asked for
 through a connection is aborted when that connection drops, and every prefill for a decode
 instance the router reports lost (`PeerLost`) at once.
+
+Length: one class answers every role's calls, and the roles share its transport, reservations
+and connections; splitting it by role is due once those are settled.
 """
 
 from __future__ import annotations
@@ -131,9 +134,8 @@ class Instance(ControlServer):
             case PeerLost():
                 self.transport.peer_lost(message.instance_id, message.reason)
                 self._peer_ids.pop(message.instance_id, None)
-                prefills = self._prefills_to.pop(message.instance_id, set())
-                while prefills:  # their KV has nowhere to go
-                    await self.abort_request(prefills.pop())
+                for request_id in self._prefills_to.pop(message.instance_id, set()):  # no KV can go there
+                    await self.abort_request(request_id)
             case GetStats():
                 if message.settle:
                     await self.engine.wait_idle(SETTLE_TIMEOUT_S)
@@ -239,8 +241,6 @@ class Instance(ControlServer):
         self._prefills_to.setdefault(message.decode_instance, set()).add(request_id)
         try:
             peer_id = await self._peer(message.decode_instance, message.decode_description)
-            if request_id not in self._prefills_to.get(message.decode_instance, ()):  # lost meanwhile
-                raise TransferError(message.decode_instance, request_id, "the decode instance was lost")
             sender = LayerwiseKVSender(self.engine, self.transport, peer_id, request_id, message.dst_block_ids,
                                        message.num_skip_blocks, message.layerwise)
             stream = self.engine.submit_prefill(message.token_ids, message.sampling, request_id, sender)
