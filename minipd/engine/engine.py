@@ -301,11 +301,11 @@ class Engine:
     def _process(self, output: SchedulerOutput, results: list[ChunkResult], step: tuple[float, float]) -> None:
         """Advance the chunks that ran, append their sampled tokens, and fail those that failed
         (their progress stays where it was)."""
-        ran = [c for c, r in zip(output.chunks, results) if not isinstance(r, Exception)]
+        ran = [c for c, r in zip(output.chunks, results, strict=True) if not isinstance(r, Exception)]
         for chunk in ran:
             chunk.request.record_step(*step)
         self.scheduler.update_computed(SchedulerOutput(ran, output.preempted))
-        for chunk, result in zip(output.chunks, results):
+        for chunk, result in zip(output.chunks, results, strict=True):
             if isinstance(result, Exception):  # this request alone fails
                 log.error("request %s: %s", chunk.request.request_id, result)
                 self._emit(chunk.request, FinishReason.ABORT, error=str(result))
