@@ -23,9 +23,11 @@ from minipd.control.channel import Channel
 from minipd.control.messages import Register
 from minipd.control.role import Role
 from minipd.disagg.instance import Instance
+from minipd.engine.cpu_placement import available_cpus, cpus_text
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints import openmp_env
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.control_port import RouterControlPort
@@ -39,6 +41,7 @@ def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
     """Validate everything `role` needs (ValueError names the flag), load what must be loaded
     before serving, and return the role's coroutine."""
     if role is Role.ROUTER:
+        print(f"minipd router: placement: {_router_cpus(args)}, {openmp_env.describe()}", file=sys.stderr, flush=True)
         router = Router(load_tokenizer_only(args.model), router_config_from_args(args), model_name=args.model)
         return run_router(router, args, http_config(args.http_host, args.http_port, args))
     if role is Role.CLUSTER:
@@ -61,7 +64,14 @@ def load_engine(role: Role, config: EngineConfig) -> Engine:
     engine = Engine(config)
     print(f"minipd {role.value}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
           f"{engine.dtype_choice.describe()}", file=sys.stderr, flush=True)
+    print(f"minipd {role.value}: placement: {engine.placement.describe()}, {openmp_env.describe()}",
+          file=sys.stderr, flush=True)
     return engine
+
+
+def _router_cpus(args: argparse.Namespace) -> str:
+    cpus = args.cpus or available_cpus()
+    return f"{cpus_text(cpus)}{'' if args.cpus else ' (not pinned)'}, no model compute"
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
