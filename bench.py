@@ -3,6 +3,7 @@
     python bench.py engine --json engine.json
     python bench.py transport --json transport.json
     python bench.py overlap --json overlap.json
+    python bench.py neighbour --json neighbour.json
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -16,13 +17,16 @@ import importlib
 import json
 import sys
 
+from minipd.entrypoints import openmp_env
+
 # subcommand -> (module under benchmarks/ exposing add_arguments(parser), run(args) -> dict and
 # print_table(result), one-line help). Modules are imported only when chosen, so one experiment's
 # optional dependencies never stop another from running.
 EXPERIMENTS = {
-    "engine": ("benchmarks.engine_bench", "decode tokens/s: engine vs raw model loop vs transformers"),
+    "engine": ("benchmarks.engine_bench", "serving tok/s vs HF static batches, decode step vs its floor, bf16 vs fp32"),
     "transport": ("benchmarks.transport_bench", "KV transfer bandwidth of every backend vs memcpy and a raw socket"),
     "overlap": ("benchmarks.overlap_bench", "exposed KV transfer: layer-wise streaming vs send-after-prefill"),
+    "neighbour": ("benchmarks.neighbour_bench", "colocated decode ITL with a CPU-burning neighbour process"),
 }
 
 
@@ -30,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    # Idle OpenMP threads sleep, as in every minipd process; set before any experiment loads torch.
+    openmp_env.prefer_passive_waiting()
     chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if a in EXPERIMENTS), None)
     module = None
     for name, (module_name, summary) in EXPERIMENTS.items():
