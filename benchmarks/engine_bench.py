@@ -8,7 +8,8 @@
 2. Decode step at each `--decode-batches` size (see engine_decode.py): the engine's step
    time against the raw model loop (`overhead_vs_raw`, target <= 1.1) and against the
    weight-streaming floor, weight bytes / memcpy bandwidth measured next to it
-   (`ratio_to_floor`, target <= 1.5 at batch 1).
+   (`ratio_to_floor`, target <= 1.5 at batch 1); and, within the engine's own steps, its
+   CPU time over that of the forward passes it ran (`engine_vs_its_forward_cpu`).
 3. bf16 vs fp32: the engine's decode tokens/s at batch `BF16_BATCH` in both dtypes
    (`bf16_speedup`, target >= 2).
 
@@ -109,6 +110,8 @@ def _decode_row(m: dict[str, list]) -> dict:
         row[f"overhead_vs_raw{suffix}"] = _paired(m["engine"], m["raw"], clock)
         row[f"ratio_to_floor{suffix}"] = _paired(m["engine"], m["floor"], clock)
         row[f"raw_ratio_to_floor{suffix}"] = _paired(m["raw"], m["floor"], clock)
+    # What the engine adds to its own forward passes, within the same steps (CPU time).
+    row["engine_vs_its_forward_cpu"] = statistics.median(t.cpu_s / t.forward_cpu_s for t in m["engine"])
     return row
 
 
@@ -202,6 +205,8 @@ def _print_decode(result: dict) -> None:
         print(f"  {b:>5} {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} {ratios[0]:>12} {ratios[1]:>12} {ratios[2]:>11}")
     print(f"  overhead_vs_raw (worst batch) {result['overhead_vs_raw']:.3f}, by CPU time "
           f"{result['overhead_vs_raw_cpu']:.3f} {_verdict(result['overhead_vs_raw'], t['overhead_vs_raw'], False)}")
+    print("  engine CPU per step / its own forward passes' CPU: "
+          + ", ".join(f"batch {b} {d['engine_vs_its_forward_cpu']:.3f}" for b, d in result["decode"].items()))
     print(f"  ratio_to_floor (batch {result['ratio_to_floor_batch']}) {result['ratio_to_floor']:.2f}, by CPU time "
           f"{result['ratio_to_floor_cpu']:.2f} {_verdict(result['ratio_to_floor'], t['ratio_to_floor'], False)}")
 

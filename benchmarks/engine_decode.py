@@ -33,6 +33,7 @@ MEMCPY_ROUNDS = 3  # the fastest of these counts (the floor is a best case)
 class Timing(NamedTuple):
     wall_s: float
     cpu_s: float
+    forward_cpu_s: float = 0.0  # engine only: of `cpu_s`, the compute thread's time inside the model's forward
 
 
 def _now() -> Timing:
@@ -49,16 +50,35 @@ def prompts(batch: int, length: int, vocab_size: int, seed: int = 0) -> list[lis
 
 
 async def engine_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) -> Timing:
+    """Also times the model's forward passes on the compute thread, so that what the engine
+    adds around them (scheduling, inputs, sampling, streaming) is measured within the same
+    steps, free of the drift between two separate runs."""
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     first_tokens: list[Timing] = []
+    forward_cpu: list[tuple[float, float]] = []  # (end wall time, thread CPU time) of each forward
+    model_forward = engine.model.forward
+
+    def timed_forward(*args, **kwargs):
+        start = time.thread_time()
+        try:
+            return model_forward(*args, **kwargs)
+        finally:
+            forward_cpu.append((time.perf_counter(), time.thread_time() - start))
 
     async def one(prompt: list[int]) -> None:
         async for out in engine.generate(prompt, params):
             if out.num_output_tokens == len(out.token_ids):  # the increment carrying the first token
                 first_tokens.append(_now())
 
-    await asyncio.gather(*(one(p) for p in batch_prompts))
-    return _per(max(first_tokens), _now(), output_len - 1)
+    engine.model.forward = timed_forward
+    try:
+        await asyncio.gather(*(one(p) for p in batch_prompts))
+    finally:
+        del engine.model.forward  # back to the class's method
+    start, steps = max(first_tokens), output_len - 1
+    per = _per(start, _now(), steps)
+    decode_forward = sum(cpu for end, cpu in forward_cpu if end > start.wall_s)
+    return per._replace(forward_cpu_s=decode_forward / steps)
 
 
 def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) -> Timing:
