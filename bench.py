@@ -4,6 +4,7 @@
     python bench.py engine --json engine.json
     python bench.py transport --json transport.json
     python bench.py overlap --json overlap.json
+    python bench.py neighbour --json neighbour.json
     python bench.py profile --json profile.json
     python bench.py serve --url http://127.0.0.1:8000 --request-rate 1 --goodput ttft:2000 tpot:50
     python bench.py slo --json slo.json --plot slo.png
@@ -24,13 +25,16 @@ import math
 import signal
 import sys
 
+from minipd.entrypoints import openmp_env
+
 # subcommand -> (module under benchmarks/ exposing add_arguments(parser), run(args) -> dict and
 # print_table(result), one-line help). Modules are imported only when chosen, so one experiment's
 # optional dependencies never stop another from running.
 EXPERIMENTS = {
-    "engine": ("benchmarks.engine_bench", "decode tokens/s: engine vs raw model loop vs transformers"),
+    "engine": ("benchmarks.engine_bench", "serving tok/s vs HF static batches, decode step vs its floor, bf16 vs fp32"),
     "transport": ("benchmarks.transport_bench", "KV transfer bandwidth of every backend vs memcpy and a raw socket"),
     "overlap": ("benchmarks.overlap_bench", "exposed KV transfer: layer-wise streaming vs send-after-prefill"),
+    "neighbour": ("benchmarks.neighbour_bench", "colocated decode ITL with a CPU-burning neighbour process"),
     "profile": ("benchmarks.profile_bench", "prefill/decode step times fitted into a planner latency profile"),
     "serve": ("benchmarks.serve_bench", "one workload at one rate against an OpenAI endpoint: vLLM's serving summary"),
     "slo": ("benchmarks.slo_bench", "SLO attainment and goodput vs request rate: colocated vs disaggregated"),
@@ -59,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    # Idle OpenMP threads sleep, as in every minipd process; set before any experiment loads torch.
+    openmp_env.prefer_passive_waiting()
     chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if a in EXPERIMENTS), None)
     module = None
     for name, (module_name, summary) in EXPERIMENTS.items():

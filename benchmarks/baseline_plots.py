@@ -20,14 +20,33 @@ def _bars(ax, groups: list[str], series: dict[str, list[float]], ylabel: str) ->
 
 
 def plot_engine(result: dict, path: str) -> None:
-    batches = list(result["engine_tok_s"])
-    series = {"engine": [result["engine_tok_s"][b] for b in batches],
-              "raw model loop": [result["raw_tok_s"][b] for b in batches]}
-    if result["hf_tok_s"]:
-        series["transformers generate"] = [result["hf_tok_s"].get(b, 0.0) for b in batches]
+    """Left: serving tokens/s against HF static batches; right: decode step time per batch
+    against the raw model loop and the weight-streaming floor."""
+    fig, axes = subplots(2, width=5.0)
+    if "serving_tok_s" in result:
+        _bars(axes[0], ["serving"], {"minipd": [result["serving_tok_s"]],
+                                     f"HF static, batch {result['hf_batch']}": [result["hf_static_tok_s"]]},
+              "output tokens/s")
+        axes[0].set_title(f"{result['speedup_vs_hf_static']:.2f}x HF static batching", fontsize=10)
+    decode = result.get("decode", {})
+    batches = list(decode)
+    if batches:
+        _bars(axes[1], [f"batch {b}" for b in batches],
+              {"engine step": [decode[b]["engine_step_ms"] for b in batches],
+               "raw model loop": [decode[b]["raw_step_ms"] for b in batches],
+               "weight-streaming floor": [decode[b]["floor_ms"] for b in batches]}, "decode step (ms)")
+        axes[1].set_title(f"decode step, {result['dtype']}", fontsize=10)
+    fig.suptitle(f"engine: {result['model']}, {result['placement']}", fontsize=10)
+    save(fig, path)
+
+
+def plot_neighbour(result: dict, path: str) -> None:
+    """Median ITL quiet and beside a CPU-burning neighbour, per placement mode."""
+    modes = list(result["modes"])
     fig, (ax,) = subplots()
-    _bars(ax, [f"batch {b}" for b in batches], series, "decode tokens/s")
-    ax.set_title(f"engine: {result['model']}, {result['torch_threads']} thread(s)", fontsize=10)
+    _bars(ax, modes, {"quiet": [result["modes"][m]["quiet_itl_ms"] for m in modes],
+                      "with a neighbour": [result["modes"][m]["noisy_itl_ms"] for m in modes]}, "median ITL (ms)")
+    ax.set_title("colocated decode ITL beside a CPU-burning neighbour", fontsize=10)
     save(fig, path)
 
 

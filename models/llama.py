@@ -22,6 +22,7 @@ from torch import nn
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from . import prepacked_linear
 from .paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
 from .rope import RotaryEmbedding, apply_rope
 
@@ -80,16 +81,27 @@ class Attention(nn.Module):
         self.scale = d ** -0.5
         self.qkv_weight: torch.Tensor | None = None
         self.qkv_bias: torch.Tensor | None = None
+        self.packed_qkv: torch.Tensor | None = None  # see prepacked_linear.py
+        self.packed_o: torch.Tensor | None = None
 
     def fuse(self, copy_values: bool = True) -> None:
         self.qkv_weight, self.qkv_bias = _fuse_linears([self.q_proj, self.k_proj, self.v_proj], copy_values)
 
+    def prepack(self) -> None:
+        self.packed_qkv = prepacked_linear.prepack(self.qkv_weight)
+        self.packed_o = prepacked_linear.prepack(self.o_proj.weight)
+
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Projected q [T, heads, d], rotated k and v [T, kv_heads, d]."""
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(t, heads + 2 * kv_heads, d)
+        qkv = prepacked_linear.linear(x, self.qkv_weight, self.qkv_bias, self.packed_qkv)
+        qkv = qkv.view(t, heads + 2 * kv_heads, d)
         qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # q and k rotated in one go
         return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+
+    def output(self, o: torch.Tensor) -> torch.Tensor:
+        """o_proj of the attention output [T, heads * d]."""
+        return prepacked_linear.linear(o, self.o_proj.weight, None, self.packed_o)
 
 
 class MLP(nn.Module):
@@ -99,13 +111,19 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gate_up_weight: torch.Tensor | None = None
+        self.packed_gate_up: torch.Tensor | None = None  # see prepacked_linear.py
+        self.packed_down: torch.Tensor | None = None
 
     def fuse(self, copy_values: bool = True) -> None:
         self.gate_up_weight, _ = _fuse_linears([self.gate_proj, self.up_proj], copy_values)
 
+    def prepack(self) -> None:
+        self.packed_gate_up = prepacked_linear.prepack(self.gate_up_weight)
+        self.packed_down = prepacked_linear.prepack(self.down_proj.weight)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = prepacked_linear.linear(x, self.gate_up_weight, None, self.packed_gate_up).chunk(2, dim=-1)
+        return prepacked_linear.linear(F.silu(gate) * up, self.down_proj.weight, None, self.packed_down)
 
 
 class DecoderLayer(nn.Module):
@@ -147,10 +165,21 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fuse(copy_values=initialize)
             layer.mlp.fuse(copy_values=initialize)
+        self.packed_lm_head: torch.Tensor | None = None
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
+
+    def prepack(self) -> bool:
+        """Pack every linear weight for the CPU's bf16 matmuls (see prepacked_linear.py); call
+        it once the weights are loaded, and again whenever they change. Returns whether any
+        weight was packed (False for other dtypes and devices, which need nothing)."""
+        for layer in self.model.layers:
+            layer.self_attn.prepack()
+            layer.mlp.prepack()
+        self.packed_lm_head = prepacked_linear.prepack(self.lm_head_weight)
+        return self.packed_lm_head is not None
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
@@ -171,10 +200,10 @@ class LlamaForCausalLM(nn.Module):
             if layer_hook is not None:
                 layer_hook(i)
             o = paged_attention(q, kv_pool[i], meta, buffers, attn.scale)
-            x = residual + attn.o_proj(o.flatten(1))
+            x = residual + attn.output(o.flatten(1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.model.norm(x[logits_indices])
-        return F.linear(x, self.lm_head_weight).float()
+        return prepacked_linear.linear(x, self.lm_head_weight, None, self.packed_lm_head).float()
 
     @torch.inference_mode()
     def forward_reference(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -185,9 +214,9 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             attn = layer.self_attn
             q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
-            x = x + attn.o_proj(causal_attention(q, k, v, attn.scale).flatten(1))
+            x = x + attn.output(causal_attention(q, k, v, attn.scale).flatten(1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return F.linear(self.model.norm(x), self.lm_head_weight).float()
+        return prepacked_linear.linear(self.model.norm(x), self.lm_head_weight, None, self.packed_lm_head).float()
 
 
 def init_random_weights(model: LlamaForCausalLM, seed: int) -> None:

@@ -25,15 +25,24 @@ class PrefillSpan(NamedTuple):
     mask: torch.Tensor | None  # [query_len, context_len] bool; None means plain causal
 
 
+class DecodeGroup(NamedTuple):
+    """Decode tokens [start, start + count) of the step, whose contexts are gathered side by
+    side, each padded to `max_blocks` blocks (the group's longest)."""
+
+    start: int
+    count: int
+    block_table: torch.Tensor  # [count * max_blocks] int64, padded with any valid id
+    max_blocks: int
+    mask: torch.Tensor | None  # [count, 1, 1, max_blocks * block_size] bool; None: no padding to hide
+
+
 class AttentionMetadata(NamedTuple):
     """Where a step's new K/V go and what each query attends to."""
 
     slot_blocks: torch.Tensor  # [T] int64: block id for each token's new K/V
     slot_offsets: torch.Tensor  # [T] int64: offset inside that block
     num_decodes: int  # the first num_decodes tokens are single-token decode steps
-    decode_block_table: torch.Tensor  # [num_decodes * decode_max_blocks] int64, padded with any valid id
-    decode_max_blocks: int
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, decode_max_blocks * block_size] bool
+    decode_groups: tuple[DecodeGroup, ...]  # covering the decode tokens in order
     prefills: tuple[PrefillSpan, ...]
 
 
@@ -70,18 +79,18 @@ def paged_attention(q: torch.Tensor, layer_kv: torch.Tensor, meta: AttentionMeta
     The step's own K/V must already be written (see `write_kv`).
     """
     out = torch.empty_like(q)
-    num_decodes = meta.num_decodes
-    if num_decodes:
-        _, _, block_size, kv_heads, head_dim = layer_kv.shape
-        k_buf, v_buf = buffers.get(meta.decode_block_table.numel())
-        torch.index_select(layer_kv[:, 0], 0, meta.decode_block_table, out=k_buf)
-        torch.index_select(layer_kv[:, 1], 0, meta.decode_block_table, out=v_buf)
-        seq_len = meta.decode_max_blocks * block_size
-        k = k_buf.view(num_decodes, seq_len, kv_heads, head_dim).transpose(1, 2)
-        v = v_buf.view(num_decodes, seq_len, kv_heads, head_dim).transpose(1, 2)
-        qd = q[:num_decodes].unsqueeze(2)  # [D, heads, 1, head_dim]
-        od = F.scaled_dot_product_attention(qd, k, v, attn_mask=meta.decode_mask, scale=scale, enable_gqa=True)
-        out[:num_decodes] = od.squeeze(2)
+    _, _, block_size, kv_heads, head_dim = layer_kv.shape
+    for group in meta.decode_groups:  # one after another, so they share the gather buffers
+        n, end = group.count, group.start + group.count
+        k_buf, v_buf = buffers.get(group.block_table.numel())
+        torch.index_select(layer_kv[:, 0], 0, group.block_table, out=k_buf)
+        torch.index_select(layer_kv[:, 1], 0, group.block_table, out=v_buf)
+        seq_len = group.max_blocks * block_size
+        k = k_buf.view(n, seq_len, kv_heads, head_dim).transpose(1, 2)
+        v = v_buf.view(n, seq_len, kv_heads, head_dim).transpose(1, 2)
+        qd = q[group.start:end].unsqueeze(2)  # [n, heads, 1, head_dim]
+        od = F.scaled_dot_product_attention(qd, k, v, attn_mask=group.mask, scale=scale, enable_gqa=True)
+        out[group.start:end] = od.squeeze(2)
     for span in meta.prefills:
         end = span.query_start + span.query_len
         kv = layer_kv[span.block_ids]  # [blocks, 2, block_size, kv_heads, head_dim]

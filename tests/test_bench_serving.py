@@ -106,7 +106,6 @@ def test_crossover_gives_measured_and_modelled_curves(tmp_path):
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("experiment, fields", [
-    ("engine", ("overhead_vs_raw", "speedup_vs_hf")),
     ("transport", ("memcpy_gbps", "raw_socket_gbps")),
     ("overlap", ("ideal_hidden_fraction",)),
 ])

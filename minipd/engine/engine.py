@@ -23,7 +23,7 @@ from typing import AsyncIterator, Callable, Sequence
 import msgspec
 import torch
 
-from minipd.engine import kv_sink
+from minipd.engine import cpu_placement, kv_sink
 from minipd.engine.block_manager import BlockManager, BlockUsage
 from minipd.engine.detokenizer import Detokenizer
 from minipd.engine.dtype_choice import AUTO, DTYPE_CHOICES, resolve_dtype
@@ -54,6 +54,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_num_batched_tokens: int = 512
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
+    # The compute thread's OpenMP team size and cores (see cpu_placement.py). None: one core
+    # of the CPU set left to the event loop, not pinned; without cpu_placement, torch's choice.
+    torch_threads: int | None = None
+    cpus: tuple[int, ...] | None = None
+    cpu_placement: bool = True
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
@@ -70,6 +75,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype: unknown {self.dtype!r}; choose one of {list(DTYPE_CHOICES)}")
+        cpu_placement.resolve(self.torch_threads, self.cpus, self.cpu_placement)
 
 
 class EngineStats(msgspec.Struct):
@@ -91,9 +97,11 @@ class Engine:
         self.dtype = parse_dtype(config.dtype)
         # Every parallel torch op runs on this one thread, loading included: once a second
         # thread has run one, OpenMP keeps two thread teams and the forward pass slows down
-        # about 2x on a small machine.
+        # about 2x on a small machine. Its placement is applied before its first torch op.
+        self.placement = cpu_placement.resolve(config.torch_threads, config.cpus, config.cpu_placement)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minipd-compute")
         try:
+            self.run_on_compute_thread(cpu_placement.apply, self.placement)
             self.model, self.tokenizer = self.run_on_compute_thread(load_model, config.model, self.device, self.dtype)
             self.model_config = self.model.config
             if config.max_model_len > self.model_config.max_position_embeddings:

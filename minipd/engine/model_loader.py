@@ -34,8 +34,15 @@ def _unknown(name_or_path: str) -> ValueError:
 
 
 def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype) -> tuple[LlamaForCausalLM, Tokenizer]:
-    """Return (model, tokenizer). Presets get seeded random weights and the byte tokenizer;
+    """Return (model, tokenizer), the weights packed for the device's matmuls where that helps
+    (`LlamaForCausalLM.prepack`). Presets get seeded random weights and the byte tokenizer;
     GGUF weights are dequantized to `dtype` (served dense)."""
+    model, tokenizer = _load(name_or_path, device, dtype)
+    model.prepack()
+    return model, tokenizer
+
+
+def _load(name_or_path: str, device: torch.device, dtype: torch.dtype) -> tuple[LlamaForCausalLM, Tokenizer]:
     if name_or_path in PRESETS:
         model = LlamaForCausalLM(preset_config(name_or_path), device=device, dtype=dtype)
         init_random_weights(model, PRESET_SEED)

@@ -12,8 +12,9 @@ from typing import Callable, Sequence
 import torch
 
 from minipd.models.llama import LayerHook, LlamaForCausalLM
-from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, PrefillSpan
+from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan
 
+from minipd.engine.decode_groups import split_by_length
 from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
 
@@ -64,7 +65,7 @@ class ModelRunner:
         return results
 
     def _run(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None) -> list[ChunkResult]:
-        ordered = sorted(range(len(chunks)), key=lambda i: chunks[i].num_new_tokens != 1)  # decodes first
+        ordered = sorted(range(len(chunks)), key=lambda i: _step_order(chunks[i]))
         input_ids, positions, meta, logit_rows = self._prepare([chunks[i] for i in ordered])
         logits_indices = [row for i, row in zip(ordered, logit_rows) if chunks[i].samples]
         sampled_order = [i for i in ordered if chunks[i].samples]
@@ -107,19 +108,31 @@ class ModelRunner:
 
     def _metadata(self, slot_blocks, slot_offsets, decode_tables, decode_lens, prefill_specs) -> AttentionMetadata:
         as_tensor = _long_tensor_factory(self.device)
-        num_decodes = len(decode_tables)
-        max_blocks = max((len(t) for t in decode_tables), default=0)
-        flat_table = [b for t in decode_tables for b in t + [t[0]] * (max_blocks - len(t))]
-        decode_mask = None
-        if num_decodes:
-            key_pos = torch.arange(max_blocks * self.block_size, device=self.device)
-            decode_mask = (key_pos[None, :] < as_tensor(decode_lens)[:, None]).view(num_decodes, 1, 1, -1)
+        groups = tuple(self._decode_group(start, decode_tables[start:end], decode_lens[start:end])
+                       for start, end in split_by_length([len(t) for t in decode_tables]))
         prefills = tuple(
             PrefillSpan(q_start, q_len, ctx_len, as_tensor(blocks), _chunk_mask(q_len, ctx_len, self.device))
             for q_start, q_len, ctx_len, blocks in prefill_specs
         )
-        return AttentionMetadata(as_tensor(slot_blocks), as_tensor(slot_offsets), num_decodes,
-                                 as_tensor(flat_table), max_blocks, decode_mask, prefills)
+        return AttentionMetadata(as_tensor(slot_blocks), as_tensor(slot_offsets), len(decode_tables), groups, prefills)
+
+    def _decode_group(self, start: int, tables: list[list[int]], lens: list[int]) -> DecodeGroup:
+        """Decodes [start, start + len(tables)), sorted by context length (the last is the longest)."""
+        max_blocks = len(tables[-1])
+        flat_table = [b for t in tables for b in t + [t[0]] * (max_blocks - len(t))]
+        mask = None
+        if any(n != max_blocks * self.block_size for n in lens):
+            key_pos = torch.arange(max_blocks * self.block_size, device=self.device)
+            lengths = _long_tensor_factory(self.device)(lens)
+            mask = (key_pos[None, :] < lengths[:, None]).view(len(tables), 1, 1, -1)
+        return DecodeGroup(start, len(tables), _long_tensor_factory(self.device)(flat_table), max_blocks, mask)
+
+
+def _step_order(chunk: ScheduledChunk) -> tuple[bool, int]:
+    """Decodes first, shortest context first (so similar lengths can attend together, see
+    decode_groups.py); prefill chunks after them, in their order (the sort is stable)."""
+    is_decode = chunk.num_new_tokens == 1
+    return not is_decode, chunk.request.num_computed_tokens if is_decode else 0
 
 
 def _chunk_mask(query_len: int, context_len: int, device: torch.device) -> torch.Tensor | None:

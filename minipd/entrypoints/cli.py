@@ -4,6 +4,9 @@
 Every flag is checked before anything starts: a bad value exits with status 2 and a message
 naming the flag. Then the role's runner (`roles.py`, or `process_cluster.py` for the launcher)
 serves until SIGINT or SIGTERM, or answers `--prompt`s and exits.
+
+OpenMP's idle policy must be in the environment before torch loads (see `openmp_env.py`),
+so this module imports nothing that loads torch until `main` has set it.
 """
 
 from __future__ import annotations
@@ -13,16 +16,20 @@ import asyncio
 import logging
 import sys
 
-from minipd.control.role import Role
-from minipd.entrypoints.flags import COMMAND_ROLES, build_parser
-from minipd.planner.__main__ import COMMANDS as PLANNER_COMMANDS
+from minipd.entrypoints import openmp_env
+from minipd.planner.__main__ import COMMANDS as PLANNER_COMMANDS  # imports no torch
+
+NO_CPU_PLACEMENT = "--no-cpu-placement"
 
 
-def _role_of(argv: list[str]) -> Role | None:
+def _pre_parse(argv: list[str]) -> argparse.Namespace:
+    """The two flags needed before the full parser can be built: the role (checked later)
+    and whether CPU placement is off."""
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--role", choices=[r.value for r in COMMAND_ROLES])
+    pre.add_argument("--role")
+    pre.add_argument(NO_CPU_PLACEMENT, dest="cpu_placement", action="store_false")
     known, _ = pre.parse_known_args(argv)
-    return None if known.role is None else Role(known.role)
+    return known
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,18 +38,26 @@ def main(argv: list[str] | None = None) -> int:
         from minipd.planner.__main__ import main as planner_main
 
         return planner_main(argv)
-    try:
-        role = _role_of(argv)
-    except SystemExit as exc:  # an unknown role: show the full usage
+    early = _pre_parse(argv)
+    if early.cpu_placement:
+        openmp_env.prefer_passive_waiting()  # before the imports below load torch
+    from minipd.control.role import Role
+    from minipd.engine.cpu_placement import check_cpus, pin_process
+    from minipd.entrypoints.flags import COMMAND_ROLES, build_parser
+
+    if early.role not in [r.value for r in COMMAND_ROLES]:  # none or unknown: the full usage says why
         build_parser(None).parse_args(argv)
-        return int(exc.code or 2)
+        return 2
+    role = Role(early.role)
     parser = build_parser(role)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if getattr(args, "torch_threads", None):
-        import torch
-
-        torch.set_num_threads(args.torch_threads)
+    if args.cpus is not None:
+        try:
+            check_cpus(args.cpus)
+        except ValueError as exc:
+            parser.error(str(exc))
+        pin_process(args.cpus)  # every thread of this process, event loop included
     try:
         import uvloop
     except ImportError:  # uvloop is a dependency, but a plain asyncio loop works too

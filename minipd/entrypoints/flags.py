@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from minipd.api.app import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.disagg.instance import DEFAULT_LEASE_S
+from minipd.engine.cpu_placement import format_cpu_list, parse_cpu_list
 from minipd.engine.engine import EngineConfig
 from minipd.engine.dtype_choice import DTYPE_CHOICES
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
@@ -64,6 +65,13 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _cpu_list(text: str) -> tuple[int, ...]:
+    try:
+        return parse_cpu_list(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("cpus: ")) from None
+
+
 class Flag(NamedTuple):
     name: str
     roles: frozenset[Role]  # the roles whose parser has this flag
@@ -71,18 +79,19 @@ class Flag(NamedTuple):
     options: dict[str, Any]  # argparse keyword arguments
     inherit: frozenset[Role] = frozenset()  # child roles a launcher passes the parsed value on to
     env: str | None = None  # the environment variable giving its default, and carrying it to children
+    text: Callable[[Any], str] | None = None  # writes a parsed value back as it is typed
 
     @property
     def dest(self) -> str:
         return self.options.get("dest", self.name.lstrip("-").replace("-", "_"))
 
 
-def _flag(name: str, roles, group: str, inherit=(), env: str | None = None, **options) -> Flag:
-    return Flag(name, frozenset(roles), group, options, frozenset(inherit), env)
+def _flag(name: str, roles, group: str, inherit=(), text=None, env: str | None = None, **options) -> Flag:
+    return Flag(name, frozenset(roles), group, options, frozenset(inherit), env, text)
 
 
-PROCESS, SECURITY, MODEL, SCHEDULER, INSTANCE, ROUTER, POLICY, HTTP, CLUSTER, DEMO = (
-    "process", "security (README: Security)", "model and KV cache", "scheduler",
+PROCESS, SECURITY, PLACEMENT, MODEL, SCHEDULER, INSTANCE, ROUTER, POLICY, HTTP, CLUSTER, DEMO = (
+    "process", "security (README: Security)", "CPU placement", "model and KV cache", "scheduler",
     "instance (control plane and KV transport)", "router", "routing policy", "OpenAI-compatible HTTP API",
     "local cluster", "prompts in, tokens and latencies out")
 NETWORKED = frozenset({*INSTANCE_ROLES, Role.ROUTER, Role.CLUSTER})
@@ -112,6 +121,17 @@ FLAGS: tuple[Flag, ...] = (
     _flag("--max-connections", NETWORKED, SECURITY, EVERY_CHILD, type=int, default=DEFAULT_MAX_CONNECTIONS,
           help="concurrent connections per listener (control port, tcp KV port, the router's client port); "
                "connections that have not authenticated give way to new ones (default: %(default)s)"),
+    # ---- CPU placement (see minipd/engine/cpu_placement.py); a launcher derives each child's share
+    _flag("--cpus", ALL, PLACEMENT, EVERY_CHILD, format_cpu_list, type=_cpu_list, default=None, metavar="LIST",
+          help="the cores this process runs on, in taskset's syntax (0-3,6); `cluster` divides them among its "
+               "instances and leaves one to the router when there are enough (default: every core this process "
+               "may use, not pinned)"),
+    _flag("--torch-threads", ENGINE_ROLES, PLACEMENT, INSTANCES, type=int, default=None,
+          help="torch (OpenMP) threads of each engine's compute thread (default: one less than its cores, at "
+               "least 1, leaving a core to the event loop; `cluster` gives each instance its share)"),
+    _flag("--no-cpu-placement", ALL, PLACEMENT, EVERY_CHILD, dest="cpu_placement", action="store_false",
+          help="leave thread counts, cores and OpenMP's idle spinning to torch's defaults (for comparison); "
+               "--cpus and --torch-threads still apply"),
     # ---- model and scheduler: every role that runs an engine
     _flag("--model", {*ENGINE_ROLES, Role.ROUTER}, MODEL, EVERY_CHILD, default=_ENGINE.model, help=MODEL_HELP),
     _flag("--device", ENGINE_ROLES, MODEL, INSTANCES, default=_ENGINE.device,
@@ -135,8 +155,6 @@ FLAGS: tuple[Flag, ...] = (
           action="store_false", help="run each prompt's prefill in one step instead of budget-sized chunks"),
     _flag("--no-prefix-caching", ENGINE_ROLES, SCHEDULER, INSTANCES, dest="enable_prefix_caching",
           action="store_false", help="do not reuse the KV of full blocks shared with earlier prompts"),
-    _flag("--torch-threads", ENGINE_ROLES, SCHEDULER, INSTANCES, type=int, default=None,
-          help="torch intra-op threads of each engine's compute thread (default: torch's choice)"),
     # ---- instances
     _flag("--port", {Role.PREFILL, Role.DECODE}, INSTANCE, type=int, default=0,
           help="control port; 0 picks a free one, announced on the READY line (default: 0)"),
@@ -273,7 +291,8 @@ def _as_argv(flag: Flag, value: Any) -> list[str]:
     if value is None:
         return []
     values = value if action == "append" else [value]
-    return [item for v in values for item in (flag.name, _text(v))]
+    text = flag.text or _text
+    return [item for v in values for item in (flag.name, text(v))]
 
 
 def _text(value: Any) -> str:

@@ -3,10 +3,12 @@
 Starts the prefill, decode and colocated instances (`minipd --role prefill|decode|both`),
 waits for each to print its READY line, starts the router pointed at them, and prints where
 to send requests. Each child's command line is derived from the flags this command parsed
-(`flags.inherited_argv`); secrets go to the children through their environment
-(`flags.inherited_env`). Without `--cluster-secret`, a fresh random secret is generated for
-the cluster, so its control plane and KV links are always authenticated; `cluster_secret`
-holds it for clients in this process (`client()`).
+(`flags.inherited_argv`), with its own share of the cores (`cpu_plan.py`: `--cpus`,
+`--torch-threads`) and passive OpenMP waiting in its environment (`openmp_env.py`); secrets
+go to the children through their environment (`flags.inherited_env`). Without
+`--cluster-secret`, a fresh random secret is generated for the cluster, so its control plane
+and KV links are always authenticated; `cluster_secret` holds it for clients in this process
+(`client()`).
 With `--prompt`, answers the prompts through the client API (printing tokens, TTFT, ITL
 and KV transfer figures) and shuts down; otherwise serves until Ctrl-C. Every child is
 stopped on exit (SIGTERM, then SIGKILL after a grace period).
@@ -26,8 +28,10 @@ from typing import NamedTuple
 from minipd.control.role import Role
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.cpu_plan import ROUTER, plan_cluster
 from minipd.entrypoints.credentials import cluster_secret_from_args
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
+from minipd.entrypoints.openmp_env import passive_env
 from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
 from minipd.entrypoints.roles import demo_params, engine_config_from_args, http_config
 from minipd.entrypoints.signals import wait_for_stop_signal
@@ -71,6 +75,8 @@ class ProcessCluster:
         self.cluster_secret: SharedSecret = cluster_secret_from_args(args)
         self.children: list[Child] = []
         self.router_address: tuple[str, int] | None = None
+        self.placement = plan_cluster([name for name, _ in self._instances()], args.cpus, args.torch_threads,
+                                      args.cpu_placement)
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> "ProcessCluster":
@@ -79,25 +85,38 @@ class ProcessCluster:
         validate_cluster_args(args)
         return cls(args)
 
-    async def start(self) -> None:
+    def _instances(self) -> list[tuple[str, Role]]:
         args = self.args
-        instances = ([(Role.PREFILL, i) for i in range(args.num_prefill)]
-                     + [(Role.DECODE, i) for i in range(args.num_decode)]
-                     + [(Role.BOTH, i) for i in range(args.num_colocated)])
+        return ([(f"{_NAMES[Role.PREFILL]}-{i}", Role.PREFILL) for i in range(args.num_prefill)]
+                + [(f"{_NAMES[Role.DECODE]}-{i}", Role.DECODE) for i in range(args.num_decode)]
+                + [(f"{_NAMES[Role.BOTH]}-{i}", Role.BOTH) for i in range(args.num_colocated)])
+
+    def _child_argv(self, name: str, role: Role) -> list[str]:
+        """The flags `role` inherits, with this child's share of the cores in place of the
+        launcher's own `--cpus` and `--torch-threads`."""
+        share = self.placement[name]
+        args = argparse.Namespace(**{**vars(self.args), "cpus": share.cpus, "torch_threads": share.torch_threads})
+        return inherited_argv(args, Role.CLUSTER, role)
+
+    async def start(self) -> None:
+        instances = self._instances()
         try:
-            await asyncio.gather(*(self._spawn(f"{_NAMES[role]}-{i}", role, [
-                "--instance-id", f"{_NAMES[role]}-{i}", _CONTROL_PORT_FLAG[role], "0",
-                *inherited_argv(args, Role.CLUSTER, role)]) for role, i in instances))
-            order = [f"{_NAMES[role]}-{i}" for role, i in instances]
+            await asyncio.gather(*(self._spawn(name, role, [
+                "--instance-id", name, _CONTROL_PORT_FLAG[role], "0", *self._child_argv(name, role)])
+                for name, role in instances))
+            order = [name for name, _ in instances]
             self.children.sort(key=lambda c: order.index(c.name))  # as listed, however they came up
             addresses = [item for child in self.children
                          for item in (_ROUTER_FLAG[child.role], f"{child.address[0]}:{child.address[1]}")]
-            router = await self._spawn("router", Role.ROUTER, [*inherited_argv(args, Role.CLUSTER, Role.ROUTER),
-                                                                *addresses])
+            router = await self._spawn(ROUTER, Role.ROUTER, [*self._child_argv(ROUTER, Role.ROUTER), *addresses])
         except BaseException:
             await self.stop()
             raise
         self.router_address = router.address
+
+    def placement_lines(self) -> list[str]:
+        """One line per process: its threads and cores."""
+        return [f"placement: {name}: {share.describe()}" for name, share in self.placement.items()]
 
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
@@ -108,6 +127,8 @@ class ProcessCluster:
 
     async def _spawn(self, name: str, role: Role, argv: list[str]) -> Child:
         env = dict(os.environ)
+        if self.args.cpu_placement:
+            env = passive_env(env)  # read when torch loads
         for variable, value in inherited_env(self.args, Role.CLUSTER, role).items():
             if value is None:
                 env.pop(variable, None)
@@ -175,6 +196,8 @@ async def run_cluster(cluster: ProcessCluster, prompts: list[str], params: Sampl
     first, when given) or serve until Ctrl-C, then stop every process."""
     stop = asyncio.create_task(wait_for_stop_signal())
     try:
+        for line in cluster.placement_lines():
+            print(line, flush=True)
         await cluster.start()
         host, port = cluster.router_address
         roles = ", ".join(f"{c.name} at {c.address[0]}:{c.address[1]}" for c in cluster.children[:-1])

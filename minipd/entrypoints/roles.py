@@ -23,10 +23,12 @@ from minipd.control.handshake import open_channel
 from minipd.control.messages import Register
 from minipd.control.role import Role
 from minipd.disagg.instance import Instance
+from minipd.engine.cpu_placement import available_cpus, cpus_text
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.kv_admission import validate_ratio
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints import openmp_env
 from minipd.entrypoints.credentials import (
     api_key_from_args,
     cluster_secret_from_args,
@@ -49,6 +51,7 @@ def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
     if role is Role.ROUTER:
         secret = cluster_secret_from_args(args)
         http = http_config(args.http_host, args.http_port, args)
+        print(f"minipd router: placement: {_router_cpus(args)}, {openmp_env.describe()}", file=sys.stderr, flush=True)
         router = Router(load_tokenizer_only(args.model), router_config_from_args(args), model_name=args.model,
                         secret=secret)
         return run_router(router, args, http)
@@ -73,7 +76,14 @@ def load_engine(role: Role, config: EngineConfig) -> Engine:
     engine = Engine(config)
     print(f"minipd {role.value}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
           f"{engine.dtype_choice.describe()}", file=sys.stderr, flush=True)
+    print(f"minipd {role.value}: placement: {engine.placement.describe()}, {openmp_env.describe()}",
+          file=sys.stderr, flush=True)
     return engine
+
+
+def _router_cpus(args: argparse.Namespace) -> str:
+    cpus = args.cpus or available_cpus()
+    return f"{cpus_text(cpus)}{'' if args.cpus else ' (not pinned)'}, no model compute"
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
