@@ -34,7 +34,10 @@ class Measured(NamedTuple):
         return percentile([r.ttft_s * MS_PER_S for r in self.records if r.success], 90)
 
     def p90_itl_ms(self) -> float:
-        return percentile([gap * MS_PER_S for r in self.records if r.success for gap in r.itl_s], 90)
+        return self.itl_percentile_ms(90)
+
+    def itl_percentile_ms(self, p: float) -> float:
+        return percentile([gap * MS_PER_S for r in self.records if r.success for gap in r.itl_s], p)
 
 
 def measure(urls: Sequence[str], specs: Sequence[RequestSpec], builder: PromptBuilder, run_tag: str,

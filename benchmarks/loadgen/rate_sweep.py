@@ -37,6 +37,7 @@ class SweepResult(NamedTuple):
                 "attainment": {name: [p.measured.attainment(slo) for p in points] for name, slo in slos.items()},
                 "p90_ttft_ms": [p.measured.p90_ttft_ms() for p in points],
                 "p90_itl_ms": [p.measured.p90_itl_ms() for p in points],
+                "p99_itl_ms": [p.measured.itl_percentile_ms(99) for p in points],
                 "num_requests": [len(p.measured.records) for p in points],
                 "num_failed": [p.measured.summary.failed for p in points],
                 "duration_s": [p.measured.summary.duration_s for p in points],
