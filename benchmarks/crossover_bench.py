@@ -31,7 +31,7 @@ from benchmarks.loadgen import options
 from benchmarks.loadgen.crossover_model import measured_crossover_gbps, model_crossover_gbps, model_interference_s
 from benchmarks.loadgen.crossover_runs import BACKGROUND_PROMPT_LEN, ExtraTtft, Link, extra_ttft, interference
 from benchmarks.loadgen.deployments import ServerOptions, start_colocated, start_disaggregated
-from benchmarks.loadgen.host_load import ForeignCpu
+from benchmarks.loadgen.host_load import ForeignCpu, QuietGuard
 from benchmarks.loadgen.model_facts import num_layers
 from benchmarks.loadgen.netns import ShapedLink, unavailable_reason
 from benchmarks.loadgen.netns_cluster import start_netns_cluster
@@ -85,19 +85,21 @@ def _measure_links(args: argparse.Namespace, builder, server: ServerOptions, ban
                    base_url: str, method: str) -> ExtraTtft:
     """Extra TTFT per bandwidth against the unlimited `base_url`, by `method`."""
     timeout = args.request_timeout_s
+    guard = QuietGuard(args.max_foreign_cpu, args.quiet_wait_s, args.max_reruns)
     if method == "netns":  # one cluster across a tc-shaped veth, reshaped before each probe
         with ShapedLink() as link, Processes() as processes:
             url = start_netns_cluster(processes, link, server).urls[0]
             links = [Link(g, url, lambda g=g: link.set_rate(g)) for g in bandwidths]
             return asyncio.run(extra_ttft(Link(None, url, link.unshape), links, args.prompt_lens, args.repeats,
-                                          builder, "netns", timeout))
+                                          builder, "netns", timeout, guard))
     merged: dict[float, list[float]] = {}
     baselines, kv = [], []
     for g in bandwidths:  # the token bucket is set at start: one cluster per bandwidth, beside the unlimited one
         with Processes() as processes:
             url = start_disaggregated(processes, server, link_gbps=g).urls[0]
             measured = asyncio.run(extra_ttft(Link(None, base_url, lambda: None), [Link(g, url, lambda: None)],
-                                              args.prompt_lens, args.repeats, builder, f"bucket-{g:g}", timeout))
+                                              args.prompt_lens, args.repeats, builder, f"bucket-{g:g}", timeout,
+                                              guard))
         merged[g] = measured.extra_s[g]
         baselines.append(measured.baseline_ttft_s)
         kv.append(measured.kv_bytes)
@@ -119,7 +121,8 @@ def run(args: argparse.Namespace) -> dict:
         colocated = start_colocated(references, server, 1, "separate").urls[0]
         unlimited = start_disaggregated(references, server).urls[0]
         coloc = asyncio.run(interference(colocated, args.prompt_lens, args.repeats, builder, args.background_tokens,
-                                         args.request_timeout_s))
+                                         args.request_timeout_s,
+                                         QuietGuard(args.max_foreign_cpu, args.quiet_wait_s, args.max_reruns)))
         links = _measure_links(args, builder, server, bandwidths, unlimited, method)
     result = {"model": args.model, "num_layers": layers, "torch_threads": args.torch_threads,
               "chunk_tokens": args.max_num_batched_tokens, "repeats": args.repeats, "link_gbps": bandwidths,

@@ -42,6 +42,7 @@ class SweepResult(NamedTuple):
                 "num_failed": [p.measured.summary.failed for p in points],
                 "duration_s": [p.measured.summary.duration_s for p in points],
                 "foreign_cpu": [p.measured.foreign_cpu for p in points],
+                "reruns": [p.measured.reruns for p in points],
                 "goodput_rps": dict(self.goodput),
                 "goodput_bracket": {name: list(b) for name, b in self.goodput_bracket.items()},
                 "goodput_flags": dict(self.goodput_flags)}
