@@ -35,7 +35,7 @@ from benchmarks.loadgen.rate_sweep import DEFAULT_STOP_BELOW, ratio, sweep_rates
 from minipd.workload import LengthDist
 
 MODES = ("colocated", "disaggregated")
-DEFAULT_RATES = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
+DEFAULT_RATES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2, 1.5)
 DEFAULT_ITL_TIGHT = ["ttft:5000", "tpot:50"]
 DEFAULT_TTFT_TIGHT = ["ttft:1500", "tpot:250"]
 DEFAULT_DURATION_S = 40.0

@@ -12,7 +12,7 @@ from .host_load import QuietGuard
 from .prompts import PromptBuilder
 from .records import RequestRecord
 from .runner import RunnerConfig, RunResult, run_workload
-from .slo import SLO, attainment
+from .slo import SLO, attainment, num_good
 from .stats import RunSummary, percentile, summarize
 
 MS_PER_S = 1e3
@@ -30,6 +30,10 @@ class Measured(NamedTuple):
 
     def attainment(self, slo: SLO) -> float:
         return attainment(self.records, slo)
+
+    def good_per_s(self, slo: SLO) -> float:
+        """Requests that met `slo` per second of the run (vLLM's request goodput)."""
+        return num_good(self.records, slo) / self.result.duration_s if self.result.duration_s > 0 else 0.0
 
     def p90_ttft_ms(self) -> float:
         return percentile([r.ttft_s * MS_PER_S for r in self.records if r.success], 90)

@@ -31,10 +31,12 @@ class SweepResult(NamedTuple):
     goodput_flags: dict[str, str]  # "below range" / "above range" where the sweep did not bracket it
 
     def as_json(self, slos: dict[str, SLO]) -> dict:
-        """`rates`, `attainment` (per SLO), `p90_ttft_ms`, `p90_itl_ms`, `goodput_rps` (per SLO)."""
+        """`rates`, `attainment` and `good_rps` (per SLO), `p90_ttft_ms`, `p90_itl_ms`, `goodput_rps`
+        (per SLO), and how each run went."""
         points = self.points
         return {"rates": [p.rate for p in points],
                 "attainment": {name: [p.measured.attainment(slo) for p in points] for name, slo in slos.items()},
+                "good_rps": {name: [p.measured.good_per_s(slo) for p in points] for name, slo in slos.items()},
                 "p90_ttft_ms": [p.measured.p90_ttft_ms() for p in points],
                 "p90_itl_ms": [p.measured.p90_itl_ms() for p in points],
                 "p99_itl_ms": [p.measured.itl_percentile_ms(99) for p in points],
