@@ -3,16 +3,20 @@
 Disaggregation adds the exposed KV transfer to a prompt's TTFT and removes that prompt's
 prefill from the steps of the decodes running beside it. For each prompt length P:
 
-1. interference (one colocated instance): a long decode stream runs; probes of P tokens are
-   prefilled beside it one at a time; I(P) is the time the stream loses per probe (its gaps
-   overlapping the prefill, less its undisturbed gap), median over `--repeats`;
-2. transfer cost (1 prefill + 1 decode instance, one cluster per `--gbps` value and one with
-   an unlimited link): the probe's TTFT on a link of B minus its TTFT unlimited;
+1. interference (one colocated instance): a decode stream runs; a probe of P tokens is
+   prefilled beside it; I(P) is the time the stream loses (its gaps overlapping the
+   prefill, less its undisturbed gap);
+2. transfer cost (1 prefill + 1 decode instance): the probe's TTFT on a link of B minus its
+   TTFT on an unlimited link, probed back to back so the drift of a shared machine cancels.
+   The link is a tc-shaped veth between network namespaces, reshaped between probes
+   (`--link-method netns`, needs root), or the transports' token bucket, one cluster per
+   bandwidth beside an unlimited one (`bucket`);
 3. measured crossover: where that extra TTFT reaches I(P), going from generous to starved
    (interpolated in 1/B); modelled crossover: where the layer-wise transfer model
    (benchmarks/loadgen/crossover_model.py) exposes I(P), from the KV bytes the router
    counted, the prefill time and the layer count, against the modelled interference.
-Below the crossover the link costs a prompt more than colocation costs its neighbours.
+Every figure is a median over `--repeats` interleaved probes. Below the crossover the link
+costs a prompt more than colocation costs its neighbours.
 
     python bench.py crossover --model small --json crossover.json --plot crossover.png
 """
@@ -23,27 +27,21 @@ import argparse
 import asyncio
 import statistics
 
-import aiohttp
-
 from benchmarks.loadgen import options
-from benchmarks.loadgen.client import served_model
-from benchmarks.loadgen.crossover_model import (measured_crossover_gbps, model_crossover_gbps,
-                                                model_interference_s, stall_s)
+from benchmarks.loadgen.crossover_model import measured_crossover_gbps, model_crossover_gbps, model_interference_s
+from benchmarks.loadgen.crossover_runs import BACKGROUND_PROMPT_LEN, ExtraTtft, Link, extra_ttft, interference
 from benchmarks.loadgen.deployments import ServerOptions, start_colocated, start_disaggregated
-from benchmarks.loadgen.host_load import ForeignCpu
+from benchmarks.loadgen.host_load import ForeignCpu, QuietGuard
 from benchmarks.loadgen.model_facts import num_layers
+from benchmarks.loadgen.netns import ShapedLink, unavailable_reason
+from benchmarks.loadgen.netns_cluster import start_netns_cluster
 from benchmarks.loadgen.plotting import save, subplots
-from benchmarks.loadgen.probes import DecodeStream, probe_ttft, warm_up_and_calibrate
 from benchmarks.loadgen.processes import Processes
-from benchmarks.loadgen.server_metrics import transfer_totals
 
 MS = 1e3
 DEFAULT_PROMPT_LENS = (256, 512, 1024, 2048)
 DEFAULT_GBPS = (2.0, 0.5, 0.25, 0.15, 0.1, 0.07, 0.05)
 DEFAULT_CHUNK_TOKENS = 512
-BACKGROUND_PROMPT_LEN = 32
-SETTLE_TOKENS = 4  # decode tokens between probes, so each probe finds the stream undisturbed
-WARM_TOKENS = 16
 QUICK = {"model": "tiny", "prompt_lens": [512, 1024], "gbps": [0.03], "repeats": 2,
          "background_tokens": 400}
 
@@ -56,96 +54,93 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt-lens", type=int, nargs="+", default=list(DEFAULT_PROMPT_LENS))
     g.add_argument("--gbps", type=float, nargs="+", default=list(DEFAULT_GBPS),
                    help="KV link bandwidths of the sweep, Gbit/s (default: %(default)s)")
-    g.add_argument("--repeats", type=int, default=3, help="probes per prompt length and link (median)")
+    g.add_argument("--repeats", type=int, default=5, help="probes per prompt length and link (median)")
+    g.add_argument("--link-method", choices=["auto", "netns", "bucket"], default="auto",
+                   help="starve the KV link with a tc-shaped veth between namespaces (one cluster, reshaped "
+                        "between probes; needs root) or the transports' token bucket (a cluster per bandwidth); "
+                        "auto: netns where possible (default)")
     g.add_argument("--background-tokens", type=int, default=1024, help="length of the decode stream")
     g.add_argument("--num-layers", type=int, default=None, help="layers of the model (default: read from --model)")
     g.add_argument("--tokenizer", default=None, help="as for the other experiments (default: from --model)")
     g.add_argument("--seed", type=int, default=0)
 
 
-async def _interference(url: str, args: argparse.Namespace, builder) -> dict:
-    """Per prompt length: median stall of the decode stream, and the undisturbed gap."""
-    out = {"interference_s": [], "decode_gap_s": [], "colocated_ttft_s": []}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-        model = await served_model(session, url)
-        await warm_up_and_calibrate(session, url, model, builder, args.prompt_lens[0], args.request_timeout_s)
-        for n in args.prompt_lens:
-            background = builder.prompt(f"background-{n}", 0, BACKGROUND_PROMPT_LEN)
-            async with DecodeStream(session, url, model, background, args.background_tokens) as stream:
-                await stream.wait_for_tokens(WARM_TOKENS)
-                windows = []
-                for r in range(args.repeats):
-                    windows.append(await probe_ttft(session, url, model, builder.prompt(f"coloc-{n}", r, n), n,
-                                                    args.request_timeout_s))
-                    await stream.wait_for_tokens(SETTLE_TOKENS)
-                times = list(stream.times)
-            gaps = [b - a for a, b in zip(times, times[1:]) if not any(a < end and b > start for start, end in windows)]
-            gap = statistics.median(gaps)
-            out["decode_gap_s"].append(gap)
-            out["interference_s"].append(statistics.median(stall_s(times, s, e, gap) for s, e in windows))
-            out["colocated_ttft_s"].append(statistics.median(e - s for s, e in windows))
-    return out
+def _server(args: argparse.Namespace) -> ServerOptions:
+    max_len = max(max(args.prompt_lens), BACKGROUND_PROMPT_LEN + args.background_tokens) + options.SPECIAL_TOKENS_MARGIN
+    max_len = -(-max_len // options.BLOCK_ALIGN) * options.BLOCK_ALIGN
+    # room for the longest probe beside the decode stream, and no more: several deployments are up at once
+    num_blocks = args.num_blocks or 2 * max_len // options.BLOCK_ALIGN + options.BLOCK_ALIGN
+    return ServerOptions(model=args.model, torch_threads=args.torch_threads, max_model_len=max_len,
+                         num_blocks=num_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
+                         transport=args.transport, extra_flags=tuple(args.server_flag))
 
 
-async def _ttfts(url: str, args: argparse.Namespace, builder, tag: str) -> tuple[list[float], list[float | None]]:
-    """Per prompt length: median probe TTFT, and the KV bytes per transfer the router counted."""
-    ttfts, kv_bytes = [], []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-        model = await served_model(session, url)
-        await warm_up_and_calibrate(session, url, model, builder, args.prompt_lens[0], args.request_timeout_s)
-        for n in args.prompt_lens:
-            before = transfer_totals(url)
-            samples = []
-            for r in range(args.repeats):
-                start, first = await probe_ttft(session, url, model, builder.prompt(f"{tag}-{n}", r, n), n,
-                                                args.request_timeout_s)
-                samples.append(first - start)
-            after = transfer_totals(url)
-            ttfts.append(statistics.median(samples))
-            kv_bytes.append(after.since(before).bytes_per_transfer if before and after else None)
-    return ttfts, kv_bytes
+def _link_method(args: argparse.Namespace) -> str:
+    if args.link_method != "auto":
+        return args.link_method
+    return "netns" if unavailable_reason() is None else "bucket"
+
+
+def _measure_links(args: argparse.Namespace, builder, server: ServerOptions, bandwidths: list[float],
+                   base_url: str, method: str) -> ExtraTtft:
+    """Extra TTFT per bandwidth against the unlimited `base_url`, by `method`."""
+    timeout = args.request_timeout_s
+    guard = QuietGuard(args.max_foreign_cpu, args.quiet_wait_s, args.max_reruns)
+    if method == "netns":  # one cluster across a tc-shaped veth, reshaped before each probe
+        with ShapedLink() as link, Processes() as processes:
+            url = start_netns_cluster(processes, link, server).urls[0]
+            links = [Link(g, url, lambda g=g: link.set_rate(g)) for g in bandwidths]
+            return asyncio.run(extra_ttft(Link(None, url, link.unshape), links, args.prompt_lens, args.repeats,
+                                          builder, "netns", timeout, guard))
+    merged: dict[float, list[float]] = {}
+    baselines, kv = [], []
+    for g in bandwidths:  # the token bucket is set at start: one cluster per bandwidth, beside the unlimited one
+        with Processes() as processes:
+            url = start_disaggregated(processes, server, link_gbps=g).urls[0]
+            measured = asyncio.run(extra_ttft(Link(None, base_url, lambda: None), [Link(g, url, lambda: None)],
+                                              args.prompt_lens, args.repeats, builder, f"bucket-{g:g}", timeout,
+                                              guard))
+        merged[g] = measured.extra_s[g]
+        baselines.append(measured.baseline_ttft_s)
+        kv.append(measured.kv_bytes)
+    per_len = range(len(args.prompt_lens))
+    return ExtraTtft(merged, [statistics.median(b[i] for b in baselines) for i in per_len],
+                     [next((k[i] for k in kv if k[i]), None) for i in per_len])
 
 
 def run(args: argparse.Namespace) -> dict:
     if args.quick:
         vars(args).update(QUICK)
-    args.request_rate = None
     builder = options.prompt_builder(args)
     layers = args.num_layers or num_layers(args.model)
-    max_len = max(max(args.prompt_lens), BACKGROUND_PROMPT_LEN + args.background_tokens) + options.SPECIAL_TOKENS_MARGIN
-    server = ServerOptions(model=args.model, torch_threads=args.torch_threads, max_model_len=-(-max_len // 16) * 16,
-                           num_blocks=args.num_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
-                           transport=args.transport, extra_flags=tuple(args.server_flag))
-    foreign = ForeignCpu()
-    with Processes() as processes:
-        deployment = start_colocated(processes, server, 1, "separate")
-        coloc = asyncio.run(_interference(deployment.urls[0], args, builder))
+    server = _server(args)
+    method = _link_method(args)
     bandwidths = sorted(args.gbps, reverse=True)
-    runs = {}
-    for gbps in [None, *bandwidths]:
-        with Processes() as processes:
-            deployment = start_disaggregated(processes, server, link_gbps=gbps)
-            runs[gbps] = asyncio.run(_ttfts(deployment.urls[0], args, builder, f"disagg-{gbps}"))
-    base_ttft, kv_bytes = runs[None]
+    foreign = ForeignCpu()
+    with Processes() as references:  # the colocated instance and the unlimited pair stay up throughout
+        colocated = start_colocated(references, server, 1, "separate").urls[0]
+        unlimited = start_disaggregated(references, server).urls[0]
+        coloc = asyncio.run(interference(colocated, args.prompt_lens, args.repeats, builder, args.background_tokens,
+                                         args.request_timeout_s,
+                                         QuietGuard(args.max_foreign_cpu, args.quiet_wait_s, args.max_reruns)))
+        links = _measure_links(args, builder, server, bandwidths, unlimited, method)
     result = {"model": args.model, "num_layers": layers, "torch_threads": args.torch_threads,
               "chunk_tokens": args.max_num_batched_tokens, "repeats": args.repeats, "link_gbps": bandwidths,
-              "prompt_len": list(args.prompt_lens), "crossover_gbps_measured": [], "crossover_gbps_model": [],
-              "interference_ms": [], "interference_model_ms": [], "prefill_ms": [], "decode_gap_ms": [],
-              "colocated_ttft_ms": [], "kv_bytes": [], "extra_ttft_ms": {}}
+              "link_method": method, "prompt_len": list(args.prompt_lens), "crossover_gbps_measured": [],
+              "crossover_gbps_model": [], "interference_ms": [], "interference_model_ms": [], "prefill_ms": [],
+              "decode_gap_ms": [], "colocated_ttft_ms": [], "kv_bytes": links.kv_bytes, "extra_ttft_ms": {}}
     for i, n in enumerate(args.prompt_lens):
-        interference, gap = coloc["interference_s"][i], coloc["decode_gap_s"][i]
-        extra = [runs[g][0][i] - base_ttft[i] for g in bandwidths]
-        prefill = base_ttft[i]
+        stall, gap, prefill = coloc.stall_s[i], coloc.decode_gap_s[i], links.baseline_ttft_s[i]
+        extra = [links.extra_s[g][i] for g in bandwidths]
         modelled = model_interference_s(prefill, n, args.max_num_batched_tokens - 1, gap)
-        kv = kv_bytes[i] or next((runs[g][1][i] for g in bandwidths if runs[g][1][i]), None)
-        result["crossover_gbps_measured"].append(measured_crossover_gbps(bandwidths, extra, interference))
+        kv = links.kv_bytes[i]
+        result["crossover_gbps_measured"].append(measured_crossover_gbps(bandwidths, extra, stall))
         result["crossover_gbps_model"].append(model_crossover_gbps(kv, prefill, modelled, layers) if kv else None)
-        result["interference_ms"].append(interference * MS)
+        result["interference_ms"].append(stall * MS)
         result["interference_model_ms"].append(modelled * MS)
         result["prefill_ms"].append(prefill * MS)
         result["decode_gap_ms"].append(gap * MS)
-        result["colocated_ttft_ms"].append(coloc["colocated_ttft_s"][i] * MS)
-        result["kv_bytes"].append(kv)
+        result["colocated_ttft_ms"].append(coloc.ttft_s[i] * MS)
         result["extra_ttft_ms"][str(n)] = [t * MS for t in extra]
     result["foreign_cpu"] = foreign.share()
     result["model_over_measured"] = [m / x if m and x else None for m, x in

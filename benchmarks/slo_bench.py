@@ -35,10 +35,12 @@ from benchmarks.loadgen.rate_sweep import DEFAULT_STOP_BELOW, ratio, sweep_rates
 from minipd.workload import LengthDist
 
 MODES = ("colocated", "disaggregated")
-DEFAULT_RATES = (0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
+DEFAULT_RATES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2, 1.5)
 DEFAULT_ITL_TIGHT = ["ttft:5000", "tpot:50"]
 DEFAULT_TTFT_TIGHT = ["ttft:1500", "tpot:250"]
 DEFAULT_DURATION_S = 40.0
+MODE_COLORS = {"colocated": "tab:blue", "disaggregated": "tab:orange"}
+SLO_STYLES = {"itl_tight": "-", "ttft_tight": ":"}
 DEFAULT_MIN_PROMPTS = 20
 QUICK = {"model": "tiny", "rates": [2.0, 4.0], "prompt_len": LengthDist.uniform(64, 128),
          "output_len": LengthDist.fixed(8), "duration_s": 2.0, "min_prompts": 6, "bisect_steps": 0,
@@ -118,12 +120,13 @@ def print_table(result: dict) -> None:
           f"thread(s) per instance; SLOs: " + "; ".join(f"{n} = {t}" for n, t in slo_text.items()))
     names = list(result["slo"])
     header = f"{'mode':>13} {'rate':>5} {'reqs':>4} {'fail':>4} " + " ".join(f"{n:>11}" for n in names)
-    print(header + f" {'P90 TTFT':>9} {'P90 ITL':>8} {'other jobs':>10}")
+    print(header + f" {'P90 TTFT':>9} {'P90 ITL':>8} {'P99 ITL':>8} {'other jobs':>10}")
     for mode, m in result["modes"].items():
         for i, rate in enumerate(m["rates"]):
             att = " ".join(f"{m['attainment'][n][i]:>11.0%}" for n in names)
             print(f"{mode:>13} {rate:>5.2f} {m['num_requests'][i]:>4} {m['num_failed'][i]:>4} {att} "
-                  f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['p90_itl_ms'][i]:>6.1f}ms {m['foreign_cpu'][i]:>10.0%}")
+                  f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['p90_itl_ms'][i]:>6.1f}ms {m['p99_itl_ms'][i]:>6.0f}ms "
+                  f"{m['foreign_cpu'][i]:>10.0%}")
     for mode, m in result["modes"].items():
         goodputs = ", ".join(f"{n} {m['goodput_rps'][n]:.2f} req/s" + (f" ({m['goodput_flags'][n]})"
                                                                       if n in m["goodput_flags"] else "")
@@ -136,20 +139,22 @@ def print_table(result: dict) -> None:
 
 def plot(result: dict, path: str) -> None:
     fig, (att_ax, ttft_ax, itl_ax) = subplots(ncols=3, width=5.0)
-    styles = {"itl_tight": "-", "ttft_tight": ":"}
     for mode, m in result["modes"].items():
+        color = MODE_COLORS.get(mode)
         for name, values in m["attainment"].items():
-            att_ax.plot(m["rates"], values, styles.get(name, "-"), marker="o", label=f"{mode}, {name}")
-        ttft_ax.plot(m["rates"], m["p90_ttft_ms"], marker="o", label=mode)
-        itl_ax.plot(m["rates"], m["p90_itl_ms"], marker="o", label=mode)
+            att_ax.plot(m["rates"], values, SLO_STYLES.get(name, "-"), color=color, marker="o", label=f"{mode}, {name}")
+        ttft_ax.plot(m["rates"], m["p90_ttft_ms"], color=color, marker="o", label=mode)
+        itl_ax.plot(m["rates"], m["p90_itl_ms"], color=color, marker="o", label=mode)
     att_ax.axhline(0.9, color="grey", linestyle="--", linewidth=1, label="90% target")
     att_ax.set_ylabel("SLO attainment")
     att_ax.set_ylim(-0.03, 1.03)
     for name, slo in result["slo"].items():
-        slo_line(ttft_ax, slo.get("ttft_ms"), f"{name} TTFT SLO")
-        slo_line(itl_ax, slo.get("tpot_ms"), f"{name} TPOT SLO")
+        slo_line(ttft_ax, slo.get("ttft_ms"), f"{name} TTFT SLO", style=SLO_STYLES.get(name, "--"))
+        slo_line(itl_ax, slo.get("tpot_ms"), f"{name} TPOT SLO", style=SLO_STYLES.get(name, "--"))
     ttft_ax.set_ylabel("P90 TTFT (ms)")
+    ttft_ax.set_yscale("log")
     itl_ax.set_ylabel("P90 ITL (ms)")
+    itl_ax.set_yscale("log")
     for ax in (att_ax, ttft_ax, itl_ax):
         ax.set_xlabel("request rate (req/s)")
         ax.grid(alpha=0.3)

@@ -37,6 +37,8 @@ def test_the_kv_crosses_only_the_shaped_pair_and_nothing_routes_out():
             assert "default" not in sh(*link.exec_in(ns), "ip", "route", "show")
         link.set_rate(0.05)  # reshaped in place
         assert "50Mbit" in link.qdiscs()
+        link.unshape()
+        assert "tbf" not in link.qdiscs()
     assert not {link.prefill_ns, link.decode_ns} & set(namespaces())
     assert our_interfaces(link) == []
     assert link.prefix + "." not in sh("ip", "-4", "route", "show")

@@ -8,11 +8,11 @@ from typing import NamedTuple, Sequence
 
 from minipd.workload import RequestSpec
 
-from .host_load import ForeignCpu
+from .host_load import QuietGuard
 from .prompts import PromptBuilder
 from .records import RequestRecord
 from .runner import RunnerConfig, RunResult, run_workload
-from .slo import SLO, attainment
+from .slo import SLO, attainment, num_good
 from .stats import RunSummary, percentile, summarize
 
 MS_PER_S = 1e3
@@ -22,6 +22,7 @@ class Measured(NamedTuple):
     result: RunResult
     summary: RunSummary  # against the run's main SLO
     foreign_cpu: float  # share of the machine other jobs used during the run (host_load.ForeignCpu)
+    reruns: int  # times the run was repeated because other jobs took too much of the machine
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -30,22 +31,36 @@ class Measured(NamedTuple):
     def attainment(self, slo: SLO) -> float:
         return attainment(self.records, slo)
 
+    def good_per_s(self, slo: SLO) -> float:
+        """Requests that met `slo` per second of the run (vLLM's request goodput)."""
+        return num_good(self.records, slo) / self.result.duration_s if self.result.duration_s > 0 else 0.0
+
     def p90_ttft_ms(self) -> float:
         return percentile([r.ttft_s * MS_PER_S for r in self.records if r.success], 90)
 
     def p90_itl_ms(self) -> float:
-        return percentile([gap * MS_PER_S for r in self.records if r.success for gap in r.itl_s], 90)
+        return self.itl_percentile_ms(90)
+
+    def itl_percentile_ms(self, p: float) -> float:
+        return percentile([gap * MS_PER_S for r in self.records if r.success for gap in r.itl_s], p)
 
 
 def measure(urls: Sequence[str], specs: Sequence[RequestSpec], builder: PromptBuilder, run_tag: str,
             config: RunnerConfig, slo: SLO = SLO()) -> Measured:
-    """Run `specs` against `urls` and summarize; warns when the server counted prompts otherwise."""
-    foreign = ForeignCpu()
-    result = asyncio.run(run_workload(urls, specs, builder, run_tag, config))
+    """Run `specs` against `urls` and summarize; warns when the server counted prompts otherwise.
+    A run that other jobs disturbed beyond `config.max_foreign_cpu` is repeated (new prompts)."""
+    guard = QuietGuard(config.max_foreign_cpu, config.quiet_wait_s, config.max_reruns)
+    attempts = iter(range(config.max_reruns + 1))
+
+    def attempt() -> RunResult:
+        n = next(attempts)
+        return asyncio.run(run_workload(urls, specs, builder, run_tag if n == 0 else f"{run_tag}-rerun{n}", config))
+
+    result, foreign, reruns = guard.measure(attempt)
     if result.num_prompt_len_mismatches:
         print(f"warning: {run_tag}: the server counted {result.num_prompt_len_mismatches} of {len(specs)} prompts "
               "at another length than requested (is --tokenizer the served model's?)", file=sys.stderr)
-    return Measured(result, summarize(result.records, result.duration_s, slo), foreign.share())
+    return Measured(result, summarize(result.records, result.duration_s, slo), foreign, reruns)
 
 
 def record_rows(records: Sequence[RequestRecord]) -> list[dict]:

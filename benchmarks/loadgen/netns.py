@@ -174,6 +174,12 @@ class ShapedLink:
                 _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", *tbf)
         self.rate_gbps, self.delay_ms = gbps, delay_ms
 
+    def unshape(self) -> None:
+        """Take the shaping off: the veth pair at the speed of the machine."""
+        for ns, dev in ((self.prefill_ns, self.kv_p), (self.decode_ns, self.kv_d)):
+            _run("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
+        self.rate_gbps, self.delay_ms = None, 0.0
+
     def qdiscs(self) -> str:
         """`tc qdisc show` of the KV pair's prefill end (for the record)."""
         return _run("tc", "-n", self.prefill_ns, "qdisc", "show", "dev", self.kv_p).strip()

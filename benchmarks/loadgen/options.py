@@ -68,6 +68,11 @@ def add_client_arguments(parser: argparse.ArgumentParser) -> None:
                    help="a request still running after this long fails (default: %(default)s)")
     g.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     g.add_argument("--quick", action="store_true", help="a short smoke run (tiny model, few requests): seconds")
+    g.add_argument("--max-foreign-cpu", type=float, default=None, metavar="FRACTION",
+                   help="repeat a run during which other jobs took more than this share of the machine, once they "
+                        "calm down (default: never; every run records the share it saw)")
+    g.add_argument("--quiet-wait-s", type=float, default=600.0, help="longest wait for a calmer machine")
+    g.add_argument("--max-reruns", type=int, default=3, help="repeats of a disturbed run at most")
 
 
 def add_server_arguments(parser: argparse.ArgumentParser, default_model: str = "small") -> None:
@@ -88,7 +93,8 @@ def add_server_arguments(parser: argparse.ArgumentParser, default_model: str = "
 
 def runner_config(args: argparse.Namespace, concurrency: int | None = None) -> RunnerConfig:
     return RunnerConfig(num_warmup=args.num_warmup, request_timeout_s=args.request_timeout_s,
-                        progress=args.progress, concurrency=concurrency)
+                        progress=args.progress, concurrency=concurrency, max_foreign_cpu=args.max_foreign_cpu,
+                        quiet_wait_s=args.quiet_wait_s, max_reruns=args.max_reruns)
 
 
 def slo_from(items: list[str] | None) -> SLO:

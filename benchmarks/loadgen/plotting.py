@@ -28,9 +28,9 @@ def save(fig, path: str | Path) -> None:
     print(f"wrote {path}")
 
 
-def slo_line(ax, value_ms: float | None, label: str, horizontal: bool = True) -> None:
-    """A dashed line at an SLO bound (nothing when the bound is not set)."""
+def slo_line(ax, value_ms: float | None, label: str, horizontal: bool = True, style: str = "--") -> None:
+    """A grey line at an SLO bound (nothing when the bound is not set)."""
     if value_ms is None:
         return
     draw = ax.axhline if horizontal else ax.axvline
-    draw(value_ms, color="grey", linestyle="--", linewidth=1, label=label)
+    draw(value_ms, color="grey", linestyle=style, linewidth=1, label=label)

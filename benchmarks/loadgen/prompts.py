@@ -62,7 +62,7 @@ class PromptBuilder:
         """Prompt tokens the server should count for `text`."""
         return len(self.tokens.encode(text)) + self.special_tokens
 
-    def prompt(self, run_tag: str, index: int, num_tokens: int) -> str:
+    def prompt(self, run_tag: str, index: int | str, num_tokens: int) -> str:
         """Text the server counts as `num_tokens` tokens (exactly for bytes, to within a token
         or two for a tokenizer whose pieces merge differently once the text is cut)."""
         body_tokens = max(MIN_BODY_TOKENS, num_tokens - self.special_tokens)

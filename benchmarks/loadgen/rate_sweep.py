@@ -31,16 +31,20 @@ class SweepResult(NamedTuple):
     goodput_flags: dict[str, str]  # "below range" / "above range" where the sweep did not bracket it
 
     def as_json(self, slos: dict[str, SLO]) -> dict:
-        """`rates`, `attainment` (per SLO), `p90_ttft_ms`, `p90_itl_ms`, `goodput_rps` (per SLO)."""
+        """`rates`, `attainment` and `good_rps` (per SLO), `p90_ttft_ms`, `p90_itl_ms`, `goodput_rps`
+        (per SLO), and how each run went."""
         points = self.points
         return {"rates": [p.rate for p in points],
                 "attainment": {name: [p.measured.attainment(slo) for p in points] for name, slo in slos.items()},
+                "good_rps": {name: [p.measured.good_per_s(slo) for p in points] for name, slo in slos.items()},
                 "p90_ttft_ms": [p.measured.p90_ttft_ms() for p in points],
                 "p90_itl_ms": [p.measured.p90_itl_ms() for p in points],
+                "p99_itl_ms": [p.measured.itl_percentile_ms(99) for p in points],
                 "num_requests": [len(p.measured.records) for p in points],
                 "num_failed": [p.measured.summary.failed for p in points],
                 "duration_s": [p.measured.summary.duration_s for p in points],
                 "foreign_cpu": [p.measured.foreign_cpu for p in points],
+                "reruns": [p.measured.reruns for p in points],
                 "goodput_rps": dict(self.goodput),
                 "goodput_bracket": {name: list(b) for name, b in self.goodput_bracket.items()},
                 "goodput_flags": dict(self.goodput_flags)}

@@ -36,6 +36,9 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     progress: bool = True
     concurrency: int | None = None  # keep this many in flight instead of following arrival times
+    max_foreign_cpu: float | None = None  # repeat a run during which other jobs took more (host_load.QuietGuard)
+    quiet_wait_s: float = 600.0
+    max_reruns: int = 3
 
 
 class RunResult(NamedTuple):
