@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP front (aiohttp) over any `ServingBackend`.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics. Every error, a 404 route or a 413 body included, is answered in OpenAI's
+GET /metrics, and whatever `extensions` add (the router's admin routes, api/admin.py). Every error, a 404 route or a 413 body included, is answered in OpenAI's
 error format; an unexpected exception is logged and answered as a bare 500. Each app has
 its own metrics registry (`app[METRICS_KEY]`), so the disaggregated flow can record KV
 transfers on it and several servers can share a process.
@@ -16,7 +16,7 @@ import asyncio
 import logging
 import sys
 import time
-from typing import TextIO
+from typing import Callable, Sequence, TextIO
 
 import msgspec
 from aiohttp import web
@@ -115,7 +115,10 @@ class _Routes:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
 
-def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
+Extension = Callable[[web.Application], None]  # adds routes (and metrics) to an app before it starts
+
+
+def build_app(backend: ServingBackend, config: HttpConfig, extensions: Sequence[Extension] = ()) -> web.Application:
     """An aiohttp app serving `backend`; run it with `start_http_server`."""
     config.validate()
     app = web.Application(client_max_size=config.max_request_body_bytes, middlewares=[_errors_middleware])
@@ -129,6 +132,8 @@ def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/health", routes.health)
     app.router.add_get("/metrics", routes.metrics_text)
+    for extend in extensions:
+        extend(app)
     return app
 
 
@@ -141,12 +146,13 @@ async def start_http_server(app: web.Application, host: str, port: int) -> tuple
     return runner, runner.addresses[0][1]
 
 
-async def start_api(backend: ServingBackend, config: HttpConfig, out: TextIO = sys.stdout) -> web.AppRunner:
+async def start_api(backend: ServingBackend, config: HttpConfig, out: TextIO = sys.stdout,
+                    extensions: Sequence[Extension] = ()) -> web.AppRunner:
     """Serve the OpenAI API over `backend` and announce
     `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT` on `out` once the socket
     listens (a caller that asked for port 0 learns the port). The caller owns the runner
     (`await runner.cleanup()`)."""
-    runner, port = await start_http_server(build_app(backend, config), config.host, config.port)
+    runner, port = await start_http_server(build_app(backend, config, extensions), config.host, config.port)
     print(f"minipd: serving the OpenAI API for {backend.model_name!r} on http://{config.host}:{port}", file=out,
           flush=True)
     return runner

@@ -44,7 +44,8 @@ class RouterBackend:
         return self.router.num_waiting()
 
     def instance_stats(self) -> list[InstanceStats]:
-        return [InstanceStats(s.instance_id, s.role, EngineStats(
+        roles = {h.instance_id: h.role for h in self.router.registry.instances.values()}  # current after a switch
+        return [InstanceStats(s.instance_id, roles.get(s.instance_id, s.role), EngineStats(
             s.num_running, s.num_waiting, 0, BlockUsage(s.num_blocks, s.num_free_blocks, s.num_used_blocks,
                                                         s.num_cached_blocks)))
                 for s in self.router.instance_stats()]

@@ -24,7 +24,8 @@ from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.flags import build_parser, inherited_argv
 from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
-from minipd.entrypoints.roles import demo_params, engine_config_from_args, http_config
+from minipd.entrypoints.roles import (controller_from_args, demo_params, engine_config_from_args, http_config,
+                                      router_config_from_args)
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.client import ClusterClient
 
@@ -143,6 +144,8 @@ def prepare_cluster(args: argparse.Namespace) -> Coroutine:
     validate_cluster_args(args)
     tokenizer = load_tokenizer_only(args.model)
     engine_config_from_args(args)
+    router_config_from_args(args)
+    controller_from_args(args)
     http_config(args.http_host, args.http_port, args)
     return run_cluster(ProcessCluster(args), args.prompt, demo_params(args),
                        chat_wrapper(tokenizer) if args.chat else None)

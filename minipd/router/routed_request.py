@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 
+from minipd.control.messages import CallError
 from minipd.engine.request import RequestOutput, TransferInfo
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
@@ -25,7 +27,11 @@ class RoutedRequest:
         self.task: asyncio.Task | None = None
         self.transfer: TransferInfo | None = None
         self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()
-        self.outputs: asyncio.Queue[RequestOutput] | None = None  # set while an instance streams it
+        self.outputs: asyncio.Queue[RequestOutput | CallError] | None = None  # set while an instance streams it
+        # for latency observers (the ratio controller): time.monotonic() stamps
+        self.arrival_s = time.monotonic()
+        self.last_token_s: float | None = None
+        self.decode_wait_s = 0.0  # waiting for KV room on a decode instance (its pool was full)
 
     def record_landing(self, landed_at: float) -> None:
         """Measure the transfer to the receiver's landing time (the last byte acknowledged),
