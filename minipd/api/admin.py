@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from minipd.api.app import METRICS_KEY
-from minipd.api.errors import NOT_FOUND, SERVER_ERROR, ApiError, bad_request, from_decode_error
+from minipd.api.errors import NOT_FOUND, SERVER_ERROR, ApiError, from_decode_error
 from minipd.control.messages import DRAIN_TIMEOUT
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.planner.local_prefill_policy import Placement
@@ -67,11 +67,11 @@ class AdminRoutes:
         try:
             report = await self.router.switch_role(body.instance, body.role, body.drain_timeout_s)
         except InvalidRequestError as exc:
-            raise bad_request(exc.field, exc.message) from None
+            raise ApiError(400, str(exc), param=exc.field) from None
         except UnknownInstance as exc:
             raise ApiError(404, str(exc), param="instance", type=NOT_FOUND) from None
         except SwitchConflict as exc:
-            raise ApiError(409, str(exc), param=str(exc).partition(":")[0]) from None
+            raise ApiError(409, str(exc), param=exc.field) from None
         except SwitchFailed as exc:
             raise ApiError(504 if exc.kind == DRAIN_TIMEOUT else 502, str(exc), type=SERVER_ERROR) from None
         return _json({**msgspec.to_builtins(report), "excluding_drain_s": report.excluding_drain_s})

@@ -46,7 +46,12 @@ class UnknownInstance(LookupError):
 
 
 class SwitchConflict(RuntimeError):
-    """The switch cannot be done in the cluster's current state (nothing was changed)."""
+    """The switch cannot be done in the cluster's current state (nothing was changed);
+    `field` names the input at odds with it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
 
 
 class SwitchFailed(RuntimeError):
@@ -98,13 +103,13 @@ async def switch_instance_role(router: Router, instance_id: str, role: Role | st
     if not drain_timeout_s > 0:
         raise InvalidRequestError("drain_timeout_s", f"must be positive, got {drain_timeout_s}")
     if handle.draining:
-        raise SwitchConflict(f"instance: {instance_id} is already switching roles")
+        raise SwitchConflict("instance", f"{instance_id} is already switching roles")
     if handle.role is target:
-        raise SwitchConflict(f"role: {instance_id} is already a {target.value} instance")
+        raise SwitchConflict("role", f"{instance_id} is already a {target.value} instance")
     if handle.role.serves_decode and not target.serves_decode and not [
             h for h in registry.decode_candidates() if h is not handle]:
-        raise SwitchConflict(f"role: {instance_id} is the last instance that can decode; the cluster could not "
-                             "serve without it")
+        raise SwitchConflict("role", f"{instance_id} is the last instance that can decode; the cluster could not "
+                                     "serve without it")
     previous = handle.role
     handle.draining = True
     log.info("switching %s from %s to %s", instance_id, previous.value, target.value)
