@@ -60,8 +60,8 @@ def test_the_launcher_passes_every_policy_and_controller_flag_to_its_router():
 def test_a_busy_prefill_pool_prefills_on_decode_across_processes(loop_thread, tmp_path):
     from minipd.router.client import ClusterClient
 
-    processes = ProcessCluster.from_argv(["--transport", "tcp", "--http-port", "0", "--prefill-busy-requests", "0", "--torch-threads", "1",
-                                          *ENGINE_ARGV])
+    processes = ProcessCluster.from_argv(["--transport", "tcp", "--http-port", "0", "--prefill-busy-requests", "0",
+                                          "--torch-threads", "1", *ENGINE_ARGV])
     loop_thread.run(processes.start(), timeout=180)
     try:
         url = processes.child("router").announcements[-1].rsplit(" on ", 1)[1]
