@@ -198,7 +198,8 @@ def plot(result: dict, path: str) -> None:
     for model, m in result["models"].items():
         for direction, s in m["summary"].items():
             labels.append(f"{model}\n{direction}")
-            for name, key in zip(series, ("median_excluding_drain_s", "median_total_s", "median_first_token_s")):
+            for name, key in zip(series, ("median_excluding_drain_s", "median_total_s", "median_first_token_s"),
+                                 strict=True):
                 series[name].append(s[key])
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):

@@ -206,7 +206,7 @@ def print_table(result: dict) -> None:
 def plot(result: dict, path: str) -> None:
     names = list(result["workloads"])
     fig, axes = subplots(ncols=len(names), width=5.5)
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=True):
         runs = result["workloads"][name]["runs"]
         x = range(len(METRICS))
         sim = [statistics.median(r["simulated"][m] for r in runs) for m in METRICS]

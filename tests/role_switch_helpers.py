@@ -7,10 +7,10 @@ import asyncio
 import random
 from typing import NamedTuple
 
+from engine_helpers import Completion
+
 from minipd.disagg.instance import Instance
 from minipd.engine.sampling_params import SamplingParams
-
-from engine_helpers import Completion
 
 
 class WorkTaken(NamedTuple):

@@ -5,14 +5,13 @@ the cluster keeps serving), a switch answered with its report and shown on /metr
 from __future__ import annotations
 
 import pytest
+from disagg_helpers import CONFIG
+from http_helpers import http_json, sample, scrape, wait_until_pools_full
 
 from minipd.api.admin import router_admin
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.router_backend import RouterBackend
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-
-from disagg_helpers import CONFIG
-from http_helpers import http_json, sample, scrape, wait_until_pools_full
 
 SWITCH = "/admin/switch_role"
 

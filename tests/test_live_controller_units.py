@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import pytest
+from test_placement_units import handle
 
 from minipd.control.role import Role
 from minipd.planner.ratio_controller import ControllerConfig, Move
@@ -14,8 +16,6 @@ from minipd.planner.slo import SLO
 from minipd.router.live_controller import LiveControllerOptions, LiveRatioController
 from minipd.router.registry import InstanceRegistry
 from minipd.router.role_switch import SwitchFailed
-
-from test_placement_units import handle
 
 TTFT_S, ITL_S = 0.5, 0.05
 MIN_SAMPLES = 10
@@ -47,6 +47,18 @@ class FakeRouter:
         return SimpleNamespace(total_s=0.25, drain_s=0.2)
 
 
+class Waiting(NamedTuple):
+    """A request awaiting its first token, as the controller sees it (RoutedRequest's fields)."""
+
+    request_id: str
+    arrival_s: float
+    decode_wait_s: float = 0.0
+    prefilled_locally: bool = False
+
+    def decode_wait_so_far(self, now: float) -> float:
+        return now - self.arrival_s if self.prefilled_locally else self.decode_wait_s
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 100.0
@@ -64,7 +76,7 @@ def controller(router: FakeRouter, clock: Clock) -> LiveRatioController:
 def feed(ctl: LiveRatioController, clock: Clock, ttft_s: float, gap_s: float, n: int = 2 * MIN_SAMPLES) -> None:
     for i in range(n):
         ctl.first_token(f"r{clock.now}-{i}", clock.now, ttft_s, 0.0)
-        ctl.tokens(clock.now, gap_s, 1)
+        ctl.tokens(clock.now, gap_s, 1, gap_s)
     clock.now += 1.0
 
 
@@ -119,9 +131,8 @@ def test_requests_late_for_their_first_token_count_as_misses_once(loop_thread):
         clock = Clock()
         ctl = controller(router, clock)
         feed(ctl, clock, ttft_s=TTFT_S / 2, gap_s=ITL_S / 2, n=MIN_SAMPLES)  # all good so far
-        late = [SimpleNamespace(request_id=f"late-{i}", arrival_s=clock.now - 2 * TTFT_S, decode_wait_s=0.0)
-                for i in range(2 * MIN_SAMPLES)]
-        fresh = SimpleNamespace(request_id="fresh", arrival_s=clock.now, decode_wait_s=0.0)
+        late = [Waiting(f"late-{i}", clock.now - 2 * TTFT_S) for i in range(2 * MIN_SAMPLES)]
+        fresh = Waiting("fresh", clock.now)
         router.waiting = [*late, fresh]
         decision = ctl.tick()  # the late ones now outnumber the good first tokens
         again = ctl.tick()
@@ -158,3 +169,45 @@ def test_a_failed_switch_is_recorded_and_the_controller_carries_on(loop_thread):
     assert in_flight == 0
     assert {h.role for h in router.registry.instances.values()} == {Role.PREFILL, Role.DECODE}
     assert router.registry.instances["decode-0"].role is Role.DECODE
+
+
+@pytest.mark.parametrize("objective, expected", [("tpot", Move.TO_DECODE), ("itl", Move.HOLD)])
+def test_a_tpot_objective_counts_a_stall_against_every_later_token(loop_thread, objective, expected):
+    """Gaps within the bound after one long stall: each request's TPOT so far is over it."""
+    async def scenario():
+        router = FakeRouter(handle("prefill-0", Role.PREFILL), handle("prefill-1", Role.PREFILL),
+                            handle("decode-0", Role.DECODE))
+        clock = Clock()
+        slo = SLO(ttft_s=TTFT_S, **{f"{objective}_s": ITL_S})
+        ctl = LiveRatioController(router, ControllerConfig(slo=slo, window_s=10.0, cooldown_s=5.0,
+                                                           min_samples=MIN_SAMPLES), clock=clock)
+        for i in range(2 * MIN_SAMPLES):
+            ctl.first_token(f"r{i}", clock.now, TTFT_S / 2, 0.0)
+            ctl.tokens(clock.now, ITL_S / 2, 1, 3 * ITL_S)  # quick gaps, but a stall earlier in the request
+        clock.now += 1.0
+        decision = ctl.tick()
+        router.release.set()
+        await ctl.close()
+        return decision
+
+    assert loop_thread.run(scenario()).move is expected
+
+
+@pytest.mark.parametrize("locally, expected", [(True, Move.TO_DECODE), (False, Move.HOLD)])
+def test_a_late_prompt_prefilled_on_its_decode_instance_is_decode_trouble(loop_thread, locally, expected):
+    """It queues on the decode instance: more decode shortens that wait, more prefill cannot
+    (and with one decode instance, a prefill move is impossible anyway: hold)."""
+    async def scenario():
+        router = FakeRouter(handle("prefill-0", Role.PREFILL), handle("prefill-1", Role.PREFILL),
+                            handle("decode-0", Role.DECODE))
+        clock = Clock()
+        ctl = controller(router, clock)
+        feed(ctl, clock, ttft_s=TTFT_S / 2, gap_s=ITL_S / 2, n=MIN_SAMPLES)
+        router.waiting = [Waiting(f"w{i}", clock.now - 2 * TTFT_S, prefilled_locally=locally)
+                          for i in range(2 * MIN_SAMPLES)]
+        decision = ctl.tick()
+        router.release.set()
+        await ctl.close()
+        return decision
+
+    assert loop_thread.run(scenario()).move is expected

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from disagg_helpers import CONFIG, ENGINE_ARGV
+from http_helpers import sample, wait_until_pools_full
+from role_switch_helpers import assert_all_served, complete_all, load_prompts
 
 from minipd.control.role import Role
 from minipd.entrypoints.flags import build_parser, inherited_argv
@@ -13,10 +16,6 @@ from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.planner.local_prefill_policy import Placement
 from minipd.router.router import RouterConfig
-
-from disagg_helpers import CONFIG, ENGINE_ARGV
-from http_helpers import sample, wait_until_pools_full
-from role_switch_helpers import assert_all_served, complete_all, load_prompts
 
 NUM_PROMPTS = 12
 MAX_TOKENS = 6

@@ -7,18 +7,35 @@ import asyncio
 
 import msgspec
 import pytest
+from disagg_helpers import CONFIG
+from role_switch_helpers import (
+    assert_all_served,
+    complete,
+    complete_all,
+    greedy,
+    load_prompts,
+    record_roles,
+    wrong_role,
+)
 
 from minipd.control.channel import Channel, RemoteError
-from minipd.control.messages import (DRAIN_TIMEOUT, PROTOCOL_VERSION, STALE_EPOCH, Abort, CallError, Generate,
-                                     Hello, Prefill, Reserve, SwitchRole)
+from minipd.control.messages import (
+    DRAIN_TIMEOUT,
+    PROTOCOL_VERSION,
+    STALE_EPOCH,
+    Abort,
+    CallError,
+    Generate,
+    Hello,
+    Prefill,
+    Reserve,
+    SwitchRole,
+)
 from minipd.control.role import Role
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.role_switch import SwitchConflict, SwitchFailed, UnknownInstance
 from minipd.router.router import Router
-
-from disagg_helpers import CONFIG
-from role_switch_helpers import assert_all_served, complete, complete_all, greedy, load_prompts, record_roles, wrong_role
 
 EVENT_TIMEOUT_S = 10.0
 SWITCH_TIMEOUT_S = 30.0

@@ -10,15 +10,14 @@ import urllib.request
 
 import msgspec
 import pytest
+from disagg_helpers import CONFIG, ENGINE_ARGV
+from engine_helpers import Completion
+from role_switch_helpers import assert_all_served, complete_all, greedy, load_prompts
 
 from minipd.control.role import Role
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.router.client import ClusterClient
 from minipd.transports.registry import available_transports
-
-from disagg_helpers import CONFIG, ENGINE_ARGV
-from engine_helpers import Completion
-from role_switch_helpers import assert_all_served, complete_all, greedy, load_prompts
 
 LONG_OUTPUT = 60
 SHORT_OUTPUT = 10
@@ -73,8 +72,10 @@ def test_a_decoding_instance_becomes_a_prefill_instance_and_back(cluster, coloca
         streams = [client.submit(p, greedy(LONG_OUTPUT)) for p in wave1]
         firsts = [await stream.__anext__() for stream in streams]  # every request is decoding now
         report = await switch(url, "decode-1", Role.PREFILL)
-        rest = [[o async for o in stream] for stream in streams]
-        first = [Completion([f, *r]) for f, r in zip(firsts, rest)]
+        rest = []
+        for stream in streams:
+            rest.append([o async for o in stream])
+        first = [Completion([f, *r]) for f, r in zip(firsts, rest, strict=True)]
         stats_after_switch = await all_pools_free(client)
         second = await complete_all(client, wave2, [SHORT_OUTPUT] * len(wave2))
         back = await switch(url, "decode-1", Role.DECODE)

@@ -29,7 +29,7 @@ from minipd.control.server import ControlServer
 from minipd.engine.engine import Engine, NoCapacity
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
-from minipd.disagg.role_switch import RoleGuard, SwitchRefused
+from minipd.disagg.role_switch import RoleGuard
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError
@@ -106,12 +106,12 @@ class Instance(ControlServer):
                     model_name=self.model_name, max_model_len=self.engine.config.max_model_len,
                     max_num_seqs=self.engine.config.max_num_seqs, epoch=self.guard.epoch))
             case Reserve():
-                if self._stale(channel, message):
+                if self.guard.refused(channel, message):
                     return
                 self.track(channel, message.request_id)
                 self._reserve(channel, message)
             case Prefill():
-                if self._stale(channel, message):
+                if self.guard.refused(channel, message):
                     return
                 self.track(channel, message.request_id)
                 with self.guard.work.holding(message.request_id):
@@ -122,13 +122,13 @@ class Instance(ControlServer):
                 finally:
                     self.guard.work.release(message.request_id)
             case Generate():
-                if self._stale(channel, message):
+                if self.guard.refused(channel, message):
                     return
                 self.track(channel, message.request_id)
                 with self.guard.work.holding(message.request_id):
                     await self._generate(channel, message)
             case SwitchRole():
-                await self._switch_role(channel, message)
+                await self.guard.handle_switch(channel, message, self._reset_pool)
             case Renew():
                 self._renew(message.request_id)
             case Abort():
@@ -142,30 +142,6 @@ class Instance(ControlServer):
                 channel.reply(message, self.stats())
             case _:
                 log.warning("%s: unexpected %s", self.instance_id, type(message).__name__)
-
-    def _stale(self, channel: Channel, message: Reserve | Prefill | Generate) -> bool:
-        """Refuse new work meant for another role epoch, or sent during a switch; True if refused.
-        A call gets the error as its reply; a `Generate` gets it in place of its stream."""
-        error = self.guard.refusal(message.epoch)
-        if error is None:
-            return False
-        if isinstance(message, Generate):
-            error.request_id = message.request_id
-            channel.send(error)
-        else:
-            channel.reply(message, error)
-        return True
-
-    async def _switch_role(self, channel: Channel, message: SwitchRole) -> None:
-        try:
-            switched = await self.guard.switch(message.role, message.epoch, message.drain_timeout_s, self._reset_pool)
-        except SwitchRefused as exc:
-            log.warning("%s: role switch to %s refused: %s", self.instance_id, message.role.value, exc)
-            channel.reply(message, CallError(message=str(exc), kind=exc.kind))
-            return
-        log.info("%s: now a %s instance (epoch %d; drained in %.3f s, reset in %.3f s)", self.instance_id,
-                 switched.role.value, switched.epoch, switched.drain_s, switched.reset_s)
-        channel.reply(message, switched)
 
     async def _reset_pool(self) -> None:
         """Once drained: let the engine settle (aborts applied), then forget the prefix cache."""

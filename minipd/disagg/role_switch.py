@@ -24,12 +24,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections import Counter
 from typing import Awaitable, Callable, Iterator
 
-from minipd.control.messages import DRAIN_TIMEOUT, STALE_EPOCH, CallError, RoleSwitched
+from minipd.control.channel import Channel
+from minipd.control.messages import (
+    DRAIN_TIMEOUT,
+    STALE_EPOCH,
+    CallError,
+    Generate,
+    Prefill,
+    Reserve,
+    RoleSwitched,
+    SwitchRole,
+)
 from minipd.control.role import INSTANCE_ROLES, Role
+
+log = logging.getLogger(__name__)
 
 
 class SwitchRefused(Exception):
@@ -110,6 +123,32 @@ class RoleGuard:
                 f"{self.instance_id}: role epoch {epoch} is stale; it is a {self.role.value} instance at epoch "
                 f"{self.epoch}"))
         return None
+
+    def refused(self, channel: Channel, message: Reserve | Prefill | Generate) -> bool:
+        """Answer new work that must be refused now (see `refusal`); True if refused. A call
+        gets the error as its reply; a `Generate` gets it in place of its stream."""
+        error = self.refusal(message.epoch)
+        if error is None:
+            return False
+        if isinstance(message, Generate):
+            error.request_id = message.request_id
+            channel.send(error)
+        else:
+            channel.reply(message, error)
+        return True
+
+    async def handle_switch(self, channel: Channel, message: SwitchRole,
+                            reset: Callable[[], Awaitable[None]]) -> None:
+        """Answer `SwitchRole`: `RoleSwitched` once done, or the refusal."""
+        try:
+            switched = await self.switch(message.role, message.epoch, message.drain_timeout_s, reset)
+        except SwitchRefused as exc:
+            log.warning("%s: role switch to %s refused: %s", self.instance_id, message.role.value, exc)
+            channel.reply(message, CallError(message=str(exc), kind=exc.kind))
+            return
+        log.info("%s: now a %s instance (epoch %d; drained in %.3f s, reset in %.3f s)", self.instance_id,
+                 switched.role.value, switched.epoch, switched.drain_s, switched.reset_s)
+        channel.reply(message, switched)
 
     async def switch(self, target: Role, sender_epoch: int, drain_timeout_s: float,
                      reset: Callable[[], Awaitable[None]]) -> RoleSwitched:

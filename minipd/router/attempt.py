@@ -21,6 +21,7 @@ from minipd.control.channel import ChannelClosed, RemoteError
 from minipd.control.messages import (STALE_EPOCH, CallError, Decode, Generate, Message, Prefill, Prefilled, Renew,
                                      Reserve, Reserved)
 from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.router.latency_observer import relay_tokens
 from minipd.router.placement import decide_placement
 from minipd.router.registry import InstanceHandle
 from minipd.router.routed_request import RoutedRequest
@@ -78,6 +79,7 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
                                  uncached_on_decode, routed.params.max_tokens, registry.block_size,
                                  config.local_prefill)
     router.placements[placement] += 1
+    routed.prefilled_locally = prefill is None or placement.is_local
     routed.instances = {decode.instance_id}
     decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
     with decode.counted():  # load is counted from the pick, so concurrent picks see it
@@ -169,7 +171,7 @@ async def stream_from(router: Router, decode: InstanceHandle, routed: RoutedRequ
             raise InstanceFailed(output.error)
         routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
         if output.token_ids:
-            router.observe_tokens(routed, len(output.token_ids))
+            relay_tokens(router.latency_observer, routed, len(output.token_ids))
         if output.finished:
             output.transfer = routed.transfer
             router.finish(routed, output)

@@ -5,7 +5,12 @@ Opt-in on the router (`--ratio-controller`, with `--controller-slo` and the othe
 (minipd/planner/ratio_controller.py); this module feeds it what the router measures and
 carries out its moves. Top-down:
 1. as the router relays tokens it tells this observer every first token (TTFT from the
-   router's arrival, and the part spent waiting for decode KV room) and every token gap;
+   router's arrival, and the part spent waiting on decode: for KV room, or the whole TTFT of
+   a prompt prefilled on its decode instance, since more decode is what would shorten that
+   wait; see latency_observer.py) and every later token:
+   judged by its gap to the request's previous token under an `itl` objective, or under a
+   `tpot` objective by the request's time per output token so far, so that a stall (a
+   preempted or queued sequence) counts against every token after it, as it does in TPOT;
 2. every `interval_s`, each request that has waited the whole TTFT SLO without a first
    token is marked late (once; its first token is then not counted again), so an overload
    shows before its tokens come;
@@ -48,6 +53,9 @@ class LiveControllerOptions(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"controller_{field}: must be positive, got {getattr(self, field)}")
 
 
+DEFAULT_OPTIONS = LiveControllerOptions()
+
+
 class MoveRecord(msgspec.Struct, kw_only=True):
     """One move the policy asked for, and how it went."""
 
@@ -65,10 +73,11 @@ class MoveRecord(msgspec.Struct, kw_only=True):
 
 class LiveRatioController:
     def __init__(self, router: Router, config: ControllerConfig,
-                 options: LiveControllerOptions = LiveControllerOptions(),
+                 options: LiveControllerOptions = DEFAULT_OPTIONS,
                  clock: Callable[[], float] = time.monotonic):
         self.router, self.options, self.clock = router, options, clock
         self.policy = RatioController(config)
+        self._per_request_tpot = config.slo.decode_bound[0] == "tpot"
         self.moves: list[MoveRecord] = []
         self._late: set[str] = set()  # requests reported late, whose first token is not to count
         self._in_flight = 0
@@ -83,8 +92,8 @@ class LiveRatioController:
             return
         self.policy.observe_ttft(now, ttft_s, decode_wait_s)
 
-    def tokens(self, now: float, gap_s: float, count: int) -> None:
-        self.policy.observe_tokens(now, gap_s, count)
+    def tokens(self, now: float, gap_s: float, count: int, tpot_s: float) -> None:
+        self.policy.observe_tokens(now, tpot_s if self._per_request_tpot else gap_s, count)
 
     # ---- deciding ----------------------------------------------------------------------
     def tick(self) -> Decision:
@@ -95,11 +104,13 @@ class LiveRatioController:
         for routed in waiting:
             if routed.request_id not in self._late and now - routed.arrival_s > self.policy.ttft_bound_s:
                 self._late.add(routed.request_id)
-                self.policy.observe_late(now, routed.decode_wait_s)
+                self.policy.observe_late(now, routed.decode_wait_so_far(now))
         serving = self.router.registry.serving()
         prefill = [h for h in serving if h.role is Role.PREFILL]
         decode = [h for h in serving if h.role is Role.DECODE]
         decision = self.policy.decide(now, len(prefill), len(decode), self._in_flight)
+        log.debug("ratio controller: %s (%s); ttft attainment %.2f, decode %.2f; %dP:%dD", decision.move.value,
+                  decision.reason, decision.ttft_attainment, decision.decode_attainment, len(prefill), len(decode))
         if decision.move is Move.TO_PREFILL:
             self._start(min(decode, key=InstanceHandle.running), Role.PREFILL, decision)
         elif decision.move is Move.TO_DECODE:

@@ -23,9 +23,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from collections import Counter
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 import msgspec
 
@@ -40,6 +39,7 @@ from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.planner.local_prefill_policy import LocalPrefillThresholds, Placement
 from minipd.router.attempt import AttemptFailed, run_attempt
 from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
+from minipd.router.latency_observer import LatencyObserver
 from minipd.router.role_switch import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport, switch_instance_role
 from minipd.router.routed_request import RoutedRequest
 
@@ -47,14 +47,6 @@ log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
 MAX_ATTEMPTS = 2  # the first try and one retry on other instances
-
-
-class LatencyObserver(Protocol):
-    """Told of latencies as the router relays tokens (the live ratio controller)."""
-
-    def first_token(self, request_id: str, now: float, ttft_s: float, decode_wait_s: float) -> None: ...
-
-    def tokens(self, now: float, gap_s: float, count: int) -> None: ...
 
 
 class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -170,17 +162,6 @@ class Router:
         report = await switch_instance_role(self, instance_id, role, drain_timeout_s)
         self.role_changes.append(report)
         return report
-
-    def observe_tokens(self, routed: RoutedRequest, count: int) -> None:
-        """`count` tokens of `routed` are about to reach its caller: tell the latency observer."""
-        now = time.monotonic()
-        if self.latency_observer is not None:
-            if routed.last_token_s is None:
-                self.latency_observer.first_token(routed.request_id, now, now - routed.arrival_s,
-                                                  routed.decode_wait_s)
-            else:
-                self.latency_observer.tokens(now, now - routed.last_token_s, count)
-        routed.last_token_s = now
 
     def awaiting_first_token(self) -> list[RoutedRequest]:
         """Requests routed and not yet answered with a first token."""
