@@ -8,7 +8,10 @@ client (benchmarks/loadgen); the simulator runs the very same `RequestSpec` list
 decode-heavy, lengths and rates sized for this machine): P50 and P90 of TTFT and of ITL (every
 gap), and the SLO attainment. The SLO is derived from the simulation, never from the
 measurement: by default TTFT and TPOT bounds at the simulated 75th percentiles, so that
-attainment is neither trivially 0 nor 1 (`--goodput` sets one instead). Targets: latencies
+attainment is neither trivially 0 nor 1 (`--goodput` sets one instead). The simulator does not
+model prefix caching, so the cluster runs without it (`--no-prefix-caching`) and its router
+sends every prompt to prefill (`--local-prefill-max-tokens -1`; the load client's prompts share
+their first block, which the router would otherwise count as cached on decode). Targets: latencies
 within 15%, attainment within 5 points. Each workload is measured `--repeats` times (fresh
 prompts) and every run is reported, so a miss from the shared machine's noise shows as such
 (each run's `foreign_cpu` says how much of the machine other jobs took).
@@ -42,7 +45,6 @@ from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.local_prefill_policy import LocalPrefillThresholds
 from minipd.planner.simulator import Simulator
 from minipd.planner.slo import SLO as SimSLO
-from minipd.router.router import RouterConfig
 from minipd.workload import ArrivalProcess, LengthDist, make_workload
 
 LATENCY_TOLERANCE = 0.15
@@ -97,8 +99,7 @@ def _specs(name: str, args: argparse.Namespace, seed: int):
 def simulate(profile: LatencyProfile, specs, budget: int) -> dict:
     """The simulated run: per-request arrays and the figures compared."""
     options_ = SimOptions(link=KVLink(LOCALHOST_TCP_GBPS, LINK_SETUP_S, True, profile.num_layers),
-                          local_prefill=LocalPrefillThresholds(max_local_tokens=RouterConfig().local_prefill_max_tokens),
-                          max_batched_tokens=budget)
+                          local_prefill=LocalPrefillThresholds(max_local_tokens=0), max_batched_tokens=budget)
     result = Simulator(profile, ClusterSpec.split(1, 1), options_).run(specs)
     gaps = result.itl_gaps
     return {"result": result, "ttft_p50_ms": float(np.percentile(result.ttft_s, 50)) * MS_PER_S,
@@ -155,12 +156,13 @@ def run(args: argparse.Namespace) -> dict:
     longest = [s for runs in all_specs.values() for specs in runs for s in specs]
     server = ServerOptions(model=profile.model, torch_threads=args.torch_threads,
                            max_model_len=options.fitting_max_model_len(longest), num_blocks=args.num_blocks,
-                           max_num_batched_tokens=budget, extra_flags=("--dtype", profile.dtype))
+                           max_num_batched_tokens=budget, extra_flags=("--dtype", profile.dtype, "--no-prefix-caching"))
     args.tokenizer, args.dataset = None, None
     builder = options.prompt_builder(argparse.Namespace(model=profile.model, tokenizer=None, seed=args.seed))
     config = options.runner_config(args)
     with Processes() as processes:
-        deployment = start_disaggregated(processes, server, num_prefill=1, num_decode=1)
+        deployment = start_disaggregated(processes, server, num_prefill=1, num_decode=1,
+                                         router_flags=("--local-prefill-max-tokens", "-1"))
         for name, runs in all_specs.items():
             rows = []
             for r, specs in enumerate(runs):
