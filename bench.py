@@ -10,6 +10,9 @@
     python bench.py slo --json slo.json --plot slo.png
     python bench.py linkbw --json linkbw.json --plot linkbw.png
     python bench.py crossover --json crossover.json --plot crossover.png
+    python bench.py switch --json switch.json --plot switch.png
+    python bench.py controller --json controller.json --plot controller.png
+    python bench.py validate --profile profile.json --json validate.json --plot validate.png
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -41,6 +44,9 @@ EXPERIMENTS = {
     "linkbw": ("benchmarks.linkbw_bench", "TTFT and SLO attainment vs KV link bandwidth (token bucket, shaped veth)"),
     "crossover": ("benchmarks.crossover_bench",
                   "per prompt length, the link bandwidth where KV transfer cost equals prefill interference"),
+    "switch": ("benchmarks.switch_bench", "an in-place role switch: decision to serving, drain excluded and included"),
+    "controller": ("benchmarks.controller_bench", "the live P:D ratio controller against a fixed ratio, shift workload"),
+    "validate": ("benchmarks.validate_bench", "the planner's simulator against a real 1P:1D cluster, same workloads"),
 }
 
 

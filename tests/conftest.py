@@ -16,7 +16,7 @@ FAST_MODULES = {
     "test_block_manager", "test_scheduler_units", "test_picking_units", "test_sampling", "test_workload",
     "test_kv_pool", "test_transport_units", "test_tokenizer", "test_http_chat_template", "test_engine_correctness",
     "test_http_api", "test_disagg_inprocess", "test_http_router", "test_gguf_loader", "test_layers",
-    "test_control_auth", "test_kv_link_auth",
+    "test_control_auth", "test_kv_link_auth", "test_placement_units", "test_live_controller_units",
 }
 
 

@@ -20,7 +20,6 @@ import pytest
 
 from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.router.client import ClusterClient
 
 from disagg_helpers import LOCAL_PREFILL_MAX_TOKENS
 from engine_helpers import Completion, complete_all, greedy
@@ -62,7 +61,7 @@ def _argv(config: EngineConfig) -> list[str]:
 def _start(config: EngineConfig, loop_thread):
     processes = ProcessCluster.from_argv(_argv(config))
     loop_thread.run(processes.start(), timeout=START_TIMEOUT_S)
-    client = loop_thread.run(ClusterClient.connect(*processes.router_address))
+    client = loop_thread.run(processes.client())
     return processes, client
 
 

@@ -12,7 +12,6 @@ import pytest
 import torch
 import uvloop
 
-from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun, coalesce_runs, split_runs
 from minipd.transports.ends_after_headers import EndsAfterHeaders
 from minipd.transports.errors import TransferError

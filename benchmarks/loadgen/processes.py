@@ -22,6 +22,9 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from minipd.entrypoints.flags import CLUSTER_SECRET_ENV
+from minipd.transports.shared_secret import generate_secret_text
+
 from .signals import interrupts_deferred
 
 STOP_GRACE_S = 10.0
@@ -45,11 +48,11 @@ def minipd_command() -> list[str]:
 class ManagedProcess:
     """One child: stdout is read for announcements, stderr goes to `log_path`."""
 
-    def __init__(self, name: str, argv: list[str], log_path: Path):
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None):
         self.name, self.argv, self.log_path = name, argv, log_path
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, bufsize=0)
+                                            start_new_session=True, bufsize=0, env=env)
         self.lines: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
         self._pending = b""
         self._drainer: threading.Thread | None = None
@@ -120,14 +123,19 @@ class Processes:
     """Children started inside a `with` block, all stopped (newest first) when it ends.
 
     Logs go to a fresh directory, removed afterwards unless the block failed (its path is
-    then printed, so the children's errors can be read)."""
+    then printed, so the children's errors can be read).
+
+    Every child gets the same fresh cluster secret in its environment (`secret`), so that the
+    benchmark can reach a cluster's control plane too (`ClusterClient.connect(..., secret=)`)."""
 
     def __init__(self, label: str = "minipd-bench"):
         self.log_dir = Path(tempfile.mkdtemp(prefix=f"{label}-"))
         self.children: list[ManagedProcess] = []
+        self.secret = generate_secret_text()
 
     def start(self, name: str, argv: list[str]) -> ManagedProcess:
-        child = ManagedProcess(name, argv, self.log_dir / f"{name}.log")
+        env = {**os.environ, CLUSTER_SECRET_ENV: self.secret}
+        child = ManagedProcess(name, argv, self.log_dir / f"{name}.log", env)
         self.children.append(child)
         return child
 

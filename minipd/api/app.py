@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP front (aiohttp) over any `ServingBackend`.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics. With an API key (`HttpConfig.api_key`), every route but /health requires it
-(`api_key.py`; 401 otherwise, before anything else is looked at). POST bodies must be
+GET /metrics, and whatever `extensions` add (the router's admin routes, api/admin.py). With
+an API key (`HttpConfig.api_key`), every route but /health requires it (`api_key.py`; 401
+otherwise, before anything else is looked at), the extensions' included. POST bodies must be
 `application/json` (415 otherwise), so a web page cannot drive the API with a "simple"
 cross-origin request (text/plain, forms). Every error, a 404 route or a 413 body included,
 is answered in OpenAI's error format; an unexpected exception is logged and answered as a bare 500. Each app has
@@ -22,17 +23,17 @@ import asyncio
 import logging
 import sys
 import time
-from typing import TextIO
+from typing import Callable, Sequence, TextIO
 
 import msgspec
 from aiohttp import web
 
 from minipd.api.api_key import ApiKeyGuard
+from minipd.api.backend import ServingBackend
 from minipd.api.errors import NOT_FOUND, OVERLOADED, SERVER_ERROR, ApiError
 from minipd.api.metrics import CONTENT_TYPE, ServingMetrics
 from minipd.api.protocol import ModelCard, ModelList
 from minipd.api.serving import OpenAIServing
-from minipd.api.backend import ServingBackend
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,10 @@ class _Routes:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
 
-def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
+Extension = Callable[[web.Application], None]  # adds routes (and metrics) to an app before it starts
+
+
+def build_app(backend: ServingBackend, config: HttpConfig, extensions: Sequence[Extension] = ()) -> web.Application:
     """An aiohttp app serving `backend`; run it with `start_http_server`."""
     config.validate()
     middlewares = [_errors_middleware]
@@ -165,6 +169,8 @@ def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/health", routes.health)
     app.router.add_get("/metrics", routes.metrics_text)
+    for extend in extensions:
+        extend(app)
     return app
 
 
@@ -180,12 +186,13 @@ async def start_http_server(app: web.Application, host: str, port: int) -> tuple
     return runner, runner.addresses[0][1]
 
 
-async def start_api(backend: ServingBackend, config: HttpConfig, out: TextIO = sys.stdout) -> web.AppRunner:
+async def start_api(backend: ServingBackend, config: HttpConfig, out: TextIO = sys.stdout,
+                    extensions: Sequence[Extension] = ()) -> web.AppRunner:
     """Serve the OpenAI API over `backend` and announce
     `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT` on `out` once the socket
     listens (a caller that asked for port 0 learns the port). The caller owns the runner
     (`await runner.cleanup()`)."""
-    runner, port = await start_http_server(build_app(backend, config), config.host, config.port)
+    runner, port = await start_http_server(build_app(backend, config, extensions), config.host, config.port)
     print(f"minipd: serving the OpenAI API for {backend.model_name!r} on http://{config.host}:{port}", file=out,
           flush=True)
     return runner

@@ -21,12 +21,10 @@ from typing import AsyncIterator, Callable, Protocol, Sequence, runtime_checkabl
 import msgspec
 
 from minipd.control.role import Role
-from minipd.models.tokenizer import Tokenizer
-
 from minipd.engine.engine import EngineStats
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
-
+from minipd.models.tokenizer import Tokenizer
 
 
 class BackendUnavailableError(RuntimeError):

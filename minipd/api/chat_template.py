@@ -24,10 +24,9 @@ from typing import Any, Sequence
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from minipd.models.tokenizer import Tokenizer
-
 from minipd.api.errors import bad_request
 from minipd.api.protocol import ChatMessage
+from minipd.models.tokenizer import Tokenizer
 
 BUILTIN_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message.role }}: {{ message.content }}\n{% endfor %}"

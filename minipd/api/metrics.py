@@ -20,8 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from minipd.engine.request import FinishReason, RequestOutput
 from minipd.api.backend import InstanceStats
+from minipd.engine.request import FinishReason, RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

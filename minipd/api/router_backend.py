@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from minipd.api.backend import BackendUnavailableError, InstanceStats, OutputStream
 from minipd.engine.block_manager import BlockUsage
 from minipd.engine.engine import EngineStats
-from minipd.router.router import Router
 from minipd.engine.sampling_params import SamplingParams
-from minipd.api.backend import BackendUnavailableError, InstanceStats, OutputStream
+from minipd.router.router import Router
 
 NO_INSTANCE_RETRY_AFTER_S = 5  # instances (re)register within seconds when a cluster (re)starts
 
@@ -44,7 +44,8 @@ class RouterBackend:
         return self.router.num_waiting()
 
     def instance_stats(self) -> list[InstanceStats]:
-        return [InstanceStats(s.instance_id, s.role, EngineStats(
+        roles = {h.instance_id: h.role for h in self.router.registry.instances.values()}  # current after a switch
+        return [InstanceStats(s.instance_id, roles.get(s.instance_id, s.role), EngineStats(
             s.num_running, s.num_waiting, 0, BlockUsage(s.num_blocks, s.num_free_blocks, s.num_used_blocks,
                                                         s.num_cached_blocks)))
                 for s in self.router.instance_stats()]

@@ -27,18 +27,31 @@ from typing import Callable, Sequence, TypeVar
 import msgspec
 from aiohttp import web
 
-from minipd.api.errors import OVERLOADED, SERVER_ERROR, ApiError, bad_request, from_decode_error
+from minipd.api.backend import BackendUnavailableError, OutputStream, ServingBackend
 from minipd.api.chat_template import ChatTemplate
+from minipd.api.errors import OVERLOADED, SERVER_ERROR, ApiError, bad_request, from_decode_error
+from minipd.api.json_only import require_json
 from minipd.api.metrics import RequestRecorder, ServingMetrics
-from minipd.api.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
-                              ChatCompletionResponse, ChatDelta, ChatReply, CompletionChoice,
-                              CompletionRequest, CompletionResponse, Usage, GenerationRequest, make_usage)
+from minipd.api.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatReply,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    GenerationRequest,
+    Usage,
+    make_usage,
+)
 from minipd.engine.kv_admission import NoCapacity
 from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.prompt_encoder import PromptEncoder
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import InvalidRequestError
-from minipd.api.backend import BackendUnavailableError, OutputStream, ServingBackend
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +61,6 @@ PROMPT_FIELDS = ("prompt", "prompt_token_ids")  # what the engine calls the prom
 NO_LENGTH_LIMIT = 2**63  # a backend that knows no max_model_len yet (no instance) checks it itself
 # Parameters (`; charset=utf-8`) are allowed. A browser sends a cross-origin POST without
 # asking first only for text/plain and form types: requiring JSON closes that door.
-JSON_CONTENT_TYPE = "application/json"
 
 RequestT = TypeVar("RequestT", bound=GenerationRequest)
 
@@ -142,10 +154,7 @@ class OpenAIServing:
 
     # ---- steps ----------------------------------------------------------------------
     async def _decode(self, http_request: web.Request, request_type: type[RequestT]) -> RequestT:
-        if http_request.content_type != JSON_CONTENT_TYPE:  # aiohttp: lower-cased, without parameters
-            given = http_request.headers.get("Content-Type")
-            raise ApiError(415, f"Content-Type: expected {JSON_CONTENT_TYPE}, got {repr(given) if given else 'none'}",
-                           param="Content-Type", code="unsupported_media_type")
+        require_json(http_request)
         body = await self._read_body(http_request)
         try:  # on a tokenizer thread too: a few megabytes of JSON take milliseconds to decode
             request = await self.prompt_encoder.run(lambda: msgspec.json.decode(body, type=request_type))

@@ -86,12 +86,22 @@ class Welcome(Reply, tag="welcome"):
     max_model_len: int = 0
     max_num_seqs: int = 0
     proof: bytes = b""  # the server's proof of the cluster secret (empty without one)
+    epoch: int = 0  # the instance's role epoch: bumped by every role switch
 
 
 class CallError(Reply, tag="error"):
+    """A refused call, or (sent in place of a stream's first output) a refused `Generate`."""
+
     message: str
-    kind: str = "error"  # "invalid" (bad input), "busy" (no capacity), "transfer" (KV did not move),
-    # "auth" (the handshake failed or the peer may not send this), "error"
+    # "invalid" (bad input), "busy" (no capacity), "transfer" (KV did not move), "auth" (the
+    # handshake failed or the peer may not send this), "error", and STALE_EPOCH: new work
+    # meant for a role the instance no longer has, or sent while it switches roles
+    # (role_switch.py); the router tries the request elsewhere
+    kind: str = "error"
+
+
+STALE_EPOCH = "stale_epoch"
+DRAIN_TIMEOUT = "timeout"  # a role switch whose drain outlasted its timeout (nothing changed)
 
 
 # ---- disaggregated request flow ----------------------------------------------------------
@@ -100,6 +110,7 @@ class Reserve(Call, tag="reserve"):
 
     token_ids: list[int]
     prefill_instance: str
+    epoch: int | None = None  # the role epoch the sender saw; a stale one is refused (None: unchecked)
 
 
 class Reserved(Reply, tag="reserved"):
@@ -119,6 +130,7 @@ class Prefill(Call, tag="prefill"):
     dst_block_ids: list[int]
     num_skip_blocks: int  # leading blocks the decode instance already holds
     layerwise: bool = True
+    epoch: int | None = None  # as in Reserve
 
 
 class Prefilled(Reply, tag="prefilled"):
@@ -152,10 +164,12 @@ class Renew(Message, tag="renew"):
 
 
 class Generate(Message, tag="generate"):
-    """Prefill and decode on one instance (colocated, or a short prompt); streams `TokenOutput`s."""
+    """Prefill and decode on one instance (colocated, or a short prompt); streams `TokenOutput`s,
+    or answers one `CallError` (kind STALE_EPOCH) when refused for its epoch."""
 
     token_ids: list[int]
     sampling: SamplingParams
+    epoch: int | None = None  # as in Reserve
 
 
 class TokenOutput(Message, tag="tokens"):
@@ -185,6 +199,31 @@ class Stats(Reply, tag="stats"):
     num_cached_blocks: int
     num_blocks: int
     num_reservations: int = 0
+    epoch: int = 0  # role epoch (as in Welcome)
+    switching: bool = False  # draining for a role switch: it takes no new work
+
+
+# ---- role switch ---------------------------------------------------------------------------
+class SwitchRole(Call, tag="switch_role"):
+    """Router -> instance: stop taking new work, let what is in flight finish, reset the KV
+    pool (prefix cache included) and serve as `role` from then on, with the role epoch bumped.
+    Answered by `RoleSwitched`, or `CallError`: "invalid" (not an instance role, a stale
+    `epoch`, a switch already under way), STALE_EPOCH (the sender's epoch is not the
+    instance's) or DRAIN_TIMEOUT (in-flight work outlasted `drain_timeout_s`; the instance then
+    keeps serving in its old role and epoch)."""
+
+    role: Role
+    epoch: int  # the epoch the sender saw: the switch is refused if another one happened since
+    drain_timeout_s: float
+
+
+class RoleSwitched(Reply, tag="role_switched"):
+    role: Role
+    epoch: int
+    previous_role: Role
+    drain_s: float  # waiting for in-flight work to finish
+    reset_s: float  # resetting the pool and taking the new role
+    num_drained: int  # requests that were in flight when the switch began
 
 
 class Register(Call, tag="register"):
@@ -215,5 +254,5 @@ class ClusterStats(Reply, tag="cluster_stats"):
 
 
 AnyMessage = (Hello | Challenge | Prove | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode
-              | Generate | KVLanded | Renew | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered | ClientGenerate
-              | ClusterStats)
+              | Generate | KVLanded | Renew | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered
+              | ClientGenerate | ClusterStats | SwitchRole | RoleSwitched)

@@ -3,11 +3,12 @@
 Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decode instance);
 `decode` answers `Reserve` and `Decode` (hold blocks, receive the KV, decode); every role
 answers `Generate` (prefill and decode here, used for colocated serving and for short
-prompts), `Abort`, `PeerLost` and `GetStats`. Only routers may connect (with a cluster
-secret, only those that prove it), and the transport, given the same secret, takes KV only
-from the instance a reservation names, over an authenticated link. What a router asked for
-through a connection is aborted when that connection drops, and every prefill for a decode
-instance the router reports lost (`PeerLost`) at once.
+prompts), `Abort`, `PeerLost`, `GetStats` and `SwitchRole` (an in-place role switch; new
+work carries the role epoch it was meant for, see role_switch.py). Only routers may connect
+(with a cluster secret, only those that prove it), and the transport, given the same secret,
+takes KV only from the instance a reservation names, over an authenticated link. What a
+router asked for through a connection is aborted when that connection drops, and every
+prefill for a decode instance the router reports lost (`PeerLost`) at once.
 
 Length: one class answers every role's calls, and the roles share its transport, reservations
 and connections; splitting it by role is due once those are settled.
@@ -28,13 +29,14 @@ from minipd.control.channel import Channel
 from minipd.control.role import Role
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
 from minipd.control.messages import (Abort, CallError, Decode, Generate, GetStats, KVLanded, Message,
-                               PeerLost, Prefill, Prefilled, Renew, Reserve, Reserved, Stats, TokenOutput,
-                                     Welcome)
+                                     PeerLost, Prefill, Prefilled, Renew, Reserve, Reserved, Stats, SwitchRole,
+                                     TokenOutput, Welcome)
 from minipd.control.server import ControlServer
 from minipd.transports.shared_secret import SharedSecret
 from minipd.engine.engine import Engine, NoCapacity
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
+from minipd.disagg.role_switch import RoleGuard
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError
@@ -61,7 +63,8 @@ class Instance(ControlServer):
         super().__init__(instance_id, secret, max_connections)
         if not role.is_instance:
             raise ValueError(f"role: {role.value!r} is not an instance role")
-        self.engine, self.role, self.instance_id = engine, role, instance_id
+        self.guard = RoleGuard(instance_id, role)  # role, role epoch, work in flight
+        self.engine, self.instance_id = engine, instance_id
         self.transport = transport
         self.model_name = model_name
         self.lease_s = lease_s
@@ -72,6 +75,10 @@ class Instance(ControlServer):
         self._prefills_to: dict[str, set[str]] = {}  # decode instance id -> ids of prefills for it
         self._lease_task: asyncio.Task | None = None
         self.expired_leases: asyncio.Queue[str] = asyncio.Queue()  # request ids, for observers and tests
+
+    @property
+    def role(self) -> Role:
+        return self.guard.role
 
     # ---- lifecycle --------------------------------------------------------------------
     @classmethod
@@ -105,7 +112,7 @@ class Instance(ControlServer):
         return Welcome(instance_id=self.instance_id, role=self.role, fingerprint=self.fingerprint,
                        transport=self.transport.backend, transport_description=self.transport.describe(),
                        model_name=self.model_name, max_model_len=self.engine.config.max_model_len,
-                       max_num_seqs=self.engine.config.max_num_seqs)
+                       max_num_seqs=self.engine.config.max_num_seqs, epoch=self.guard.epoch)
 
     def refuses_role(self, role: Role) -> str | None:
         return None if role is Role.ROUTER else f"{self.instance_id} is an instance; only a router may connect to it"
@@ -117,16 +124,29 @@ class Instance(ControlServer):
     async def handle(self, channel: Channel, message: Message) -> None:
         match message:
             case Reserve():
+                if self.guard.refused(channel, message):
+                    return
                 self.track(channel, message.request_id)
                 self._reserve(channel, message)
             case Prefill():
+                if self.guard.refused(channel, message):
+                    return
                 self.track(channel, message.request_id)
-                await self._prefill(channel, message)
-            case Decode():
-                await self._decode(channel, message)
+                with self.guard.work.holding(message.request_id):
+                    await self._prefill(channel, message)
+            case Decode():  # for a reservation held since Reserve: served during a switch's drain too
+                try:
+                    await self._decode(channel, message)
+                finally:
+                    self.guard.work.release(message.request_id)
             case Generate():
+                if self.guard.refused(channel, message):
+                    return
                 self.track(channel, message.request_id)
-                await self._generate(channel, message)
+                with self.guard.work.holding(message.request_id):
+                    await self._generate(channel, message)
+            case SwitchRole():
+                await self.guard.handle_switch(channel, message, self._reset_pool)
             case Renew():
                 self._renew(message.request_id)
             case Abort():
@@ -142,6 +162,12 @@ class Instance(ControlServer):
                 channel.reply(message, self.stats())
             case _:
                 log.warning("%s: unexpected %s", self.instance_id, type(message).__name__)
+
+    async def _reset_pool(self) -> None:
+        """Once drained: let the engine settle (aborts applied), then forget the prefix cache."""
+        if not await self.engine.wait_idle(SETTLE_TIMEOUT_S):
+            raise RuntimeError("the engine did not go idle")
+        self.engine.reset_pool()
 
     def _refuse(self, serves: bool, what: str, channel: Channel, message) -> bool:
         """Answer a call this instance's role does not serve with an error; True if refused."""
@@ -175,6 +201,7 @@ class Instance(ControlServer):
             return
         self.reservations[request_id] = Reservation(message.token_ids, block_ids, num_cached,
                                                     time.monotonic() + self.lease_s)
+        self.guard.work.hold(request_id)  # until its decode stream ends or the reservation is dropped
         channel.reply(message, Reserved(num_cached_tokens=num_cached, dst_block_ids=dst, lease_s=self.lease_s))
 
     async def _decode(self, channel: Channel, message: Decode) -> None:
@@ -214,8 +241,11 @@ class Instance(ControlServer):
         except Exception:  # cannot guarantee the peer stopped writing: keep the blocks out of use
             log.exception("%s: abort of %s did not drain; leaking its blocks", self.instance_id, request_id)
             return True
-        self.engine.release_blocks(reservation.block_ids)
-        return True
+        else:
+            self.engine.release_blocks(reservation.block_ids)
+            return True
+        finally:
+            self.guard.work.release(request_id)
 
     async def _expire_leases(self) -> None:
         while True:
@@ -307,4 +337,5 @@ class Instance(ControlServer):
         return Stats(instance_id=self.instance_id, role=self.role, num_running=s.num_running,
                      num_waiting=s.num_waiting, num_free_blocks=s.blocks.num_free, num_used_blocks=s.blocks.num_used,
                      num_cached_blocks=s.blocks.num_cached, num_blocks=s.blocks.num_blocks,
-                     num_reservations=len(self.reservations))
+                     num_reservations=len(self.reservations), epoch=self.guard.epoch,
+                     switching=self.guard.switching)

@@ -161,6 +161,19 @@ class BlockManager:
                 else:
                     self._free_cached[block_id] = None
 
+    def reset(self) -> None:
+        """Forget the prefix cache and return to the state of a fresh pool (every block free,
+        never-cached first, in order). Only when no block is in use (RuntimeError otherwise):
+        a block someone holds cannot be forgotten."""
+        num_used = self.num_blocks - self.num_free_blocks
+        if num_used:
+            raise RuntimeError(f"reset: {num_used} blocks are still in use")
+        self._block_hash = [None] * self.num_blocks
+        self._block_tokens = [None] * self.num_blocks
+        self._hash_to_block.clear()
+        self._free_uncached = deque(range(self.num_blocks))
+        self._free_cached.clear()
+
     # ---- internals --------------------------------------------------------------------
     def _num_free_among(self, block_ids: Sequence[int]) -> int:
         return sum(1 for b in block_ids if self._ref_counts[b] == 0)

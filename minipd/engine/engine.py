@@ -271,6 +271,14 @@ class Engine:
             return False
         return True
 
+    def reset_pool(self) -> None:
+        """Forget the prefix cache: the pool is as it was at start, every block free. Only while
+        the engine holds no request and no block is handed out (RuntimeError otherwise); the
+        KV bytes are not cleared, since a block is always written before it is read."""
+        if self._streams or self.scheduler.running or self.scheduler.waiting:
+            raise RuntimeError(f"reset_pool: {len(self._streams)} requests are still in the engine")
+        self.block_manager.reset()
+
     def stats(self) -> EngineStats:
         return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.scheduler.num_preemptions,
                            self.block_manager.usage())

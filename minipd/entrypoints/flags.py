@@ -27,6 +27,9 @@ from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
 from minipd.engine.sampling_params import SamplingParams
 from minipd.models.config import PRESETS
 from minipd.models.packaged_models import PACKAGED_MODELS
+from minipd.planner.ratio_controller import ControllerConfig
+from minipd.planner.slo import SLO
+from minipd.router.live_controller import LiveControllerOptions
 from minipd.router.router import RouterConfig
 from minipd.transports.registry import BACKENDS
 
@@ -52,6 +55,9 @@ COMMAND_ROLES = tuple(ROLE_SUMMARIES)
 
 _ENGINE = EngineConfig()
 _ROUTING = RouterConfig()
+_CONTROLLER = LiveControllerOptions()
+DEFAULT_CONTROLLER_SLO = ["ttft:1000", "itl:100"]
+_POLICY = ControllerConfig(slo=SLO.parse(DEFAULT_CONTROLLER_SLO))
 _SAMPLING = SamplingParams()
 ENGINE_ROLES = frozenset({*INSTANCE_ROLES, Role.CLUSTER})
 INSTANCES = frozenset(INSTANCE_ROLES)
@@ -90,9 +96,10 @@ def _flag(name: str, roles, group: str, inherit=(), text=None, env: str | None =
     return Flag(name, frozenset(roles), group, options, frozenset(inherit), env, text)
 
 
-PROCESS, SECURITY, PLACEMENT, MODEL, SCHEDULER, INSTANCE, ROUTER, POLICY, HTTP, CLUSTER, DEMO = (
+PROCESS, SECURITY, PLACEMENT, MODEL, SCHEDULER, INSTANCE, ROUTER, POLICY, CONTROLLER, HTTP, CLUSTER, DEMO = (
     "process", "security (README: Security)", "CPU placement", "model and KV cache", "scheduler",
-    "instance (control plane and KV transport)", "router", "routing policy", "OpenAI-compatible HTTP API",
+    "instance (control plane and KV transport)", "router", "routing policy",
+    "P:D ratio controller (moves instances between prefill and decode in place)", "OpenAI-compatible HTTP API",
     "local cluster", "prompts in, tokens and latencies out")
 NETWORKED = frozenset({*INSTANCE_ROLES, Role.ROUTER, Role.CLUSTER})
 CLUSTER_SECRET_ENV = "MINIPD_CLUSTER_SECRET"
@@ -184,7 +191,20 @@ FLAGS: tuple[Flag, ...] = (
     _flag("--local-prefill-max-tokens", ROUTING, POLICY, {Role.ROUTER}, type=int,
           default=_ROUTING.local_prefill_max_tokens,
           help="prompts with at most this many uncached tokens are prefilled on the decode instance itself "
-               "(conditional disaggregation); -1 disables (default: %(default)s)"),
+               "(conditional disaggregation, Dynamo's isl_bounding); -1 disables (default: %(default)s)"),
+    _flag("--prefill-busy-tokens", ROUTING, POLICY, {Role.ROUTER}, type=int, default=_ROUTING.prefill_busy_tokens,
+          help="also prefill a prompt on its decode instance when the least-loaded prefill instance has more than "
+               "this many prompt tokens queued and decode has room (Dynamo's prefill_load; default: off)"),
+    _flag("--prefill-busy-requests", ROUTING, POLICY, {Role.ROUTER}, type=int,
+          default=_ROUTING.prefill_busy_requests,
+          help="the same rule on prompts queued per prefill instance (default: off)"),
+    _flag("--decode-room-kv-fraction", ROUTING, POLICY, {Role.ROUTER}, type=float,
+          default=_ROUTING.decode_room_kv_fraction,
+          help="decode has room for a local prefill while its KV use after admitting the request stays at or "
+               "below this fraction (default: %(default)s)"),
+    _flag("--decode-room-max-running", ROUTING, POLICY, {Role.ROUTER}, type=int,
+          default=_ROUTING.decode_room_max_running,
+          help="... and it runs fewer sequences than this (default: its --max-num-seqs)"),
     _flag("--no-layerwise", ROUTING, POLICY, {Role.ROUTER}, dest="layerwise", action="store_false",
           help="send the KV after the whole prefill instead of layer by layer (for comparison)"),
     _flag("--kv-admission-ratio", SERVING, POLICY, {Role.ROUTER}, type=float, default=DEFAULT_KV_ADMISSION_RATIO,
@@ -195,6 +215,35 @@ FLAGS: tuple[Flag, ...] = (
     _flag("--kv-wait-s", ROUTING, POLICY, {Role.ROUTER}, type=float, default=_ROUTING.kv_wait_s,
           help="longest a request waits for room in a decode pool before it fails as overloaded "
                "(default: %(default)s)"),
+    # ---- the P:D ratio controller (router)
+    _flag("--ratio-controller", ROUTING, CONTROLLER, {Role.ROUTER}, action="store_true",
+          help="move one instance at a time between prefill and decode, in place, when measured TTFT or ITL "
+               "misses --controller-slo over a sliding window (docs/planner.md)"),
+    _flag("--controller-slo", ROUTING, CONTROLLER, {Role.ROUTER}, nargs="+", default=DEFAULT_CONTROLLER_SLO,
+          metavar="KEY:MS", help="the objectives the controller keeps: ttft and itl (or tpot), milliseconds "
+                                 "(default: %(default)s)"),
+    _flag("--controller-target", ROUTING, CONTROLLER, {Role.ROUTER}, type=float,
+          default=_POLICY.target,
+          help="attainment each side should reach (default: %(default)s)"),
+    _flag("--controller-hysteresis", ROUTING, CONTROLLER, {Role.ROUTER}, type=float,
+          default=_POLICY.hysteresis,
+          help="a side must fall short of the target, and of the other side, by more than this to move an "
+               "instance (default: %(default)s)"),
+    _flag("--controller-window-s", ROUTING, CONTROLLER, {Role.ROUTER}, type=float,
+          default=_POLICY.window_s,
+          help="the sliding window latencies are judged over, in seconds (default: %(default)s)"),
+    _flag("--controller-cooldown-s", ROUTING, CONTROLLER, {Role.ROUTER}, type=float,
+          default=_POLICY.cooldown_s,
+          help="at least this long between two moves (default: %(default)s)"),
+    _flag("--controller-min-samples", ROUTING, CONTROLLER, {Role.ROUTER}, type=int,
+          default=_POLICY.min_samples,
+          help="hold while fewer samples than this were taken since the last move (default: %(default)s)"),
+    _flag("--controller-interval-s", ROUTING, CONTROLLER, {Role.ROUTER}, type=float, default=_CONTROLLER.interval_s,
+          help="how often the controller decides (default: %(default)s)"),
+    _flag("--controller-drain-timeout-s", ROUTING, CONTROLLER, {Role.ROUTER}, type=float,
+          default=_CONTROLLER.drain_timeout_s,
+          help="a moved instance whose requests have not finished by then stays in its role (default: "
+               "%(default)s)"),
     # ---- the OpenAI-compatible HTTP API
     _flag("--port", {Role.BOTH}, HTTP, type=int, default=None,
           help="serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics on this port instead "
@@ -290,8 +339,10 @@ def _as_argv(flag: Flag, value: Any) -> list[str]:
         return [] if value else [flag.name]
     if value is None:
         return []
-    values = value if action == "append" else [value]
+    values = value if action == "append" or flag.options.get("nargs") in ("+", "*") else [value]
     text = flag.text or _text
+    if flag.options.get("nargs") in ("+", "*"):
+        return [flag.name, *(text(v) for v in values)]
     return [item for v in values for item in (flag.name, text(v))]
 
 

@@ -16,6 +16,7 @@ from minipd.transports.loopback_hub import LoopbackHub
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.disagg.instance import Instance
 from minipd.engine.request_stream import RequestStream
+from minipd.router.role_switch import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport
 from minipd.router.router import Router, RouterConfig
 from minipd.engine.sampling_params import SamplingParams
 from minipd.transports.shared_secret import SharedSecret
@@ -59,6 +60,11 @@ class InProcessCluster:
                        layerwise: bool | None = None):
         async for output in self.router.generate(prompt, params, request_id, layerwise):
             yield output
+
+    async def switch_role(self, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+                          ) -> SwitchReport:
+        """Switch one instance's role in place, through the router (`Router.switch_role`)."""
+        return await self.router.switch_role(instance_id, role, drain_timeout_s)
 
     def instance(self, instance_id: str) -> Instance:
         return next(i for i in self.instances if i.instance_id == instance_id)

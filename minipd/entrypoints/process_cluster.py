@@ -33,7 +33,8 @@ from minipd.entrypoints.credentials import cluster_secret_from_args
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.openmp_env import passive_env
 from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
-from minipd.entrypoints.roles import demo_params, engine_config_from_args, http_config
+from minipd.entrypoints.roles import (controller_from_args, demo_params, engine_config_from_args, http_config,
+                                      router_config_from_args)
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.client import ClusterClient
 from minipd.transports.shared_secret import SharedSecret, generate_secret_text
@@ -185,6 +186,8 @@ def prepare_cluster(args: argparse.Namespace) -> Coroutine:
     cluster_secret_from_args(args)
     tokenizer = load_tokenizer_only(args.model)
     engine_config_from_args(args)
+    router_config_from_args(args)
+    controller_from_args(args)
     http_config(args.http_host, args.http_port, args)
     return run_cluster(ProcessCluster(args), args.prompt, demo_params(args),
                        chat_wrapper(tokenizer) if args.chat else None)

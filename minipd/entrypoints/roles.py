@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Coroutine
 
+from minipd.api.admin import router_admin
 from minipd.api.app import HttpConfig, start_api
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
@@ -37,7 +38,10 @@ from minipd.entrypoints.credentials import (
 )
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.signals import wait_for_stop_signal
+from minipd.planner.ratio_controller import ControllerConfig
+from minipd.planner.slo import SLO
 from minipd.router.control_port import RouterControlPort
+from minipd.router.live_controller import LiveControllerOptions, LiveRatioController
 from minipd.router.router import Router, RouterConfig
 from minipd.transports.shared_secret import SharedSecret
 
@@ -54,7 +58,7 @@ def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
         print(f"minipd router: placement: {_router_cpus(args)}, {openmp_env.describe()}", file=sys.stderr, flush=True)
         router = Router(load_tokenizer_only(args.model), router_config_from_args(args), model_name=args.model,
                         secret=secret)
-        return run_router(router, args, http)
+        return run_router(router, args, http, controller_from_args(args))
     if role is Role.CLUSTER:
         from minipd.entrypoints.process_cluster import prepare_cluster
 
@@ -95,6 +99,22 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
     return RouterConfig(**{f: getattr(args, f) for f in RouterConfig.__struct_fields__ if hasattr(args, f)})
+
+
+def controller_from_args(args: argparse.Namespace) -> tuple[ControllerConfig, LiveControllerOptions] | None:
+    """The ratio controller's policy and options when --ratio-controller is given (ValueError
+    naming the flag for a bad value), else None."""
+    if not args.ratio_controller:
+        return None
+    try:
+        slo = SLO.parse(args.controller_slo)
+    except ValueError as exc:
+        raise ValueError(f"controller_slo: {exc}") from None
+    policy = ControllerConfig(slo=slo, target=args.controller_target, hysteresis=args.controller_hysteresis,
+                              window_s=args.controller_window_s, cooldown_s=args.controller_cooldown_s,
+                              min_samples=args.controller_min_samples)  # ValueError names the field
+    return policy, LiveControllerOptions(interval_s=args.controller_interval_s,
+                                         drain_timeout_s=args.controller_drain_timeout_s)
 
 
 def http_config(host: str, port: int | None, args: argparse.Namespace) -> HttpConfig | None:
@@ -165,9 +185,10 @@ async def _register(router: tuple[str, int], role: Role, host: str, port: int, s
         await channel.close()
 
 
-async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig | None) -> int:
+async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig | None,
+                     controller: tuple[ControllerConfig, LiveControllerOptions] | None = None) -> int:
     server = RouterControlPort(router, args.max_connections)
-    api = None
+    api = live_controller = None
     try:
         warn_if_exposed("the router", args.host, router.secret)
         deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
@@ -178,7 +199,12 @@ async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig 
         port = await server.serve(args.host, args.port)
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
-            api = await start_api(RouterBackend(router, args.served_model_name or router.model_name), http)
+            # the API key middleware guards the admin routes as it guards the rest of the API
+            api = await start_api(RouterBackend(router, args.served_model_name or router.model_name), http,
+                                  extensions=[router_admin(router)])
+        if controller is not None:
+            live_controller = LiveRatioController(router, *controller)
+            live_controller.start()
         print(f"READY router router {args.host}:{port}", flush=True)
         await wait_for_stop_signal()
         return 0
@@ -186,6 +212,8 @@ async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig 
         print(f"minipd router: {exc}", file=sys.stderr)
         return 1
     finally:
+        if live_controller is not None:
+            await live_controller.close()
         if api is not None:
             await api.cleanup()
         await server.close()

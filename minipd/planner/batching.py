@@ -13,7 +13,7 @@ from .sim_request import SimRequest
 
 def chunked(queue: Iterable[SimRequest], budget: int, slots: int):
     """Prompts from the head, the last one cut to what is left of the budget (chunked
-    prefill: a colocated or decode instance prefilling locally)."""
+    prefill, as minipd's scheduler runs it on every instance)."""
     chunks, tokens, sum_qk = [], 0, 0.0
     if budget > 0 and slots > 0:
         for request in queue:
@@ -30,8 +30,7 @@ def chunked(queue: Iterable[SimRequest], budget: int, slots: int):
 
 def whole_prompts(queue: Iterable[SimRequest], budget: int, slots: int):
     """Whole prompts from the head while they fit; the first always runs, alone if it is
-    longer than the budget. minipd never chunks a prompt whose KV is sent to another
-    instance (its layer-wise sender needs each layer final after one step)."""
+    longer than the budget (vLLM's original prefill-first scheduler, `prefill_first`)."""
     chunks, tokens, sum_qk = [], 0, 0.0
     for request in queue:
         n = request.prompt_len

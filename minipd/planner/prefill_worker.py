@@ -1,15 +1,17 @@
 """A prefill instance in the simulator: an FCFS queue of prompts, batched up to a token budget.
 
-Each step takes whole prompts from the head of the queue while they fit in the token budget
-and `max_num_seqs` (`whole_prompts`: minipd does not chunk a prompt whose KV it sends). The step's KV goes out over the instance's `KVLink`; a request
-whose last chunk ran in the step is handed to its decode instance when that KV has landed.
+Each step takes prompts from the head of the queue up to the token budget and
+`max_num_seqs`, the last one cut to what is left of the budget (`chunked`: minipd's prefill
+instances chunk prompts like any other, and stream each chunk's finished blocks). The step's
+KV goes out over the instance's `KVLink`; a request whose last chunk ran in the step is
+handed to its decode instance when that KV has landed.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
-from .batching import whole_prompts
+from .batching import chunked
 from .kv_link import KVLink
 from .latency_profile import LatencyProfile
 from .sim_request import SimRequest
@@ -43,7 +45,7 @@ class PrefillWorker:
 
     def start_step(self, now: float) -> float | None:
         """Pick the step's chunks; returns its duration, or None when there is nothing to do."""
-        chunks, tokens, sum_qk = whole_prompts(self.queue, self.max_batched_tokens, self.max_num_seqs)
+        chunks, tokens, sum_qk = chunked(self.queue, self.max_batched_tokens, self.max_num_seqs)
         if not chunks:
             return None
         self._chunks = chunks

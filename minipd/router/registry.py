@@ -3,7 +3,9 @@
 Prefill is picked by prefix-cache overlap (the router remembers which full-block prefixes it
 sent to each prefill instance) minus queue load; decode by free KV blocks and running
 requests. Load figures combine the instance's last reported `Stats` with what the router
-has in flight there since.
+has in flight there since. An instance that is draining for a role switch is never picked;
+once switched, its handle takes the new role and epoch and forgets its prefixes (the switch
+reset its prefix cache).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import contextlib
 import logging
 from collections import OrderedDict
 from typing import Iterable, Iterator, NamedTuple
+
+import msgspec
 
 from minipd.engine.block_manager import chain_hashes
 from minipd.control.channel import Channel
@@ -29,6 +33,8 @@ class InstanceHandle:
     def __init__(self, welcome: Welcome, channel: Channel, address: tuple[str, int]):
         self.instance_id = welcome.instance_id
         self.role = welcome.role
+        self.epoch = welcome.epoch  # role epoch: sent with every new piece of work
+        self.draining = False  # a role switch is under way: pick it for nothing
         self.welcome = welcome
         self.channel = channel
         self.address = address
@@ -60,6 +66,18 @@ class InstanceHandle:
             self._prefix_hashes.move_to_end(h)
         while len(self._prefix_hashes) > self._prefix_capacity:
             self._prefix_hashes.popitem(last=False)
+
+    def take_role(self, role: Role, epoch: int) -> None:
+        """The instance now serves as `role` at `epoch`, with an empty prefix cache."""
+        self.role, self.epoch = role, epoch
+        self.welcome = msgspec.structs.replace(self.welcome, role=role, epoch=epoch)
+        self._prefix_hashes.clear()
+
+    def update_stats(self, stats: Stats) -> None:
+        """Fresh stats; a newer epoch there means someone else switched the instance."""
+        self.stats = stats
+        if stats.epoch > self.epoch and not stats.switching:
+            self.take_role(stats.role, stats.epoch)
 
     def prefix_overlap(self, hashes: list[int]) -> int:
         """Leading full blocks of the prompt this instance probably still caches."""
@@ -108,12 +126,16 @@ class InstanceRegistry:
     def alive(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
         return [h for h in self.instances.values() if h.is_alive and h.instance_id not in exclude]
 
+    def serving(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
+        """Alive and taking new work (not draining for a role switch)."""
+        return [h for h in self.alive(exclude) if not h.draining]
+
     def prefill_candidates(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
         """Prefill instances (a colocated instance is a decode target that prefills for itself)."""
-        return [h for h in self.alive(exclude) if h.role is Role.PREFILL]
+        return [h for h in self.serving(exclude) if h.role is Role.PREFILL]
 
     def decode_candidates(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
-        return [h for h in self.alive(exclude) if h.role.serves_decode]
+        return [h for h in self.serving(exclude) if h.role.serves_decode]
 
     def decode_num_blocks(self) -> int:
         """KV blocks of the alive decode-capable instances together, as last reported."""

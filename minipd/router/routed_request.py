@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import msgspec
 
+from minipd.control.messages import CallError
 from minipd.engine.request import RequestOutput, TransferInfo
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
@@ -25,7 +27,19 @@ class RoutedRequest:
         self.task: asyncio.Task | None = None
         self.transfer: TransferInfo | None = None
         self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()
-        self.outputs: asyncio.Queue[RequestOutput] | None = None  # set while an instance streams it
+        self.outputs: asyncio.Queue[RequestOutput | CallError] | None = None  # set while an instance streams it
+        # for latency observers (the ratio controller): time.monotonic() stamps
+        self.arrival_s = time.monotonic()
+        self.first_token_s = 0.0
+        self.last_token_s: float | None = None
+        self.num_later_tokens = 0  # output tokens after the first, relayed so far
+        self.decode_wait_s = 0.0  # waiting for KV room on a decode instance (its pool was full)
+        self.prefilled_locally = False  # placed on its decode instance for prefill too
+
+    def decode_wait_so_far(self, now: float) -> float:
+        """Time this request has spent waiting on decode: for KV room, or, prefilled on its
+        decode instance, all of it (it queues there behind the decodes)."""
+        return now - self.arrival_s if self.prefilled_locally else self.decode_wait_s
 
     def record_landing(self, landed_at: float) -> None:
         """Measure the transfer to the receiver's landing time (the last byte acknowledged),

@@ -3,15 +3,18 @@
 For one request (docs/architecture.md, "How a request flows"):
 1. tokenize and validate; fix the sampling seed so prefill and decode sample alike;
 2. pick a decode instance (free blocks, running requests) and a prefill instance (prefix
-   overlap, queue load). A prompt of which the decode instance would have to compute at
-   most `local_prefill_max_tokens` tokens itself (the rest being in its prefix cache) runs
-   wholly there (conditional disaggregation), as does every prompt when there is no
-   prefill instance;
+   overlap, queue load). The local-prefill policy (placement.py, the planner's) decides
+   whether the prompt runs wholly on the decode instance instead (conditional
+   disaggregation): when it would compute at most `local_prefill_max_tokens` tokens itself
+   (the rest being in its prefix cache), or when the prefill pool is the bottleneck and
+   decode has room; every prompt does when there is no prefill instance;
 3. `Reserve` on decode (blocks held before prefill starts), then `Prefill` on prefill, which
    streams the KV layer by layer into those blocks and answers with the first token;
 4. `Decode` on decode, whose token stream the router relays to the caller.
 Steps 2-4 are one try (`attempt.run_attempt`). If a try fails before the first token reached
-the caller, the request is tried once more without the instance blamed for the failure.
+the caller, the request is tried once more without the instance blamed for the failure. A
+try refused for a stale role epoch (the instance switched roles, role_switch.py) is not a
+failure: the request is tried again elsewhere without counting it.
 Aborts reach every instance the request touched. The KV never passes through the router.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import Counter
 from typing import Callable, Sequence
 
 import msgspec
@@ -27,16 +31,19 @@ import msgspec
 from minipd.control.channel import Channel, ChannelClosed, RemoteError
 from minipd.control.handshake import SharedSecret, open_channel
 from minipd.control.limits import MAX_REQUEST_ID_CHARS
-from minipd.control.messages import Abort, GetStats, KVLanded, Message, PeerLost, Stats, TokenOutput
+from minipd.control.messages import Abort, CallError, GetStats, KVLanded, Message, PeerLost, Stats, TokenOutput
 from minipd.control.role import Role
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO, KVClaims, claim_blocks, claim_limit, validate_ratio
 from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.prompt_encoder import PromptEncoder
-from minipd.engine.request import FinishReason, RequestOutput
+from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
+from minipd.planner.local_prefill_policy import LocalPrefillThresholds, Placement
 from minipd.router.attempt import AttemptFailed, run_attempt
 from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
+from minipd.router.latency_observer import LatencyObserver
+from minipd.router.role_switch import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport, switch_instance_role
 from minipd.router.routed_request import RoutedRequest
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,12 @@ MAX_ATTEMPTS = 2  # the first try and one retry on other instances
 
 class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
     local_prefill_max_tokens: int = 16  # uncached prompt tokens at or below which decode prefills itself
+    # the prefill pool is the bottleneck when its least-loaded instance has more than this
+    # many prompt tokens (or prompts) queued; a prompt then runs on decode if decode has room
+    prefill_busy_tokens: int | None = None  # None: rule off
+    prefill_busy_requests: int | None = None
+    decode_room_kv_fraction: float = 0.9  # decode has room: KV use after admission at most this
+    decode_room_max_running: int | None = None  # and fewer sequences than this (None: its max_num_seqs)
     layerwise: bool = True  # stream KV per layer during prefill, or send it all afterwards
     call_timeout_s: float = 120.0
     # accept a request while the KV claims of live requests fit in this many times the decode
@@ -58,6 +71,22 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
         validate_ratio(self.kv_admission_ratio)
         if not self.kv_wait_s > 0:
             raise ValueError(f"kv_wait_s: must be positive, got {self.kv_wait_s!r}")
+
+    def __post_init__(self) -> None:
+        for field in ("prefill_busy_tokens", "prefill_busy_requests", "decode_room_max_running"):
+            value = getattr(self, field)
+            if value is not None and value < 0:
+                raise ValueError(f"{field}: must be >= 0, got {value}")
+        if not 0 < self.decode_room_kv_fraction <= 1:
+            raise ValueError(f"decode_room_kv_fraction: must be in (0, 1], got {self.decode_room_kv_fraction}")
+
+    @property
+    def local_prefill(self) -> LocalPrefillThresholds:
+        """The placement policy's thresholds (a negative local_prefill_max_tokens turns rule 1 off)."""
+        return LocalPrefillThresholds(
+            max_local_tokens=max(0, self.local_prefill_max_tokens), prefill_busy_tokens=self.prefill_busy_tokens,
+            prefill_busy_requests=self.prefill_busy_requests, decode_max_kv_fraction=self.decode_room_kv_fraction,
+            decode_max_running=self.decode_room_max_running)
 
 
 class Router:
@@ -77,6 +106,10 @@ class Router:
         self._closing = False
         self.num_busy_waits = 0  # reservations retried because a decode pool was full
         self.num_transfer_failures = 0
+        self.num_stale_retries = 0  # tries refused for a stale role epoch, and retried
+        self.placements: Counter[Placement] = Counter()  # local-prefill policy decisions
+        self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
+        self.latency_observer: LatencyObserver | None = None  # told of every first token and token gap
         self.on_transfer_failure: Callable[[str], None] | None = None  # told of each failed KV transfer
 
     # ---- instances --------------------------------------------------------------------
@@ -135,10 +168,24 @@ class Router:
         """Ask every instance for fresh stats; with `settle`, after pending aborts have landed."""
         for handle in list(self.registry.instances.values()):
             try:
-                handle.stats = await handle.channel.call(GetStats(settle=settle), self.config.call_timeout_s)
+                handle.update_stats(await handle.channel.call(GetStats(settle=settle), self.config.call_timeout_s))
             except (ChannelClosed, TimeoutError, RemoteError):
                 pass
         return self.instance_stats()
+
+    async def switch_role(self, instance_id: str, role: Role | str,
+                          drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> SwitchReport:
+        """Switch an instance's role in place (router/role_switch.py): no new work of its old
+        role reaches it, what it runs finishes, its pool is reset, and it serves as `role` with
+        a new epoch. Raises UnknownInstance, InvalidRequestError (`role`), SwitchConflict or
+        SwitchFailed (the instance then serves on in its old role)."""
+        report = await switch_instance_role(self, instance_id, role, drain_timeout_s)
+        self.role_changes.append(report)
+        return report
+
+    def awaiting_first_token(self) -> list[RoutedRequest]:
+        """Requests routed and not yet answered with a first token."""
+        return [r for r in self._requests.values() if r.last_token_s is None]
 
     def note_transfer_failure(self, what: str) -> None:
         """A KV transfer failed (seen by the sender or by the receiver)."""
@@ -200,16 +247,22 @@ class Router:
 
     async def _route(self, routed: RoutedRequest) -> None:
         excluded: set[str] = set()
-        for attempt in range(1, MAX_ATTEMPTS + 1):
+        attempt = 0  # failed tries; a stale-epoch refusal is none (each one excludes an instance, so they end)
+        while True:
             try:
                 await run_attempt(self, routed, excluded)
                 return
             except AttemptFailed as failure:
                 if routed.request_id not in self._requests:
                     return  # aborted meanwhile
+                if failure.stale:
+                    self.num_stale_retries += 1
+                else:
+                    attempt += 1
                 retry = failure.retry and attempt < MAX_ATTEMPTS and not routed.first_token_sent
-                log.warning("%s: attempt %d failed%s: %s%s", routed.request_id, attempt,
-                            f" on {failure.blamed}" if failure.blamed else "", failure, "; retrying" if retry else "")
+                log.log(logging.INFO if failure.stale else logging.WARNING, "%s: attempt %d %s%s: %s%s",
+                        routed.request_id, attempt, "refused (stale role epoch)" if failure.stale else "failed",
+                        f" on {failure.blamed}" if failure.blamed else "", failure, "; retrying" if retry else "")
                 self._abort_on_instances(routed)
                 if not retry:
                     self._fail(routed, str(failure))
@@ -228,6 +281,9 @@ class Router:
         if isinstance(message, TokenOutput):
             if routed is not None and routed.outputs is not None:
                 routed.outputs.put_nowait(message.output)
+        elif isinstance(message, CallError):  # an instance refused a stream (a stale role epoch)
+            if routed is not None and routed.outputs is not None:
+                routed.outputs.put_nowait(message)
         elif isinstance(message, KVLanded):
             if message.error is not None:
                 self.note_transfer_failure(f"{message.request_id} on {channel.name}: {message.error}")

@@ -1,0 +1,187 @@
+"""An instance's role, the role epoch that guards it, and the in-place switch between roles.
+
+Every role comes with an epoch, a counter bumped by each switch. The router learns it from
+the handshake (`Welcome.epoch`), the stats and `RoleSwitched`, and sends the epoch it saw
+with every new piece of work (`Reserve`, `Prefill`, `Generate`). New work is refused with
+`CallError(kind=STALE_EPOCH)` while a switch drains the instance, and afterwards whenever it
+carries an older epoch: it was meant for the old role. The router then tries elsewhere, so no
+request is ever served in a role it was not sent for.
+
+A switch, top-down (`RoleGuard.switch`):
+1. refuse it when the sender's epoch is stale (someone switched the instance since), a
+   switch is already under way, or the target is not an instance role;
+2. stop taking new work (step "refuse" above);
+3. drain: wait until the work in flight has ended: a held reservation until its decode
+   stream finishes (a `Decode` for a held reservation is still served), a `Prefill` until
+   its KV is sent, a `Generate` until its stream finishes. Bounded by the drain timeout; on
+   timeout the switch is cancelled and the instance serves on in its old role and epoch;
+4. reset: the engine's pool forgets its prefix cache and every block is free (checked);
+5. take the new role and bump the epoch.
+The weights, the pool's memory, the KV transport and the control connections stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import Counter
+from typing import Awaitable, Callable, Iterator
+
+from minipd.control.channel import Channel
+from minipd.control.messages import (
+    DRAIN_TIMEOUT,
+    STALE_EPOCH,
+    CallError,
+    Generate,
+    Prefill,
+    Reserve,
+    RoleSwitched,
+    SwitchRole,
+)
+from minipd.control.role import INSTANCE_ROLES, Role
+
+log = logging.getLogger(__name__)
+
+
+class SwitchRefused(Exception):
+    """The switch did not happen; `kind` is the CallError kind to answer with."""
+
+    def __init__(self, message: str, kind: str = "invalid"):
+        super().__init__(message)
+        self.kind = kind
+
+
+class InFlightWork:
+    """Requests this instance is working on (by id), and an event set while there are none."""
+
+    def __init__(self) -> None:
+        self._held: Counter[str] = Counter()
+        self._none = asyncio.Event()
+        self._none.set()
+
+    def __len__(self) -> int:
+        return sum(self._held.values())
+
+    def hold(self, request_id: str) -> None:
+        self._held[request_id] += 1
+        self._none.clear()
+
+    def release(self, request_id: str) -> None:
+        """End one hold of `request_id`; a no-op for an id not held."""
+        if self._held[request_id] <= 1:
+            self._held.pop(request_id, None)
+        else:
+            self._held[request_id] -= 1
+        if not self._held:
+            self._none.set()
+
+    @contextlib.contextmanager
+    def holding(self, request_id: str) -> Iterator[None]:
+        self.hold(request_id)
+        try:
+            yield
+        finally:
+            self.release(request_id)
+
+    async def wait_none(self, timeout_s: float) -> bool:
+        """Wait until no work is held; False on timeout."""
+        try:
+            await asyncio.wait_for(self._none.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+class RoleGuard:
+    """The role and epoch of one instance, and what may run under them."""
+
+    def __init__(self, instance_id: str, role: Role):
+        if not role.is_instance:
+            raise ValueError(f"role: {role.value!r} is not an instance role")
+        self.instance_id = instance_id
+        self.role = role
+        self.epoch = 0
+        self.switching_to: Role | None = None  # set while a switch drains the instance
+        self.draining = asyncio.Event()  # set while it is so (for observers and tests)
+        self.work = InFlightWork()
+
+    @property
+    def switching(self) -> bool:
+        return self.switching_to is not None
+
+    def refusal(self, epoch: int | None) -> CallError | None:
+        """Why new work sent under `epoch` must be refused now (None: take it). An epoch of
+        None is not checked (a sender without epochs), but still refused during a switch."""
+        if self.switching_to is not None:
+            return CallError(kind=STALE_EPOCH, message=(
+                f"{self.instance_id} is switching from {self.role.value} to {self.switching_to.value} "
+                f"(epoch {self.epoch}); it takes no new work"))
+        if epoch is not None and epoch != self.epoch:
+            return CallError(kind=STALE_EPOCH, message=(
+                f"{self.instance_id}: role epoch {epoch} is stale; it is a {self.role.value} instance at epoch "
+                f"{self.epoch}"))
+        return None
+
+    def refused(self, channel: Channel, message: Reserve | Prefill | Generate) -> bool:
+        """Answer new work that must be refused now (see `refusal`); True if refused. A call
+        gets the error as its reply; a `Generate` gets it in place of its stream."""
+        error = self.refusal(message.epoch)
+        if error is None:
+            return False
+        if isinstance(message, Generate):
+            error.request_id = message.request_id
+            channel.send(error)
+        else:
+            channel.reply(message, error)
+        return True
+
+    async def handle_switch(self, channel: Channel, message: SwitchRole,
+                            reset: Callable[[], Awaitable[None]]) -> None:
+        """Answer `SwitchRole`: `RoleSwitched` once done, or the refusal."""
+        try:
+            switched = await self.switch(message.role, message.epoch, message.drain_timeout_s, reset)
+        except SwitchRefused as exc:
+            log.warning("%s: role switch to %s refused: %s", self.instance_id, message.role.value, exc)
+            channel.reply(message, CallError(message=str(exc), kind=exc.kind))
+            return
+        log.info("%s: now a %s instance (epoch %d; drained in %.3f s, reset in %.3f s)", self.instance_id,
+                 switched.role.value, switched.epoch, switched.drain_s, switched.reset_s)
+        channel.reply(message, switched)
+
+    async def switch(self, target: Role, sender_epoch: int, drain_timeout_s: float,
+                     reset: Callable[[], Awaitable[None]]) -> RoleSwitched:
+        """Steps 1-5 of the module docstring; `reset` empties the pool (step 4) and raises if
+        it cannot. Raises SwitchRefused (the instance then serves on as before)."""
+        if not isinstance(target, Role) or not target.is_instance:
+            raise SwitchRefused(f"role: {getattr(target, 'value', target)!r} is not an instance role; choose one "
+                                f"of {', '.join(r.value for r in INSTANCE_ROLES)}")
+        if self.switching_to is not None:
+            raise SwitchRefused(f"{self.instance_id} is already switching to {self.switching_to.value}")
+        if sender_epoch != self.epoch:
+            raise SwitchRefused(f"{self.instance_id}: role epoch {sender_epoch} is stale (now {self.epoch}, a "
+                                f"{self.role.value} instance)", kind=STALE_EPOCH)
+        if not drain_timeout_s > 0:
+            raise SwitchRefused(f"drain_timeout_s: must be positive, got {drain_timeout_s}")
+        previous = self.role
+        start = time.perf_counter()
+        num_drained = len(self.work)
+        self.switching_to = target
+        self.draining.set()
+        try:
+            if not await self.work.wait_none(drain_timeout_s):
+                raise SwitchRefused(f"{self.instance_id}: {len(self.work)} requests still in flight after the "
+                                    f"{drain_timeout_s:g} s drain timeout; it stays a {previous.value} instance",
+                                    kind=DRAIN_TIMEOUT)
+            drained = time.perf_counter()
+            try:
+                await reset()
+            except RuntimeError as exc:
+                raise SwitchRefused(f"{self.instance_id}: the pool could not be reset: {exc}", kind="error") from exc
+            self.role, self.epoch = target, self.epoch + 1
+        finally:
+            self.switching_to = None
+            self.draining.clear()
+        return RoleSwitched(role=target, epoch=self.epoch, previous_role=previous, drain_s=drained - start,
+                            reset_s=time.perf_counter() - drained, num_drained=num_drained)
