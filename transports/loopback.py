@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from minipd import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
@@ -21,7 +22,8 @@ class LoopbackTransport(Transport):
     """Copies runs straight from our pool into the peer's pool: a memcpy between host pools,
     torch `copy_` for anything involving a device. Peers find each other through a shared `LoopbackHub`; every
     transport that should talk must be created with the same hub. The receiver's checks
-    (reservation, abort) run before each copy, exactly as for a remote peer."""
+    (reservation, abort) run before each copy, exactly as for a remote peer, so an aborted
+    request is fenced at once."""
 
     backend = "loopback"
 
@@ -51,7 +53,11 @@ class LoopbackTransport(Transport):
         if verdict is Verdict.DROP:
             return
         block_bytes = self.layout.block_bytes
-        for run in runs:
+        for index, run in enumerate(runs):
+            if index:
+                await fault_points.reached("kv.mid_payload", request_id)
+                if not peer.accepting(request_id):
+                    return  # aborted midway: the rest is dropped, as a remote receiver would
             if self._host_bytes is not None and peer._host_bytes is not None:
                 # one plain memcpy: torch's copy_ splits big copies across its thread pool,
                 # which stalls badly when the compute thread holds the other cores
@@ -73,6 +79,12 @@ class LoopbackTransport(Transport):
         if verdict is Verdict.REJECT:
             logger.warning("rejected loopback write from %r: %s", peer_id, reason)
         return verdict, reason
+
+    def accepting(self, request_id: str) -> bool:
+        return self._ledger.is_accepting(request_id)
+
+    def _fence_now(self, peer_id: str, request_id: str, entry) -> bool:
+        return True  # copies run on this loop and check acceptance right before each run
 
     def landed(self, peer_id: str, request_id: str, num_bytes: int) -> None:
         self._ledger.record_landed(peer_id, request_id, num_bytes)

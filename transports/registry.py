@@ -51,7 +51,7 @@ def backend_class(name: str) -> type[Transport]:
 
 def create_transport(name: str, pool: torch.Tensor, *, instance_id: str, **options) -> Transport:
     """Build the `name` backend over `pool` (call `await start()` on it next). Options common to
-    all: `link_gbps` (egress limit), `abort_drain_s`; backend-specific ones are documented on
+    all: `link_gbps` (egress limit), `stall_timeout_s`; backend-specific ones are documented on
     each class."""
     return backend_class(name)(pool, instance_id=instance_id, **options)
 
