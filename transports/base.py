@@ -237,6 +237,12 @@ class Transport(ABC):
             await self._guard(peer_id, request_id, self._send_end(peer_id, request_id, sending.num_bytes))
         return RequestSent(request_id, len(sending.writes), sending.num_bytes)
 
+    def num_writes_done(self, request_id: str) -> int:
+        """Writes of `request_id` completed so far (0 once it finished or was aborted): how far
+        its transfer progressed."""
+        sending = self._sending.get(request_id)
+        return 0 if sending is None else sum(write.done() for write in sending.writes)
+
     # ---- both sides ------------------------------------------------------------------
 
     async def abort(self, request_id: str, on_fenced: Callable[[], None] | None = None) -> bool:
@@ -257,6 +263,9 @@ class Transport(ABC):
             self._sender_aborted.remember(request_id, None)
             await asyncio.gather(*sending.writes, return_exceptions=True)
             await self._send_end_quietly(sending.peer_id, request_id, None)
+        if request_id in self._fences:  # aborted before and still held: released together
+            self._fences.join(request_id, on_fenced)
+            return was_pending
         pending, entry = self._ledger.abort(request_id)
         was_pending = was_pending or pending
         if entry is None or entry.peer_id in self._fenced_peers or self._fence_now(entry.peer_id, request_id, entry):

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 class _Held(NamedTuple):
     peer_id: str
-    on_fenced: Callable[[], None] | None
+    on_fenced: list[Callable[[], None]]  # every owner callback waiting for this fence
     task: asyncio.Task
 
 
@@ -35,8 +35,13 @@ class Fences:
         """Hold `request_id` until `fence` completes (then `on_fenced` is called) or it is
         released otherwise."""
         task = asyncio.ensure_future(fence)
-        self._held[request_id] = _Held(peer_id, on_fenced, task)
+        self._held[request_id] = _Held(peer_id, [] if on_fenced is None else [on_fenced], task)
         task.add_done_callback(lambda t: t.cancelled() or self.release(request_id, cancel=False))
+
+    def join(self, request_id: str, on_fenced: Callable[[], None] | None) -> None:
+        """`request_id` is held already (aborted twice): `on_fenced` is called with the others."""
+        if on_fenced is not None:
+            self._held[request_id].on_fenced.append(on_fenced)
 
     def release(self, request_id: str, cancel: bool = True) -> None:
         held = self._held.pop(request_id, None)
@@ -46,7 +51,8 @@ class Fences:
             logger.error("fence of %r failed: %r", request_id, held.task.exception())
         if cancel:
             held.task.cancel()
-        call(held.on_fenced, request_id)
+        for on_fenced in held.on_fenced:
+            call(on_fenced, request_id)
 
     def release_peer(self, peer_id: str) -> None:
         """`peer_id` can write no more (its process is gone): release everything held for it."""

@@ -45,6 +45,7 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_waiting_requests: int | None = DEFAULT_MAX_WAITING_REQUESTS  # None: no admission limit
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     retry_after_s: int = RETRY_AFTER_S
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S  # on cleanup, requests under way get this long to finish
 
     def validate(self) -> None:
         if not 0 <= self.port < 2**16:
@@ -132,9 +133,10 @@ def build_app(backend: ServingBackend, config: HttpConfig) -> web.Application:
     return app
 
 
-async def start_http_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def start_http_server(app: web.Application, host: str, port: int,
+                            shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (0: a free port); returns the runner (call `cleanup()`) and the port."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -146,7 +148,8 @@ async def start_api(backend: ServingBackend, config: HttpConfig, out: TextIO = s
     `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT` on `out` once the socket
     listens (a caller that asked for port 0 learns the port). The caller owns the runner
     (`await runner.cleanup()`)."""
-    runner, port = await start_http_server(build_app(backend, config), config.host, config.port)
+    runner, port = await start_http_server(build_app(backend, config), config.host, config.port,
+                                           config.shutdown_timeout_s)
     print(f"minipd: serving the OpenAI API for {backend.model_name!r} on http://{config.host}:{port}", file=out,
           flush=True)
     return runner

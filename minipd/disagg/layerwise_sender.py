@@ -17,6 +17,7 @@ import asyncio
 import time
 from typing import NamedTuple
 
+from minipd import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import coalesce_runs
 
@@ -55,6 +56,8 @@ class LayerwiseKVSender:
         self._first_write_time: float | None = None
 
     def on_layer(self, layer: int, num_final_tokens: int) -> None:
+        if layer == 0 and self._first_write_time is None:
+            fault_points.hit("prefill.computing", self.request_id)
         if self.layerwise:
             self._send_final(layer, self.request.block_ids, num_final_tokens)
 

@@ -115,6 +115,7 @@ class Engine:
         self._wakeup: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None  # set while the loop waits for work
         self._loop_task: asyncio.Task | None = None
+        self.num_steps = 0  # engine steps run since start: how others tell this engine moves on
 
     def run_on_compute_thread(self, fn, *args):
         """Run `fn(*args)` on the compute thread and return its result (blocking; for set-up work)."""
@@ -276,6 +277,8 @@ class Engine:
                 log.exception("engine step failed")
                 self._fail(output, exc)
                 continue
+            finally:
+                self.num_steps += 1
             step_end = time.perf_counter()
             for chunk in output.chunks:
                 chunk.request.record_step(step_start, step_end)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, NamedTuple
 
-from minipd.api.app import DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS
+from minipd.api.app import DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS, SHUTDOWN_TIMEOUT_S
+from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.disagg.instance import DEFAULT_LEASE_S
 from minipd.engine.engine import EngineConfig
@@ -20,7 +21,7 @@ from minipd.engine.dtype_choice import DTYPE_CHOICES
 from minipd.engine.sampling_params import SamplingParams
 from minipd.models.config import PRESETS
 from minipd.models.packaged_models import PACKAGED_MODELS
-from minipd.router.router import RouterConfig
+from minipd.router.router import KV_LOAD_FAILURE_POLICIES, RouterConfig
 from minipd.transports.registry import BACKENDS
 
 DEFAULT_ROUTER_PORT = 8100
@@ -49,6 +50,7 @@ _SAMPLING = SamplingParams()
 ENGINE_ROLES = frozenset({*INSTANCE_ROLES, Role.CLUSTER})
 INSTANCES = frozenset(INSTANCE_ROLES)
 EVERY_CHILD = frozenset({*INSTANCE_ROLES, Role.ROUTER})
+NETWORKED = frozenset({*INSTANCE_ROLES, Role.ROUTER, Role.CLUSTER})
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -88,6 +90,13 @@ FLAGS: tuple[Flag, ...] = (
     _flag("--host", ALL, PROCESS, EVERY_CHILD, default=DEFAULT_HOST,
           help="address this process's ports bind (control, KV, HTTP); a launcher binds every process there "
                "(default: %(default)s)"),
+    _flag("--shutdown-timeout-s", ALL, PROCESS, EVERY_CHILD, type=float, default=SHUTDOWN_TIMEOUT_S,
+          help="on SIGTERM or Ctrl-C: stop accepting, give the requests under way this long to finish, abort the "
+               "rest, release everything and exit 0 (default: %(default)s)"),
+    _flag("--liveness-timeout-s", NETWORKED, PROCESS, EVERY_CHILD, type=float, default=DEFAULT_LIVENESS_TIMEOUT_S,
+          help="routers and instances heartbeat each other; one that sends nothing for this long is declared dead: "
+               "no longer routed to, its requests retried or failed, whatever it held released. It also bounds a KV "
+               "send that makes no progress. 0 disables heartbeats (default: %(default)s)"),
     # ---- model and scheduler: every role that runs an engine
     _flag("--model", {*ENGINE_ROLES, Role.ROUTER}, MODEL, EVERY_CHILD, default=_ENGINE.model, help=MODEL_HELP),
     _flag("--device", ENGINE_ROLES, MODEL, INSTANCES, default=_ENGINE.device,
@@ -145,6 +154,15 @@ FLAGS: tuple[Flag, ...] = (
                "(conditional disaggregation); -1 disables (default: %(default)s)"),
     _flag("--no-layerwise", ROUTING, POLICY, {Role.ROUTER}, dest="layerwise", action="store_false",
           help="send the KV after the whole prefill instead of layer by layer (for comparison)"),
+    _flag("--kv-load-failure", ROUTING, POLICY, {Role.ROUTER}, default=_ROUTING.kv_load_failure,
+          choices=KV_LOAD_FAILURE_POLICIES,
+          help="when a request's KV does not arrive (the transfer failed, or its reservation's lease ran out for "
+               "want of prefill progress): recompute (the decode instance prefills the prompt itself) or fail (the "
+               "request ends with an error saying why) (default: %(default)s)"),
+    _flag("--inter-token-timeout-s", ROUTING, POLICY, {Role.ROUTER}, type=float,
+          default=_ROUTING.inter_token_timeout_s,
+          help="a relayed stream that brings no output for this long fails with an error naming the instance "
+               "(default: %(default)s)"),
     # ---- the OpenAI-compatible HTTP API
     _flag("--port", {Role.BOTH}, HTTP, type=int, default=None,
           help="serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics on this port instead "

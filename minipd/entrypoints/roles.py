@@ -3,8 +3,10 @@
 Instances and the router print one line `READY <role> <id> <host>:<port>` on standard output
 once their control port accepts connections (the cluster launcher waits for it); every HTTP
 front announces `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT`. Then they
-serve until SIGINT or SIGTERM and shut down cleanly: requests aborted, blocks freed,
-transports closed.
+serve until SIGINT or SIGTERM and shut down gracefully: new requests are refused (an instance
+tells its routers, which route nothing more there), the requests under way get
+`--shutdown-timeout-s` to finish, the rest are aborted, blocks freed, transports closed, and
+the process exits 0.
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def http_config(host: str, port: int | None, args: argparse.Namespace) -> HttpCo
     """The HTTP front's config when a port is given, else None (raises ValueError naming the flag)."""
     if port is None:
         return None
-    config = HttpConfig(host=host, port=port, max_waiting_requests=args.max_waiting_requests)
+    config = HttpConfig(host=host, port=port, max_waiting_requests=args.max_waiting_requests,
+                        shutdown_timeout_s=args.shutdown_timeout_s)
     config.validate()
     return config
 
@@ -95,6 +98,8 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
     """Serve `engine` as a `role` instance on its control port (a colocated instance only when
     --control-port is given) and, with `http`, the OpenAI API over the same engine."""
     options = {"link_gbps": args.link_gbps} if args.link_gbps else {}
+    if args.liveness_timeout_s > 0:
+        options["stall_timeout_s"] = args.liveness_timeout_s  # a KV send stuck this long fails like a dead peer
     if args.transport == "tcp":
         options["host"] = args.host
     instance_id = args.instance_id or f"{role.value}-{os.getpid()}"
@@ -105,7 +110,7 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
             await engine.start()
         else:
             instance = await Instance.create(engine, role, instance_id, args.transport, args.model, options,
-                                             lease_s=args.lease_s)
+                                             lease_s=args.lease_s, liveness_timeout_s=args.liveness_timeout_s)
             port = await instance.serve(args.host, control_port)
         if http is not None:
             api = await start_api(EngineBackend(engine, args.served_model_name or args.model), http)
@@ -114,6 +119,12 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
             if args.router is not None:
                 await _register(args.router, args.host, port)
         await wait_for_stop_signal()
+        if api is not None:
+            await api.cleanup()  # stops listening, lets its requests finish up to the deadline
+            api = None
+        if instance is not None:
+            await instance.shutdown(args.shutdown_timeout_s)
+            instance = None
         return 0
     except Exception as exc:
         print(f"minipd {role.value}: {exc}", file=sys.stderr)
@@ -149,6 +160,7 @@ async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig 
             api = await start_api(RouterBackend(router, args.served_model_name or router.model_name), http)
         print(f"READY router router {args.host}:{port}", flush=True)
         await wait_for_stop_signal()
+        await router.drain(args.shutdown_timeout_s)  # new requests are refused meanwhile
         return 0
     except Exception as exc:
         print(f"minipd router: {exc}", file=sys.stderr)

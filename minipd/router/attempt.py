@@ -1,9 +1,14 @@
 """One try of one request across the cluster, top-down (see `run_attempt`).
 
-Every stage runs under `blame(instance)`: a failure there (the instance died, timed out,
-refused, or ended the request with an error before any token reached the caller) becomes an
-`AttemptFailed` naming that instance, which the router then leaves out of the next try. That
-is the only place where blame is assigned.
+Every stage runs under `blame(instance)`: a failure there (the instance died, was declared
+dead, timed out, refused, or ended the request with an error before any token reached the
+caller) becomes an `AttemptFailed` naming that instance, which the router then leaves out of
+the next try. That is the only place where blame is assigned.
+
+The KV not arriving in the reservation while both instances live (the transfer failed, the
+reservation's lease ran out for want of prefill progress, the decode side could not load it)
+is no instance's fault: it follows the router's `kv_load_failure` policy, `recompute` (the
+decode instance prefills the prompt itself) or `fail` (the request ends, saying why).
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ import logging
 from typing import TYPE_CHECKING, Iterator
 
 from minipd.control.channel import ChannelClosed, RemoteError
-from minipd.control.messages import Decode, Generate, Message, Prefill, Prefilled, Renew, Reserve, Reserved
-from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.control.messages import (FAILURE_KV_LOAD, Abort, Decode, Generate, Message, Prefill, Prefilled, Reserve,
+                                     Reserved, TokenOutput)
+from minipd.engine.request import TransferInfo
 from minipd.router.registry import InstanceHandle
 from minipd.router.routed_request import RoutedRequest
 
@@ -26,11 +32,14 @@ log = logging.getLogger(__name__)
 
 BUSY_RETRY_MIN_S = 0.01  # a full decode pool is asked again after this, doubling up to the max
 BUSY_RETRY_MAX_S = 0.5
-RENEWALS_PER_LEASE = 3  # a reservation's lease is renewed this often per lease while its prefill runs
 
 
 class InstanceFailed(RuntimeError):
     """An instance ended the request with an error before any token reached the caller."""
+
+
+class KVLoadFailed(RuntimeError):
+    """The KV of a try did not arrive in its reservation, both instances alive."""
 
 
 class AttemptFailed(Exception):
@@ -69,21 +78,44 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
     decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
     with decode.counted():  # load is counted from the pick, so concurrent picks see it
         if prefill is None or uncached_on_decode <= config.local_prefill_max_tokens:
-            with blame(decode):
-                await stream_from(router, decode, routed, Generate(
-                    request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params))
+            await prefill_locally(router, decode, routed)
             return
         routed.instances.add(prefill.instance_id)
-        with prefill.counted(len(routed.token_ids) - expected_cached):
+        try:
+            with prefill.counted(len(routed.token_ids) - expected_cached):
+                with blame(decode):
+                    reserved = await reserve(router, decode, routed, prefill.instance_id)
+                with blame(prefill, peer=decode):
+                    first_token = await prefill_on(router, prefill, decode, reserved, routed)
+            routed.instances.discard(prefill.instance_id)
+            prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
             with blame(decode):
-                reserved = await reserve(router, decode, routed, prefill.instance_id)
-            with blame(prefill, peer=decode):
-                first_token = await prefill_on(router, prefill, decode, reserved, routed)
-        routed.instances.discard(prefill.instance_id)
-        prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
-        with blame(decode):
-            await stream_from(router, decode, routed, Decode(
-                request_id=routed.request_id, first_token=first_token, sampling=routed.params))
+                await stream_from(router, decode, routed, Decode(
+                    request_id=routed.request_id, first_token=first_token, sampling=routed.params))
+        except KVLoadFailed as failure:
+            await kv_load_failed(router, prefill, decode, routed, str(failure))
+
+
+async def prefill_locally(router: Router, decode: InstanceHandle, routed: RoutedRequest) -> None:
+    with blame(decode):
+        await stream_from(router, decode, routed, Generate(
+            request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params))
+
+
+async def kv_load_failed(router: Router, prefill: InstanceHandle, decode: InstanceHandle, routed: RoutedRequest,
+                         error: str) -> None:
+    """The `kv_load_failure` policy: end the request saying why, or have the decode instance
+    prefill the prompt itself (its reservation dropped first; both instances are told)."""
+    what = f"the KV from {prefill.instance_id} did not load into {decode.instance_id}: {error}"
+    if router.config.kv_load_failure == "fail":
+        raise AttemptFailed(KVLoadFailed(what), None, retry=False)
+    log.warning("%s: %s; recomputing on %s", routed.request_id, what, decode.instance_id)
+    router.num_recomputes += 1
+    for handle in (prefill, decode):
+        handle.channel.send(Abort(request_id=routed.request_id))  # ordered before the Generate below
+    routed.instances.discard(prefill.instance_id)
+    routed.transfer = None
+    await prefill_locally(router, decode, routed)
 
 
 async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest, prefill_id: str) -> Reserved:
@@ -107,22 +139,32 @@ async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest,
 
 async def prefill_on(router: Router, prefill: InstanceHandle, decode: InstanceHandle, reserved: Reserved,
                      routed: RoutedRequest) -> int:
-    """Prefill with the KV streamed into the reservation, renewing its lease meanwhile; returns
-    the first token and records the transfer."""
-    renewals = asyncio.get_running_loop().create_task(_renew_lease(decode, routed.request_id, reserved.lease_s))
+    """Prefill with the KV streamed into the reservation (the prefill instance renews its lease
+    through us while it progresses); returns the first token and records the transfer. Raises
+    KVLoadFailed when the transfer fails or the decode side gives the reservation up."""
+    loop = asyncio.get_running_loop()
+    routed.decode, routed.prefill, routed.kv_failure = decode, prefill, loop.create_future()
+    call = asyncio.ensure_future(prefill.channel.call(Prefill(
+        request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params,
+        decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
+        decode_fingerprint=decode.welcome.fingerprint, dst_block_ids=reserved.dst_block_ids,
+        num_skip_blocks=reserved.num_cached_tokens // router.registry.block_size,
+        layerwise=routed.layerwise, lease_s=reserved.lease_s), router.config.call_timeout_s))
     try:
-        prefilled: Prefilled = await prefill.channel.call(Prefill(
-            request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params,
-            decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
-            decode_fingerprint=decode.welcome.fingerprint, dst_block_ids=reserved.dst_block_ids,
-            num_skip_blocks=reserved.num_cached_tokens // router.registry.block_size,
-            layerwise=routed.layerwise), router.config.call_timeout_s)
+        await asyncio.wait({call, routed.kv_failure}, return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            raise KVLoadFailed(routed.kv_failure.result())
+        prefilled: Prefilled = call.result()
     except RemoteError as exc:
-        if exc.kind == "transfer":
-            router.note_transfer_failure(f"{prefill.instance_id} -> {decode.instance_id}: {exc}")
-        raise
+        if exc.kind != "transfer":
+            raise
+        router.note_transfer_failure(f"{prefill.instance_id} -> {decode.instance_id}: {exc}")
+        if not (prefill.is_alive and decode.is_alive):
+            raise  # an instance died: its fault, not the KV's
+        raise KVLoadFailed(str(exc)) from exc
     finally:
-        renewals.cancel()
+        call.cancel()
+        routed.prefill, routed.kv_failure = None, None
     routed.transfer = TransferInfo(prefill.instance_id, decode.instance_id, prefilled.num_bytes,
                                    prefilled.num_cached_tokens, reserved.num_cached_tokens,
                                    prefilled.compute_s, prefilled.transfer_s, prefilled.exposed_s)
@@ -130,22 +172,17 @@ async def prefill_on(router: Router, prefill: InstanceHandle, decode: InstanceHa
     return prefilled.first_token
 
 
-async def _renew_lease(decode: InstanceHandle, request_id: str, lease_s: float) -> None:
-    """While a prefill is under way the reservation is in use: keep it from expiring. The
-    renewals stop with the prefill call, which has a timeout, so no lease is held forever."""
-    while True:
-        await asyncio.sleep(lease_s / RENEWALS_PER_LEASE)  # periodic renewal, not a synchronisation
-        decode.channel.send(Renew(request_id=request_id))
-
-
 async def stream_from(router: Router, decode: InstanceHandle, routed: RoutedRequest, message: Message) -> None:
-    """Send a streaming request and relay its outputs to the caller until it finishes or the
-    instance dies."""
+    """Send a streaming request and relay its outputs to the caller until it finishes, the
+    instance dies, or no output comes within the inter-token timeout."""
     routed.outputs = asyncio.Queue()
     decode.channel.send(message)
     while True:
-        output = await _next_output(routed, decode)
+        received = await _next_output(routed, decode, router.config.inter_token_timeout_s)
+        output = received.output
         if output.error is not None and not routed.first_token_sent and not output.token_ids:
+            if received.failure_kind == FAILURE_KV_LOAD:
+                raise KVLoadFailed(output.error)
             raise InstanceFailed(output.error)
         routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
         if output.finished:
@@ -155,15 +192,19 @@ async def stream_from(router: Router, decode: InstanceHandle, routed: RoutedRequ
         routed.stream.put(output)
 
 
-async def _next_output(routed: RoutedRequest, decode: InstanceHandle) -> RequestOutput:
-    """The request's next output, or ChannelClosed if the instance dies first."""
+async def _next_output(routed: RoutedRequest, decode: InstanceHandle, timeout: float) -> TokenOutput:
+    """The request's next output; ChannelClosed if the instance dies (or is declared dead)
+    first, TimeoutError if nothing comes within `timeout`."""
     get = asyncio.ensure_future(routed.outputs.get())
+    lost = asyncio.ensure_future(decode.lost.wait())
     closed = asyncio.ensure_future(decode.channel.closed.wait())
     try:
-        done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({get, lost, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        get.cancel()
-        closed.cancel()
-    if get not in done:
-        raise ChannelClosed(f"{decode.instance_id} died: {decode.channel.close_reason}")
-    return get.result()
+        for waiter in (get, lost, closed):
+            waiter.cancel()
+    if get in done:
+        return get.result()
+    if not done:
+        raise TimeoutError(f"no output from {decode.instance_id} for {timeout} s (the inter-token timeout)")
+    raise ChannelClosed(f"{decode.instance_id} died: {decode.lost_reason or decode.channel.close_reason}")

@@ -3,13 +3,17 @@
 Prefill is picked by prefix-cache overlap (the router remembers which full-block prefixes it
 sent to each prefill instance) minus queue load; decode by free KV blocks and running
 requests. Load figures combine the instance's last reported `Stats` with what the router
-has in flight there since.
+has in flight there since. Only live instances are picked: not lost, not evicted (declared
+dead), not draining; and one whose stats are stale (it did not answer the last polls in
+time) only when no instance with fresh stats can take the request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from typing import Iterable, Iterator, NamedTuple
 
@@ -33,6 +37,12 @@ class InstanceHandle:
         self.channel = channel
         self.address = address
         self.stats: Stats | None = None
+        self.stats_at = time.monotonic()  # when `stats` last arrived
+        self.stale_after_s = float("inf")  # stats older than this are not trusted (set by the router)
+        self.lost = asyncio.Event()  # set once it died or was declared dead: its requests end
+        self.lost_reason = ""
+        self.evicted = False  # declared dead while its connection stays open (to learn when it is gone)
+        self.draining = False  # it is shutting down: nothing new is routed there
         self.num_inflight = 0  # requests the router has routed here and not yet finished
         self.num_inflight_tokens = 0  # prompt tokens queued for prefill here
         self._prefix_hashes: OrderedDict[int, None] = OrderedDict()
@@ -40,7 +50,19 @@ class InstanceHandle:
 
     @property
     def is_alive(self) -> bool:
-        return not self.channel.closed.is_set()
+        return not self.channel.closed.is_set() and not self.lost.is_set()
+
+    @property
+    def is_stale(self) -> bool:
+        return time.monotonic() - self.stats_at > self.stale_after_s
+
+    def set_stats(self, stats: Stats) -> None:
+        self.stats, self.stats_at = stats, time.monotonic()
+
+    def mark_lost(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
 
     @contextlib.contextmanager
     def counted(self, num_prompt_tokens: int = 0) -> Iterator[None]:
@@ -108,12 +130,18 @@ class InstanceRegistry:
     def alive(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
         return [h for h in self.instances.values() if h.is_alive and h.instance_id not in exclude]
 
+    def _pickable(self, candidates: list[InstanceHandle]) -> list[InstanceHandle]:
+        """Not draining; those with fresh stats if any, else the stale ones."""
+        candidates = [h for h in candidates if not h.draining]
+        fresh = [h for h in candidates if not h.is_stale]
+        return fresh or candidates
+
     def prefill_candidates(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
         """Prefill instances (a colocated instance is a decode target that prefills for itself)."""
-        return [h for h in self.alive(exclude) if h.role is Role.PREFILL]
+        return self._pickable([h for h in self.alive(exclude) if h.role is Role.PREFILL])
 
     def decode_candidates(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
-        return [h for h in self.alive(exclude) if h.role.serves_decode]
+        return self._pickable([h for h in self.alive(exclude) if h.role.serves_decode])
 
     def prompt_hashes(self, token_ids: list[int]) -> list[int]:
         return chain_hashes(token_ids, self.block_size)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.control.messages import TokenOutput
+from minipd.engine.request import TransferInfo
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minipd.router.registry import InstanceHandle
 
 
 class RoutedRequest:
@@ -24,7 +29,16 @@ class RoutedRequest:
         self.task: asyncio.Task | None = None
         self.transfer: TransferInfo | None = None
         self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()
-        self.outputs: asyncio.Queue[RequestOutput] | None = None  # set while an instance streams it
+        self.outputs: asyncio.Queue[TokenOutput] | None = None  # set while an instance streams it
+        # The current try's instances, while its KV moves (for lease renewals and KV failures).
+        self.decode: InstanceHandle | None = None
+        self.prefill: InstanceHandle | None = None
+        self.kv_failure: asyncio.Future[str] | None = None  # resolves if the decode side says the KV is lost
+
+    def kv_failed(self, error: str) -> None:
+        """The decode instance reports that the KV of the current try will not land."""
+        if self.kv_failure is not None and not self.kv_failure.done():
+            self.kv_failure.set_result(error)
 
     def record_landing(self, landed_at: float) -> None:
         """Measure the transfer to the receiver's landing time (the last byte acknowledged),
