@@ -94,6 +94,17 @@ def write_armed(directory: str, name: str, action: str) -> None:
     os.replace(staged, os.path.join(directory, name))  # appears whole or not at all
 
 
+def clear_armed(directory: str) -> list[str]:
+    """Disarm every point still armed in `directory`; returns their names."""
+    names = [name for name in os.listdir(directory) if name in POINTS]
+    for name in names:
+        try:
+            os.remove(os.path.join(directory, name))
+        except FileNotFoundError:  # claimed meanwhile
+            names.remove(name)
+    return names
+
+
 def _claim(name: str) -> Action | None:
     action = _armed.pop(name, None)
     if action is not None:

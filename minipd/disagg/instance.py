@@ -129,6 +129,7 @@ class Instance(ControlServer):
                 self.reservations.renew(message.request_id)
             case Abort():
                 await self.abort_request(message.request_id)
+                self.untrack(channel, message.request_id)
             case PeerLost():
                 self.transport.peer_lost(self._peer_ids.pop(message.instance_id, message.instance_id),
                                          message.reason, message.fenced)

@@ -112,6 +112,10 @@ class ProcessCluster:
             raise RuntimeError("this cluster was started without a fault_dir")
         fault_points.write_armed(self.fault_dir, point, action)
 
+    def disarm(self) -> list[str]:
+        """Disarm the fault points no child reached; returns their names."""
+        return fault_points.clear_armed(self.fault_dir) if self.fault_dir is not None else []
+
     async def restart(self, name: str) -> Child:
         """Kill child `name` (if it still runs), start a fresh one with the same command line,
         and register it with the router; returns the new child."""
