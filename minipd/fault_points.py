@@ -24,7 +24,7 @@ The points, in a request's order:
     kv.layer_written    a sender's first layer write of a request completed
     kv.mid_payload      a sender is half way through a payload (tcp: half a frame's payload is
                         on the wire; ucx: the receiver posted its receives, no payload sent;
-                        nixl: between two layer writes; loopback: between two runs)
+                        nixl and loopback: between two layer writes)
     kv.partly_landed    a receiver saw the first bytes of a request land, not all of them
     decode.streaming    a decode instance forwarded a request's second output
 """

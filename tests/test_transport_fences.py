@@ -23,7 +23,7 @@ from transport_peer import NUM_LAYERS
 STALLED_SEED = 4
 FENCE_TIMEOUT_S = 10.0
 STALL_TIMEOUT_S = 3.0  # the stalled peer's own bound on a send nobody receives (ucx after a fence)
-# Every other block: several runs per layer, so even a loopback write has a "between runs".
+# Every other block: several runs per layer.
 DST = list(range(130, 170, 2))
 SRC = list(range(10, 30))
 

@@ -44,6 +44,8 @@ class LoopbackTransport(Transport):
         self._hub.get(peer.instance_id)
 
     async def _write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun]) -> None:
+        if layer > 0:
+            await fault_points.reached("kv.mid_payload", request_id)
         peer = self._hub.get(peer_id)
         wire_runs = [(run.dst_start, run.num_blocks) for run in runs]
         num_bytes = sum(run.num_blocks for run in runs) * self.layout.block_bytes
@@ -53,11 +55,7 @@ class LoopbackTransport(Transport):
         if verdict is Verdict.DROP:
             return
         block_bytes = self.layout.block_bytes
-        for index, run in enumerate(runs):
-            if index:
-                await fault_points.reached("kv.mid_payload", request_id)
-                if not peer.accepting(request_id):
-                    return  # aborted midway: the rest is dropped, as a remote receiver would
+        for run in runs:
             if self._host_bytes is not None and peer._host_bytes is not None:
                 # one plain memcpy: torch's copy_ splits big copies across its thread pool,
                 # which stalls badly when the compute thread holds the other cores
@@ -80,11 +78,8 @@ class LoopbackTransport(Transport):
             logger.warning("rejected loopback write from %r: %s", peer_id, reason)
         return verdict, reason
 
-    def accepting(self, request_id: str) -> bool:
-        return self._ledger.is_accepting(request_id)
-
     def _fence_now(self, peer_id: str, request_id: str, entry) -> bool:
-        return True  # copies run on this loop and check acceptance right before each run
+        return True  # each write is judged and copied in one go on this loop: none is half done
 
     def landed(self, peer_id: str, request_id: str, num_bytes: int) -> None:
         self._ledger.record_landed(peer_id, request_id, num_bytes)

@@ -96,6 +96,9 @@ class Instance(ControlServer):
         finished = await self.drain(deadline_s)
         if not finished:
             log.warning("%s: shutting down with requests still under way; aborting them", self.instance_id)
+            for request_id in {r for ids in self._requests_of.values() for r in ids}:
+                await self.abort_request(request_id)
+            await self.engine.wait_idle(SETTLE_TIMEOUT_S)  # their last outputs, saying why, go out first
         await self.close()
         return finished
 
@@ -301,6 +304,8 @@ class Instance(ControlServer):
         num_sent = 0
         async with stream:
             async for output in stream:
+                if output.finish_reason == "abort" and output.error is None and not self.accepting:
+                    output.error = f"{self.instance_id} shut down before the request finished"
                 channel.send(TokenOutput(request_id=stream.request_id, output=output))
                 num_sent += 1
                 if num_sent == 2:

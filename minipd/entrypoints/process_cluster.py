@@ -177,18 +177,23 @@ class ProcessCluster:
                 child.faults.put_nowait((point, " ".join(detail)))
 
     async def stop(self) -> None:
-        """Router first (so no new work reaches the instances), then the instances."""
+        """Router first (so no new work reaches the instances), then the instances, together."""
+        routers = [c for c in self.children if c.role is Role.ROUTER]
+        for group in (routers, [c for c in self.children if c.role is not Role.ROUTER]):
+            await asyncio.gather(*(self._stop_child(child) for child in group))
+
+    async def _stop_child(self, child: Child) -> None:
+        if child.process.returncode is not None:
+            return
         grace_s = self.args.shutdown_timeout_s + STOP_GRACE_S
-        for child in reversed(self.children):
-            if child.process.returncode is None:
-                child.process.send_signal(signal.SIGCONT)  # one stopped at a fault point must hear the SIGTERM
-                child.process.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(child.process.wait(), grace_s)
-                except asyncio.TimeoutError:
-                    log.warning("%s did not stop in %s s; killing it", child.name, grace_s)
-                    child.process.kill()
-                    await child.process.wait()
+        child.process.send_signal(signal.SIGCONT)  # one stopped at a fault point must hear the SIGTERM
+        child.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(child.process.wait(), grace_s)
+        except asyncio.TimeoutError:
+            log.warning("%s did not stop in %s s; killing it", child.name, grace_s)
+            child.process.kill()
+            await child.process.wait()
 
 
 def prepare_cluster(args: argparse.Namespace) -> Coroutine:

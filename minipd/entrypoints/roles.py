@@ -34,6 +34,7 @@ from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router, RouterConfig
 
 CONNECT_TIMEOUT_S = 60.0
+RELAY_LAST_OUTPUTS_S = 1.0  # a shutting-down router's last outputs (aborts saying why) reach its clients
 RETRY_CONNECT_S = 0.2  # how often a router retries an instance that is still loading its model
 
 
@@ -160,7 +161,14 @@ async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig 
             api = await start_api(RouterBackend(router, args.served_model_name or router.model_name), http)
         print(f"READY router router {args.host}:{port}", flush=True)
         await wait_for_stop_signal()
-        await router.drain(args.shutdown_timeout_s)  # new requests are refused meanwhile
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + args.shutdown_timeout_s
+        router.accepting = False  # new requests are refused from now on
+        await server.drain(args.shutdown_timeout_s)  # clients' requests, relayed to their very last output
+        if not await router.drain(max(0.0, deadline - loop.time())):  # those of the HTTP API
+            router.abort_all(f"the router shut down before the request finished (its {args.shutdown_timeout_s} s "
+                             "shutdown deadline passed)")
+            await server.drain(RELAY_LAST_OUTPUTS_S)
         return 0
     except Exception as exc:
         print(f"minipd router: {exc}", file=sys.stderr)

@@ -182,6 +182,11 @@ class Router:
                 return not self._requests
         return True
 
+    def abort_all(self, reason: str) -> None:
+        """End every request under way with `reason` as its error."""
+        for routed in list(self._requests.values()):
+            self._fail(routed, reason)
+
     async def close(self) -> None:
         self._closing = True
         self.accepting = False
