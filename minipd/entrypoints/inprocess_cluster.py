@@ -28,7 +28,9 @@ class InProcessCluster:
 
     @classmethod
     async def start(cls, config: EngineConfig = EngineConfig(), num_prefill: int = 1, num_decode: int = 1,
-                    router_config: RouterConfig = RouterConfig(), lease_s: float | None = None) -> "InProcessCluster":
+                    router_config: RouterConfig = RouterConfig(), lease_s: float | None = None,
+                    transport_options: dict | None = None) -> "InProcessCluster":
+        """`transport_options`: passed to every instance's loopback transport (e.g. `link_gbps`)."""
         hub = LoopbackHub()
         instances: list[Instance] = []
         extra = {} if lease_s is None else {"lease_s": lease_s}
@@ -36,7 +38,8 @@ class InProcessCluster:
             for role, count in ((Role.PREFILL, num_prefill), (Role.DECODE, num_decode)):
                 for i in range(count):
                     instance = await Instance.create(Engine(config), role, f"{role.value}-{i}", "loopback",
-                                                     config.model, {"hub": hub}, **extra)
+                                                     config.model, {"hub": hub, **(transport_options or {})},
+                                                     **extra)
                     instances.append(instance)
                     await instance.serve(LOCALHOST, 0)
             router = Router(instances[0].engine.tokenizer, router_config, model_name=config.model)
