@@ -3,6 +3,7 @@
     python bench.py engine --json engine.json
     python bench.py transport --json transport.json
     python bench.py overlap --json overlap.json
+    python bench.py soak --json soak.json       # kills and freezes under load: nothing lost, nothing leaked
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -23,6 +24,8 @@ EXPERIMENTS = {
     "engine": ("benchmarks.engine_bench", "decode tokens/s: engine vs raw model loop vs transformers"),
     "transport": ("benchmarks.transport_bench", "KV transfer bandwidth of every backend vs memcpy and a raw socket"),
     "overlap": ("benchmarks.overlap_bench", "exposed KV transfer: layer-wise streaming vs send-after-prefill"),
+    "soak": ("benchmarks.soak_bench", "a mixed workload under periodic kills and freezes: completed, failed, lost, "
+                                      "leaked blocks"),
 }
 
 

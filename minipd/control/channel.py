@@ -174,9 +174,11 @@ class Channel:
     def _dispatch(self, message: Message) -> None:
         if isinstance(message, Heartbeat):
             return  # its arrival was the point
-        if isinstance(message, Reply) and message.call_id in self._calls:
-            future = self._calls[message.call_id]
-            if not future.done():
+        if isinstance(message, Reply) and message.call_id:
+            future = self._calls.get(message.call_id)
+            if future is None:
+                log.debug("%s: late %s (its call already failed or timed out)", self.name, type(message).__name__)
+            elif not future.done():
                 future.set_result(message)
             return
         if self._handler is None:

@@ -340,8 +340,10 @@ class Router:
             return
         successor = self.registry.instances.get(handle.instance_id)
         if successor is not None:
-            log.warning("%s closed after a new instance took its id: the blocks its peers hold for its "
-                        "writes stay held", handle.instance_id)
+            # Registered again meanwhile (resumed, or restarted under the same id): its peers must
+            # not drop what they do with the registered one; blocks they hold for the old one's
+            # writes go back when those writes' ends arrive.
+            log.info("the old connection of %s closed; it is registered again", handle.instance_id)
             return
         for other in self.registry.instances.values():  # it can write no more: fence its writes
             other.channel.send(PeerLost(instance_id=handle.instance_id, reason=reason, fenced=True))
