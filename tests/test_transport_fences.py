@@ -131,3 +131,20 @@ def test_blocks_held_for_a_stalled_sender_go_back_once_it_is_known_gone(env: Env
     assert after_unresponsive == ([] if env.transport.one_sided else ["frozen"])
     assert after_gone == ["frozen"] and env.transport.num_fencing == 0
     env.original.copy_(env.pool)
+
+
+@pytest.mark.timeout(60)
+def test_a_sender_aborting_before_its_first_write_releases_the_blocks_held_for_it(env: Env) -> None:
+    async def scenario():
+        env.transport.expect("never-written", PEER_ID, DST)
+        fenced: list[str] = []
+        await env.transport.abort("never-written", on_fenced=lambda: fenced.append("never-written"))
+        held = list(fenced)
+        # the prefill side gives the request up before writing anything: it still says so
+        await env.peer.call("abort", request_id="never-written", peer_id=MAIN_ID)
+        await _until(lambda: fenced, FENCE_TIMEOUT_S)
+        return held, fenced
+
+    held, fenced = env.run(scenario())
+    assert held == ([] if env.transport.one_sided else ["never-written"])
+    assert fenced == ["never-written"] and env.transport.num_fencing == 0

@@ -74,7 +74,7 @@ class _Agent:
                 t.peer_lost(command["peer_id"], "control plane: peer process died")
                 return None
             case "abort":
-                return await t.abort(command["request_id"])
+                return await t.abort(command["request_id"], peer_id=command.get("peer_id"))
         raise ValueError(f"unknown command {command['op']!r}")
 
     async def _send(self, command: dict, progress: Callable[[dict], None]) -> dict:

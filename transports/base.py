@@ -245,10 +245,13 @@ class Transport(ABC):
 
     # ---- both sides ------------------------------------------------------------------
 
-    async def abort(self, request_id: str, on_fenced: Callable[[], None] | None = None) -> bool:
+    async def abort(self, request_id: str, on_fenced: Callable[[], None] | None = None,
+                    peer_id: str | None = None) -> bool:
         """Drop `request_id` midway, on whichever side(s) this instance plays for it. Sender:
         cancels writes not yet issued, waits for issued ones (each bounded by the stall
-        timeout), tells the receiver. Receiver: rejects further data for it at once, and calls
+        timeout), tells the receiver; given the `peer_id` it was to be sent to, tells that
+        receiver even if no write was issued yet (a one-sided receiver waits for that word
+        before it reuses the blocks). Receiver: rejects further data for it at once, and calls
         `on_fenced()` exactly once when no byte of it can land any more (see the module
         docstring): the caller frees its blocks then, not before. Nothing about the request is
         reported afterwards. Returns whether the request was pending; aborting twice is
@@ -263,6 +266,9 @@ class Transport(ABC):
             self._sender_aborted.remember(request_id, None)
             await asyncio.gather(*sending.writes, return_exceptions=True)
             await self._send_end_quietly(sending.peer_id, request_id, None)
+        elif peer_id is not None and request_id not in self._sender_aborted:
+            self._sender_aborted.remember(request_id, None)
+            await self._send_end_quietly(peer_id, request_id, None)
         if request_id in self._fences:  # aborted before and still held: released together
             self._fences.join(request_id, on_fenced)
             return was_pending

@@ -133,13 +133,14 @@ class NixlTransport(Transport):
             backoff = _Backoff(num_bytes)
             deadline = time.monotonic() + self.stall_timeout_s
             while state == "PROC":
-                if time.monotonic() > deadline:
-                    # Still posted: it may land whenever it moves again, so this request's end
-                    # must not tell the receiver its blocks are safe.
-                    self._unsettled.add(request_id)
-                    raise TimeoutError(f"still in progress after {self.stall_timeout_s} s")
                 await backoff.pause()
                 state = self._agent.check_xfer_state(handle)
+                # Looked at once more after the deadline (this process may have been the one
+                # frozen): still posted, it may land whenever it moves again, so this request's
+                # end must not tell the receiver its blocks are safe.
+                if state == "PROC" and time.monotonic() > deadline:
+                    self._unsettled.add(request_id)
+                    raise TimeoutError(f"still in progress after {self.stall_timeout_s} s")
         except Exception as exc:
             raise TransferError(peer_id, request_id, f"NIXL WRITE of layer {layer} failed: {exc!r}") from exc
         finally:
@@ -183,7 +184,7 @@ class NixlTransport(Transport):
                     self._on_message(peer_id, message)
             if notifications:
                 backoff = _Backoff()
-            if self._ledger.has_pending() or self.num_fencing:
+            if self._ledger.has_pending():  # held fences wait at the idle pace: no transfer waits on them
                 await backoff.pause()
             else:
                 await self._idle(IDLE_POLL_S)

@@ -63,6 +63,10 @@ class Instance(ControlServer):
         self._peer_ids: dict[str, str] = {}  # decode instance id -> transport peer id
         self._connecting: dict[str, asyncio.Task] = {}
         self._routers: set[Channel] = set()  # connections whose Hello came from a router
+        # Prefills under way -> the transport peer their KV goes to (None until connected), and
+        # those aborted before that: the receiver must still hear that nothing will come.
+        self._prefilling: dict[str, str | None] = {}
+        self._abandoned: set[str] = set()
         self.expired_leases: asyncio.Queue[str] = asyncio.Queue()  # request ids, for observers and tests
 
     # ---- lifecycle --------------------------------------------------------------------
@@ -248,8 +252,13 @@ class Instance(ControlServer):
             self.untrack(channel, request_id)
             return
         renewals = None
+        self._prefilling[request_id] = None
         try:
-            peer_id = await self._peer(message.decode_instance, message.decode_description)
+            peer_id = self._prefilling[request_id] = await self._peer(message.decode_instance,
+                                                                      message.decode_description)
+            if request_id in self._abandoned:
+                await self.transport.abort(request_id, peer_id=peer_id)
+                raise RuntimeError("aborted")
             sender = LayerwiseKVSender(self.engine, self.transport, peer_id, request_id, message.dst_block_ids,
                                        message.num_skip_blocks, message.layerwise)
             stream = self.engine.submit_prefill(message.token_ids, message.sampling, request_id, sender)
@@ -275,6 +284,8 @@ class Instance(ControlServer):
         finally:
             if renewals is not None:
                 renewals.cancel()
+            self._prefilling.pop(request_id, None)
+            self._abandoned.discard(request_id)
             self.untrack(channel, request_id)
 
     async def _peer(self, instance_id: str, description: bytes) -> str:
@@ -319,8 +330,10 @@ class Instance(ControlServer):
 
     async def abort_request(self, request_id: str) -> None:
         self.engine.abort(request_id)
+        if request_id in self._prefilling and self._prefilling[request_id] is None:
+            self._abandoned.add(request_id)  # still connecting: `_prefill` tells the receiver
         if not await self.reservations.drop(request_id):
-            await self.transport.abort(request_id)
+            await self.transport.abort(request_id, peer_id=self._prefilling.get(request_id))
 
     def stats(self) -> Stats:
         s = self.engine.stats()

@@ -70,7 +70,7 @@ class LayerwiseKVSender:
     def on_failed(self, reason: str) -> None:
         if not self.result.done():
             self.result.set_exception(PrefillFailed(reason))
-        asyncio.get_running_loop().create_task(self.transport.abort(self.request_id))
+        asyncio.get_running_loop().create_task(self.transport.abort(self.request_id, peer_id=self.peer_id))
 
     def _send_final(self, layer: int, block_ids: list[int], num_final_tokens: int) -> None:
         """Send the blocks of `layer` that the first `num_final_tokens` prompt tokens fill and
