@@ -39,11 +39,12 @@ class Cell(NamedTuple):
     action: str  # what it does when reached: "stop", or "stall SECONDS"
     then: str  # "kill", "freeze" (past the liveness bound), "drop" (the client), or "wait"
     expect: str  # "complete", "fail" (with a clear error), or "abort" (the client left)
+    retried_via_prefill: bool = False  # completes by a second try whose KV moved again (not a recompute)
 
 
 CELLS = {
-    "decode_killed_after_reserving": Cell("decode.reserved", "stop", "kill", "complete"),
-    "decode_killed_mid_transfer": Cell("kv.partly_landed", "stop", "kill", "complete"),
+    "decode_killed_after_reserving": Cell("decode.reserved", "stop", "kill", "complete", retried_via_prefill=True),
+    "decode_killed_mid_transfer": Cell("kv.partly_landed", "stop", "kill", "complete", retried_via_prefill=True),
     "decode_killed_mid_decode": Cell("decode.streaming", "stop", "kill", "fail"),
     "prefill_killed_mid_prefill": Cell("prefill.computing", "stop", "kill", "complete"),
     "prefill_killed_mid_transfer": Cell("kv.layer_written", "stop", "kill", "complete"),
@@ -62,6 +63,7 @@ class Outcome(NamedTuple):
     last_error: str | None
     num_output_tokens: int
     seconds: float  # from the fault to the request's end
+    transfer: object  # the final output's TransferInfo (None: prefilled on its decode instance)
 
 
 async def play(cluster: ProcessCluster, cell: Cell, seed: int) -> Outcome:
@@ -90,7 +92,7 @@ async def play(cluster: ProcessCluster, cell: Cell, seed: int) -> Outcome:
         await client.close()
     await _recover(cluster, cell, name)
     last = outputs[-1]
-    return Outcome(name, last.error, last.num_output_tokens, seconds)
+    return Outcome(name, last.error, last.num_output_tokens, seconds, last.transfer)
 
 
 def surviving(cluster: ProcessCluster) -> list[str]:

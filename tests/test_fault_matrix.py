@@ -43,6 +43,8 @@ def test_cell(cluster, loop_thread, name):
     assert outcome.seconds <= BOUND_S, outcome
     if cell.expect == "complete":
         assert outcome.last_error is None and outcome.num_output_tokens == PARAMS.max_tokens, outcome
+        if cell.retried_via_prefill:
+            assert outcome.transfer is not None and outcome.transfer.decode_instance != outcome.faulted, outcome
     elif cell.expect == "fail":
         assert outcome.last_error and outcome.faulted in outcome.last_error, outcome
     stats = loop_thread.run(settled_stats(cluster), timeout=60)

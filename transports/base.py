@@ -266,7 +266,7 @@ class Transport(ABC):
             self._sender_aborted.remember(request_id, None)
             await asyncio.gather(*sending.writes, return_exceptions=True)
             await self._send_end_quietly(sending.peer_id, request_id, None)
-        elif peer_id is not None and request_id not in self._sender_aborted:
+        elif peer_id is not None:  # nothing issued, or its end already sent: say it (again), harmlessly
             self._sender_aborted.remember(request_id, None)
             await self._send_end_quietly(peer_id, request_id, None)
         if request_id in self._fences:  # aborted before and still held: released together

@@ -68,6 +68,7 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
     """pick → local or disaggregated → reserve → prefill → decode, streaming the decode
     instance's tokens to the caller. Raises AttemptFailed."""
     registry, config = router.registry, router.config
+    router.begin_try(routed)
     decode = registry.pick_decode(exclude=excluded)
     if decode is None:
         raise AttemptFailed(ChannelClosed("no decode instance available"), None, retry=False)
@@ -91,7 +92,7 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
             prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
             with blame(decode):
                 await stream_from(router, decode, routed, Decode(
-                    request_id=routed.request_id, first_token=first_token, sampling=routed.params))
+                    request_id=routed.wire_id, first_token=first_token, sampling=routed.params))
         except KVLoadFailed as failure:
             await kv_load_failed(router, prefill, decode, routed, str(failure))
 
@@ -99,7 +100,7 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
 async def prefill_locally(router: Router, decode: InstanceHandle, routed: RoutedRequest) -> None:
     with blame(decode):
         await stream_from(router, decode, routed, Generate(
-            request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params))
+            request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params))
 
 
 async def kv_load_failed(router: Router, prefill: InstanceHandle, decode: InstanceHandle, routed: RoutedRequest,
@@ -112,9 +113,10 @@ async def kv_load_failed(router: Router, prefill: InstanceHandle, decode: Instan
     log.warning("%s: %s; recomputing on %s", routed.request_id, what, decode.instance_id)
     router.num_recomputes += 1
     for handle in (prefill, decode):
-        handle.channel.send(Abort(request_id=routed.request_id))  # ordered before the Generate below
+        handle.channel.send(Abort(request_id=routed.wire_id))
     routed.instances.discard(prefill.instance_id)
     routed.transfer = None
+    router.begin_try(routed)  # the recompute is a try of its own, under a fresh id
     await prefill_locally(router, decode, routed)
 
 
@@ -127,7 +129,7 @@ async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest,
     wait_s = BUSY_RETRY_MIN_S
     while True:
         try:
-            return await decode.channel.call(Reserve(request_id=routed.request_id, token_ids=routed.token_ids,
+            return await decode.channel.call(Reserve(request_id=routed.wire_id, token_ids=routed.token_ids,
                                                      prefill_instance=prefill_id), timeout)
         except RemoteError as exc:
             if exc.kind != "busy" or loop.time() + wait_s > deadline:
@@ -145,7 +147,7 @@ async def prefill_on(router: Router, prefill: InstanceHandle, decode: InstanceHa
     loop = asyncio.get_running_loop()
     routed.decode, routed.prefill, routed.kv_failure = decode, prefill, loop.create_future()
     call = asyncio.ensure_future(prefill.channel.call(Prefill(
-        request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params,
+        request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params,
         decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
         decode_fingerprint=decode.welcome.fingerprint, dst_block_ids=reserved.dst_block_ids,
         num_skip_blocks=reserved.num_cached_tokens // router.registry.block_size,
@@ -180,6 +182,7 @@ async def stream_from(router: Router, decode: InstanceHandle, routed: RoutedRequ
     while True:
         received = await _next_output(routed, decode, router.config.inter_token_timeout_s)
         output = received.output
+        output.request_id = routed.request_id  # instances know the try's id only
         if output.error is not None and not routed.first_token_sent and not output.token_ids:
             if received.failure_kind == FAILURE_KV_LOAD:
                 raise KVLoadFailed(output.error)

@@ -20,6 +20,7 @@ class RoutedRequest:
     def __init__(self, request_id: str, token_ids: list[int], params: SamplingParams, stream: RequestStream,
                  layerwise: bool):
         self.request_id = request_id
+        self.wire_id = request_id  # the current try's id on the instances (see Router.begin_try)
         self.token_ids = token_ids
         self.params = params
         self.stream = stream

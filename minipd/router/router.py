@@ -72,6 +72,8 @@ class Router:
         self.model_name = model_name
         self.registry = InstanceRegistry()
         self._requests: dict[str, RoutedRequest] = {}
+        self._by_wire: dict[str, RoutedRequest] = {}  # the current try's id -> its request
+        self._tries = itertools.count()
         self._by_channel: dict[Channel, InstanceHandle] = {}
         self._ids = itertools.count()
         self._stats_task: asyncio.Task | None = None
@@ -258,8 +260,15 @@ class Router:
                 self._fail(routed, f"internal error: {type(exc).__name__}")
                 return
 
+    def begin_try(self, routed: RoutedRequest) -> None:
+        """Give `routed` a fresh id for its next try: an instance that saw an earlier try (and
+        remembers it as aborted) never mistakes the new one for it."""
+        self._by_wire.pop(routed.wire_id, None)
+        routed.wire_id = f"{routed.request_id}@{next(self._tries)}"
+        self._by_wire[routed.wire_id] = routed
+
     def _on_message(self, channel: Channel, message: Message) -> None:
-        routed = self._requests.get(message.request_id)
+        routed = self._by_wire.get(message.request_id)
         match message:
             case TokenOutput():
                 if routed is not None and routed.outputs is not None:
@@ -287,6 +296,7 @@ class Router:
     def finish(self, routed: RoutedRequest, last: RequestOutput) -> None:
         """End the request once with its final output from an instance."""
         if self._requests.pop(routed.request_id, None) is not None:
+            self._by_wire.pop(routed.wire_id, None)
             routed.stream.put(last)
             self._finished.set()
 
@@ -297,6 +307,7 @@ class Router:
             return
         self._finished.set()
         self._abort_on_instances(routed)
+        self._by_wire.pop(routed.wire_id, None)
         if routed.task is not None and routed.task is not asyncio.current_task():
             routed.task.cancel()
         routed.stream.put(RequestOutput.aborted(routed.request_id, error, len(routed.token_ids)))
@@ -305,7 +316,7 @@ class Router:
         for instance_id in routed.instances:
             handle = self.registry.instances.get(instance_id)
             if handle is not None:
-                handle.channel.send(Abort(request_id=routed.request_id))
+                handle.channel.send(Abort(request_id=routed.wire_id))
 
     # ---- liveness ---------------------------------------------------------------------
     def _evict(self, handle: InstanceHandle, reason: str) -> None:
