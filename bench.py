@@ -13,6 +13,7 @@
     python bench.py switch --json switch.json --plot switch.png
     python bench.py controller --json controller.json --plot controller.png
     python bench.py validate --profile profile.json --json validate.json --plot validate.png
+    python bench.py soak --json soak.json       # kills and freezes under load: nothing lost, nothing leaked
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -47,6 +48,8 @@ EXPERIMENTS = {
     "switch": ("benchmarks.switch_bench", "an in-place role switch: decision to serving, drain excluded and included"),
     "controller": ("benchmarks.controller_bench", "the live P:D ratio controller against a fixed ratio, shift workload"),
     "validate": ("benchmarks.validate_bench", "the planner's simulator against a real 1P:1D cluster, same workloads"),
+    "soak": ("benchmarks.soak_bench", "a mixed workload under periodic kills and freezes: completed, failed, lost, "
+                                      "leaked blocks"),
 }
 
 

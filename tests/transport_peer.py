@@ -18,6 +18,7 @@ from collections.abc import Callable
 import msgspec
 import torch
 
+from minipd import fault_points
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.errors import TransferError
 from minipd.transports.registry import create_transport
@@ -73,7 +74,7 @@ class _Agent:
                 t.peer_lost(command["peer_id"], "control plane: peer process died")
                 return None
             case "abort":
-                return await t.abort(command["request_id"])
+                return await t.abort(command["request_id"], peer_id=command.get("peer_id"))
         raise ValueError(f"unknown command {command['op']!r}")
 
     async def _send(self, command: dict, progress: Callable[[dict], None]) -> dict:
@@ -95,6 +96,8 @@ class _Agent:
 def peer_main(conn, backend: str, instance_id: str, num_blocks: int, seed: int, options: dict) -> None:
     """Entry point of a peer process: serve commands from `conn` until it closes."""
     logging.basicConfig(level=logging.WARNING)
+    # A fault point that fires (see minipd.fault_points) is reported over the pipe.
+    fault_points.announce = lambda name, detail: conn.send_bytes(_encode({"fault": name, "detail": detail}))
     import uvloop
     uvloop.run(_serve(conn, _Agent(backend, instance_id, num_blocks, seed, options)))
 
@@ -151,6 +154,7 @@ class Peer:
         self._agent: _Agent | None = None
         self._process = None
         self._tasks: set[asyncio.Task] = set()
+        self.faults: asyncio.Queue[str] = asyncio.Queue()  # names of the fault points it reached
         if backend == "loopback":
             self._agent = _Agent(backend, instance_id, num_blocks, seed, options)
         else:
@@ -197,6 +201,9 @@ class Peer:
             if self._on_lost is not None:
                 self._on_lost(self.instance_id)
             return
+        if "fault" in message:
+            self.faults.put_nowait(message["fault"])
+            return
         future, progress = self._pending.get(message["id"], (None, None))
         if future is None:
             return
@@ -211,6 +218,13 @@ class Peer:
             future.set_exception(PeerError(message["error"]))
         else:
             future.set_result(message["value"])
+
+    def resume(self) -> None:
+        """Let a peer stopped at a fault point go on (SIGCONT; in-process: release the stall)."""
+        if self._process is not None:
+            os.kill(self._process.pid, signal.SIGCONT)
+        else:
+            fault_points.release("kv.mid_payload")
 
     def kill(self) -> None:
         if self._process is not None:

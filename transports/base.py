@@ -24,19 +24,26 @@ Lifecycle and call pattern (all calls on the event-loop thread of the owning ins
 5. Receiver learns the outcome exactly once, either by `await wait_landed(request_id)` or
    from `poll_landed()` (whichever asks first). After it, the blocks are the caller's
    again: adopt them on success, free them on failure.
-6. `await abort(request_id)` on either side drops a request midway: afterwards no byte of
-   it is written into the receiver's blocks, nothing about it is reported, and the caller
-   frees its blocks once. `peer_lost(peer_id, reason)` is how the control plane reports a
-   dead peer (the only liveness signal for backends without one of their own).
+6. `await abort(request_id, on_fenced)` on either side drops a request midway: afterwards
+   nothing about it is reported. On the receiver, no byte of it lands in the blocks once
+   `on_fenced()` is called, exactly once: at once where the backend refuses late bytes itself
+   (tcp, loopback) or its posted receives are cancelled (ucx), and for one-sided writes (nixl)
+   only once the sender ended the request or is known unable to write; until then the
+   blocks stay held (`num_fencing`), never reused, never lost. A request that failed is
+   aborted the same way to get its blocks back (a one-sided sender may still be writing).
+   `peer_lost(peer_id, reason, fenced)` is how the control plane reports a peer gone:
+   pending requests with it fail; `fenced` says its process can write no more (dead, not
+   merely unresponsive), which releases every request held for it.
 7. `await close()` once.
 
 Failures: every failure of a transfer raises (or reports) `TransferError` naming the peer
 and the request. Programming errors (a block outside the pool, an unknown layer) raise
-ValueError synchronously.
+ValueError synchronously. No wait on a peer is unbounded: a send or a wait for the receiver
+that makes no progress for `stall_timeout_s` fails with TransferError.
 
 Length: one concept, the interface and the behaviour every backend shares (validation, the
-link limit, sender bookkeeping, aborts), kept together so that the contract above is read and
-enforced in one place; the receiver's bookkeeping is in receive_ledger.py.
+link limit, sender bookkeeping, aborts and fences), kept together so that the contract above
+is read and enforced in one place; the receiver's bookkeeping is in receive_ledger.py.
 """
 
 from __future__ import annotations
@@ -44,25 +51,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
 
+from minipd import fault_points
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
+from minipd.transports.fences import Fences, call
 from minipd.transports.link_limiter import LinkLimiter
 from minipd.transports.messages import PoolDescription, decode_description, message_encoder
 from minipd.transports.pool_layout import PoolLayout
-from minipd.transports.receive_ledger import MAX_REMEMBERED_ABORTS, ReceiveLedger
+from minipd.transports.receive_ledger import MAX_REMEMBERED_ABORTS, ReceiveLedger, Expected
 from minipd.transports.recent_ids import RecentIds
 from minipd.transports.results import LayerWritten, ReceiveOutcome, RequestLanded, RequestSent
 from minipd.transports.shared_secret import SharedSecret
 
 logger = logging.getLogger(__name__)
 
-# How long a receiver's abort waits for in-flight receives into the aborted blocks to settle.
-DEFAULT_ABORT_DRAIN_S = 10.0
+# A send, or a sender's wait for its receiver, that makes no progress for this long fails.
+DEFAULT_STALL_TIMEOUT_S = 30.0
 
 
 class _Sending:
@@ -73,6 +82,7 @@ class _Sending:
         self.writes: list[asyncio.Task[LayerWritten]] = []
         self.num_bytes = 0
         self.aborted = False
+        self.first_written = False
 
 
 class Transport(ABC):
@@ -88,19 +98,22 @@ class Transport(ABC):
     one_sided: ClassVar[bool] = False
 
     def __init__(self, pool: torch.Tensor, *, instance_id: str, link_gbps: float | None = None,
-                 abort_drain_s: float = DEFAULT_ABORT_DRAIN_S, secret: SharedSecret | None = None) -> None:
+                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S, secret: SharedSecret | None = None) -> None:
+        if stall_timeout_s <= 0:
+            raise ValueError(f"stall_timeout_s: must be positive, got {stall_timeout_s}")
         self.pool = pool
         # The cluster secret: links and headers are authenticated with it (see link_auth.py).
         self.secret = secret
         self.layout = PoolLayout.from_tensor(pool)
         self.instance_id = instance_id
-        self.abort_drain_s = abort_drain_s
+        self.stall_timeout_s = stall_timeout_s
         self._limiter = LinkLimiter(link_gbps) if link_gbps else None
         self._ledger = ReceiveLedger(self.layout)
         self._peers: dict[str, PoolDescription] = {}
         self._sending: dict[str, _Sending] = {}
         self._sender_aborted: RecentIds[None] = RecentIds(MAX_REMEMBERED_ABORTS)
-        self._lost_peers: set[str] = set()  # reported lost and not heard of since
+        self._fenced_peers: set[str] = set()  # reported unable to write, and not heard of since
+        self._fences = Fences()
         self._closed = False
 
     # ---- lifecycle -------------------------------------------------------------------
@@ -139,7 +152,7 @@ class Transport(ABC):
             except Exception as exc:  # backend-specific connect failures
                 raise TransferError(peer.instance_id, "", f"cannot connect: {exc}") from exc
             self._peers[peer.instance_id] = peer
-            self._lost_peers.discard(peer.instance_id)
+            self._fenced_peers.discard(peer.instance_id)
         return peer.instance_id
 
     async def close(self) -> None:
@@ -149,6 +162,7 @@ class Transport(ABC):
         self._closed = True
         for peer_id in list(self._peers):
             self._fail_peer(peer_id, "transport closed")
+        self._fences.release_all()  # the pool goes away with us: nothing can land in it for anyone
         await self._close()
 
     # ---- receiver --------------------------------------------------------------------
@@ -158,7 +172,7 @@ class Transport(ABC):
         per request before the sender starts. Raises ValueError for a duplicate request id or a
         block outside the pool."""
         self._ledger.expect(request_id, peer_id, dst_block_ids)
-        self._lost_peers.discard(peer_id)
+        self._fenced_peers.discard(peer_id)
         self._on_expect()
 
     async def wait_landed(self, request_id: str, timeout: float | None = None) -> RequestLanded:
@@ -170,6 +184,11 @@ class Transport(ABC):
         """Outcomes of requests that finished since the last call and nobody awaited; each
         request is reported exactly once, by this or by `wait_landed`."""
         return self._ledger.poll()
+
+    @property
+    def num_fencing(self) -> int:
+        """Aborted requests whose blocks are held until their fence (see `abort`)."""
+        return len(self._fences)
 
     # ---- sender ----------------------------------------------------------------------
 
@@ -228,15 +247,25 @@ class Transport(ABC):
             await self._guard(peer_id, request_id, self._send_end(peer_id, request_id, sending.num_bytes))
         return RequestSent(request_id, len(sending.writes), sending.num_bytes)
 
+    def num_writes_done(self, request_id: str) -> int:
+        """Writes of `request_id` completed so far (0 once it finished or was aborted): how far
+        its transfer progressed."""
+        sending = self._sending.get(request_id)
+        return 0 if sending is None else sum(write.done() for write in sending.writes)
+
     # ---- both sides ------------------------------------------------------------------
 
-    async def abort(self, request_id: str) -> bool:
+    async def abort(self, request_id: str, on_fenced: Callable[[], None] | None = None,
+                    peer_id: str | None = None) -> bool:
         """Drop `request_id` midway, on whichever side(s) this instance plays for it. Sender:
-        cancels writes not yet issued, waits for issued ones, tells the receiver. Receiver:
-        rejects further data for it and returns once nothing more will land in its blocks
-        (raises TransferError if that cannot be guaranteed within `abort_drain_s`). Nothing
-        about the request is reported afterwards. Returns whether the request was pending;
-        aborting twice is harmless."""
+        cancels writes not yet issued, waits for issued ones (each bounded by the stall
+        timeout), tells the receiver; given the `peer_id` it was to be sent to, tells that
+        receiver even if no write was issued yet (a one-sided receiver waits for that word
+        before it reuses the blocks). Receiver: rejects further data for it at once, and calls
+        `on_fenced()` exactly once when no byte of it can land any more (see the module
+        docstring): the caller frees its blocks then, not before. Nothing about the request is
+        reported afterwards. Returns whether the request was pending; aborting twice is
+        harmless (`on_fenced` of an unknown request is called at once)."""
         was_pending = False
         sending = self._sending.pop(request_id, None)
         if sending is not None:
@@ -247,29 +276,43 @@ class Transport(ABC):
             self._sender_aborted.remember(request_id, None)
             await asyncio.gather(*sending.writes, return_exceptions=True)
             await self._send_end_quietly(sending.peer_id, request_id, None)
-        peer_id = self._ledger.peer_of(request_id)
-        pending, quiet, sender_ended = self._ledger.abort(request_id)
-        if pending and quiet is not None:
-            was_pending = True
-            try:
-                await asyncio.wait_for(quiet.wait(), self.abort_drain_s)
-                if not sender_ended and peer_id not in self._lost_peers:
-                    await asyncio.wait_for(self._drain_aborted(peer_id, request_id), self.abort_drain_s)
-            except TimeoutError:
-                raise TransferError(peer_id or "", request_id, (
-                    f"receives into the aborted blocks still in flight after {self.abort_drain_s} s; "
-                    "keep the blocks out of use until the peer is known dead")) from None
+        elif peer_id is not None:  # nothing issued, or its end already sent: say it (again), harmlessly
+            self._sender_aborted.remember(request_id, None)
+            await self._send_end_quietly(peer_id, request_id, None)
+        if request_id in self._fences:  # aborted before and still held: released together
+            self._fences.join(request_id, on_fenced)
+            return was_pending
+        pending, entry = self._ledger.abort(request_id)
+        was_pending = was_pending or pending
+        if entry is None or entry.peer_id in self._fenced_peers or self._fence_now(entry.peer_id, request_id, entry):
+            self._ledger.fenced(request_id)
+            call(on_fenced, request_id)
+        else:
+            logger.info("holding the blocks of aborted %r until %r can write no more", request_id, entry.peer_id)
+            self._fences.hold(request_id, entry.peer_id, self._fenced_callback(request_id, on_fenced),
+                              self._fence(entry.peer_id, request_id, entry))
         return was_pending
 
-    def peer_lost(self, peer_id: str, reason: str) -> None:
+    def _fenced_callback(self, request_id: str, on_fenced: Callable[[], None] | None) -> Callable[[], None]:
+        def fenced() -> None:
+            self._ledger.fenced(request_id)
+            call(on_fenced, request_id)
+        return fenced
+
+    def peer_lost(self, peer_id: str, reason: str, fenced: bool = True) -> None:
         """The control plane says `peer_id` is gone: fail everything pending with it (each
-        request reported once) and drop the link. Safe to call more than once."""
+        request reported once) and drop the link. `fenced`: its process can write no more (it
+        died, or ended every request first), so the blocks held for it are released too;
+        False for a peer that merely stopped answering (it may yet resume and write). Safe to
+        call more than once."""
         self._fail_peer(peer_id, reason)
+        if fenced:
+            self._fenced_peers.add(peer_id)
+            self._fences.release_peer(peer_id)
 
     # ---- for backends ----------------------------------------------------------------
 
     def _fail_peer(self, peer_id: str, reason: str) -> None:
-        self._lost_peers.add(peer_id)
         self._ledger.fail_peer(peer_id, reason)
         self._peers.pop(peer_id, None)
         for sending in self._sending.values():
@@ -282,6 +325,9 @@ class Transport(ABC):
     async def _write_guarded(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun],
                              num_bytes: int, sending: _Sending) -> LayerWritten:
         await self._guard(peer_id, request_id, self._paced_write(peer_id, request_id, layer, runs, num_bytes, sending))
+        if not sending.first_written:
+            sending.first_written = True
+            await fault_points.reached("kv.layer_written", request_id)
         return LayerWritten(request_id, layer, num_bytes)
 
     async def _paced_write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun],
@@ -320,9 +366,17 @@ class Transport(ABC):
         follows with an abort if one fails. Default: False (the end follows the writes)."""
         return False
 
-    async def _drain_aborted(self, peer_id: str, request_id: str) -> None:
-        """Receiver hook: return once no more bytes of aborted `request_id` can land (only
-        one-sided backends need to wait here; the others refuse late bytes themselves)."""
+    def _fence_now(self, peer_id: str, request_id: str, entry: Expected) -> bool:
+        """Receiver hook, called once the ledger refuses further bytes of aborted (or failed)
+        `request_id`: True if none can land any more. Default: no receive into its blocks is in
+        flight (a two-sided backend refuses later bytes itself). A backend may cancel its
+        posted receives here."""
+        return entry.in_flight == 0
+
+    async def _fence(self, peer_id: str, request_id: str, entry: Expected) -> None:
+        """Receiver hook: return once no byte of `request_id` can land (called when
+        `_fence_now` said not yet). Default: once no receive is in flight."""
+        await entry.quiet.wait()
 
     def _on_expect(self) -> None:
         """A request is now expected: a backend that polls should poll at its busy pace (the

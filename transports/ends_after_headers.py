@@ -14,6 +14,7 @@ right after each layer's header is posted.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from minipd.transports.base import Transport, _Sending
 
@@ -37,9 +38,10 @@ class EndsAfterHeaders(Transport):
         headers.num_out += 1
         headers.changed.set()
 
-    async def abort(self, request_id: str) -> bool:
+    async def abort(self, request_id: str, on_fenced: Callable[[], None] | None = None,
+                    peer_id: str | None = None) -> bool:
         self._headers.pop(request_id, None)
-        return await super().abort(request_id)
+        return await super().abort(request_id, on_fenced, peer_id)
 
     async def _end_before_writes_complete(self, peer_id: str, request_id: str, sending: _Sending,
                                           writes: asyncio.Future) -> bool:

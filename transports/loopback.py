@@ -6,6 +6,7 @@ import logging
 
 import numpy as np
 
+from minipd import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
@@ -21,7 +22,8 @@ class LoopbackTransport(Transport):
     """Copies runs straight from our pool into the peer's pool: a memcpy between host pools,
     torch `copy_` for anything involving a device. Peers find each other through a shared `LoopbackHub`; every
     transport that should talk must be created with the same hub. The receiver's checks
-    (reservation, abort) run before each copy, exactly as for a remote peer."""
+    (reservation, abort) run before each copy, exactly as for a remote peer, so an aborted
+    request is fenced at once."""
 
     backend = "loopback"
 
@@ -42,6 +44,8 @@ class LoopbackTransport(Transport):
         self._hub.get(peer.instance_id)
 
     async def _write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun]) -> None:
+        if layer > 0:
+            await fault_points.reached("kv.mid_payload", request_id)
         peer = self._hub.get(peer_id)
         wire_runs = [(run.dst_start, run.num_blocks) for run in runs]
         num_bytes = sum(run.num_blocks for run in runs) * self.layout.block_bytes
@@ -73,6 +77,9 @@ class LoopbackTransport(Transport):
         if verdict is Verdict.REJECT:
             logger.warning("rejected loopback write from %r: %s", peer_id, reason)
         return verdict, reason
+
+    def _fence_now(self, peer_id: str, request_id: str, entry) -> bool:
+        return True  # each write is judged and copied in one go on this loop: none is half done
 
     def landed(self, peer_id: str, request_id: str, num_bytes: int) -> None:
         self._ledger.record_landed(peer_id, request_id, num_bytes)

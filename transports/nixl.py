@@ -11,12 +11,13 @@ import time
 import msgspec
 import numpy as np
 
+from minipd import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
 from minipd.transports.link_auth import HeaderSeal
 from minipd.transports.messages import Abort, Finish, LayerHeader, Message, PoolDescription, decode_message
-from minipd.transports.receive_ledger import Verdict
+from minipd.transports.receive_ledger import Expected, Verdict
 from minipd.transports.wakeable_sleep import WakeableSleep
 
 # NIXL's Python logger prints INFO to stdout unless told otherwise; it reads this on import.
@@ -73,9 +74,11 @@ class NixlTransport(Transport):
     so a misbehaving sender is detected (the request fails, the peer is dropped), not
     prevented. With a secret, every notification carries a proof of it (one without is
     ignored), so no forged notification makes a request count as landed; the WRITE itself
-    cannot be refused (`link_auth.py`). And `abort` on the receiver returns only once the
-    sender has ended the request (or is lost), since only then can no more bytes arrive.
-    Liveness comes from the control plane through `peer_lost`."""
+    cannot be refused (`link_auth.py`). The blocks of a request aborted on the receiver are
+    fenced only once the sender has ended the request (its end follows its last write) or its
+    process is known gone (`peer_lost(..., fenced=True)`): only then can no more bytes arrive.
+    A sender whose WRITE makes no progress for the stall timeout fails it. Liveness comes from
+    the control plane through `peer_lost`."""
 
     backend = "nixl"
     one_sided = True
@@ -87,7 +90,7 @@ class NixlTransport(Transport):
         self._local = None
         self._remote: dict[str, tuple[str, object, int]] = {}  # peer -> (agent, dlist, num_blocks)
         self._poll_task: asyncio.Task | None = None
-        self._ended: dict[str, tuple[str, asyncio.Event]] = {}  # aborted request -> (peer, ended)
+        self._unsettled: set[str] = set()  # requests with a WRITE that timed out still posted
         self._idle = WakeableSleep()  # between polls while nothing is expected
         self._seal = HeaderSeal(self.secret)
 
@@ -114,6 +117,8 @@ class NixlTransport(Transport):
     # ---- sender ------------------------------------------------------------------------
 
     async def _write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun]) -> None:
+        if layer > 0:
+            await fault_points.reached("kv.mid_payload", request_id)
         agent_name, remote, peer_blocks = self._remote_of(peer_id, request_id)
         local_ids = np.concatenate([np.arange(r.src_start, r.src_start + r.num_blocks) for r in runs])
         remote_ids = np.concatenate([np.arange(r.dst_start, r.dst_start + r.num_blocks) for r in runs])
@@ -131,9 +136,16 @@ class NixlTransport(Transport):
         try:
             state = self._agent.transfer(handle)
             backoff = _Backoff(num_bytes)
+            deadline = time.monotonic() + self.stall_timeout_s
             while state == "PROC":
                 await backoff.pause()
                 state = self._agent.check_xfer_state(handle)
+                # Looked at once more after the deadline (this process may have been the one
+                # frozen): still posted, it may land whenever it moves again, so this request's
+                # end must not tell the receiver its blocks are safe.
+                if state == "PROC" and time.monotonic() > deadline:
+                    self._unsettled.add(request_id)
+                    raise TimeoutError(f"still in progress after {self.stall_timeout_s} s")
         except Exception as exc:
             raise TransferError(peer_id, request_id, f"NIXL WRITE of layer {layer} failed: {exc!r}") from exc
         finally:
@@ -144,6 +156,11 @@ class NixlTransport(Transport):
 
     async def _send_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
         agent_name, _, _ = self._remote_of(peer_id, request_id)
+        if request_id in self._unsettled:
+            self._unsettled.discard(request_id)
+            logger.warning("not ending %r towards %r: a WRITE of it is still posted; the receiver keeps its "
+                           "blocks until this instance is known gone", request_id, peer_id)
+            return
         message = Abort(request_id) if num_bytes is None else Finish(request_id, num_bytes)
         try:
             self._agent.send_notif(agent_name, self._seal.seal(_encoder.encode(message), self.instance_id))
@@ -177,7 +194,7 @@ class NixlTransport(Transport):
                     self._on_message(peer_id, message)
             if notifications:
                 backoff = _Backoff()
-            if self._ledger.has_pending() or self._ended:
+            if self._ledger.has_pending():  # held fences wait at the idle pace: no transfer waits on them
                 await backoff.pause()
             else:
                 await self._idle(IDLE_POLL_S)
@@ -197,23 +214,18 @@ class NixlTransport(Transport):
                     self._ledger.fail_peer(peer_id, f"protocol violation: {reason}")
             case Finish(request_id=request_id, num_bytes=num_bytes):
                 self._ledger.record_end(peer_id, request_id, num_bytes)
-                self._mark_ended(request_id)
             case Abort(request_id=request_id):
                 self._ledger.record_end(peer_id, request_id, None)
-                self._mark_ended(request_id)
             case _:
                 logger.warning("ignoring unexpected %s from %r", type(message).__name__, peer_id)
 
-    def _mark_ended(self, request_id: str) -> None:
-        if request_id in self._ended:
-            self._ended[request_id][1].set()
+    def _fence_now(self, peer_id: str, request_id: str, entry: Expected) -> bool:
+        # One-sided: only the sender's end (sent after its last write completed) says that no
+        # more bytes will arrive.
+        return entry.ended.is_set()
 
-    async def _drain_aborted(self, peer_id: str, request_id: str) -> None:
-        _, event = self._ended.setdefault(request_id, (peer_id, asyncio.Event()))
-        try:
-            await event.wait()
-        finally:
-            self._ended.pop(request_id, None)
+    async def _fence(self, peer_id: str, request_id: str, entry: Expected) -> None:
+        await entry.ended.wait()
 
     # ---- teardown ----------------------------------------------------------------------
 
@@ -226,9 +238,6 @@ class NixlTransport(Transport):
                 self._agent.remove_remote_agent(agent_name)
             except Exception as exc:  # a dead peer can make NIXL's teardown complain
                 logger.info("NIXL teardown of %r: %r", peer_id, exc)
-        for owner, event in self._ended.values():
-            if owner == peer_id:
-                event.set()  # a lost sender writes no more
 
     async def _close(self) -> None:
         if self._poll_task is not None:

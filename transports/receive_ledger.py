@@ -9,6 +9,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from minipd import fault_points
 from minipd.transports.errors import TransferError
 from minipd.transports.pool_layout import PoolLayout
 from minipd.transports.recent_ids import RecentIds
@@ -29,7 +30,7 @@ class Verdict(enum.Enum):
     REJECT = "reject"  # protocol violation: close the link, touch nothing
 
 
-class _Expected:
+class Expected:
     """One expected request."""
 
     def __init__(self, peer_id: str, dst_block_ids: Sequence[int]) -> None:
@@ -39,8 +40,9 @@ class _Expected:
         self.last_landed_at = 0.0  # time.time() when the latest bytes landed
         self.bytes_promised: int | None = None
         self.in_flight = 0
-        self.quiet = asyncio.Event()
+        self.quiet = asyncio.Event()  # set while no receive into its blocks is in flight
         self.quiet.set()
+        self.ended = asyncio.Event()  # set once the sender said it will write no more
         self.waiter: asyncio.Future[RequestLanded] | None = None
 
 
@@ -51,13 +53,18 @@ class ReceiveLedger:
     receives that write pool memory, and `record_end` when the sender says the request is
     complete or aborted. The transport's public receiver calls (`expect`, `wait_landed`,
     `poll_landed`, `abort`, `peer_lost`) map one to one onto this class.
+
+    A request that failed keeps its entry (bounded) until `abort` collects it: its blocks may
+    still be written by a one-sided sender, so the transport fences it like an aborted one.
     """
 
     def __init__(self, layout: PoolLayout) -> None:
         self._layout = layout
-        self._expected: dict[str, _Expected] = {}
+        self._expected: dict[str, Expected] = {}
         self._outcomes: dict[str, ReceiveOutcome] = {}
         self._aborted: RecentIds[str] = RecentIds(MAX_REMEMBERED_ABORTS)  # request id -> its peer
+        self._failed: RecentIds[Expected] = RecentIds(MAX_REMEMBERED_ABORTS)  # failed, not yet aborted
+        self._fencing: dict[str, Expected] = {}  # aborted, blocks not yet fenced (see fences.py)
 
     def expect(self, request_id: str, peer_id: str, dst_block_ids: Sequence[int]) -> None:
         if request_id in self._expected or request_id in self._outcomes:
@@ -65,7 +72,8 @@ class ReceiveLedger:
         for block in dst_block_ids:
             self._layout.check_blocks(int(block), 1, "destination")
         self._aborted.forget(request_id)
-        self._expected[request_id] = _Expected(peer_id, dst_block_ids)
+        self._failed.forget(request_id)
+        self._expected[request_id] = Expected(peer_id, dst_block_ids)
 
     def check_write(self, peer_id: str, request_id: str, layer: int, runs: Sequence[tuple[int, int]],
                     num_bytes: int) -> tuple[Verdict, str]:
@@ -89,12 +97,14 @@ class ReceiveLedger:
             return Verdict.REJECT, f"byte count {num_bytes} does not match {total_blocks} blocks"
         return Verdict.ACCEPT, ""
 
-    def is_accepting(self, request_id: str) -> bool:
+    def is_accepting(self, request_id: str, token: Expected | None = None) -> bool:
         """Whether bytes of `request_id` may still land in its blocks (checked again mid-payload,
-        because an abort can come between the header and the last byte)."""
-        return request_id in self._expected
+        because an abort can come between the header and the last byte). With the `token` of
+        `begin_landing`, only for that very reservation (not a later one of the same id)."""
+        entry = self._expected.get(request_id)
+        return entry is not None and (token is None or entry is token)
 
-    def begin_landing(self, request_id: str) -> _Expected:
+    def begin_landing(self, request_id: str) -> Expected:
         """A receive into the blocks of accepted `request_id` is starting; returns the token to
         pass to `end_landing` (valid even if the request is aborted or failed meanwhile)."""
         entry = self._expected[request_id]
@@ -102,7 +112,7 @@ class ReceiveLedger:
         entry.quiet.clear()
         return entry
 
-    def end_landing(self, token: _Expected, request_id: str, num_bytes: int) -> None:
+    def end_landing(self, token: Expected, request_id: str, num_bytes: int) -> None:
         """The receive begun with `token` ended; `num_bytes` of it landed (0 if it was cut)."""
         token.in_flight -= 1
         token.bytes_landed += num_bytes
@@ -111,6 +121,7 @@ class ReceiveLedger:
         if token.in_flight == 0:
             token.quiet.set()
         if self._expected.get(request_id) is token:
+            self._note_partly_landed(request_id, token, num_bytes)
             self._maybe_complete(request_id, token)
 
     def record_landed(self, peer_id: str, request_id: str, num_bytes: int) -> None:
@@ -120,10 +131,23 @@ class ReceiveLedger:
             entry.bytes_landed += num_bytes
             if num_bytes:
                 entry.last_landed_at = time.time()
+            self._note_partly_landed(request_id, entry, num_bytes)
             self._maybe_complete(request_id, entry)
+
+    @staticmethod
+    def _note_partly_landed(request_id: str, entry: Expected, num_bytes: int) -> None:
+        if num_bytes and entry.bytes_landed == num_bytes and entry.bytes_promised is None:
+            fault_points.hit("kv.partly_landed", request_id)
 
     def record_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
         """The sender ended the request: complete with `num_bytes` in all, or aborted (None)."""
+        for entries in (self._expected, self._fencing):
+            entry = entries.get(request_id)
+            if entry is not None and entry.peer_id == peer_id:
+                entry.ended.set()
+        failed = self._failed.get(request_id)
+        if failed is not None and failed.peer_id == peer_id:
+            failed.ended.set()
         if num_bytes is None:
             self._record_sender_abort(peer_id, request_id)
         else:
@@ -167,18 +191,29 @@ class ReceiveLedger:
     def has_pending_from(self, peer_id: str) -> bool:
         return any(e.peer_id == peer_id for e in self._expected.values())
 
-    def abort(self, request_id: str) -> tuple[bool, asyncio.Event | None, bool]:
-        """Stop accepting data for `request_id`; returns whether it was pending, an event that
-        is set once no receive into its blocks is in flight, and whether the sender had
-        already ended the request (so no more bytes of it are on their way)."""
-        entry = self._expected.pop(request_id, None)
+    def abort(self, request_id: str) -> tuple[bool, Expected | None]:
+        """Stop accepting data for `request_id`; returns whether it was pending, and the entry
+        to fence (None if nothing of it can land: unknown, or landed whole). A failed request's
+        entry is returned too (not pending). Until `fenced(request_id)`, the sender's end is
+        still recorded on the entry (`ended`)."""
         self._outcomes.pop(request_id, None)
+        entry = self._expected.pop(request_id, None)
+        pending = entry is not None
         if entry is None:
-            return False, None, True
-        self._remember_abort(request_id, entry.peer_id)
-        if entry.waiter is not None and not entry.waiter.done():
-            entry.waiter.set_exception(TransferError(entry.peer_id, request_id, "aborted by the receiver"))
-        return True, entry.quiet, entry.bytes_promised is not None
+            entry = self._failed.get(request_id)
+            self._failed.forget(request_id)
+            if entry is None:
+                return False, None
+        else:
+            self._remember_abort(request_id, entry.peer_id)
+            if entry.waiter is not None and not entry.waiter.done():
+                entry.waiter.set_exception(TransferError(entry.peer_id, request_id, "aborted by the receiver"))
+        self._fencing[request_id] = entry
+        return pending, entry
+
+    def fenced(self, request_id: str) -> None:
+        """The blocks of aborted `request_id` went back to their owner: forget its entry."""
+        self._fencing.pop(request_id, None)
 
     async def wait(self, request_id: str, timeout: float | None) -> RequestLanded:
         outcome = self._outcomes.pop(request_id, None)
@@ -201,7 +236,7 @@ class ReceiveLedger:
         self._outcomes.clear()
         return outcomes
 
-    def _maybe_complete(self, request_id: str, entry: _Expected) -> None:
+    def _maybe_complete(self, request_id: str, entry: Expected) -> None:
         if entry.bytes_promised is None or entry.in_flight or entry.bytes_landed < entry.bytes_promised:
             return
         if entry.bytes_landed > entry.bytes_promised:
@@ -216,10 +251,11 @@ class ReceiveLedger:
     def _fail(self, request_id: str, error: TransferError) -> None:
         entry = self._expected.pop(request_id)
         self._remember_abort(request_id, entry.peer_id)
+        self._failed.remember(request_id, entry)
         logger.info("%s", error)
         self._deliver(request_id, entry, ReceiveOutcome(request_id, None, error))
 
-    def _deliver(self, request_id: str, entry: _Expected, outcome: ReceiveOutcome) -> None:
+    def _deliver(self, request_id: str, entry: Expected, outcome: ReceiveOutcome) -> None:
         # Exactly once: to the waiter if one is waiting, otherwise to the next poll.
         if entry.waiter is not None and not entry.waiter.done():
             if outcome.error is not None:

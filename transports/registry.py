@@ -51,7 +51,7 @@ def backend_class(name: str) -> type[Transport]:
 
 def create_transport(name: str, pool: torch.Tensor, *, instance_id: str, **options) -> Transport:
     """Build the `name` backend over `pool` (call `await start()` on it next). Options common to
-    all: `link_gbps` (egress limit), `abort_drain_s`, `secret` (the cluster's SharedSecret);
+    all: `link_gbps` (egress limit), `stall_timeout_s`, `secret` (the cluster's SharedSecret);
     backend-specific ones are documented on
     each class."""
     return backend_class(name)(pool, instance_id=instance_id, **options)

@@ -11,6 +11,7 @@ from minipd.transports.connection_slots import DEFAULT_MAX_CONNECTIONS, Connecti
 from minipd.transports.errors import TransferError
 from minipd.transports.messages import Abort, Finish, LayerHeader, PoolDescription, max_layer_header_bytes
 from minipd.transports.pool_layout import pool_bytes
+from minipd.transports.receive_ledger import Expected
 from minipd.transports.tcp_link import TcpLink
 from minipd.transports.tcp_receiver import DISCARD_BYTES, FrameReceiver, ReceiverSetup
 
@@ -34,7 +35,10 @@ class TcpTransport(Transport):
     `recv_into` straight into the blocks, which device memory cannot take (construction
     raises ValueError for a CUDA pool; use ucx or nixl there). A sender's link failing
     fails its pending writes with TransferError; a receiver's incoming link failing fails
-    the requests expected from that sender.
+    the requests expected from that sender. A send that makes no progress for the stall
+    timeout drops the link. An aborted request is fenced at once: the receiver checks, each
+    time the loop hands it bytes, that the request is still accepted, and sends the rest of a
+    cut payload to a scratch buffer.
     """
 
     backend = "tcp"
@@ -74,7 +78,8 @@ class TcpTransport(Transport):
     async def _connect(self, peer: PoolDescription) -> None:
         host, _, port = peer.endpoint.decode().rpartition(":")
         self._links[peer.instance_id] = await TcpLink.open(host, int(port), self.instance_id, self.layout,
-                                                           self.secret, peer.instance_id, self._fail_peer)
+                                                           self.secret, peer.instance_id, self._fail_peer,
+                                                           self.stall_timeout_s)
 
     async def _write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun]) -> None:
         link = self._link(peer_id, request_id)
@@ -87,11 +92,16 @@ class TcpTransport(Transport):
                 payload.append(self._bytes[start:start + run.num_blocks * block_bytes])
             num_bytes = sum(run.num_blocks for run in batch) * block_bytes
             header = LayerHeader(request_id, layer, [(run.dst_start, run.num_blocks) for run in batch], num_bytes)
-            await link.send(header, payload)
+            await link.send(header, payload, request_id)
 
     async def _send_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
         message = Abort(request_id) if num_bytes is None else Finish(request_id, num_bytes)
         await self._link(peer_id, request_id).send(message, ())
+
+    def _fence_now(self, peer_id: str, request_id: str, entry: Expected) -> bool:
+        # Bytes land only inside the loop's read callback, after `get_buffer` checked that the
+        # request is still accepted: once the ledger refuses it, nothing more can land.
+        return True
 
     def _link(self, peer_id: str, request_id: str) -> TcpLink:
         link = self._links.get(peer_id)

@@ -8,6 +8,7 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 
+from minipd import fault_points
 from minipd.transports.link_auth import RECEIVER_LABEL, sender_proof
 from minipd.transports.messages import (
     MAX_HANDSHAKE_HEADER_BYTES,
@@ -35,12 +36,15 @@ class TcpLink:
     """One outgoing connection to a receiver. Frames are sent whole and in call order (a
     lock serialises them); payload buffers are memoryviews of the pool, handed to `sendmsg`
     together with the header, so nothing is copied in user space. `on_lost` is called once
-    when the receiver closes the connection or it breaks."""
+    when the receiver closes the connection, it breaks, or a send makes no progress for
+    `stall_timeout_s` (the receiver stopped reading)."""
 
-    def __init__(self, sock: socket.socket, peer_id: str, on_lost: Callable[[str, str], None]) -> None:
+    def __init__(self, sock: socket.socket, peer_id: str, on_lost: Callable[[str, str], None],
+                 stall_timeout_s: float) -> None:
         self._sock = sock
         self.peer_id = peer_id
         self._on_lost = on_lost
+        self._stall_timeout_s = stall_timeout_s
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self._lost_reason: str | None = None
@@ -49,7 +53,7 @@ class TcpLink:
 
     @classmethod
     async def open(cls, host: str, port: int, sender_id: str, layout: PoolLayout, secret: SharedSecret | None,
-                   peer_id: str, on_lost: Callable[[str, str], None],
+                   peer_id: str, on_lost: Callable[[str, str], None], stall_timeout_s: float,
                    timeout: float = HANDSHAKE_TIMEOUT_S) -> TcpLink:
         """Connect and handshake (`link_auth.py`) as `sender_id`; raises ConnectionError saying
         why the receiver refused us or failed to prove the secret, TimeoutError, or OSError."""
@@ -67,9 +71,9 @@ class TcpLink:
         except BaseException:
             sock.close()
             raise
-        return cls(sock, peer_id, on_lost)
+        return cls(sock, peer_id, on_lost, stall_timeout_s)
 
-    async def send(self, message: Message, payload: Sequence[memoryview]) -> None:
+    async def send(self, message: Message, payload: Sequence[memoryview], request_id: str = "") -> None:
         """Send one frame: `message` as the header, then the payload buffers in order. Raises
         ConnectionError if the link is or goes down."""
         header = message_encoder.encode(message)
@@ -77,6 +81,11 @@ class TcpLink:
         async with self._lock:
             if self._lost_reason is not None:
                 raise ConnectionError(self._lost_reason)
+            if payload and fault_points.armed():
+                first, rest = _split(buffers, sum(len(b) for b in buffers) // 2)
+                await self._send_all(first)
+                await fault_points.reached("kv.mid_payload", request_id)
+                buffers = rest
             await self._send_all(buffers)
 
     async def _send_all(self, buffers: list[memoryview]) -> None:
@@ -106,9 +115,13 @@ class TcpLink:
         ready = self._loop.create_future()
         self._loop.add_writer(fd, lambda: ready.done() or ready.set_result(None))
         try:
-            await ready
+            await asyncio.wait_for(ready, self._stall_timeout_s)
+        except TimeoutError:
+            self._lost(f"no progress sending for {self._stall_timeout_s} s (the receiver stopped reading)")
+            raise ConnectionError(self._lost_reason) from None
         finally:
-            self._loop.remove_writer(fd)
+            if self._sock.fileno() >= 0:
+                self._loop.remove_writer(fd)
 
     def _on_readable(self) -> None:
         try:
@@ -180,3 +193,12 @@ async def _read_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, si
             raise ConnectionError(f"{peer_id} closed the KV link during the handshake")
         data += chunk
     return bytes(data)
+def _split(buffers: list[memoryview], at: int) -> tuple[list[memoryview], list[memoryview]]:
+    """The buffers cut into the first `at` bytes and the rest."""
+    first: list[memoryview] = []
+    for index, buffer in enumerate(buffers):
+        if at < len(buffer):
+            return first + [buffer[:at]], [buffer[at:], *buffers[index + 1:]]
+        first.append(buffer)
+        at -= len(buffer)
+    return first, []

@@ -113,7 +113,7 @@ class FrameReceiver(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._state == "payload":
-            if not self._dropping and not self._ledger.is_accepting(self._request_id):
+            if not self._dropping and not self._ledger.is_accepting(self._request_id, self._token):
                 self._dropping = True  # aborted midway: the rest goes to the scratch buffer
             offset, length = self._targets[self._target_index]
             left = length - self._filled

@@ -10,15 +10,17 @@ only make sense read together.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import secrets
 import struct
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import msgspec
 
+from minipd import fault_points
 from minipd.transports.ends_after_headers import EndsAfterHeaders
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
@@ -26,7 +28,7 @@ from minipd.transports.link_auth import HeaderSeal
 from minipd.transports.messages import (MAX_HEADER_BYTES, Abort, Finish, LayerHeader, Message,
                                         PoolDescription)
 from minipd.transports.pool_layout import pool_bytes
-from minipd.transports.receive_ledger import Verdict
+from minipd.transports.receive_ledger import Expected, Verdict
 
 from minipd.transports.ucx_progress import MAX_POLL_S, ProgressDriver, detach_ucxx_progress, ucx_worker
 
@@ -71,18 +73,49 @@ _envelope_encoder = msgspec.msgpack.Encoder()
 _envelope_decoder = msgspec.msgpack.Decoder(Envelope)
 
 
+class _Landing(NamedTuple):
+    """Receives posted into the blocks of one layer of one request."""
+
+    peer_id: str
+    request_id: str
+    requests: list
+
+
+def _load_request_cancel() -> Callable[[object], None] | None:
+    """ucxx's Python binding does not expose `ucxx::Request::cancel()`; the C++ method of the
+    libucxx it loaded is called directly (None if that library or symbol is not found: then
+    an aborted request's posted receives are left to complete or to their peer's loss)."""
+    try:
+        import libucxx
+
+        path = os.path.join(os.path.dirname(libucxx.__file__), "lib64", "libucxx.so")
+        method = ctypes.CDLL(path)._ZN4ucxx7Request6cancelEv
+    except (ImportError, OSError, AttributeError) as exc:
+        logger.warning("cannot cancel posted ucx receives (%s); aborted requests wait for their sender", exc)
+        return None
+    method.argtypes = [ctypes.c_void_p]
+    method.restype = None
+    return lambda request: method(request.ucxx_ptr)
+
+
+_cancel_request = _load_request_cancel()
+
+
 class UcxTransport(EndsAfterHeaders):
     """Receiver: one header receive is always posted on the worker; a layer header is judged
     by the ledger, then one tagged receive per run is posted straight into the destination
     blocks, then a READY byte goes back to the sender's worker (address in the header's
     envelope). With a secret, every header carries a proof of it and one without is dropped
     before any receive is posted (`link_auth.py` says what that does and does not stop).
-    Sender: posts the header, awaits READY, then one tagged send per run from the
-    source blocks and awaits them all. Endpoint error handling is off (it would force TCP), so UCX reports no
-    dead peers: liveness comes from the control plane through `peer_lost`. A lost sender's
-    posted receives can never match again (its nonce is gone), so they count as settled,
-    and its endpoint is parked rather than closed. ucxx has one worker per process, so an
-    instance runs at most one UcxTransport (two would steal each other's headers).
+    Sender: posts the header, awaits READY, then one tagged send per run from the source
+    blocks and awaits them all, each wait bounded by the stall timeout. Endpoint error
+    handling is off (it would force TCP), so UCX reports no dead peers: liveness comes from
+    the control plane through `peer_lost`. An aborted request is fenced by cancelling its
+    posted receives (a receive already matched completes by itself: under rendezvous the
+    receiver moves the bytes); so are a lost sender's, since a sender that only stopped
+    answering may resume and send. Its endpoint is parked rather than closed. ucxx has one
+    worker per process, so an instance runs at most one UcxTransport (two would steal each
+    other's headers).
     """
 
     backend = "ucx"
@@ -99,7 +132,7 @@ class UcxTransport(EndsAfterHeaders):
         self._nonce = secrets.randbelow((1 << NONCE_SHIFT) - 1) + 1
         self._sequence = 0
         self._receive_task: asyncio.Task | None = None
-        self._landing: dict[str, set[asyncio.Task]] = {}
+        self._landing: dict[asyncio.Task, _Landing] = {}
         self._address = b""
         self._reply_endpoints: dict[str, tuple[bytes, UCXEndpoint]] = {}
         self._progress = ProgressDriver()
@@ -149,7 +182,7 @@ class UcxTransport(EndsAfterHeaders):
         regions = [header_buffer, ready]  # UCX holds raw pointers: keep every buffer alive until done
         self._header_out(request_id)
         try:
-            await self._progress.wait([header_request, ready_request])
+            await self._bounded_wait([header_request, ready_request], peer_id, request_id, "READY")
         except BaseException:
             self._parked.append(regions)  # e.g. cancelled for a lost peer: the receive stays posted
             raise
@@ -158,13 +191,25 @@ class UcxTransport(EndsAfterHeaders):
             return  # the receiver dropped the request: it would throw the bytes away
         if status != READY_GO:
             raise TransferError(peer_id, request_id, f"receiver refused layer {layer}")
+        await fault_points.reached("kv.mid_payload", request_id)
         requests = []
         for index, run in enumerate(runs):
             start = self.layout.offset(layer, run.src_start)
             regions.append(Array(self._bytes[start:start + run.num_blocks * block_bytes]))
             requests.append(endpoint.tag_send(regions[-1], Tag(tag_base + index)))
-        await self._progress.wait(requests)
+        try:
+            await self._bounded_wait(requests, peer_id, request_id, "the payload to be received")
+        except BaseException:
+            self._parked.append(regions)  # the sends stay posted: UCX may still read the blocks' memory
+            raise
         del regions
+
+    async def _bounded_wait(self, requests, peer_id: str, request_id: str, what: str) -> None:
+        try:
+            await asyncio.wait_for(self._progress.wait(requests), self.stall_timeout_s)
+        except TimeoutError:
+            raise TransferError(peer_id, request_id, f"no progress waiting for {what} for "
+                                                     f"{self.stall_timeout_s} s") from None
 
     async def _send_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
         message = Abort(request_id) if num_bytes is None else Finish(request_id, num_bytes)
@@ -257,8 +302,8 @@ class UcxTransport(EndsAfterHeaders):
             requests.append(worker.tag_recv(regions[-1], Tag(header.tag_base + index), TagMaskFull))
         task = asyncio.get_running_loop().create_task(self._land(regions, requests))
         token = self._ledger.begin_landing(header.request_id)
-        self._landing.setdefault(peer_id, set()).add(task)
-        task.add_done_callback(lambda t: self._landed(t, peer_id, header.request_id, header.num_bytes, token))
+        self._landing[task] = _Landing(peer_id, header.request_id, requests)
+        task.add_done_callback(lambda t: self._landed(t, header.request_id, header.num_bytes, token))
         # Only now, with every receive posted, may the payload come.
         if not self._reply(peer_id, reply_to, ready_tag, READY_GO):
             self._ledger.fail_request(header.request_id, "cannot reach the sender to ask for the payload")
@@ -291,12 +336,27 @@ class UcxTransport(EndsAfterHeaders):
         await self._progress.wait(requests)
         del regions
 
-    def _landed(self, task: asyncio.Task, peer_id: str, request_id: str, num_bytes: int, token) -> None:
-        self._landing.get(peer_id, set()).discard(task)
+    def _landed(self, task: asyncio.Task, request_id: str, num_bytes: int, token) -> None:
+        self._landing.pop(task, None)
         failed = task.cancelled() or task.exception() is not None
         if failed and not task.cancelled():
             self._ledger.fail_request(request_id, f"receive failed: {task.exception()!r}")
         self._ledger.end_landing(token, request_id, 0 if failed else num_bytes)
+
+    def _cancel_receives(self, which: Callable[[_Landing], bool]) -> None:
+        """Cancel the posted receives of the landings `which` picks; their tasks then end with
+        UCX's cancellation, once the worker progresses (a matched receive completes instead)."""
+        if _cancel_request is None:
+            return
+        for landing in [landing for landing in self._landing.values() if which(landing)]:
+            for request in landing.requests:
+                if not request.completed:
+                    _cancel_request(request)
+        self._progress.wake()
+
+    def _fence_now(self, peer_id: str, request_id: str, entry: Expected) -> bool:
+        self._cancel_receives(lambda landing: landing.request_id == request_id)
+        return entry.in_flight == 0
 
     # ---- teardown ----------------------------------------------------------------------
 
@@ -306,8 +366,7 @@ class UcxTransport(EndsAfterHeaders):
             # Closing would block forever on a dead peer (no error handling); the endpoint is
             # parked instead, its unfinished sends are abandoned with it.
             self._lost_endpoints.append(endpoint)
-        for task in self._landing.pop(peer_id, set()):
-            task.cancel()
+        self._cancel_receives(lambda landing: landing.peer_id == peer_id)
         reply = self._reply_endpoints.pop(peer_id, None)
         if reply is not None:
             self._lost_endpoints.append(reply[1])
@@ -317,9 +376,8 @@ class UcxTransport(EndsAfterHeaders):
             endpoint.close_blocking(period=CLOSE_PERIOD_NS, max_attempts=1)
         self._endpoints.clear()
         self._reply_endpoints.clear()  # not closed: a dead sender would block the close
-        for tasks in self._landing.values():
-            for task in tasks:
-                task.cancel()
+        for task in list(self._landing):
+            task.cancel()
         if self._receive_task is not None:
             self._receive_task.cancel()
         self._progress.close()

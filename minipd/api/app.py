@@ -58,6 +58,7 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # request headers complete within this, or closed
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole body within this, or 408
     api_key: str | None = None  # None: the API is open
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S  # on cleanup, requests under way get this long to finish
 
     def __repr__(self) -> str:  # never print the key
         return f"HttpConfig(host={self.host!r}, port={self.port}, api_key={'<set>' if self.api_key else None})"
@@ -174,11 +175,12 @@ def build_app(backend: ServingBackend, config: HttpConfig, extensions: Sequence[
     return app
 
 
-async def start_http_server(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def start_http_server(app: web.Application, host: str, port: int,
+                            shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (0: a free port); returns the runner (call `cleanup()`) and the port."""
     # aiohttp closes a connection that idles `keepalive_timeout` while it waits for a request:
     # from its start, and headers that arrive partly do not count as a request
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s,
                            keepalive_timeout=app[CONFIG_KEY].header_timeout_s)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -192,7 +194,8 @@ async def start_api(backend: ServingBackend, config: HttpConfig, out: TextIO = s
     `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT` on `out` once the socket
     listens (a caller that asked for port 0 learns the port). The caller owns the runner
     (`await runner.cleanup()`)."""
-    runner, port = await start_http_server(build_app(backend, config, extensions), config.host, config.port)
+    runner, port = await start_http_server(build_app(backend, config, extensions), config.host, config.port,
+                                           config.shutdown_timeout_s)
     print(f"minipd: serving the OpenAI API for {backend.model_name!r} on http://{config.host}:{port}", file=out,
           flush=True)
     return runner

@@ -40,11 +40,13 @@ class BackendUnavailableError(RuntimeError):
 
 class InstanceStats(msgspec.Struct, frozen=True):
     """One serving instance as last seen: its name (unique within the backend), its role
-    (`prefill`, `decode`, `both`) and its engine's counters."""
+    (`prefill`, `decode`, `both`) and its engine's counters; `stale` when those counters did
+    not arrive in time lately (the instance is slow or frozen: they are not trusted)."""
 
     name: str
     role: Role
     stats: EngineStats
+    stale: bool = False
 
 
 @runtime_checkable

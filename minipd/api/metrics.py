@@ -7,8 +7,10 @@ the engine's arrival-to-first-scheduled. Request-level series are recorded by
 `RequestRecorder` (one per request), which also records the KV transfer that a final
 output reports in `RequestOutput.transfer`; failed transfers are recorded by
 `record_transfer_failure`, which the app wires to its backend. On a colocated instance the
-transfer series stay at zero. Instance gauges are read from the backend at scrape time, so they
-are never stale and an instance that disappears disappears from /metrics too.
+transfer series stay at zero. Instance gauges are read from the backend at scrape time, from the
+instances' latest reports (polled all at once, each with a short timeout): an instance that
+disappears disappears from /metrics too, and one whose report is late is flagged by
+`minipd_instance_stats_stale`.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class InstanceCollector(Collector):
             ("used", "KV blocks referenced by a request"),
             ("cached", "KV blocks registered in the prefix cache, used or free"))}
         role = GaugeMetricFamily("minipd_instance_role", "1 for the role each instance has", labels=["instance", "role"])
+        stale = GaugeMetricFamily("minipd_instance_stats_stale", "1 while an instance's stats did not arrive in time "
+                                  "lately (its other gauges are then old)", labels=["instance"])
         for instance in self._instance_stats():
             name, stats, usage = instance.name, instance.stats, instance.stats.blocks
             running.add_metric([name], stats.num_running)
@@ -58,7 +62,8 @@ class InstanceCollector(Collector):
                                  ("cached", usage.num_cached)):
                 blocks[state].add_metric([name], value)
             role.add_metric([name, instance.role.value], 1)
-        yield from (running, waiting, *blocks.values(), role)
+            stale.add_metric([name], int(instance.stale))
+        yield from (running, waiting, *blocks.values(), role, stale)
 
 
 class ServingMetrics:

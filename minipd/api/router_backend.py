@@ -33,6 +33,8 @@ class RouterBackend:
         return self.router.max_model_len
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
+        if not self.router.accepting:
+            raise BackendUnavailableError("the router is shutting down", NO_INSTANCE_RETRY_AFTER_S)
         if not self.router.registry.decode_candidates():
             raise BackendUnavailableError("no decode instance is reachable", NO_INSTANCE_RETRY_AFTER_S)
         return self.router.submit(prompt, params, request_id)
@@ -45,9 +47,10 @@ class RouterBackend:
 
     def instance_stats(self) -> list[InstanceStats]:
         roles = {h.instance_id: h.role for h in self.router.registry.instances.values()}  # current after a switch
+        stale = self.router.stale_instances()
         return [InstanceStats(s.instance_id, roles.get(s.instance_id, s.role), EngineStats(
             s.num_running, s.num_waiting, 0, BlockUsage(s.num_blocks, s.num_free_blocks, s.num_used_blocks,
-                                                        s.num_cached_blocks)))
+                                                        s.num_cached_blocks)), stale=s.instance_id in stale)
                 for s in self.router.instance_stats()]
 
     def on_transfer_failure(self, callback: Callable[[str], None]) -> None:

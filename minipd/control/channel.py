@@ -11,6 +11,11 @@ that lets more than MAX_WRITE_BUFFER_BYTES queue up unread is disconnected.
 A `Channel` multiplexes many requests: `call()` sends a `Call` and waits, with a timeout, for
 the `Reply` carrying the same `call_id`; every other incoming message goes to the handler.
 When the connection ends, pending calls fail with `ChannelClosed` and `closed` is set.
+
+Liveness (`watch_liveness`): both ends send a `Heartbeat` a few times per liveness timeout,
+and an end that hears nothing at all for its timeout calls `on_silent` (by default it closes
+the connection). A tick that runs late (this process was frozen, or its loop blocked) does not
+judge the peer: its frames may be waiting unread.
 """
 
 from __future__ import annotations
@@ -19,12 +24,13 @@ import asyncio
 import itertools
 import logging
 import struct
+import time
 from typing import Awaitable, Callable
 
 import msgspec
 
 from minipd.control.limits import HANDSHAKE_MAX_FRAME_BYTES, MAX_WRITE_BUFFER_BYTES, max_frame_bytes
-from minipd.control.messages import AnyMessage, Call, CallError, Message, Reply
+from minipd.control.messages import AnyMessage, Call, CallError, Heartbeat, Message, Reply
 from minipd.control.role import Role
 
 log = logging.getLogger(__name__)
@@ -33,6 +39,8 @@ HEADER = struct.Struct(">I")
 # Until the handshake says the peers' max_model_len: room for a Welcome and its description.
 DEFAULT_MAX_FRAME_BYTES = max_frame_bytes(0)
 DEFAULT_CALL_TIMEOUT_S = 30.0
+HEARTBEATS_PER_TIMEOUT = 4  # a peer misses this many heartbeats in a row before it is declared dead
+DEFAULT_LIVENESS_TIMEOUT_S = 5.0
 
 Handler = Callable[["Channel", Message], Awaitable[None] | None]
 
@@ -70,6 +78,8 @@ class Channel:
         self.closed = asyncio.Event()
         self.close_reason = ""
         self._reader_task: asyncio.Task | None = None
+        self.last_received = time.monotonic()  # when the latest frame arrived
+        self._liveness_task: asyncio.Task | None = None
 
     @classmethod
     async def connect(cls, host: str, port: int, handler: Handler | None, name: str,
@@ -124,6 +134,38 @@ class Channel:
         reply.request_id = call.request_id
         self.send(reply)
 
+    def fail_calls(self, reason: str) -> None:
+        """Fail every pending call with ChannelClosed (the peer was declared dead) while the
+        connection itself stays open."""
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(ChannelClosed(f"{self.name}: {reason}"))
+
+    # ---- liveness -----------------------------------------------------------------------
+    def watch_liveness(self, timeout_s: float, peer_timeout_s: float,
+                       on_silent: Callable[[str], None] | None = None) -> None:
+        """Heartbeat often enough for both ends' timeouts, and call `on_silent(reason)` once
+        (default: close the connection) if nothing arrives for `timeout_s`; then stop both."""
+        interval = min(timeout_s, peer_timeout_s or timeout_s) / HEARTBEATS_PER_TIMEOUT
+        on_silent = on_silent or self._shutdown
+        self._liveness_task = asyncio.get_running_loop().create_task(
+            self._watch(interval, timeout_s, on_silent), name=f"liveness-{self.name}")
+
+    async def _watch(self, interval: float, timeout_s: float, on_silent: Callable[[str], None]) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + interval
+        while not self.closed.is_set():
+            await asyncio.sleep(max(0.0, due - loop.time()))  # the heartbeat period
+            late = loop.time() - due
+            due = loop.time() + interval
+            self.send(Heartbeat())
+            if late > interval:
+                continue  # we did not run for a while: the peer's frames may be unread, judge next time
+            silent_s = time.monotonic() - self.last_received
+            if silent_s > timeout_s:
+                on_silent(f"no frame from the peer for {silent_s:.1f} s (liveness timeout {timeout_s} s)")
+                return
+
     # ---- receiving --------------------------------------------------------------------
     async def _read_loop(self) -> None:
         reason = "peer closed the connection"
@@ -135,6 +177,7 @@ class Channel:
                     reason = f"frame of {length} bytes exceeds the {self.max_frame_bytes}-byte cap"
                     break
                 payload = await self._reader.readexactly(length)
+                self.last_received = time.monotonic()
                 try:
                     message = self._decoder.decode(payload)
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -149,9 +192,13 @@ class Channel:
             self._shutdown(reason)
 
     def _dispatch(self, message: Message) -> None:
-        if isinstance(message, Reply) and message.call_id in self._calls:
-            future = self._calls[message.call_id]
-            if not future.done():
+        if isinstance(message, Heartbeat):
+            return  # its arrival was the point
+        if isinstance(message, Reply) and message.call_id:
+            future = self._calls.get(message.call_id)
+            if future is None:
+                log.debug("%s: late %s (its call already failed or timed out)", self.name, type(message).__name__)
+            elif not future.done():
                 future.set_result(message)
             return
         if self._handler is None:
@@ -183,9 +230,9 @@ class Channel:
         if reason not in ("peer closed the connection", "closed locally"):
             log.warning("%s: closing connection: %s", self.name, reason)
         self.closed.set()
-        for future in self._calls.values():
-            if not future.done():
-                future.set_exception(ChannelClosed(f"{self.name}: {reason}"))
+        self.fail_calls(reason)
+        if self._liveness_task is not None and self._liveness_task is not asyncio.current_task():
+            self._liveness_task.cancel()
         self._writer.close()
 
     async def close(self) -> None:

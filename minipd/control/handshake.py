@@ -50,13 +50,15 @@ def server_proof(secret: SharedSecret, role: Role, client_nonce: bytes, server_n
 
 
 async def handshake(channel: Channel, role: Role, secret: SharedSecret | None, timeout: float,
-                    peer: str) -> Welcome:
+                    peer: str, liveness_timeout_s: float = 0.0) -> Welcome:
     """Introduce ourselves as `role` on a freshly connected `channel` to `peer` (for messages)
-    and authenticate both ways; returns the server's Welcome. Raises AuthenticationError,
-    or ChannelClosed/TimeoutError when the connection fails."""
+    and authenticate both ways; returns the server's Welcome. `liveness_timeout_s` > 0 asks
+    for heartbeats (`Hello.liveness_timeout_s`). Raises AuthenticationError, or
+    ChannelClosed/TimeoutError when the connection fails."""
     nonce = new_nonce()
     try:
-        reply: Message = await channel.call(Hello(protocol_version=PROTOCOL_VERSION, role=role, nonce=nonce), timeout)
+        reply: Message = await channel.call(Hello(protocol_version=PROTOCOL_VERSION, role=role, nonce=nonce,
+                                                  liveness_timeout_s=liveness_timeout_s), timeout)
         if isinstance(reply, Challenge):
             if secret is None:
                 raise AuthenticationError(f"{peer} requires the cluster secret and this process has none; "
@@ -84,11 +86,12 @@ async def handshake(channel: Channel, role: Role, secret: SharedSecret | None, t
 
 
 async def open_channel(host: str, port: int, handler, name: str, role: Role, secret: SharedSecret | None,
-                       timeout: float) -> tuple[Channel, Welcome]:
-    """Connect to a control port and handshake as `role`; the channel is closed on failure."""
+                       timeout: float, liveness_timeout_s: float = 0.0) -> tuple[Channel, Welcome]:
+    """Connect to a control port and handshake as `role` (see `handshake`); the channel is
+    closed on failure."""
     channel = await Channel.connect(host, port, handler, name, timeout)
     try:
-        return channel, await handshake(channel, role, secret, timeout, f"{host}:{port}")
+        return channel, await handshake(channel, role, secret, timeout, f"{host}:{port}", liveness_timeout_s)
     except BaseException:
         await channel.close()
         raise

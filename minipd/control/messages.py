@@ -16,7 +16,10 @@ from minipd.engine.sampling_params import SamplingParams
 
 from minipd.control.role import Role
 
-PROTOCOL_VERSION = 2  # 2: the handshake authenticates with the cluster secret
+PROTOCOL_VERSION = 3  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs
+# TokenOutput.failure_kind, and CallError.kind, of requests that failed for these reasons:
+FAILURE_KV_LOAD = "kv_load"  # the KV did not arrive in the reservation (no fault of the decode instance)
+FAILURE_SHUTDOWN = "shutdown"  # the instance is shutting down and took nothing new
 
 
 class Fingerprint(msgspec.Struct, frozen=True):
@@ -62,6 +65,7 @@ class Hello(Call, tag="hello"):
     protocol_version: int
     role: Role  # ROUTER, CLIENT, or an instance role
     nonce: bytes = b""  # the client's half of the challenge
+    liveness_timeout_s: float = 0.0  # > 0: both ends heartbeat, and this end declares the other dead after it
 
 
 class Challenge(Reply, tag="challenge"):
@@ -87,6 +91,23 @@ class Welcome(Reply, tag="welcome"):
     max_num_seqs: int = 0
     proof: bytes = b""  # the server's proof of the cluster secret (empty without one)
     epoch: int = 0  # the instance's role epoch: bumped by every role switch
+    liveness_timeout_s: float = 0.0  # how soon this end declares a silent peer dead (it heartbeats if > 0)
+
+
+class Heartbeat(Message, tag="heartbeat"):
+    """Sent on a connection whose Hello asked for liveness, a few times per liveness timeout;
+    any frame counts as a sign of life, this one only says nothing else was to be said."""
+
+
+class Evict(Message, tag="evict"):
+    """Router -> instance: you were declared dead (`reason`) and are no longer routed to. End
+    every request of this connection (writes to peers included), then close it."""
+
+    reason: str
+
+
+class Draining(Message, tag="draining"):
+    """Instance -> router: shutting down; route nothing new here (requests under way finish)."""
 
 
 class CallError(Reply, tag="error"):
@@ -131,6 +152,7 @@ class Prefill(Call, tag="prefill"):
     num_skip_blocks: int  # leading blocks the decode instance already holds
     layerwise: bool = True
     epoch: int | None = None  # as in Reserve
+    lease_s: float = 0.0  # the reservation's lease: the prefill instance renews it (`Renew`) while it progresses
 
 
 class Prefilled(Reply, tag="prefilled"):
@@ -152,15 +174,16 @@ class Decode(Message, tag="decode"):
 
 
 class KVLanded(Message, tag="kv_landed"):
-    """Decode -> router, before the first token: when the receiver saw the last byte land, or
-    (`error` set) why the KV did not land."""
+    """Decode -> router: when the receiver saw the last byte land, or (`error` set) why the KV
+    did not land, before the first token or when a reservation's lease expired."""
 
     landed_at: float = 0.0  # time.time() on the decode instance
     error: str | None = None
 
 
 class Renew(Message, tag="renew"):
-    """Router -> decode, while the prefill of a reservation is under way: extend its lease."""
+    """Prefill -> router -> decode: the prefill of this reservation progressed since the last
+    renewal (computed, sent, or moved up its queue); extend the reservation's lease."""
 
 
 class Generate(Message, tag="generate"):
@@ -174,6 +197,7 @@ class Generate(Message, tag="generate"):
 
 class TokenOutput(Message, tag="tokens"):
     output: RequestOutput
+    failure_kind: str = ""  # for a failed output: FAILURE_KV_LOAD, FAILURE_SHUTDOWN, or ""
 
 
 class Abort(Message, tag="abort"):
@@ -181,8 +205,13 @@ class Abort(Message, tag="abort"):
 
 
 class PeerLost(Message, tag="peer_lost"):
+    """Router -> instances: `instance_id` is gone. `fenced`: its process can write no more
+    (its connection closed: it died, or ended everything first), so blocks held for its
+    writes may be reused; False while it merely stopped answering."""
+
     instance_id: str
     reason: str
+    fenced: bool = True
 
 
 class GetStats(Call, tag="get_stats"):
@@ -201,6 +230,7 @@ class Stats(Reply, tag="stats"):
     num_reservations: int = 0
     epoch: int = 0  # role epoch (as in Welcome)
     switching: bool = False  # draining for a role switch: it takes no new work
+    num_fencing_blocks: int = 0  # blocks of dropped reservations held until no late byte can land
 
 
 # ---- role switch ---------------------------------------------------------------------------
@@ -255,4 +285,4 @@ class ClusterStats(Reply, tag="cluster_stats"):
 
 AnyMessage = (Hello | Challenge | Prove | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode
               | Generate | KVLanded | Renew | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered
-              | ClientGenerate | ClusterStats | SwitchRole | RoleSwitched)
+              | ClientGenerate | ClusterStats | SwitchRole | RoleSwitched | Heartbeat | Evict | Draining)

@@ -3,14 +3,20 @@
 It accepts connections (at most `max_connections`; see `ConnectionSlots`), runs the server
 side of the handshake (`handshake.py`) before anything else is read, remembers which
 requests arrived through each connection, and aborts those when the connection drops, so a
-vanished router or client never leaves work behind.
+vanished router or client never leaves work behind. A connection this end gives up on (its
+peer went silent, or evicted us) is ended the other way round: its requests are aborted
+first, then it is closed, so that whoever watches the connection knows, once it closes, that
+nothing of ours is still writing for it.
 
 Until its handshake is done a connection may send only `Hello` and `Prove`, in frames of
 at most HANDSHAKE_MAX_FRAME_BYTES, within HANDSHAKE_TIMEOUT_S; anything else, a role this
 server does not serve (`refuses_role`), or a wrong proof is answered with
 `CallError(kind="auth")` and the connection is closed. Subclasses implement `welcome`,
-`refuses_role`, `max_frame_bytes`, `handle` (which only ever sees messages of authenticated
+`refuses_role`, `max_frame_bytes`, `handle`, optionally `established`, (which only ever sees messages of authenticated
 peers, whose role is `channel.peer_role`) and `abort_request`.
+
+Shutdown (`drain`): stop accepting connections, let the requests under way finish until a
+deadline, and say whether any were left to abort.
 """
 
 from __future__ import annotations
@@ -43,10 +49,12 @@ class ControlServer:
         self.name = name
         self.secret = secret
         self.port = 0
+        self.accepting = True  # False once draining: new requests are refused
         self._server: asyncio.Server | None = None
         self._requests_of: dict[Channel, set[str]] = {}
         self._pending: dict[Channel, _Pending] = {}
         self._slots: ConnectionSlots[Channel] = ConnectionSlots(max_connections, f"{name} control port")
+        self._untracked = asyncio.Event()  # set whenever a request stops being tracked
 
     async def serve(self, host: str, port: int) -> int:
         """Start accepting connections; returns the bound port."""
@@ -61,9 +69,12 @@ class ControlServer:
             await channel.close()
 
     # ---- for subclasses ---------------------------------------------------------------
-    def welcome(self) -> Welcome:
-        """The Welcome an authenticated peer receives."""
+    def welcome(self, hello: Hello) -> Welcome:
+        """The Welcome an authenticated peer (who said `hello`) receives."""
         raise NotImplementedError
+
+    def established(self, channel: Channel, hello: Hello) -> None:
+        """Called once a peer is authenticated and welcomed (for heartbeats and such)."""
 
     def refuses_role(self, role: Role) -> str | None:
         """Why a peer of `role` may not connect here, or None if it may."""
@@ -84,6 +95,43 @@ class ControlServer:
 
     def untrack(self, channel: Channel, request_id: str) -> None:
         self._requests_of.get(channel, set()).discard(request_id)
+        self._untracked.set()
+
+    @property
+    def num_tracked(self) -> int:
+        return sum(len(ids) for ids in self._requests_of.values())
+
+    async def end_channel(self, channel: Channel, reason: str) -> None:
+        """Abort every request that arrived through `channel`, waiting for each abort (writes
+        to peers end first), then close it."""
+        log.warning("%s: ending connection %s: %s", self.name, channel.name, reason)
+        for request_id in self._requests_of.pop(channel, set()):
+            await self.abort_request(request_id)
+        await channel.close()
+
+    async def drain(self, deadline_s: float) -> bool:
+        """Stop accepting connections and requests, then wait up to `deadline_s` for the
+        requests under way to finish; returns True if none is left (the caller aborts the
+        rest by closing)."""
+        self.accepting = False
+        if self._server is not None:
+            self._server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        while self.busy():
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self._untracked.clear()
+            try:
+                await asyncio.wait_for(self._untracked.wait(), left)
+            except TimeoutError:
+                return not self.busy()
+        return True
+
+    def busy(self) -> bool:
+        """Whether requests are under way (subclasses add what else they hold)."""
+        return self.num_tracked > 0
 
     @staticmethod
     def refuse(channel: Channel, message: Message, reason: str) -> None:
@@ -151,9 +199,10 @@ class ControlServer:
         channel.peer_role = hello.role
         channel.max_frame_bytes = channel.max_send_bytes = self.max_frame_bytes()
         self._slots.establish(channel)
-        welcome = self.welcome()
+        welcome = self.welcome(hello)
         welcome.proof = proof
         channel.reply(call, welcome)
+        self.established(channel, hello)
 
     def _fail_handshake(self, channel: Channel, message: Message, reason: str) -> None:
         log.warning("%s: refusing %s: %s", self.name, channel.name, reason)
@@ -171,3 +220,4 @@ class ControlServer:
         self._pending.pop(channel, None)
         for request_id in self._requests_of.pop(channel, set()):
             await self.abort_request(request_id)
+        self._untracked.set()

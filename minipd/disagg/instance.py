@@ -1,14 +1,21 @@
 """One serving instance: an engine, its KV transport, and a control-plane server.
 
-Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decode instance);
-`decode` answers `Reserve` and `Decode` (hold blocks, receive the KV, decode); every role
-answers `Generate` (prefill and decode here, used for colocated serving and for short
-prompts), `Abort`, `PeerLost`, `GetStats` and `SwitchRole` (an in-place role switch; new
-work carries the role epoch it was meant for, see role_switch.py). Only routers may connect
-(with a cluster secret, only those that prove it), and the transport, given the same secret,
-takes KV only from the instance a reservation names, over an authenticated link. What a
-router asked for through a connection is aborted when that connection drops, and every
-prefill for a decode instance the router reports lost (`PeerLost`) at once.
+Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decode instance,
+renewing the reservation's lease while it progresses); `decode` answers `Reserve` and
+`Decode` (hold blocks, receive the KV, decode); every role answers `Generate` (prefill and
+decode here, used for colocated serving and for short prompts), `Abort`, `PeerLost`,
+`GetStats` and `SwitchRole` (an in-place role switch; new work carries the role epoch it was
+meant for, see role_switch.py).
+
+Only routers may connect (with a cluster secret, only those that prove it), and the
+transport, given the same secret, takes KV only from the instance a reservation names, over
+an authenticated link. Everything a router asked for through a connection is aborted when
+that connection drops, and every prefill for a decode instance the router reports lost
+(`PeerLost`) at once. A router's `Hello` may ask for liveness: both ends then heartbeat, and
+a router silent for the liveness timeout, or one that evicts us (`Evict`), has its
+connection ended: its requests aborted first (writes to peers end with them), then the
+connection closed. `shutdown(deadline_s)` (SIGTERM) refuses new requests, tells the routers
+(`Draining`), lets the requests under way finish until the deadline, and aborts the rest.
 
 Length: one class answers every role's calls, and the roles share its transport, reservations
 and connections; splitting it by role is due once those are settled.
@@ -18,28 +25,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from typing import NamedTuple
 
-from minipd.transports.base import Transport
-from minipd.transports.errors import TransferError
-from minipd.transports.registry import create_transport
-
-from minipd.control.channel import Channel
+from minipd import fault_points
+from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S, Channel
+from minipd.control.messages import (FAILURE_KV_LOAD, FAILURE_SHUTDOWN, Abort, CallError, Decode, Draining, Evict,
+                                     Generate, GetStats, Hello, KVLanded, Message, PeerLost, Prefill, Prefilled, Renew,
+                                     Reserve, Reserved, Stats, SwitchRole, TokenOutput, Welcome)
 from minipd.control.role import Role
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
-from minipd.control.messages import (Abort, CallError, Decode, Generate, GetStats, KVLanded, Message,
-                                     PeerLost, Prefill, Prefilled, Renew, Reserve, Reserved, Stats, SwitchRole,
-                                     TokenOutput, Welcome)
 from minipd.control.server import ControlServer
-from minipd.transports.shared_secret import SharedSecret
-from minipd.engine.engine import Engine, NoCapacity
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
+from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressing
+from minipd.disagg.reservations import Reservation, Reservations
 from minipd.disagg.role_switch import RoleGuard
+from minipd.engine.engine import Engine, NoCapacity
+from minipd.transports.shared_secret import SharedSecret
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError
+from minipd.transports.base import Transport
+from minipd.transports.errors import TransferError
+from minipd.transports.registry import create_transport
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +56,11 @@ DEFAULT_PREFILL_TIMEOUT_S = 120.0
 SETTLE_TIMEOUT_S = 10.0
 
 
-class Reservation(NamedTuple):
-    token_ids: list[int]
-    block_ids: list[int]
-    num_cached_tokens: int
-    deadline: float  # time.monotonic()
-
-
 class Instance(ControlServer):
     def __init__(self, engine: Engine, role: Role, instance_id: str, transport: Transport,
                  model_name: str, lease_s: float = DEFAULT_LEASE_S, secret: SharedSecret | None = None,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S):
         super().__init__(instance_id, secret, max_connections)
         if not role.is_instance:
             raise ValueError(f"role: {role.value!r} is not an instance role")
@@ -68,12 +69,17 @@ class Instance(ControlServer):
         self.transport = transport
         self.model_name = model_name
         self.lease_s = lease_s
+        self.liveness_timeout_s = liveness_timeout_s
         self.fingerprint = engine_fingerprint(engine)
-        self.reservations: dict[str, Reservation] = {}
+        self.reservations = Reservations(engine, transport, lease_s, instance_id, self._lease_expired)
         self._peer_ids: dict[str, str] = {}  # decode instance id -> transport peer id
         self._connecting: dict[str, asyncio.Task] = {}
         self._prefills_to: dict[str, set[str]] = {}  # decode instance id -> ids of prefills for it
-        self._lease_task: asyncio.Task | None = None
+        self._routers: set[Channel] = set()  # connections of routers
+        # Prefills under way -> the transport peer their KV goes to (None until connected), and
+        # those aborted before that: the receiver must still hear that nothing will come.
+        self._prefilling: dict[str, str | None] = {}
+        self._abandoned: set[str] = set()
         self.expired_leases: asyncio.Queue[str] = asyncio.Queue()  # request ids, for observers and tests
 
     @property
@@ -84,35 +90,65 @@ class Instance(ControlServer):
     @classmethod
     async def create(cls, engine: Engine, role: Role, instance_id: str, transport_name: str, model_name: str,
                      transport_options: dict | None = None, lease_s: float = DEFAULT_LEASE_S,
-                     secret: SharedSecret | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> "Instance":
+                     secret: SharedSecret | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                     liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S) -> "Instance":
         """`secret` also goes to the transport; `max_connections` caps the control port only."""
         transport = create_transport(transport_name, engine.kv_pool, instance_id=instance_id, secret=secret,
                                      **(transport_options or {}))
         await transport.start()
         await engine.start()
-        return cls(engine, role, instance_id, transport, model_name, lease_s, secret, max_connections)
+        return cls(engine, role, instance_id, transport, model_name, lease_s, secret, max_connections,
+                   liveness_timeout_s)
 
     async def serve(self, host: str, port: int) -> int:
         """Start the control-plane server; returns the bound port."""
         port = await super().serve(host, port)
-        self._lease_task = asyncio.get_running_loop().create_task(self._expire_leases())
+        self.reservations.start()
         return port
 
     async def close(self) -> None:
-        if self._lease_task is not None:
-            self._lease_task.cancel()
         await self.close_connections()
-        for request_id in list(self.reservations):
-            await self._drop_reservation(request_id)
+        await self.reservations.close()
         await self.engine.close()
         await self.transport.close()
 
+    async def shutdown(self, deadline_s: float) -> bool:
+        """Stop accepting, let requests under way finish within `deadline_s`, then close
+        (aborting whatever is left). Returns whether everything finished in time."""
+        for channel in self._routers:
+            channel.send(Draining())
+        finished = await self.drain(deadline_s)
+        if not finished:
+            log.warning("%s: shutting down with requests still under way; aborting them", self.instance_id)
+            for request_id in {r for ids in self._requests_of.values() for r in ids}:
+                await self.abort_request(request_id)
+            await self.engine.wait_idle(SETTLE_TIMEOUT_S)  # their last outputs, saying why, go out first
+        await self.close()
+        return finished
+
+    def busy(self) -> bool:
+        stats = self.engine.stats()
+        return super().busy() or bool(self.reservations.held) or bool(stats.num_running or stats.num_waiting)
+
     # ---- the handshake ----------------------------------------------------------------
-    def welcome(self) -> Welcome:
+    def welcome(self, hello: Hello) -> Welcome:
         return Welcome(instance_id=self.instance_id, role=self.role, fingerprint=self.fingerprint,
                        transport=self.transport.backend, transport_description=self.transport.describe(),
                        model_name=self.model_name, max_model_len=self.engine.config.max_model_len,
-                       max_num_seqs=self.engine.config.max_num_seqs, epoch=self.guard.epoch)
+                       max_num_seqs=self.engine.config.max_num_seqs, epoch=self.guard.epoch,
+                       liveness_timeout_s=self.liveness_timeout_s if hello.liveness_timeout_s > 0 else 0.0)
+
+    def established(self, channel: Channel, hello: Hello) -> None:
+        """A router is connected: it hears of our shutdown, and heartbeats if it asked to."""
+        self._routers.add(channel)
+        asyncio.get_running_loop().create_task(self._forget_router(channel))
+        if hello.liveness_timeout_s > 0 and self.liveness_timeout_s > 0:
+            channel.watch_liveness(self.liveness_timeout_s, hello.liveness_timeout_s, on_silent=lambda reason: (
+                asyncio.get_running_loop().create_task(self.end_channel(channel, reason))))
+
+    async def _forget_router(self, channel: Channel) -> None:
+        await channel.closed.wait()
+        self._routers.discard(channel)
 
     def refuses_role(self, role: Role) -> str | None:
         return None if role is Role.ROUTER else f"{self.instance_id} is an instance; only a router may connect to it"
@@ -124,12 +160,12 @@ class Instance(ControlServer):
     async def handle(self, channel: Channel, message: Message) -> None:
         match message:
             case Reserve():
-                if self.guard.refused(channel, message):
+                if self._refuse_while_draining(channel, message) or self.guard.refused(channel, message):
                     return
                 self.track(channel, message.request_id)
                 self._reserve(channel, message)
             case Prefill():
-                if self.guard.refused(channel, message):
+                if self._refuse_while_draining(channel, message) or self.guard.refused(channel, message):
                     return
                 self.track(channel, message.request_id)
                 with self.guard.work.holding(message.request_id):
@@ -140,6 +176,10 @@ class Instance(ControlServer):
                 finally:
                     self.guard.work.release(message.request_id)
             case Generate():
+                if not self.accepting:
+                    self._send_failure(channel, message.request_id, f"{self.instance_id} is shutting down",
+                                       FAILURE_SHUTDOWN)
+                    return
                 if self.guard.refused(channel, message):
                     return
                 self.track(channel, message.request_id)
@@ -148,25 +188,32 @@ class Instance(ControlServer):
             case SwitchRole():
                 await self.guard.handle_switch(channel, message, self._reset_pool)
             case Renew():
-                self._renew(message.request_id)
+                self.reservations.renew(message.request_id)
             case Abort():
                 await self.abort_request(message.request_id)
+                self.untrack(channel, message.request_id)
             case PeerLost():
-                self.transport.peer_lost(message.instance_id, message.reason)
-                self._peer_ids.pop(message.instance_id, None)
+                self.transport.peer_lost(self._peer_ids.pop(message.instance_id, message.instance_id),
+                                         message.reason, message.fenced)
                 for request_id in self._prefills_to.pop(message.instance_id, set()):  # no KV can go there
                     await self.abort_request(request_id)
+            case Evict():
+                await self.end_channel(channel, f"evicted by the router: {message.reason}")
             case GetStats():
                 if message.settle:
                     await self.engine.wait_idle(SETTLE_TIMEOUT_S)
+                    await self.reservations.wait_fenced(SETTLE_TIMEOUT_S)
                 channel.reply(message, self.stats())
             case _:
                 log.warning("%s: unexpected %s", self.instance_id, type(message).__name__)
 
     async def _reset_pool(self) -> None:
-        """Once drained: let the engine settle (aborts applied), then forget the prefix cache."""
+        """Once drained: let the engine settle (aborts applied, fenced blocks back), then
+        forget the prefix cache."""
         if not await self.engine.wait_idle(SETTLE_TIMEOUT_S):
             raise RuntimeError("the engine did not go idle")
+        if not await self.reservations.wait_fenced(SETTLE_TIMEOUT_S):
+            raise RuntimeError("blocks of aborted transfers are still fenced")
         self.engine.reset_pool()
 
     def _refuse(self, serves: bool, what: str, channel: Channel, message) -> bool:
@@ -177,13 +224,19 @@ class Instance(ControlServer):
                                                  f"not serve {what}", kind="invalid"))
         return True
 
+    def _refuse_while_draining(self, channel: Channel, message) -> bool:
+        if self.accepting:
+            return False
+        channel.reply(message, CallError(message=f"{self.instance_id} is shutting down", kind=FAILURE_SHUTDOWN))
+        return True
+
     # ---- decode role ------------------------------------------------------------------
     def _reserve(self, channel: Channel, message: Reserve) -> None:
         if self._refuse(self.role.serves_decode, "decode", channel, message):
             return
         request_id = message.request_id
         try:
-            if request_id in self.reservations:
+            if request_id in self.reservations.held:
                 raise InvalidRequestError("request_id", f"{request_id!r} already holds a reservation")
             block_ids, num_cached = self.engine.reserve(message.token_ids)
         except NoCapacity as exc:
@@ -199,23 +252,24 @@ class Instance(ControlServer):
             self.engine.release_blocks(block_ids)
             channel.reply(message, CallError(message=str(exc), kind="invalid"))
             return
-        self.reservations[request_id] = Reservation(message.token_ids, block_ids, num_cached,
-                                                    time.monotonic() + self.lease_s)
+        self.reservations.add(request_id, message.token_ids, block_ids, num_cached, channel)
         self.guard.work.hold(request_id)  # until its decode stream ends or the reservation is dropped
         channel.reply(message, Reserved(num_cached_tokens=num_cached, dst_block_ids=dst, lease_s=self.lease_s))
+        fault_points.hit("decode.reserved", request_id)
 
     async def _decode(self, channel: Channel, message: Decode) -> None:
         request_id = message.request_id
-        reservation = self.reservations.pop(request_id, None)
+        reservation = self.reservations.take(request_id)
         if reservation is None:
-            self._send_failure(channel, request_id, "no reservation (expired or aborted)")
+            self._send_failure(channel, request_id, f"{self.instance_id} holds no reservation for it (its lease "
+                                                    "expired or it was aborted)", FAILURE_KV_LOAD)
             return
         try:
             landed = await self.transport.wait_landed(request_id, DEFAULT_LAND_TIMEOUT_S)
-        except TransferError as exc:  # the blocks are still ours
-            self.engine.release_blocks(reservation.block_ids)
+        except TransferError as exc:
+            await self.reservations.release(request_id, reservation.block_ids)  # once no late byte can land
             channel.send(KVLanded(request_id=request_id, error=str(exc)))
-            self._send_failure(channel, request_id, f"{type(exc).__name__}: {exc}")
+            self._send_failure(channel, request_id, f"the KV did not load: {exc}", FAILURE_KV_LOAD)
             return
         channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at))
         try:
@@ -227,35 +281,12 @@ class Instance(ControlServer):
             return
         await self._forward(channel, stream)
 
-    def _renew(self, request_id: str) -> None:
-        reservation = self.reservations.get(request_id)
-        if reservation is not None:
-            self.reservations[request_id] = reservation._replace(deadline=time.monotonic() + self.lease_s)
-
-    async def _drop_reservation(self, request_id: str) -> bool:
-        reservation = self.reservations.pop(request_id, None)
-        if reservation is None:
-            return False
-        try:
-            await self.transport.abort(request_id)
-        except Exception:  # cannot guarantee the peer stopped writing: keep the blocks out of use
-            log.exception("%s: abort of %s did not drain; leaking its blocks", self.instance_id, request_id)
-            return True
-        else:
-            self.engine.release_blocks(reservation.block_ids)
-            return True
-        finally:
-            self.guard.work.release(request_id)
-
-    async def _expire_leases(self) -> None:
-        while True:
-            await asyncio.sleep(max(self.lease_s / 4, 0.05))  # a periodic sweep, not a synchronisation
-            now = time.monotonic()
-            for request_id, reservation in list(self.reservations.items()):
-                if reservation.deadline <= now:
-                    log.info("%s: lease of %s expired", self.instance_id, request_id)
-                    await self._drop_reservation(request_id)
-                    self.expired_leases.put_nowait(request_id)
+    def _lease_expired(self, request_id: str, reservation: Reservation) -> None:
+        self.guard.work.release(request_id)
+        self.untrack(reservation.channel, request_id)
+        reservation.channel.send(KVLanded(request_id=request_id, error=(
+            f"the reservation on {self.instance_id} expired: no prefill progress for {self.lease_s} s")))
+        self.expired_leases.put_nowait(request_id)
 
     # ---- prefill role -----------------------------------------------------------------
     async def _prefill(self, channel: Channel, message: Prefill) -> None:
@@ -268,13 +299,23 @@ class Instance(ControlServer):
                                                      f"{self.instance_id}: {'; '.join(differences)}", kind="invalid"))
             self.untrack(channel, request_id)
             return
+        renewals = None
+        self._prefilling[request_id] = None
         self._prefills_to.setdefault(message.decode_instance, set()).add(request_id)
         try:
-            peer_id = await self._peer(message.decode_instance, message.decode_description)
+            peer_id = self._prefilling[request_id] = await self._peer(message.decode_instance,
+                                                                      message.decode_description)
+            if request_id in self._abandoned:
+                await self.transport.abort(request_id, peer_id=peer_id)
+                raise RuntimeError("aborted")
             sender = LayerwiseKVSender(self.engine, self.transport, peer_id, request_id, message.dst_block_ids,
                                        message.num_skip_blocks, message.layerwise)
             stream = self.engine.submit_prefill(message.token_ids, message.sampling, request_id, sender)
             sender.request = stream.request
+            if message.lease_s > 0:
+                renewals = asyncio.get_running_loop().create_task(renew_while_progressing(
+                    channel, request_id, message.lease_s, prefill_progress(self.engine, self.transport,
+                                                                           stream.request)))
             report = await asyncio.wait_for(sender.result, DEFAULT_PREFILL_TIMEOUT_S)
         except InvalidRequestError as exc:
             channel.reply(message, CallError(message=str(exc), kind="invalid"))
@@ -291,6 +332,10 @@ class Instance(ControlServer):
                 first_write_at=report.first_write_at))
         finally:  # whatever happened, nothing keeps computing for it (a no-op once it finished)
             self.engine.abort(request_id)
+            if renewals is not None:
+                renewals.cancel()
+            self._prefilling.pop(request_id, None)
+            self._abandoned.discard(request_id)
             self.untrack(channel, request_id)
             self._prefills_to.get(message.decode_instance, set()).discard(request_id)
 
@@ -318,24 +363,35 @@ class Instance(ControlServer):
         await self._forward(channel, stream)
 
     async def _forward(self, channel: Channel, stream: RequestStream) -> None:
+        num_sent = 0
         async with stream:
             async for output in stream:
+                if output.finish_reason == "abort" and output.error is None and not self.accepting:
+                    output.error = f"{self.instance_id} shut down before the request finished"
                 channel.send(TokenOutput(request_id=stream.request_id, output=output))
+                num_sent += 1
+                if num_sent == 2:
+                    fault_points.hit("decode.streaming", stream.request_id)
         self.untrack(channel, stream.request_id)
 
-    def _send_failure(self, channel: Channel, request_id: str, reason: str) -> None:
+    def _send_failure(self, channel: Channel, request_id: str, reason: str, kind: str = "") -> None:
         self.untrack(channel, request_id)
-        channel.send(TokenOutput(request_id=request_id, output=RequestOutput.aborted(request_id, reason)))
+        channel.send(TokenOutput(request_id=request_id, output=RequestOutput.aborted(request_id, reason),
+                                 failure_kind=kind))
 
     async def abort_request(self, request_id: str) -> None:
         self.engine.abort(request_id)
-        if not await self._drop_reservation(request_id):
-            await self.transport.abort(request_id)
+        if request_id in self._prefilling and self._prefilling[request_id] is None:
+            self._abandoned.add(request_id)  # still connecting: `_prefill` tells the receiver
+        if await self.reservations.drop(request_id):
+            self.guard.work.release(request_id)  # the reservation's hold (see _reserve)
+        else:
+            await self.transport.abort(request_id, peer_id=self._prefilling.get(request_id))
 
     def stats(self) -> Stats:
         s = self.engine.stats()
         return Stats(instance_id=self.instance_id, role=self.role, num_running=s.num_running,
                      num_waiting=s.num_waiting, num_free_blocks=s.blocks.num_free, num_used_blocks=s.blocks.num_used,
                      num_cached_blocks=s.blocks.num_cached, num_blocks=s.blocks.num_blocks,
-                     num_reservations=len(self.reservations), epoch=self.guard.epoch,
-                     switching=self.guard.switching)
+                     num_reservations=len(self.reservations.held), epoch=self.guard.epoch,
+                     switching=self.guard.switching, num_fencing_blocks=self.reservations.num_fencing_blocks)

@@ -18,6 +18,7 @@ import logging
 import time
 from typing import NamedTuple
 
+from minipd import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.errors import TransferError
@@ -62,6 +63,8 @@ class LayerwiseKVSender:
         self._first_write_time: float | None = None
 
     def on_layer(self, layer: int, num_final_tokens: int) -> None:
+        if layer == 0 and self._first_write_time is None:
+            fault_points.hit("prefill.computing", self.request_id)
         if self.layerwise and not self.result.done():
             try:
                 self._send_final(layer, self.request.block_ids, num_final_tokens)
@@ -78,7 +81,7 @@ class LayerwiseKVSender:
     def on_failed(self, reason: str) -> None:
         if not self.result.done():
             self.result.set_exception(PrefillFailed(reason))
-        asyncio.get_running_loop().create_task(self.transport.abort(self.request_id))
+        asyncio.get_running_loop().create_task(self.transport.abort(self.request_id, peer_id=self.peer_id))
 
     def _send_final(self, layer: int, block_ids: list[int], num_final_tokens: int) -> None:
         """Send the blocks of `layer` that the first `num_final_tokens` prompt tokens fill and

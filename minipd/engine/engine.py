@@ -124,6 +124,7 @@ class Engine:
         self._wakeup: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None  # set while the loop waits for work
         self._loop_task: asyncio.Task | None = None
+        self.num_steps = 0  # engine steps run since start: how others tell this engine moves on
 
     def run_on_compute_thread(self, fn, *args):
         """Run `fn(*args)` on the compute thread and return its result (blocking; for set-up work)."""
@@ -303,6 +304,7 @@ class Engine:
             except Exception as exc:  # the runner fails chunks, not steps; this is a last resort
                 log.exception("engine step failed")
                 results = [StepFailed(f"engine step failed: {type(exc).__name__}: {exc}")] * len(output.chunks)
+            self.num_steps += 1
             self._process(output, results, (step_start, time.perf_counter()))
 
     @property

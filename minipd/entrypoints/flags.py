@@ -16,7 +16,14 @@ import argparse
 import os
 from typing import Any, Callable, NamedTuple
 
-from minipd.api.app import DEFAULT_BODY_TIMEOUT_S, DEFAULT_HEADER_TIMEOUT_S, DEFAULT_HOST, DEFAULT_MAX_WAITING_REQUESTS
+from minipd.api.app import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_HOST,
+    DEFAULT_MAX_WAITING_REQUESTS,
+    SHUTDOWN_TIMEOUT_S,
+)
+from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.disagg.instance import DEFAULT_LEASE_S
@@ -30,7 +37,7 @@ from minipd.models.packaged_models import PACKAGED_MODELS
 from minipd.planner.ratio_controller import ControllerConfig
 from minipd.planner.slo import SLO
 from minipd.router.live_controller import LiveControllerOptions
-from minipd.router.router import RouterConfig
+from minipd.router.router import KV_LOAD_FAILURE_POLICIES, RouterConfig
 from minipd.transports.registry import BACKENDS
 
 DEFAULT_ROUTER_PORT = 8100
@@ -62,6 +69,7 @@ _SAMPLING = SamplingParams()
 ENGINE_ROLES = frozenset({*INSTANCE_ROLES, Role.CLUSTER})
 INSTANCES = frozenset(INSTANCE_ROLES)
 EVERY_CHILD = frozenset({*INSTANCE_ROLES, Role.ROUTER})
+NETWORKED = frozenset({*INSTANCE_ROLES, Role.ROUTER, Role.CLUSTER})
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -115,6 +123,13 @@ FLAGS: tuple[Flag, ...] = (
     _flag("--host", ALL, PROCESS, EVERY_CHILD, default=DEFAULT_HOST,
           help="address this process's ports bind (control, KV, HTTP); a launcher binds every process there "
                "(default: %(default)s)"),
+    _flag("--shutdown-timeout-s", ALL, PROCESS, EVERY_CHILD, type=float, default=SHUTDOWN_TIMEOUT_S,
+          help="on SIGTERM or Ctrl-C: stop accepting, give the requests under way this long to finish, abort the "
+               "rest, release everything and exit 0 (default: %(default)s)"),
+    _flag("--liveness-timeout-s", NETWORKED, PROCESS, EVERY_CHILD, type=float, default=DEFAULT_LIVENESS_TIMEOUT_S,
+          help="routers and instances heartbeat each other; one that sends nothing for this long is declared dead: "
+               "no longer routed to, its requests retried or failed, whatever it held released. It also bounds a KV "
+               "send that makes no progress. 0 disables heartbeats (default: %(default)s)"),
     # ---- security
     _flag("--cluster-secret", NETWORKED, SECURITY, EVERY_CHILD, env=CLUSTER_SECRET_ENV, default=None, metavar="TEXT",
           help="shared secret of the cluster (at least 16 bytes): the control plane and the KV links authenticate "
@@ -244,6 +259,15 @@ FLAGS: tuple[Flag, ...] = (
           default=_CONTROLLER.drain_timeout_s,
           help="a moved instance whose requests have not finished by then stays in its role (default: "
                "%(default)s)"),
+    _flag("--kv-load-failure", ROUTING, POLICY, {Role.ROUTER}, default=_ROUTING.kv_load_failure,
+          choices=KV_LOAD_FAILURE_POLICIES,
+          help="when a request's KV does not arrive (the transfer failed, or its reservation's lease ran out for "
+               "want of prefill progress): recompute (the decode instance prefills the prompt itself) or fail (the "
+               "request ends with an error saying why) (default: %(default)s)"),
+    _flag("--inter-token-timeout-s", ROUTING, POLICY, {Role.ROUTER}, type=float,
+          default=_ROUTING.inter_token_timeout_s,
+          help="a relayed stream that brings no output for this long fails with an error naming the instance "
+               "(default: %(default)s)"),
     # ---- the OpenAI-compatible HTTP API
     _flag("--port", {Role.BOTH}, HTTP, type=int, default=None,
           help="serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics on this port instead "

@@ -32,7 +32,8 @@ class InProcessCluster:
     @classmethod
     async def start(cls, config: EngineConfig = EngineConfig(), num_prefill: int = 1, num_decode: int = 1,
                     router_config: RouterConfig = RouterConfig(), lease_s: float | None = None,
-                    secret: SharedSecret | None = None) -> "InProcessCluster":
+                    secret: SharedSecret | None = None, transport_options: dict | None = None) -> "InProcessCluster":
+        """`transport_options`: passed to every instance's loopback transport (e.g. `link_gbps`)."""
         hub = LoopbackHub()
         instances: list[Instance] = []
         extra = {} if lease_s is None else {"lease_s": lease_s}
@@ -40,7 +41,8 @@ class InProcessCluster:
             for role, count in ((Role.PREFILL, num_prefill), (Role.DECODE, num_decode)):
                 for i in range(count):
                     instance = await Instance.create(Engine(config), role, f"{role.value}-{i}", "loopback",
-                                                     config.model, {"hub": hub}, secret=secret, **extra)
+                                                     config.model, {"hub": hub, **(transport_options or {})},
+                                                     secret=secret, **extra)
                     instances.append(instance)
                     await instance.serve(LOCALHOST, 0)
             router = Router(instances[0].engine.tokenizer, router_config, model_name=config.model, secret=secret)

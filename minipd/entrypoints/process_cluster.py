@@ -11,7 +11,12 @@ and KV links are always authenticated; `cluster_secret` holds it for clients in 
 (`client()`).
 With `--prompt`, answers the prompts through the client API (printing tokens, TTFT, ITL
 and KV transfer figures) and shuts down; otherwise serves until Ctrl-C. Every child is
-stopped on exit (SIGTERM, then SIGKILL after a grace period).
+stopped on exit (SIGTERM, then SIGKILL once its shutdown deadline and a grace period passed).
+
+For tests and the soak benchmark: `restart(name)` replaces a child with a fresh process that
+registers with the router, `rejoin(name)` registers a living child again (after the router
+declared it dead), and `fault_dir` starts the children with fault points enabled
+(`minipd.fault_points`); each child's `FAULT` lines arrive on `Child.faults`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import NamedTuple
 
+from minipd import fault_points
+from minipd.control.handshake import open_channel
+from minipd.control.messages import Register
 from minipd.control.role import Role
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
@@ -42,7 +50,8 @@ from minipd.transports.shared_secret import SharedSecret, generate_secret_text
 log = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 120.0
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 10.0  # after a child's own shutdown deadline
+REGISTER_TIMEOUT_S = 30.0
 
 
 class Child(NamedTuple):
@@ -51,6 +60,8 @@ class Child(NamedTuple):
     process: asyncio.subprocess.Process
     address: tuple[str, int]
     announcements: list[str]  # lines it printed before READY (e.g. where its HTTP API listens)
+    argv: list[str]  # its command line after `--role ROLE`
+    faults: asyncio.Queue  # (point, detail) of each fault point it reached
 
 
 def validate_cluster_args(args: argparse.Namespace) -> None:
@@ -68,7 +79,7 @@ class ProcessCluster:
     """The processes of one local cluster, from a parsed `minipd --role cluster` command line:
     `start` then `stop` (also used by tests and benchmarks, through `from_argv`)."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, fault_dir: str | None = None) -> None:
         self.secret_generated = getattr(args, "cluster_secret", None) is None
         if self.secret_generated:
             args = argparse.Namespace(**{**vars(args), "cluster_secret": generate_secret_text()})
@@ -78,13 +89,15 @@ class ProcessCluster:
         self.router_address: tuple[str, int] | None = None
         self.placement = plan_cluster([name for name, _ in self._instances()], args.cpus, args.torch_threads,
                                       args.cpu_placement)
+        self.fault_dir = fault_dir
 
     @classmethod
-    def from_argv(cls, argv: list[str]) -> "ProcessCluster":
-        """The cluster that `minipd --role cluster ARGV` would start (flags checked the same way)."""
+    def from_argv(cls, argv: list[str], fault_dir: str | None = None) -> "ProcessCluster":
+        """The cluster that `minipd --role cluster ARGV` would start (flags checked the same way);
+        with `fault_dir`, its children's fault points are armed by files there."""
         args = build_parser(Role.CLUSTER).parse_args(["--role", Role.CLUSTER.value, *argv])
         validate_cluster_args(args)
-        return cls(args)
+        return cls(args, fault_dir)
 
     def _instances(self) -> list[tuple[str, Role]]:
         args = self.args
@@ -126,10 +139,47 @@ class ProcessCluster:
         """A client of the started cluster's router, authenticated with the cluster's secret."""
         return await ClusterClient.connect(*self.router_address, timeout=timeout, secret=self.cluster_secret)
 
+    def arm(self, point: str, action: str = "stop") -> None:
+        """Arm a fault point for the children (the first to reach it fires it); needs `fault_dir`."""
+        if self.fault_dir is None:
+            raise RuntimeError("this cluster was started without a fault_dir")
+        fault_points.write_armed(self.fault_dir, point, action)
+
+    def disarm(self) -> list[str]:
+        """Disarm the fault points no child reached; returns their names."""
+        return fault_points.clear_armed(self.fault_dir) if self.fault_dir is not None else []
+
+    async def restart(self, name: str) -> Child:
+        """Kill child `name` (if it still runs), start a fresh one with the same command line,
+        and register it with the router; returns the new child."""
+        old = self.child(name)
+        if old.process.returncode is None:
+            old.process.kill()
+        await old.process.wait()
+        index = self.children.index(old)
+        self.children.remove(old)
+        child = await self._spawn(name, old.role, old.argv)
+        self.children.remove(child)
+        self.children.insert(index, child)  # the router stays last: `stop` ends it first
+        await self.rejoin(name)
+        return child
+
+    async def rejoin(self, name: str) -> None:
+        """Have the router register child `name` (running, but no longer registered)."""
+        host, port = self.child(name).address
+        channel, _ = await open_channel(*self.router_address, None, f"rejoin-{name}", self.child(name).role,
+                                        self.cluster_secret, REGISTER_TIMEOUT_S)
+        try:
+            await channel.call(Register(host=host, port=port), REGISTER_TIMEOUT_S)
+        finally:
+            await channel.close()
+
     async def _spawn(self, name: str, role: Role, argv: list[str]) -> Child:
         env = dict(os.environ)
         if self.args.cpu_placement:
             env = passive_env(env)  # read when torch loads
+        if self.fault_dir is not None:
+            env[fault_points.ENV_DIR] = self.fault_dir
         for variable, value in inherited_env(self.args, Role.CLUSTER, role).items():
             if value is None:
                 env.pop(variable, None)
@@ -144,7 +194,7 @@ class ProcessCluster:
             process.kill()
             await process.wait()
             raise
-        child = Child(name, role, process, address, announcements)
+        child = Child(name, role, process, address, announcements, argv, asyncio.Queue())
         self.children.append(child)
         asyncio.get_running_loop().create_task(self._drain(child))
         return child
@@ -164,20 +214,29 @@ class ProcessCluster:
 
     @staticmethod
     async def _drain(child: Child) -> None:
-        while await child.process.stdout.readline():
-            pass
+        while line := (await child.process.stdout.readline()).decode():
+            if line.startswith("FAULT "):
+                _, point, *detail = line.split()
+                child.faults.put_nowait((point, " ".join(detail)))
 
     async def stop(self) -> None:
-        """Router first (so no new work reaches the instances), then the instances."""
-        for child in reversed(self.children):
-            if child.process.returncode is None:
-                child.process.send_signal(signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(child.process.wait(), STOP_GRACE_S)
-                except asyncio.TimeoutError:
-                    log.warning("%s did not stop in %s s; killing it", child.name, STOP_GRACE_S)
-                    child.process.kill()
-                    await child.process.wait()
+        """Router first (so no new work reaches the instances), then the instances, together."""
+        routers = [c for c in self.children if c.role is Role.ROUTER]
+        for group in (routers, [c for c in self.children if c.role is not Role.ROUTER]):
+            await asyncio.gather(*(self._stop_child(child) for child in group))
+
+    async def _stop_child(self, child: Child) -> None:
+        if child.process.returncode is not None:
+            return
+        grace_s = self.args.shutdown_timeout_s + STOP_GRACE_S
+        child.process.send_signal(signal.SIGCONT)  # one stopped at a fault point must hear the SIGTERM
+        child.process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(child.process.wait(), grace_s)
+        except asyncio.TimeoutError:
+            log.warning("%s did not stop in %s s; killing it", child.name, grace_s)
+            child.process.kill()
+            await child.process.wait()
 
 
 def prepare_cluster(args: argparse.Namespace) -> Coroutine:

@@ -3,8 +3,10 @@
 Instances and the router print one line `READY <role> <id> <host>:<port>` on standard output
 once their control port accepts connections (the cluster launcher waits for it); every HTTP
 front announces `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT`. Then they
-serve until SIGINT or SIGTERM and shut down cleanly: requests aborted, blocks freed,
-transports closed.
+serve until SIGINT or SIGTERM and shut down gracefully: new requests are refused (an instance
+tells its routers, which route nothing more there), the requests under way get
+`--shutdown-timeout-s` to finish, the rest are aborted, blocks freed, transports closed, and
+the process exits 0.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from minipd.router.router import Router, RouterConfig
 from minipd.transports.shared_secret import SharedSecret
 
 CONNECT_TIMEOUT_S = 60.0
+RELAY_LAST_OUTPUTS_S = 1.0  # a shutting-down router's last outputs (aborts saying why) reach its clients
 RETRY_CONNECT_S = 0.2  # how often a router retries an instance that is still loading its model
 
 
@@ -124,7 +127,7 @@ def http_config(host: str, port: int | None, args: argparse.Namespace) -> HttpCo
     validate_ratio(args.kv_admission_ratio)
     config = HttpConfig(host=host, port=port, max_waiting_requests=args.max_waiting_requests,
                         header_timeout_s=args.http_header_timeout_s, body_timeout_s=args.http_body_timeout_s,
-                        api_key=api_key_from_args(args))
+                        api_key=api_key_from_args(args), shutdown_timeout_s=args.shutdown_timeout_s)
     config.validate()
     return config
 
@@ -140,6 +143,8 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
     """Serve `engine` as a `role` instance on its control port (a colocated instance only when
     --control-port is given) and, with `http`, the OpenAI API over the same engine."""
     options = {"link_gbps": args.link_gbps} if args.link_gbps else {}
+    if args.liveness_timeout_s > 0:
+        options["stall_timeout_s"] = args.liveness_timeout_s  # a KV send stuck this long fails like a dead peer
     if args.transport == "tcp":
         options.update(host=args.host, max_connections=args.max_connections)
     instance_id = args.instance_id or f"{role.value}-{os.getpid()}"
@@ -153,7 +158,8 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
             warn_if_exposed(f"{role.value} instance {instance_id}", args.host, secret)
             instance = await Instance.create(engine, role, instance_id, args.transport, args.model, options,
                                              lease_s=args.lease_s, secret=secret,
-                                             max_connections=args.max_connections)
+                                             max_connections=args.max_connections,
+                                             liveness_timeout_s=args.liveness_timeout_s)
             port = await instance.serve(args.host, control_port)
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
@@ -164,6 +170,12 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
             if args.router is not None:
                 await _register(args.router, role, args.host, port, secret)
         await wait_for_stop_signal()
+        if api is not None:
+            await api.cleanup()  # stops listening, lets its requests finish up to the deadline
+            api = None
+        if instance is not None:
+            await instance.shutdown(args.shutdown_timeout_s)
+            instance = None
         return 0
     except Exception as exc:
         print(f"minipd {role.value}: {exc}", file=sys.stderr)
@@ -207,6 +219,14 @@ async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig 
             live_controller.start()
         print(f"READY router router {args.host}:{port}", flush=True)
         await wait_for_stop_signal()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + args.shutdown_timeout_s
+        router.accepting = False  # new requests are refused from now on
+        await server.drain(args.shutdown_timeout_s)  # clients' requests, relayed to their very last output
+        if not await router.drain(max(0.0, deadline - loop.time())):  # those of the HTTP API
+            router.abort_all(f"the router shut down before the request finished (its {args.shutdown_timeout_s} s "
+                             "shutdown deadline passed)")
+            await server.drain(RELAY_LAST_OUTPUTS_S)
         return 0
     except Exception as exc:
         print(f"minipd router: {exc}", file=sys.stderr)

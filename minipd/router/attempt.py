@@ -1,13 +1,20 @@
 """One try of one request across the cluster, top-down (see `run_attempt`).
 
-Every stage runs under `blame(instance)`: a failure there (the instance died, timed out,
-refused, or ended the request with an error before any token reached the caller) becomes an
-`AttemptFailed` naming that instance, which the router then leaves out of the next try. That
-is the only place where blame is assigned. A refusal for a stale role epoch (the instance
-switched roles after it was picked) is marked `stale`: not a failure, just a try elsewhere.
+Every stage runs under `blame(instance)`: a failure there (the instance died, was declared
+dead, timed out, refused, or ended the request with an error before any token reached the
+caller) becomes an `AttemptFailed` naming that instance, which the router then leaves out of
+the next try. That is the only place where blame is assigned. A refusal for a stale role
+epoch (the instance switched roles after it was picked) is marked `stale`: not a failure,
+just a try elsewhere. The epochs sent are those seen at pick time, so work picked for an
+instance's old role can never be served in its new one.
 
-The epochs sent are those seen at pick time, so work picked for an instance's old role can
-never be served in its new one.
+The KV not arriving in the reservation while both instances live (the transfer failed, the
+reservation's lease ran out for want of prefill progress, the decode side could not load it)
+is no instance's fault: it follows the router's `kv_load_failure` policy, `recompute` (the
+decode instance prefills the prompt itself) or `fail` (the request ends, saying why).
+
+Each try has its own id on the instances (`Router.begin_try`), so an instance that saw an
+earlier try, and remembers it as aborted, never takes a later one for it.
 """
 
 from __future__ import annotations
@@ -15,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from minipd.control.channel import ChannelClosed, RemoteError
-from minipd.control.messages import (STALE_EPOCH, CallError, Decode, Generate, Message, Prefill, Prefilled, Renew,
-                                     Reserve, Reserved)
-from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.control.messages import (FAILURE_KV_LOAD, STALE_EPOCH, Abort, CallError, Decode, Generate, Message,
+                                     Prefill, Prefilled, Reserve, Reserved, TokenOutput)
+from minipd.engine.request import TransferInfo
 from minipd.router.latency_observer import relay_tokens
 from minipd.router.placement import decide_placement
 from minipd.router.registry import InstanceHandle
@@ -33,11 +40,14 @@ log = logging.getLogger(__name__)
 
 BUSY_RETRY_MIN_S = 0.01  # a full decode pool is asked again after this, doubling up to the max
 BUSY_RETRY_MAX_S = 0.5
-RENEWALS_PER_LEASE = 3  # a reservation's lease is renewed this often per lease while its prefill runs
 
 
 class InstanceFailed(RuntimeError):
     """An instance ended the request with an error before any token reached the caller."""
+
+
+class KVLoadFailed(RuntimeError):
+    """The KV of a try did not arrive in its reservation, both instances alive."""
 
 
 class AttemptFailed(Exception):
@@ -51,14 +61,13 @@ class AttemptFailed(Exception):
 
 
 @contextlib.contextmanager
-def blame(instance: InstanceHandle, peer: InstanceHandle | None = None,
-          peer_at_fault: Callable[[], bool] = lambda: False) -> Iterator[None]:
+def blame(instance: InstanceHandle, peer: InstanceHandle | None = None) -> Iterator[None]:
     """Turn a failure of a call on `instance` into `AttemptFailed` blaming it, or blaming
-    `peer` (the other end of its KV transfer) when `peer` is what died or `peer_at_fault()`."""
+    `peer` (the other end of its KV transfer) when `peer` is what died."""
     try:
         yield
     except (ChannelClosed, TimeoutError, RemoteError, InstanceFailed) as exc:
-        culprit = peer if peer is not None and (not peer.is_alive or peer_at_fault()) else instance
+        culprit = peer if peer is not None and not peer.is_alive else instance
         invalid = isinstance(exc, RemoteError) and exc.kind == "invalid"
         stale = isinstance(exc, RemoteError) and exc.kind == STALE_EPOCH
         raise AttemptFailed(exc, culprit.instance_id, retry=not invalid, stale=stale) from exc
@@ -68,6 +77,7 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
     """pick → local or disaggregated → reserve → prefill → decode, streaming the decode
     instance's tokens to the caller. Raises AttemptFailed."""
     registry, config = router.registry, router.config
+    router.begin_try(routed)
     decode = registry.pick_decode(exclude=excluded)
     if decode is None:
         raise AttemptFailed(ChannelClosed("no decode instance available"), None, retry=False)
@@ -84,23 +94,53 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
     decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
     with decode.counted():  # load is counted from the pick, so concurrent picks see it
         if prefill is None or placement.is_local:
-            with blame(decode):
-                await stream_from(router, decode, routed, Generate(
-                    request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params,
-                    epoch=decode_epoch))
+            await prefill_locally(router, decode, routed, decode_epoch)
             return
         routed.instances.add(prefill.instance_id)
-        with prefill.counted(len(routed.token_ids) - expected_cached):
+        try:
+            with prefill.counted(len(routed.token_ids) - expected_cached):
+                with blame(decode):
+                    reserved = await reserve(router, decode, routed, prefill.instance_id)
+                with blame(prefill, peer=decode):
+                    first_token = await prefill_on(router, prefill, decode, reserved, routed)
+            routed.instances.discard(prefill.instance_id)
+            prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
             with blame(decode):
-                reserved = await reserve(router, decode, routed, prefill.instance_id, decode_epoch)
-            with blame(prefill, peer=decode):
-                first_token = await prefill_on(router, prefill, decode, reserved, routed, prefill_epoch)
-        routed.instances.discard(prefill.instance_id)
-        prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
-        # the KV not landing is the sender's failure (or its link's), not the receiver's
-        with blame(decode, peer=prefill, peer_at_fault=lambda: routed.kv_load_failed):
-            await stream_from(router, decode, routed, Decode(
-                request_id=routed.request_id, first_token=first_token, sampling=routed.params))
+                with blame(decode):
+                    reserved = await reserve(router, decode, routed, prefill.instance_id, decode_epoch)
+                with blame(prefill, peer=decode):
+                    first_token = await prefill_on(router, prefill, decode, reserved, routed, prefill_epoch)
+            routed.instances.discard(prefill.instance_id)
+            prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
+            with blame(decode):
+                await stream_from(router, decode, routed, Decode(
+                    request_id=routed.wire_id, first_token=first_token, sampling=routed.params))
+        except KVLoadFailed as failure:
+            await kv_load_failed(router, prefill, decode, routed, str(failure), decode_epoch)
+
+
+async def prefill_locally(router: Router, decode: InstanceHandle, routed: RoutedRequest, epoch: int | None) -> None:
+    with blame(decode):
+        await stream_from(router, decode, routed, Generate(
+            request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params, epoch=epoch))
+
+
+async def kv_load_failed(router: Router, prefill: InstanceHandle, decode: InstanceHandle, routed: RoutedRequest,
+                         error: str, decode_epoch: int | None) -> None:
+    """The `kv_load_failure` policy: end the request saying why, or have the decode instance
+    prefill the prompt itself (its reservation dropped first; both instances are told)."""
+    what = f"the KV from {prefill.instance_id} did not load into {decode.instance_id}: {error}"
+    if router.config.kv_load_failure == "fail":
+        raise AttemptFailed(KVLoadFailed(what), None, retry=False)
+    log.warning("%s: %s; recomputing on %s", routed.request_id, what, decode.instance_id)
+    router.num_recomputes += 1
+    for handle in (prefill, decode):
+        handle.channel.send(Abort(request_id=routed.wire_id))
+    routed.instances.discard(prefill.instance_id)
+    routed.transfer = None
+    routed.prefilled_locally = True
+    router.begin_try(routed)  # the recompute is a try of its own, under a fresh id
+    await prefill_locally(router, decode, routed, decode_epoch)
 
 
 async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest, prefill_id: str,
@@ -116,7 +156,7 @@ async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest,
     wait_s = BUSY_RETRY_MIN_S
     while True:
         try:
-            return await decode.channel.call(Reserve(request_id=routed.request_id, token_ids=routed.token_ids,
+            return await decode.channel.call(Reserve(request_id=routed.wire_id, token_ids=routed.token_ids,
                                                      prefill_instance=prefill_id, epoch=epoch), timeout)
         except RemoteError as exc:
             if exc.kind != "busy":
@@ -133,22 +173,32 @@ async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest,
 
 async def prefill_on(router: Router, prefill: InstanceHandle, decode: InstanceHandle, reserved: Reserved,
                      routed: RoutedRequest, epoch: int | None = None) -> int:
-    """Prefill with the KV streamed into the reservation, renewing its lease meanwhile; returns
-    the first token and records the transfer."""
-    renewals = asyncio.get_running_loop().create_task(_renew_lease(decode, routed.request_id, reserved.lease_s))
+    """Prefill with the KV streamed into the reservation (the prefill instance renews its lease
+    through us while it progresses); returns the first token and records the transfer. Raises
+    KVLoadFailed when the transfer fails or the decode side gives the reservation up."""
+    loop = asyncio.get_running_loop()
+    routed.decode, routed.prefill, routed.kv_failure = decode, prefill, loop.create_future()
+    call = asyncio.ensure_future(prefill.channel.call(Prefill(
+        request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params,
+        decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
+        decode_fingerprint=decode.welcome.fingerprint, dst_block_ids=reserved.dst_block_ids,
+        num_skip_blocks=reserved.num_cached_tokens // router.registry.block_size,
+        layerwise=routed.layerwise, epoch=epoch, lease_s=reserved.lease_s), router.config.call_timeout_s))
     try:
-        prefilled: Prefilled = await prefill.channel.call(Prefill(
-            request_id=routed.request_id, token_ids=routed.token_ids, sampling=routed.params,
-            decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
-            decode_fingerprint=decode.welcome.fingerprint, dst_block_ids=reserved.dst_block_ids,
-            num_skip_blocks=reserved.num_cached_tokens // router.registry.block_size,
-            layerwise=routed.layerwise, epoch=epoch), router.config.call_timeout_s)
+        await asyncio.wait({call, routed.kv_failure}, return_when=asyncio.FIRST_COMPLETED)
+        if not call.done():
+            raise KVLoadFailed(routed.kv_failure.result())
+        prefilled: Prefilled = call.result()
     except RemoteError as exc:
-        if exc.kind == "transfer":
-            router.note_transfer_failure(f"{prefill.instance_id} -> {decode.instance_id}: {exc}")
-        raise
+        if exc.kind != "transfer":
+            raise
+        router.note_transfer_failure(f"{prefill.instance_id} -> {decode.instance_id}: {exc}")
+        if not (prefill.is_alive and decode.is_alive):
+            raise  # an instance died: its fault, not the KV's
+        raise KVLoadFailed(str(exc)) from exc
     finally:
-        renewals.cancel()
+        call.cancel()
+        routed.prefill, routed.kv_failure = None, None
     routed.transfer = TransferInfo(prefill.instance_id, decode.instance_id, prefilled.num_bytes,
                                    prefilled.num_cached_tokens, reserved.num_cached_tokens,
                                    prefilled.compute_s, prefilled.transfer_s, prefilled.exposed_s)
@@ -156,24 +206,20 @@ async def prefill_on(router: Router, prefill: InstanceHandle, decode: InstanceHa
     return prefilled.first_token
 
 
-async def _renew_lease(decode: InstanceHandle, request_id: str, lease_s: float) -> None:
-    """While a prefill is under way the reservation is in use: keep it from expiring. The
-    renewals stop with the prefill call, which has a timeout, so no lease is held forever."""
-    while True:
-        await asyncio.sleep(lease_s / RENEWALS_PER_LEASE)  # periodic renewal, not a synchronisation
-        decode.channel.send(Renew(request_id=request_id))
-
-
 async def stream_from(router: Router, decode: InstanceHandle, routed: RoutedRequest, message: Message) -> None:
-    """Send a streaming request and relay its outputs to the caller until it finishes or the
-    instance dies."""
+    """Send a streaming request and relay its outputs to the caller until it finishes, the
+    instance dies, or no output comes within the inter-token timeout."""
     routed.outputs = asyncio.Queue()
     decode.channel.send(message)
     while True:
-        output = await _next_output(routed, decode)
-        if isinstance(output, CallError):  # refused in place of a stream (a stale role epoch)
-            raise RemoteError(output)
+        received = await _next_output(routed, decode, router.config.inter_token_timeout_s)
+        if isinstance(received, CallError):  # refused in place of a stream (a stale role epoch)
+            raise RemoteError(received)
+        output = received.output
+        output.request_id = routed.request_id  # instances know the try's id only
         if output.error is not None and not routed.first_token_sent and not output.token_ids:
+            if received.failure_kind == FAILURE_KV_LOAD:
+                raise KVLoadFailed(output.error)
             raise InstanceFailed(output.error)
         routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
         if output.token_ids:
@@ -185,16 +231,19 @@ async def stream_from(router: Router, decode: InstanceHandle, routed: RoutedRequ
         routed.stream.put(output)
 
 
-async def _next_output(routed: RoutedRequest, decode: InstanceHandle) -> RequestOutput | CallError:
-    """The request's next output (or the refusal of its stream), or ChannelClosed if the
-    instance dies first."""
+async def _next_output(routed: RoutedRequest, decode: InstanceHandle, timeout: float) -> TokenOutput | CallError:
+    """The request's next output (or the refusal of its stream); ChannelClosed if the instance
+    dies (or is declared dead) first, TimeoutError if nothing comes within `timeout`."""
     get = asyncio.ensure_future(routed.outputs.get())
+    lost = asyncio.ensure_future(decode.lost.wait())
     closed = asyncio.ensure_future(decode.channel.closed.wait())
     try:
-        done, _ = await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({get, lost, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        get.cancel()
-        closed.cancel()
-    if get not in done:
-        raise ChannelClosed(f"{decode.instance_id} died: {decode.channel.close_reason}")
-    return get.result()
+        for waiter in (get, lost, closed):
+            waiter.cancel()
+    if get in done:
+        return get.result()
+    if not done:
+        raise TimeoutError(f"no output from {decode.instance_id} for {timeout} s (the inter-token timeout)")
+    raise ChannelClosed(f"{decode.instance_id} died: {decode.lost_reason or decode.channel.close_reason}")

@@ -13,6 +13,8 @@ when its connection drops.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 
 from minipd.control.channel import Channel
@@ -38,6 +40,8 @@ class RouterControlPort(ControlServer):
         super().__init__("router", router.secret, max_connections)
         self.router = router
         self._tokenizing: dict[str, bool] = {}  # request id -> aborted meanwhile
+        self._client_numbers: dict[Channel, int] = {}
+        self._next_client = itertools.count()
 
     async def close(self) -> None:
         await self.close_connections()
@@ -45,7 +49,7 @@ class RouterControlPort(ControlServer):
     async def abort_request(self, request_id: str) -> None:
         self.router.abort(request_id)
 
-    def welcome(self) -> Welcome:
+    def welcome(self, hello: Hello) -> Welcome:
         return Welcome(instance_id="router", role=Role.ROUTER, fingerprint=self.router.registry.fingerprint,
                        model_name=self.router.model_name, max_model_len=self.router.max_model_len)
 
@@ -85,10 +89,18 @@ class RouterControlPort(ControlServer):
             case _:
                 log.warning("router: unexpected %s from %s", type(message).__name__, channel.name)
 
-    @staticmethod
-    def _scoped(channel: Channel, request_id: str) -> str:
-        """Client request ids are only unique per connection; the router's are global."""
-        return f"{id(channel):x}:{request_id}"
+    def _scoped(self, channel: Channel, request_id: str) -> str:
+        """Client request ids are only unique per connection; the router's are global (and
+        never reused: instances remember ids of aborted requests)."""
+        number = self._client_numbers.get(channel)
+        if number is None:
+            number = self._client_numbers[channel] = next(self._next_client)
+            asyncio.get_running_loop().create_task(self._forget_client(channel))
+        return f"client{number}:{request_id}"
+
+    async def _forget_client(self, channel: Channel) -> None:
+        await channel.closed.wait()
+        self._client_numbers.pop(channel, None)
 
     async def _generate(self, channel: Channel, message: ClientGenerate) -> None:
         request_id = self._scoped(channel, message.request_id)

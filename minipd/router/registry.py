@@ -3,15 +3,19 @@
 Prefill is picked by prefix-cache overlap (the router remembers which full-block prefixes it
 sent to each prefill instance) minus queue load; decode by free KV blocks and running
 requests. Load figures combine the instance's last reported `Stats` with what the router
-has in flight there since. An instance that is draining for a role switch is never picked;
-once switched, its handle takes the new role and epoch and forgets its prefixes (the switch
-reset its prefix cache).
+has in flight there since. Only live instances are picked: not lost, not evicted (declared
+dead), not draining (for a role switch or a shutdown); and one whose stats are stale (it did
+not answer the last polls in time) only when no instance with fresh stats can take the
+request. Once switched, an instance's handle takes the new role and epoch and forgets its
+prefixes (the switch reset its prefix cache).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from typing import Iterable, Iterator, NamedTuple
 
@@ -34,11 +38,17 @@ class InstanceHandle:
         self.instance_id = welcome.instance_id
         self.role = welcome.role
         self.epoch = welcome.epoch  # role epoch: sent with every new piece of work
-        self.draining = False  # a role switch is under way: pick it for nothing
+        # it takes no new work: a role switch is under way, or it is shutting down
+        self.draining = False
         self.welcome = welcome
         self.channel = channel
         self.address = address
         self.stats: Stats | None = None
+        self.stats_at = time.monotonic()  # when `stats` last arrived
+        self.stale_after_s = float("inf")  # stats older than this are not trusted (set by the router)
+        self.lost = asyncio.Event()  # set once it died or was declared dead: its requests end
+        self.lost_reason = ""
+        self.evicted = False  # declared dead while its connection stays open (to learn when it is gone)
         self.num_inflight = 0  # requests the router has routed here and not yet finished
         self.num_inflight_tokens = 0  # prompt tokens queued for prefill here
         self._prefix_hashes: OrderedDict[int, None] = OrderedDict()
@@ -46,7 +56,22 @@ class InstanceHandle:
 
     @property
     def is_alive(self) -> bool:
-        return not self.channel.closed.is_set()
+        return not self.channel.closed.is_set() and not self.lost.is_set()
+
+    @property
+    def is_stale(self) -> bool:
+        return time.monotonic() - self.stats_at > self.stale_after_s
+
+    def set_stats(self, stats: Stats) -> None:
+        """Fresh stats; a newer epoch there means someone else switched the instance."""
+        self.stats, self.stats_at = stats, time.monotonic()
+        if stats.epoch > self.epoch and not stats.switching:
+            self.take_role(stats.role, stats.epoch)
+
+    def mark_lost(self, reason: str) -> None:
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
 
     @contextlib.contextmanager
     def counted(self, num_prompt_tokens: int = 0) -> Iterator[None]:
@@ -72,12 +97,6 @@ class InstanceHandle:
         self.role, self.epoch = role, epoch
         self.welcome = msgspec.structs.replace(self.welcome, role=role, epoch=epoch)
         self._prefix_hashes.clear()
-
-    def update_stats(self, stats: Stats) -> None:
-        """Fresh stats; a newer epoch there means someone else switched the instance."""
-        self.stats = stats
-        if stats.epoch > self.epoch and not stats.switching:
-            self.take_role(stats.role, stats.epoch)
 
     def prefix_overlap(self, hashes: list[int]) -> int:
         """Leading full blocks of the prompt this instance probably still caches."""
@@ -127,19 +146,25 @@ class InstanceRegistry:
         return [h for h in self.instances.values() if h.is_alive and h.instance_id not in exclude]
 
     def serving(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
-        """Alive and taking new work (not draining for a role switch)."""
+        """Alive and taking new work (not draining for a role switch or a shutdown)."""
         return [h for h in self.alive(exclude) if not h.draining]
+
+    @staticmethod
+    def _pickable(candidates: list[InstanceHandle]) -> list[InstanceHandle]:
+        """Those with fresh stats if any, else the stale ones."""
+        fresh = [h for h in candidates if not h.is_stale]
+        return fresh or candidates
 
     def prefill_candidates(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
         """Prefill instances (a colocated instance is a decode target that prefills for itself)."""
-        return [h for h in self.serving(exclude) if h.role is Role.PREFILL]
+        return self._pickable([h for h in self.serving(exclude) if h.role is Role.PREFILL])
 
     def decode_candidates(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
-        return [h for h in self.serving(exclude) if h.role.serves_decode]
+        return self._pickable([h for h in self.serving(exclude) if h.role.serves_decode])
 
     def decode_num_blocks(self) -> int:
-        """KV blocks of the alive decode-capable instances together, as last reported."""
-        return sum(h.stats.num_blocks for h in self.decode_candidates() if h.stats is not None)
+        """KV blocks of the decode-capable instances taking new work, as last reported."""
+        return sum(h.stats.num_blocks for h in self.serving() if h.role.serves_decode and h.stats is not None)
 
     def prompt_hashes(self, token_ids: list[int]) -> list[int]:
         return chain_hashes(token_ids, self.block_size)

@@ -4,30 +4,38 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from minipd.control.messages import CallError
-from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.control.messages import CallError, TokenOutput
+from minipd.engine.request import TransferInfo
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from minipd.router.registry import InstanceHandle
 
 
 class RoutedRequest:
     def __init__(self, request_id: str, token_ids: list[int], params: SamplingParams, stream: RequestStream,
                  layerwise: bool):
         self.request_id = request_id
+        self.wire_id = request_id  # the current try's id on the instances (see Router.begin_try)
         self.token_ids = token_ids
         self.params = params
         self.stream = stream
         self.layerwise = layerwise  # stream the KV per layer during prefill, or send it afterwards
         self.instances: set[str] = set()  # every instance that may hold state for it
         self.first_token_sent = False
-        self.kv_load_failed = False  # the decode instance reported that the KV did not land
         self.task: asyncio.Task | None = None
         self.transfer: TransferInfo | None = None
         self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()
-        self.outputs: asyncio.Queue[RequestOutput | CallError] | None = None  # set while an instance streams it
+        self.outputs: asyncio.Queue[TokenOutput | CallError] | None = None  # set while an instance streams it
+        # The current try's instances, while its KV moves (for lease renewals and KV failures).
+        self.decode: InstanceHandle | None = None
+        self.prefill: InstanceHandle | None = None
+        self.kv_failure: asyncio.Future[str] | None = None  # resolves if the decode side says the KV is lost
         # for latency observers (the ratio controller): time.monotonic() stamps
         self.arrival_s = time.monotonic()
         self.first_token_s = 0.0
@@ -40,6 +48,11 @@ class RoutedRequest:
         """Time this request has spent waiting on decode: for KV room, or, prefilled on its
         decode instance, all of it (it queues there behind the decodes)."""
         return now - self.arrival_s if self.prefilled_locally else self.decode_wait_s
+
+    def kv_failed(self, error: str) -> None:
+        """The decode instance reports that the KV of the current try will not land."""
+        if self.kv_failure is not None and not self.kv_failure.done():
+            self.kv_failure.set_result(error)
 
     def record_landing(self, landed_at: float) -> None:
         """Measure the transfer to the receiver's landing time (the last byte acknowledged),

@@ -28,10 +28,11 @@ from typing import Callable, Sequence
 
 import msgspec
 
-from minipd.control.channel import Channel, ChannelClosed, RemoteError
+from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S, Channel, ChannelClosed, RemoteError
 from minipd.control.handshake import SharedSecret, open_channel
 from minipd.control.limits import MAX_REQUEST_ID_CHARS
-from minipd.control.messages import Abort, CallError, GetStats, KVLanded, Message, PeerLost, Stats, TokenOutput
+from minipd.control.messages import (Abort, CallError, Draining, Evict, GetStats, KVLanded, Message, PeerLost, Renew,
+                                     Stats, TokenOutput)
 from minipd.control.role import Role
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO, KVClaims, claim_blocks, claim_limit, validate_ratio
 from minipd.engine.prompt_check import prompt_token_ids
@@ -49,7 +50,9 @@ from minipd.router.routed_request import RoutedRequest
 log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
+STALE_AFTER_POLLS = 3  # stats missing for this many polls (plus one poll's timeout) are stale
 MAX_ATTEMPTS = 2  # the first try and one retry on other instances
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
 
 class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,12 +69,21 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
     # instances' blocks (engine/kv_admission.py); None or 0: no limit
     kv_admission_ratio: float | None = DEFAULT_KV_ADMISSION_RATIO
     kv_wait_s: float = 30.0  # longest a request waits for room in a decode pool before it fails as overloaded
+    liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S  # an instance silent this long is declared dead; 0: off
+    inter_token_timeout_s: float = 60.0  # a relayed stream with no output for this long fails
+    kv_load_failure: str = "recompute"  # the KV did not arrive: "recompute" on the decode instance, or "fail"
+    stats_timeout_s: float = 1.0  # one stats poll of one instance
 
     def validate(self) -> None:
         validate_ratio(self.kv_admission_ratio)
-        if not self.kv_wait_s > 0:
-            raise ValueError(f"kv_wait_s: must be positive, got {self.kv_wait_s!r}")
-
+        for field in ("call_timeout_s", "inter_token_timeout_s", "stats_timeout_s", "kv_wait_s"):
+            if not getattr(self, field) > 0:
+                raise ValueError(f"{field}: must be positive, got {getattr(self, field)!r}")
+        if self.liveness_timeout_s < 0:
+            raise ValueError(f"liveness_timeout_s: must be >= 0 (0 disables it), got {self.liveness_timeout_s}")
+        if self.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(f"kv_load_failure: expected one of {list(KV_LOAD_FAILURE_POLICIES)}, "
+                             f"got {self.kv_load_failure!r}")
     def __post_init__(self) -> None:
         for field in ("prefill_busy_tokens", "prefill_busy_requests", "decode_room_max_running"):
             value = getattr(self, field)
@@ -101,15 +113,22 @@ class Router:
         self.registry = InstanceRegistry()
         self._requests: dict[str, RoutedRequest] = {}
         self.kv_claims = KVClaims()  # of the requests in `_requests`
+        self._by_wire: dict[str, RoutedRequest] = {}  # the current try's id -> its request
+        self._tries = itertools.count()
+        self._by_channel: dict[Channel, InstanceHandle] = {}
         self._ids = itertools.count()
         self._stats_task: asyncio.Task | None = None
         self._closing = False
+        self.accepting = True  # False once draining: new requests are refused
+        self._finished = asyncio.Event()  # set whenever a request ends
         self.num_busy_waits = 0  # reservations retried because a decode pool was full
         self.num_transfer_failures = 0
         self.num_stale_retries = 0  # tries refused for a stale role epoch, and retried
         self.placements: Counter[Placement] = Counter()  # local-prefill policy decisions
         self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
         self.latency_observer: LatencyObserver | None = None  # told of every first token and token gap
+        self.num_evictions = 0  # instances declared dead for silence
+        self.num_recomputes = 0  # requests whose KV did not load, prefilled again on their decode instance
         self.on_transfer_failure: Callable[[str], None] | None = None  # told of each failed KV transfer
 
     # ---- instances --------------------------------------------------------------------
@@ -122,17 +141,22 @@ class Router:
         the cluster secret), or ConnectionError/TimeoutError when it cannot be reached.
         """
         channel, welcome = await open_channel(host, port, self._on_message, f"router->{host}:{port}", Role.ROUTER,
-                                              self.secret, timeout)
+                                              self.secret, timeout, self.config.liveness_timeout_s)
         try:
             if expected_role is not None and welcome.role is not expected_role:
                 raise IncompatibleInstance(f"{host}:{port} is a {welcome.role.value} instance, not "
                                            f"{expected_role.value}")
             handle = InstanceHandle(welcome, channel, (host, port))
+            handle.stale_after_s = STALE_AFTER_POLLS * STATS_INTERVAL_S + self.config.stats_timeout_s
             self.registry.add(handle)
         except BaseException:
             await channel.close()
             raise
-        handle.stats = await channel.call(GetStats(), timeout)
+        self._by_channel[channel] = handle
+        handle.set_stats(await channel.call(GetStats(), timeout))
+        if welcome.liveness_timeout_s > 0 and self.config.liveness_timeout_s > 0:
+            channel.watch_liveness(self.config.liveness_timeout_s, welcome.liveness_timeout_s,
+                                   on_silent=lambda reason: self._evict(handle, reason))
         asyncio.get_running_loop().create_task(self._watch(handle))
         if self._stats_task is None:
             self._stats_task = asyncio.get_running_loop().create_task(self._poll_stats())
@@ -150,7 +174,7 @@ class Router:
         return fp.model.vocab_size if fp else 0
 
     async def ready(self) -> bool:
-        return bool(self.registry.decode_candidates())
+        return self.accepting and bool(self.registry.decode_candidates())
 
     def num_waiting(self) -> int:
         """Requests routed to a decode instance beyond what it runs at once (known without polling)."""
@@ -164,14 +188,24 @@ class Router:
     def instance_stats(self) -> list[Stats]:
         return [h.stats for h in self.registry.instances.values() if h.stats is not None and h.is_alive]
 
+    def stale_instances(self) -> set[str]:
+        """Instances whose stats did not arrive in time lately (not trusted for picking)."""
+        return {h.instance_id for h in self.registry.instances.values() if h.is_alive and h.is_stale}
+
     async def refresh_stats(self, settle: bool = False) -> list[Stats]:
-        """Ask every instance for fresh stats; with `settle`, after pending aborts have landed."""
-        for handle in list(self.registry.instances.values()):
-            try:
-                handle.update_stats(await handle.channel.call(GetStats(settle=settle), self.config.call_timeout_s))
-            except (ChannelClosed, TimeoutError, RemoteError):
-                pass
+        """Ask every instance for fresh stats, all at once, each within the stats timeout (with
+        `settle`, the call timeout, after pending aborts have landed); one that does not answer
+        in time keeps its old stats, which turn stale."""
+        timeout = self.config.call_timeout_s if settle else self.config.stats_timeout_s
+        await asyncio.gather(*(self._poll(h, settle, timeout) for h in list(self.registry.instances.values())))
         return self.instance_stats()
+
+    @staticmethod
+    async def _poll(handle: InstanceHandle, settle: bool, timeout: float) -> None:
+        try:
+            handle.set_stats(await handle.channel.call(GetStats(settle=settle), timeout))
+        except (ChannelClosed, TimeoutError, RemoteError):
+            pass
 
     async def switch_role(self, instance_id: str, role: Role | str,
                           drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> SwitchReport:
@@ -194,13 +228,36 @@ class Router:
         if self.on_transfer_failure is not None:
             self.on_transfer_failure(what)
 
+    async def drain(self, deadline_s: float) -> bool:
+        """Refuse new requests and wait up to `deadline_s` for those under way to finish;
+        returns True if none is left (then `close` aborts the rest)."""
+        self.accepting = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + deadline_s
+        while self._requests:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            self._finished.clear()
+            try:
+                await asyncio.wait_for(self._finished.wait(), left)
+            except TimeoutError:
+                return not self._requests
+        return True
+
+    def abort_all(self, reason: str) -> None:
+        """End every request under way with `reason` as its error."""
+        for routed in list(self._requests.values()):
+            self._fail(routed, reason)
+
     async def close(self) -> None:
         self._closing = True
+        self.accepting = False
         if self._stats_task is not None:
             self._stats_task.cancel()
         for routed in list(self._requests.values()):
             self.abort(routed.request_id)
-        for handle in list(self.registry.instances.values()):
+        for handle in list(self._by_channel.values()):
             await handle.channel.close()
         self.prompt_encoder.close()
 
@@ -214,6 +271,8 @@ class Router:
         `prompt_encoder` instead. `layerwise` overrides the router's KV streaming mode for this
         request (experiments)."""
         params = (params or SamplingParams()).with_seed()
+        if not self.accepting:
+            raise RuntimeError("the router is shutting down")
         if not self.registry.instances:
             raise RuntimeError("the router has no instances")
         params.validate(self.vocab_size)
@@ -276,34 +335,51 @@ class Router:
                 self._fail(routed, f"internal error: {type(exc).__name__}")
                 return
 
+    def begin_try(self, routed: RoutedRequest) -> None:
+        """Give `routed` a fresh id for its next try: an instance that saw an earlier try (and
+        remembers it as aborted) never mistakes the new one for it."""
+        self._by_wire.pop(routed.wire_id, None)
+        routed.wire_id = f"{routed.request_id}@{next(self._tries)}"
+        self._by_wire[routed.wire_id] = routed
+
     def _on_message(self, channel: Channel, message: Message) -> None:
-        routed = self._requests.get(message.request_id)
-        if isinstance(message, TokenOutput):
-            if routed is not None and routed.outputs is not None:
-                routed.outputs.put_nowait(message.output)
-        elif isinstance(message, CallError):  # an instance refused a stream (a stale role epoch)
-            if routed is not None and routed.outputs is not None:
-                routed.outputs.put_nowait(message)
-        elif isinstance(message, KVLanded):
-            if message.error is not None:
+        routed = self._by_wire.get(message.request_id)
+        match message:
+            case TokenOutput() | CallError():  # a CallError: an instance refused a stream (a stale role epoch)
+                if routed is not None and routed.outputs is not None:
+                    routed.outputs.put_nowait(message)
+            case KVLanded(error=None):
+                if routed is not None:
+                    routed.record_landing(message.landed_at)
+            case KVLanded():
                 self.note_transfer_failure(f"{message.request_id} on {channel.name}: {message.error}")
                 if routed is not None:
-                    routed.kv_load_failed = True
-            elif routed is not None:
-                routed.record_landing(message.landed_at)
-        else:
-            log.warning("%s: unexpected %s", channel.name, type(message).__name__)
+                    routed.kv_failed(message.error)
+            case Renew():
+                # the prefill instance of the current try progressed: pass the renewal on
+                handle = self._by_channel.get(channel)
+                if routed is not None and routed.prefill is handle and routed.decode is not None:
+                    routed.decode.channel.send(Renew(request_id=message.request_id))
+            case Draining():
+                handle = self._by_channel.get(channel)
+                if handle is not None:
+                    log.info("instance %s is shutting down: routing nothing new there", handle.instance_id)
+                    handle.draining = True
+            case _:
+                log.warning("%s: unexpected %s", channel.name, type(message).__name__)
 
     def finish(self, routed: RoutedRequest, last: RequestOutput) -> None:
         """End the request once with its final output from an instance."""
         if self._forget(routed):
             routed.stream.put(last)
+            self._finished.set()
 
     def _fail(self, routed: RoutedRequest, error: str | None) -> None:
         """End the request once as aborted (`error` None) or failed: every instance it touched
         is told, and its routing task stops."""
         if not self._forget(routed):
             return
+        self._finished.set()
         self._abort_on_instances(routed)
         if routed.task is not None and routed.task is not asyncio.current_task():
             routed.task.cancel()
@@ -313,6 +389,7 @@ class Router:
         """Drop a live request and its KV claim; False if it had ended already."""
         if self._requests.pop(routed.request_id, None) is None:
             return False
+        self._by_wire.pop(routed.wire_id, None)
         self.kv_claims.release(routed.request_id)
         return True
 
@@ -320,16 +397,48 @@ class Router:
         for instance_id in routed.instances:
             handle = self.registry.instances.get(instance_id)
             if handle is not None:
-                handle.channel.send(Abort(request_id=routed.request_id))
+                handle.channel.send(Abort(request_id=routed.wire_id))
 
     # ---- liveness ---------------------------------------------------------------------
+    def _evict(self, handle: InstanceHandle, reason: str) -> None:
+        """`handle` went silent: declare it dead now (its requests end, it is never picked
+        again, its peers drop what they do with it), but keep the connection open to learn when
+        it can no longer write (it closes once it ended everything, or its process is gone)."""
+        if handle.evicted or not handle.is_alive or self._closing:
+            return
+        handle.evicted = True
+        self.num_evictions += 1
+        log.warning("instance %s declared dead: %s", handle.instance_id, reason)
+        handle.channel.send(Evict(reason=reason))
+        self._lose(handle, f"{handle.instance_id} declared dead: {reason}", fenced=False)
+        handle.channel.fail_calls(f"{handle.instance_id} declared dead: {reason}")
+
+    def _lose(self, handle: InstanceHandle, reason: str, fenced: bool) -> None:
+        if self.registry.instances.get(handle.instance_id) is handle:
+            self.registry.remove(handle.instance_id)
+        handle.mark_lost(reason)
+        for other in self.registry.instances.values():
+            other.channel.send(PeerLost(instance_id=handle.instance_id, reason=reason, fenced=fenced))
+
     async def _watch(self, handle: InstanceHandle) -> None:
         await handle.channel.closed.wait()
-        if self.registry.instances.get(handle.instance_id) is handle and not self._closing:
-            self.registry.remove(handle.instance_id)
+        self._by_channel.pop(handle.channel, None)
+        if self._closing:
+            return
+        reason = f"{handle.instance_id}: connection closed ({handle.channel.close_reason})"
+        if not handle.evicted:
             log.warning("instance %s lost: %s", handle.instance_id, handle.channel.close_reason)
-            for other in self.registry.instances.values():
-                other.channel.send(PeerLost(instance_id=handle.instance_id, reason=handle.channel.close_reason))
+            self._lose(handle, reason, fenced=True)
+            return
+        successor = self.registry.instances.get(handle.instance_id)
+        if successor is not None:
+            # Registered again meanwhile (resumed, or restarted under the same id): its peers must
+            # not drop what they do with the registered one; blocks they hold for the old one's
+            # writes go back when those writes' ends arrive.
+            log.info("the old connection of %s closed; it is registered again", handle.instance_id)
+            return
+        for other in self.registry.instances.values():  # it can write no more: fence its writes
+            other.channel.send(PeerLost(instance_id=handle.instance_id, reason=reason, fenced=True))
 
     async def _poll_stats(self) -> None:
         while True:

@@ -1,0 +1,29 @@
+"""`python bench.py soak --quick`: a mixed workload while instances are killed and frozen loses
+no request and leaks no block."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(400)
+def test_quick_soak_loses_nothing_and_leaks_nothing(tmp_path):
+    out = tmp_path / "soak.json"
+    run = subprocess.run([sys.executable, "bench.py", "soak", "--quick", "--json", str(out)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=380)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["lost"] == 0, result["lost_examples"]
+    assert result["leaked_blocks"] == 0, result["instances_after"]
+    assert result["completed"] + result["failed"] == result["requests"] > 0
+    assert result["completed"] > 0
+    assert {e["kind"] for e in result["chaos"]} == {"kill", "freeze"}, result["chaos"]
+    assert all(reason.strip() for reason in result["failure_reasons"])
+    assert "completed" in run.stdout and "leaked blocks" in run.stdout
