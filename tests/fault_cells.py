@@ -1,6 +1,6 @@
 """The fault matrix's cells and how one is played against a live process cluster.
 
-A cell arms a fault point (`minipd.fault_points`), sends one request, waits for the instance
+A cell arms a fault point (`minipd.transports.fault_points`), sends one request, waits for the instance
 that reaches the point to say so, then does something to it: kill -9 it, keep it frozen past
 the liveness bound, drop the client, or just let a stalled transfer be. The request must then
 complete (retried or recomputed) or fail with an error naming what failed, within the bound;

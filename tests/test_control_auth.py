@@ -127,7 +127,7 @@ class _Impostor(ControlServer):
         super().__init__("impostor", SECRET)
         self._welcome = welcome
 
-    def welcome(self) -> Welcome:
+    def welcome(self, hello) -> Welcome:
         return msgspec.structs.replace(self._welcome)
 
     def refuses_role(self, role: Role) -> str | None:
@@ -149,7 +149,7 @@ class _Impostor(ControlServer):
 
 def test_a_server_that_cannot_prove_the_secret_is_not_trusted(cluster, loop_thread):
     async def connect():
-        impostor = _Impostor(cluster.decode.welcome())
+        impostor = _Impostor(cluster.decode.welcome(Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER)))
         await impostor.serve(LOCALHOST, 0)
         router = Router(cluster.decode.engine.tokenizer, secret=SECRET)
         try:

@@ -24,7 +24,7 @@ ALLOWED: dict[str, set[str]] = {
     "control": {"control", "engine", "models", "transports"},
     "disagg": {"disagg", "control", "engine", "models", "transports"},
     "router": {"router", "control", "engine", "models", "planner"},
-    "api": {"api", "router", "control", "engine", "models"},
+    "api": {"api", "router", "control", "engine", "planner", "models"},
     "entrypoints": {"entrypoints", "api", "router", "disagg", "control", "engine", "planner", "workload", "models",
                     "transports", "minipd"},
     "minipd": {"minipd", "entrypoints", "api", "router", "disagg", "control", "engine", "planner", "workload",

@@ -12,7 +12,7 @@ import time
 import msgspec
 import pytest
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.control.channel import Channel, serve
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster

@@ -14,7 +14,7 @@ import asyncio
 
 import pytest
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.transports.errors import TransferError
 from test_transport_conformance import (BACKEND_PARAMS, LANDED_TIMEOUT_S, MAIN_ID, PEER_ID, PEER_SEED, Env,
                                         assert_only_reserved_changed, expected_blocks, same_bytes)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import msgspec
 import torch
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.errors import TransferError
 from minipd.transports.registry import create_transport
@@ -96,7 +96,7 @@ class _Agent:
 def peer_main(conn, backend: str, instance_id: str, num_blocks: int, seed: int, options: dict) -> None:
     """Entry point of a peer process: serve commands from `conn` until it closes."""
     logging.basicConfig(level=logging.WARNING)
-    # A fault point that fires (see minipd.fault_points) is reported over the pipe.
+    # A fault point that fires (see minipd.transports.fault_points) is reported over the pipe.
     fault_points.announce = lambda name, detail: conn.send_bytes(_encode({"fault": name, "detail": detail}))
     import uvloop
     uvloop.run(_serve(conn, _Agent(backend, instance_id, num_blocks, seed, options)))

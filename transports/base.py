@@ -56,7 +56,7 @@ from typing import ClassVar
 
 import torch
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError
 from minipd.transports.fences import Fences, call

@@ -6,7 +6,7 @@ import logging
 
 import numpy as np
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError

@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.transports.errors import TransferError
 from minipd.transports.pool_layout import PoolLayout
 from minipd.transports.recent_ids import RecentIds

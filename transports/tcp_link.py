@@ -8,7 +8,7 @@ import os
 import socket
 from collections.abc import Callable, Sequence
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.transports.link_auth import RECEIVER_LABEL, sender_proof
 from minipd.transports.messages import (
     MAX_HANDSHAKE_HEADER_BYTES,

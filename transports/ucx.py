@@ -15,12 +15,11 @@ import logging
 import os
 import secrets
 import struct
-import time
 from typing import Callable, NamedTuple
 
 import msgspec
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.transports.ends_after_headers import EndsAfterHeaders
 from minipd.transports.block_run import BlockRun
 from minipd.transports.errors import TransferError

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S, Channel
 from minipd.control.messages import (FAILURE_KV_LOAD, FAILURE_SHUTDOWN, Abort, CallError, Decode, Draining, Evict,
                                      Generate, GetStats, Hello, KVLanded, Message, PeerLost, Prefill, Prefilled, Renew,

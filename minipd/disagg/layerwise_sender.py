@@ -18,7 +18,7 @@ import logging
 import time
 from typing import NamedTuple
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.errors import TransferError

@@ -9,7 +9,11 @@ The engine loop, top-down, one step at a time:
 One request's failure never fails the others of its step (`ModelRunner.execute`).
 
 All scheduler and request state is touched only on the event loop thread.
-"""
+
+
+Length: the request entry points (submit, prefill-only, reserve/adopt for KV that arrives)
+and the loop share one scheduler, one set of streams and one pool, and must be read together;
+the configuration is in config.py, the forward pass in model_runner.py."""
 
 from __future__ import annotations
 
@@ -24,9 +28,10 @@ import msgspec
 import torch
 
 from minipd.engine import cpu_placement, kv_sink
-from minipd.engine.block_manager import BlockManager, BlockUsage
+from minipd.engine.block_manager import BlockManager
+from minipd.engine.config import EngineConfig, EngineStats
 from minipd.engine.detokenizer import Detokenizer
-from minipd.engine.dtype_choice import AUTO, DTYPE_CHOICES, resolve_dtype
+from minipd.engine.dtype_choice import resolve_dtype
 from minipd.engine.kv_admission import KVClaims, NoCapacity, claim_blocks
 from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
 from minipd.engine.kv_sink import KVSink
@@ -36,53 +41,11 @@ from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.request import FinishReason, Request, RequestOutput, RequestStatus
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
-from minipd.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from minipd.engine.scheduler import Scheduler, SchedulerOutput
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Engine", "EngineConfig", "EngineStats", "NoCapacity"]
-
-
-class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
-    model: str = "tiny"  # preset, packaged model (smollm2), .gguf file or Hugging Face-format directory
-    device: str = "cpu"
-    dtype: str = AUTO  # or float32, bfloat16, float16; the engine resolves "auto" (see dtype_choice.py)
-    block_size: int = 16
-    num_blocks: int = 1024
-    max_model_len: int = 1024
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    # The compute thread's OpenMP team size and cores (see cpu_placement.py). None: one core
-    # of the CPU set left to the event loop, not pinned; without cpu_placement, torch's choice.
-    torch_threads: int | None = None
-    cpus: tuple[int, ...] | None = None
-    cpu_placement: bool = True
-
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_model_len=self.max_model_len, enable_chunked_prefill=self.enable_chunked_prefill)
-
-    def validate(self) -> None:
-        for field in ("block_size", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"{field}: must be positive, got {getattr(self, field)}")
-        if self.num_blocks * self.block_size < self.max_model_len:
-            raise ValueError(f"num_blocks * block_size ({self.num_blocks * self.block_size} tokens) must hold "
-                             f"max_model_len ({self.max_model_len}) tokens")
-        if self.device.startswith("cuda") and not torch.cuda.is_available():
-            raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
-        if self.dtype not in DTYPE_CHOICES:
-            raise ValueError(f"dtype: unknown {self.dtype!r}; choose one of {list(DTYPE_CHOICES)}")
-        cpu_placement.resolve(self.torch_threads, self.cpus, self.cpu_placement)
-
-
-class EngineStats(msgspec.Struct):
-    num_running: int
-    num_waiting: int
-    num_preemptions: int  # since start
-    blocks: BlockUsage
 
 
 class Engine:

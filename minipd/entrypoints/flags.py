@@ -8,7 +8,11 @@ takes its default from that variable, and a launcher hands it on through the chi
 environment (`inherited_env`), never its command line, so it does not show in `ps`.
 `build_parser(role)` makes one role's parser. Several meanings of `--port` are several flags
 (each role has one).
-"""
+
+
+Length: the table of every flag of every role, declared once by design (with its roles,
+group, inheritance and environment variable); the parser and the children's argv are
+derived from it in a few lines at the end."""
 
 from __future__ import annotations
 

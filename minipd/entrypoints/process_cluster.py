@@ -16,7 +16,7 @@ stopped on exit (SIGTERM, then SIGKILL once its shutdown deadline and a grace pe
 For tests and the soak benchmark: `restart(name)` replaces a child with a fresh process that
 registers with the router, `rejoin(name)` registers a living child again (after the router
 declared it dead), and `fault_dir` starts the children with fault points enabled
-(`minipd.fault_points`); each child's `FAULT` lines arrive on `Child.faults`.
+(`minipd.transports.fault_points`); each child's `FAULT` lines arrive on `Child.faults`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import NamedTuple
 
-from minipd import fault_points
+from minipd.transports import fault_points
 from minipd.control.handshake import open_channel
 from minipd.control.messages import Register
 from minipd.control.role import Role

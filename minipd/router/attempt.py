@@ -100,13 +100,6 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
         try:
             with prefill.counted(len(routed.token_ids) - expected_cached):
                 with blame(decode):
-                    reserved = await reserve(router, decode, routed, prefill.instance_id)
-                with blame(prefill, peer=decode):
-                    first_token = await prefill_on(router, prefill, decode, reserved, routed)
-            routed.instances.discard(prefill.instance_id)
-            prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
-            with blame(decode):
-                with blame(decode):
                     reserved = await reserve(router, decode, routed, prefill.instance_id, decode_epoch)
                 with blame(prefill, peer=decode):
                     first_token = await prefill_on(router, prefill, decode, reserved, routed, prefill_epoch)

@@ -21,7 +21,7 @@ from minipd.control.channel import Channel
 from minipd.control.handshake import AuthenticationError
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
 from minipd.control.messages import (Abort, CallError, ClientGenerate, ClusterStats, GetStats,
-                               Message, Register, Registered, TokenOutput, Welcome)
+                                     Hello, Message, Register, Registered, TokenOutput, Welcome)
 from minipd.control.role import Role
 from minipd.control.server import ControlServer
 from minipd.router.registry import IncompatibleInstance

@@ -16,7 +16,11 @@ the caller, the request is tried once more without the instance blamed for the f
 try refused for a stale role epoch (the instance switched roles, role_switch.py) is not a
 failure: the request is tried again elsewhere without counting it.
 Aborts reach every instance the request touched. The KV never passes through the router.
-"""
+
+
+Length: one class owns the request table and the instance table that every path (routing,
+admission, liveness and eviction, role switches) reads and changes on the same event loop;
+the try itself is in attempt.py, picking in registry.py, switches in role_switch.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Named fault points: tests pause a process, or one coroutine, at a chosen stage of a request.
 
-A leaf module (it imports nothing of minipd), so every layer, transports included, may call it.
+A leaf module (it imports nothing of minipd). It lives in the lowest layer, transports, so that
+the transports and everything above them that reaches these stages may call it.
 Points are off unless armed, and cost one dictionary lookup when off. Two ways to arm one:
 
 - across processes: the test harness starts processes with `MINIPD_FAULT_DIR` naming a
