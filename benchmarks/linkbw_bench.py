@@ -40,7 +40,7 @@ DEFAULT_GBPS = (10.0, 2.0, 1.0, 0.5, 0.3, 0.2, 0.15, 0.1, 0.07, 0.05)
 DEFAULT_RATE = 0.4
 DEFAULT_NUM_PROMPTS = 24
 DEFAULT_SLO = ["ttft:1500"]
-QUICK = {"model": "tiny", "gbps": [1.0, 0.02], "prompt_len": LengthDist.uniform(1024, 1536),
+QUICK = {"model": "tiny", "gbps": [1.0, 0.005], "prompt_len": LengthDist.uniform(1024, 1536),
          "output_len": LengthDist.fixed(4), "request_rate": 2.0, "num_prompts": 6, "goodput": ["ttft:500"]}
 
 

@@ -77,7 +77,7 @@ async def _soak(args: argparse.Namespace) -> dict:
         cluster = ProcessCluster.from_argv(_cluster_argv(args), fault_dir=fault_dir)
         await cluster.start()
         try:
-            client = await ClusterClient.connect(*cluster.router_address)
+            client = await cluster.client()
             chaos = Chaos(cluster, args.chaos_interval_s, args.liveness_timeout_s + 1.0, args.seed)
             stop = asyncio.Event()
             chaos_task = asyncio.create_task(chaos.run(stop))
@@ -114,7 +114,7 @@ async def _one(client: ClusterClient, spec: RequestSpec, index: int, start: floa
 
 
 async def _settled(cluster: ProcessCluster) -> list:
-    client = await ClusterClient.connect(*cluster.router_address)
+    client = await cluster.client()
     try:
         deadline = time.monotonic() + SETTLE_S
         while True:

@@ -20,7 +20,6 @@ from typing import NamedTuple
 
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.router.client import ClusterClient
 
 LIVENESS_S = 3.0
 LEASE_S = 2.0
@@ -69,7 +68,7 @@ class Outcome(NamedTuple):
 async def play(cluster: ProcessCluster, cell: Cell, seed: int) -> Outcome:
     """Play one cell: returns how the request ended. Leaves the cluster whole again."""
     cluster.arm(cell.point, cell.action)
-    client = await ClusterClient.connect(*cluster.router_address)
+    client = await cluster.client()
     prompt = [random.Random(seed).randrange(256) for _ in range(100)]  # fresh: no prefix-cache hit anywhere
     collected = asyncio.ensure_future(_collect(client.submit(prompt, PARAMS)))
     name, _ = await _first_fault(cluster)
@@ -136,7 +135,7 @@ async def _first_fault(cluster: ProcessCluster) -> tuple[str, str]:
 
 
 async def until_unlisted(cluster: ProcessCluster, name: str, timeout: float) -> None:
-    client = await ClusterClient.connect(*cluster.router_address)
+    client = await cluster.client()
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -149,7 +148,7 @@ async def until_unlisted(cluster: ProcessCluster, name: str, timeout: float) -> 
 
 async def settled_stats(cluster: ProcessCluster) -> list:
     """Once every instance is registered and every pool is full again (bounded), their stats."""
-    client = await ClusterClient.connect(*cluster.router_address)
+    client = await cluster.client()
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SETTLE_S
@@ -166,7 +165,7 @@ async def settled_stats(cluster: ProcessCluster) -> list:
 
 async def probe(cluster: ProcessCluster, seed: int):
     """The next request after a cell: its last output."""
-    client = await ClusterClient.connect(*cluster.router_address)
+    client = await cluster.client()
     try:
         prompt = [random.Random(seed).randrange(256) for _ in range(100)]
         outputs = await asyncio.wait_for(_collect(client.submit(prompt, PARAMS)), BOUND_S)

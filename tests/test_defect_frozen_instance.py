@@ -38,7 +38,7 @@ def cluster(loop_thread):
                                           "--lease-s", str(LEASE_S), "--link-gbps", str(LINK_GBPS),
                                           *ENGINE_ARGV, *ROUTER_ARGV])
     loop_thread.run(processes.start(), timeout=180)
-    client = loop_thread.run(ClusterClient.connect(*processes.router_address))
+    client = loop_thread.run(processes.client())
     yield processes, client
     for child in processes.children:
         if child.process.returncode is None:

@@ -9,7 +9,6 @@ import signal
 
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.router.client import ClusterClient
 
 from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
 
@@ -49,7 +48,7 @@ def test_sigterm_on_instances_drains_then_exits_zero(loop_thread):
     cluster = _start(loop_thread, ["--num-prefill", "1", "--num-decode", "2"])
 
     async def scenario():
-        client = await ClusterClient.connect(*cluster.router_address)
+        client = await cluster.client()
         try:
             long = client.submit(list(range(30)), LONG)
             first = await long.__anext__()
@@ -83,7 +82,7 @@ def test_sigterm_on_the_router_finishes_its_requests_then_exits_zero(loop_thread
     cluster = _start(loop_thread, ["--num-prefill", "1", "--num-decode", "1"], ROUTER_SHUTDOWN_S)
 
     async def scenario():
-        client = await ClusterClient.connect(*cluster.router_address)
+        client = await cluster.client()
         try:
             stream = client.submit(list(range(60)), SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True))
             first = await stream.__anext__()

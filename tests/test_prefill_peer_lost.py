@@ -41,9 +41,9 @@ def test_prefills_for_a_lost_decode_instance_are_aborted_at_once(loop_thread, ca
                     loop.call_soon_threadsafe(mid_prefill.set)
             return execute(chunks, hook)
 
-        def noting_loss(instance_id, reason):
+        def noting_loss(instance_id, reason, *fenced):
             lost_at.append(len(steps))
-            return peer_lost(instance_id, reason)
+            return peer_lost(instance_id, reason, *fenced)
         prefill.engine.runner.execute = counting
         prefill.transport.peer_lost = noting_loss
         try:
