@@ -43,13 +43,20 @@ EXPERIMENTS = {
     "serve": ("benchmarks.serve_bench", "one workload at one rate against an OpenAI endpoint: vLLM's serving summary"),
     "slo": ("benchmarks.slo_bench", "SLO attainment and goodput vs request rate: colocated vs disaggregated"),
     "linkbw": ("benchmarks.linkbw_bench", "TTFT and SLO attainment vs KV link bandwidth (token bucket, shaped veth)"),
-    "crossover": ("benchmarks.crossover_bench",
-                  "per prompt length, the link bandwidth where KV transfer cost equals prefill interference"),
+    "crossover": (
+        "benchmarks.crossover_bench",
+        "per prompt length, the link bandwidth where KV transfer cost equals prefill interference",
+    ),
     "switch": ("benchmarks.switch_bench", "an in-place role switch: decision to serving, drain excluded and included"),
-    "controller": ("benchmarks.controller_bench", "the live P:D ratio controller against a fixed ratio, shift workload"),
+    "controller": (
+        "benchmarks.controller_bench",
+        "the live P:D ratio controller against a fixed ratio, shift workload",
+    ),
     "validate": ("benchmarks.validate_bench", "the planner's simulator against a real 1P:1D cluster, same workloads"),
-    "soak": ("benchmarks.soak_bench", "a mixed workload under periodic kills and freezes: completed, failed, lost, "
-                                      "leaked blocks"),
+    "soak": (
+        "benchmarks.soak_bench",
+        "a mixed workload under periodic kills and freezes: completed, failed, lost, leaked blocks",
+    ),
 }
 
 
@@ -69,8 +76,9 @@ def _interrupt_on_sigterm(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     # Idle OpenMP threads sleep, as in every minipd process; set before any experiment loads torch.
     openmp_env.prefer_passive_waiting()

@@ -42,9 +42,15 @@ from benchmarks.loadgen.slo import SLO, attainment
 from minipd.workload import ArrivalProcess, LengthDist, RequestSpec, make_workload
 
 DEFAULTS = {
-    "model": "tiny", "first_prompt_len": LengthDist.uniform(128, 256), "first_output_len": LengthDist.uniform(8, 16),
-    "second_prompt_len": LengthDist.uniform(24, 48), "second_output_len": LengthDist.uniform(384, 512),
-    "first_rate": 2.0, "second_rate": 1.5, "first_duration_s": 40.0, "second_duration_s": 60.0,
+    "model": "tiny",
+    "first_prompt_len": LengthDist.uniform(128, 256),
+    "first_output_len": LengthDist.uniform(8, 16),
+    "second_prompt_len": LengthDist.uniform(24, 48),
+    "second_output_len": LengthDist.uniform(384, 512),
+    "first_rate": 2.0,
+    "second_rate": 1.5,
+    "first_duration_s": 40.0,
+    "second_duration_s": 60.0,
 }
 DEFAULT_LINK_GBPS = 0.002  # 2 Mbit/s: a 192-token prompt of `tiny` (bf16, 1 KiB/token) takes ~0.8 s to send
 DEFAULT_NUM_BLOCKS = 128  # 2048 tokens of KV per instance: ~4 whole answers of the second phase
@@ -54,9 +60,18 @@ DEFAULT_CONTROLLER_SLO = ["ttft:2000", "tpot:50"]  # the SLO attainment is judge
 # sequences now and then, which must not move an instance; a phase that is wrong for the ratio
 # takes an attainment far lower
 CONTROLLER_FLAGS = {"window_s": 15.0, "cooldown_s": 15.0, "min_samples": 15, "interval_s": 1.0, "hysteresis": 0.2}
-QUICK = {"first_rate": 3.0, "second_rate": 3.0, "first_duration_s": 4.0, "second_duration_s": 4.0,
-         "second_output_len": LengthDist.uniform(32, 64), "first_prompt_len": LengthDist.uniform(64, 128),
-         "window_s": 3.0, "cooldown_s": 2.0, "min_samples": 3, "hysteresis": 0.05}
+QUICK = {
+    "first_rate": 3.0,
+    "second_rate": 3.0,
+    "first_duration_s": 4.0,
+    "second_duration_s": 4.0,
+    "second_output_len": LengthDist.uniform(32, 64),
+    "first_prompt_len": LengthDist.uniform(64, 128),
+    "window_s": 3.0,
+    "cooldown_s": 2.0,
+    "min_samples": 3,
+    "hysteresis": 0.05,
+}
 ADMIN_TIMEOUT_S = 30.0
 
 
@@ -82,13 +97,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--num-decode", type=int, default=1, help="decode instances at the start (default: 1)")
     c.add_argument("--link-gbps", type=float, default=DEFAULT_LINK_GBPS, help="every instance's KV egress cap")
     parser.set_defaults(num_blocks=DEFAULT_NUM_BLOCKS)
-    options.add_slo_arguments(parser, "--goodput", DEFAULT_SLO, "the SLO attainment is judged against "
-                                                                "(default: %(default)s)")
-    c.add_argument("--controller-slo", nargs="+", default=DEFAULT_CONTROLLER_SLO, metavar="KEY:MS",
-                   help="the controller's objectives: ttft and itl or tpot (default: %(default)s)")
+    options.add_slo_arguments(
+        parser, "--goodput", DEFAULT_SLO, "the SLO attainment is judged against (default: %(default)s)"
+    )
+    c.add_argument(
+        "--controller-slo",
+        nargs="+",
+        default=DEFAULT_CONTROLLER_SLO,
+        metavar="KEY:MS",
+        help="the controller's objectives: ttft and itl or tpot (default: %(default)s)",
+    )
     for field, value in CONTROLLER_FLAGS.items():
-        c.add_argument(f"--{field.replace('_', '-')}", type=type(value), default=value, dest=field,
-                       help=f"the controller's --controller-{field.replace('_', '-')} (default: %(default)s)")
+        c.add_argument(
+            f"--{field.replace('_', '-')}",
+            type=type(value),
+            default=value,
+            dest=field,
+            help=f"the controller's --controller-{field.replace('_', '-')} (default: %(default)s)",
+        )
 
 
 def shift_workload(args: argparse.Namespace) -> tuple[list[RequestSpec], int]:
@@ -98,9 +124,14 @@ def shift_workload(args: argparse.Namespace) -> tuple[list[RequestSpec], int]:
     for i, phase in enumerate(("first", "second")):
         rate, duration = getattr(args, f"{phase}_rate"), getattr(args, f"{phase}_duration_s")
         name = "prefill-heavy" if phase == "first" else "decode-heavy"
-        part = make_workload(name, max(1, round(rate * duration)), ArrivalProcess.poisson(rate), seed=args.seed + i,
-                             prompt_len=getattr(args, f"{phase}_prompt_len"),
-                             output_len=getattr(args, f"{phase}_output_len"))
+        part = make_workload(
+            name,
+            max(1, round(rate * duration)),
+            ArrivalProcess.poisson(rate),
+            seed=args.seed + i,
+            prompt_len=getattr(args, f"{phase}_prompt_len"),
+            output_len=getattr(args, f"{phase}_output_len"),
+        )
         offset = args.first_duration_s if phase == "second" else 0.0
         specs += [s._replace(arrival_s=s.arrival_s + offset) for s in part]
         if phase == "first":
@@ -109,9 +140,16 @@ def shift_workload(args: argparse.Namespace) -> tuple[list[RequestSpec], int]:
 
 
 def controller_flags(args: argparse.Namespace) -> tuple[str, ...]:
-    return ("--ratio-controller", "--controller-slo", *args.controller_slo,
-            *(item for field in CONTROLLER_FLAGS
-              for item in (f"--controller-{field.replace('_', '-')}", str(getattr(args, field)))))
+    return (
+        "--ratio-controller",
+        "--controller-slo",
+        *args.controller_slo,
+        *(
+            item
+            for field in CONTROLLER_FLAGS
+            for item in (f"--controller-{field.replace('_', '-')}", str(getattr(args, field)))
+        ),
+    )
 
 
 def admin_instances(url: str) -> dict:
@@ -122,13 +160,22 @@ def admin_instances(url: str) -> dict:
 def _run_summary(measured: Measured, num_first: int, slo: SLO, start_wall: float) -> dict:
     records = sorted(measured.records, key=lambda r: r.index)
     first, second = records[:num_first], records[num_first:]
-    return {"attainment_first_half": attainment(first, slo), "attainment_second_half": attainment(second, slo),
-            "attainment": attainment(records, slo), "failed": sum(not r.success for r in records),
-            "p90_ttft_ms": measured.p90_ttft_ms(), "p90_itl_ms": measured.p90_itl_ms(),
-            "foreign_cpu": measured.foreign_cpu, "start_wall": start_wall,
-            "requests": {"sent_s": [r.sent_s for r in records], "ttft_ms": [r.ttft_s * MS_PER_S for r in records],
-                         "tpot_ms": [r.tpot_s * MS_PER_S for r in records],
-                         "success": [r.success for r in records]}}
+    return {
+        "attainment_first_half": attainment(first, slo),
+        "attainment_second_half": attainment(second, slo),
+        "attainment": attainment(records, slo),
+        "failed": sum(not r.success for r in records),
+        "p90_ttft_ms": measured.p90_ttft_ms(),
+        "p90_itl_ms": measured.p90_itl_ms(),
+        "foreign_cpu": measured.foreign_cpu,
+        "start_wall": start_wall,
+        "requests": {
+            "sent_s": [r.sent_s for r in records],
+            "ttft_ms": [r.ttft_s * MS_PER_S for r in records],
+            "tpot_ms": [r.tpot_s * MS_PER_S for r in records],
+            "success": [r.success for r in records],
+        },
+    }
 
 
 def _measure(name: str, deployment: Deployment, specs, builder, config, slo, num_first: int) -> dict:
@@ -147,50 +194,83 @@ def run(args: argparse.Namespace) -> dict:
     builder = options.prompt_builder(args)
     config = options.runner_config(args)
     server = options.server_options(args, specs)
-    result = {"model": args.model, "workload": "shift", "num_requests": len(specs), "num_first_half": num_first,
-              "phases": {phase: {"prompt_len": msgspec.to_builtins(getattr(args, f"{phase}_prompt_len")),
-                                 "output_len": msgspec.to_builtins(getattr(args, f"{phase}_output_len")),
-                                 "rate": getattr(args, f"{phase}_rate"),
-                                 "duration_s": getattr(args, f"{phase}_duration_s")} for phase in ("first", "second")},
-              "start_ratio": f"{args.num_prefill}P:{args.num_decode}D", "link_gbps": args.link_gbps,
-              "num_blocks": server.num_blocks, "torch_threads": args.torch_threads, "slo": msgspec.to_builtins(slo),
-              "controller": {"slo": args.controller_slo, **{f: getattr(args, f) for f in CONTROLLER_FLAGS}}}
+    result = {
+        "model": args.model,
+        "workload": "shift",
+        "num_requests": len(specs),
+        "num_first_half": num_first,
+        "phases": {
+            phase: {
+                "prompt_len": msgspec.to_builtins(getattr(args, f"{phase}_prompt_len")),
+                "output_len": msgspec.to_builtins(getattr(args, f"{phase}_output_len")),
+                "rate": getattr(args, f"{phase}_rate"),
+                "duration_s": getattr(args, f"{phase}_duration_s"),
+            }
+            for phase in ("first", "second")
+        },
+        "start_ratio": f"{args.num_prefill}P:{args.num_decode}D",
+        "link_gbps": args.link_gbps,
+        "num_blocks": server.num_blocks,
+        "torch_threads": args.torch_threads,
+        "slo": msgspec.to_builtins(slo),
+        "controller": {"slo": args.controller_slo, **{f: getattr(args, f) for f in CONTROLLER_FLAGS}},
+    }
     with Processes() as processes:
         fixed = start_disaggregated(processes, server, args.num_prefill, args.num_decode, args.link_gbps)
-        controlled = start_disaggregated(processes, server, args.num_prefill, args.num_decode, args.link_gbps,
-                                         router_flags=controller_flags(args))
+        controlled = start_disaggregated(
+            processes, server, args.num_prefill, args.num_decode, args.link_gbps, router_flags=controller_flags(args)
+        )
         result["fixed"] = _measure("fixed", fixed, specs, builder, config, slo, num_first)
-        result["controller"] = {**result["controller"],
-                                **_measure("controlled", controlled, specs, builder, config, slo, num_first)}
+        result["controller"] = {
+            **result["controller"],
+            **_measure("controlled", controlled, specs, builder, config, slo, num_first),
+        }
         listed = admin_instances(controlled.urls[0])
     start = result["controller"]["start_wall"]
-    result["role_changes"] = [{"t": c["decided_at"] - start, "instance": c["instance_id"], "from": c["from_role"],
-                               "to": c["to_role"], "switch_s": c["total_s"], "drain_s": c["drain_s"]}
-                              for c in listed["role_changes"]]
+    result["role_changes"] = [
+        {
+            "t": c["decided_at"] - start,
+            "instance": c["instance_id"],
+            "from": c["from_role"],
+            "to": c["to_role"],
+            "switch_s": c["total_s"],
+            "drain_s": c["drain_s"],
+        }
+        for c in listed["role_changes"]
+    ]
     result["final_roles"] = {i["instance"]: i["role"] for i in listed["instances"]}
     result["lost_requests"] = result["controller"]["failed"]  # the run with the role switches
-    result["controller_beats_fixed_second_half"] = (result["controller"]["attainment_second_half"]
-                                                    > result["fixed"]["attainment_second_half"])
+    result["controller_beats_fixed_second_half"] = (
+        result["controller"]["attainment_second_half"] > result["fixed"]["attainment_second_half"]
+    )
     return result
 
 
 def print_table(result: dict) -> None:
     first, second = result["phases"]["first"], result["phases"]["second"]
     slo_text = " ".join(f"{key.removesuffix('_ms')}:{value:g}" for key, value in result["slo"].items())
-    print(f"controller: shift workload on {result['model']}, {result['num_requests']} requests "
-          f"({result['num_first_half']} prefill-heavy at {first['rate']:g}/s, then decode-heavy at "
-          f"{second['rate']:g}/s); 3 instances starting {result['start_ratio']}, KV egress "
-          f"{result['link_gbps'] * 1e3:g} Mbit/s, {result['num_blocks']} KV blocks each; SLO {slo_text}")
-    print(f"{'run':>10} {'1st half':>9} {'2nd half':>9} {'all':>6} {'failed':>6} {'P90 TTFT':>9} {'P90 ITL':>8} "
-          f"{'other jobs':>10}")
+    print(
+        f"controller: shift workload on {result['model']}, {result['num_requests']} requests "
+        f"({result['num_first_half']} prefill-heavy at {first['rate']:g}/s, then decode-heavy at "
+        f"{second['rate']:g}/s); 3 instances starting {result['start_ratio']}, KV egress "
+        f"{result['link_gbps'] * 1e3:g} Mbit/s, {result['num_blocks']} KV blocks each; SLO {slo_text}"
+    )
+    print(
+        f"{'run':>10} {'1st half':>9} {'2nd half':>9} {'all':>6} {'failed':>6} {'P90 TTFT':>9} {'P90 ITL':>8} "
+        f"{'other jobs':>10}"
+    )
     for name in ("fixed", "controller"):
         r = result[name]
-        print(f"{name:>10} {r['attainment_first_half']:>9.0%} {r['attainment_second_half']:>9.0%} "
-              f"{r['attainment']:>6.0%} {r['failed']:>6} {r['p90_ttft_ms']:>7.0f}ms {r['p90_itl_ms']:>6.1f}ms "
-              f"{r['foreign_cpu']:>10.0%}")
+        print(
+            f"{name:>10} {r['attainment_first_half']:>9.0%} {r['attainment_second_half']:>9.0%} "
+            f"{r['attainment']:>6.0%} {r['failed']:>6} {r['p90_ttft_ms']:>7.0f}ms {r['p90_itl_ms']:>6.1f}ms "
+            f"{r['foreign_cpu']:>10.0%}"
+        )
     for c in result["role_changes"]:
-        print(f"  t={c['t']:6.1f}s {c['instance']}: {c['from']} -> {c['to']} (switch {c['switch_s']:.2f} s, of it "
-              f"draining {c['drain_s']:.2f} s)")
+        print(
+            f"  t={c['t']:6.1f}s {c['instance']}: {c['from']} -> {c['to']} (switch {c['switch_s']:.2f} s, of it "
+            f"draining {c['drain_s']:.2f} s)"
+        )
     verdict = "beats" if result["controller_beats_fixed_second_half"] else "does NOT beat"
     print(f"second half: the controller {verdict} the fixed ratio; lost requests: {result['lost_requests']}")
 
@@ -222,10 +302,12 @@ def plot(result: dict, path: str) -> None:
     for name, (color, marker) in styles.items():
         r = result[name]["requests"]
         ok = [i for i, s in enumerate(r["success"]) if s]
-        ttft_ax.scatter([r["sent_s"][i] for i in ok], [r["ttft_ms"][i] for i in ok], s=8, c=color, marker=marker,
-                        label=name)
-        tpot_ax.scatter([r["sent_s"][i] for i in ok], [r["tpot_ms"][i] for i in ok], s=8, c=color, marker=marker,
-                        label=name)
+        ttft_ax.scatter(
+            [r["sent_s"][i] for i in ok], [r["ttft_ms"][i] for i in ok], s=8, c=color, marker=marker, label=name
+        )
+        tpot_ax.scatter(
+            [r["sent_s"][i] for i in ok], [r["tpot_ms"][i] for i in ok], s=8, c=color, marker=marker, label=name
+        )
     slo_line(ttft_ax, result["slo"].get("ttft_ms"), "TTFT SLO")
     slo_line(tpot_ax, result["slo"].get("tpot_ms"), "TPOT SLO")
     ttft_ax.set_yscale("log")
@@ -239,7 +321,10 @@ def plot(result: dict, path: str) -> None:
             ax.axvline(c["t"], color="tab:green", linewidth=0.8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
-    roles_ax.set_title(f"controller vs fixed ratio on the shift workload (dashed: prefill-heavy -> decode-heavy; "
-                       f"green: moves); 2nd-half attainment fixed {result['fixed']['attainment_second_half']:.0%}, "
-                       f"controller {result['controller']['attainment_second_half']:.0%}", fontsize=9)
+    roles_ax.set_title(
+        f"controller vs fixed ratio on the shift workload (dashed: prefill-heavy -> decode-heavy; "
+        f"green: moves); 2nd-half attainment fixed {result['fixed']['attainment_second_half']:.0%}, "
+        f"controller {result['controller']['attainment_second_half']:.0%}",
+        fontsize=9,
+    )
     save(fig, path)

@@ -42,8 +42,7 @@ MS = 1e3
 DEFAULT_PROMPT_LENS = (256, 512, 1024, 2048)
 DEFAULT_GBPS = (2.0, 0.5, 0.25, 0.15, 0.1, 0.07, 0.05)
 DEFAULT_CHUNK_TOKENS = 512
-QUICK = {"model": "tiny", "prompt_lens": [512, 1024], "gbps": [0.03], "repeats": 2,
-         "background_tokens": 400}
+QUICK = {"model": "tiny", "prompt_lens": [512, 1024], "gbps": [0.03], "repeats": 2, "background_tokens": 400}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,13 +51,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(max_num_batched_tokens=DEFAULT_CHUNK_TOKENS)
     g = parser.add_argument_group("crossover")
     g.add_argument("--prompt-lens", type=int, nargs="+", default=list(DEFAULT_PROMPT_LENS))
-    g.add_argument("--gbps", type=float, nargs="+", default=list(DEFAULT_GBPS),
-                   help="KV link bandwidths of the sweep, Gbit/s (default: %(default)s)")
+    g.add_argument(
+        "--gbps",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_GBPS),
+        help="KV link bandwidths of the sweep, Gbit/s (default: %(default)s)",
+    )
     g.add_argument("--repeats", type=int, default=5, help="probes per prompt length and link (median)")
-    g.add_argument("--link-method", choices=["auto", "netns", "bucket"], default="auto",
-                   help="starve the KV link with a tc-shaped veth between namespaces (one cluster, reshaped "
-                        "between probes; needs root) or the transports' token bucket (a cluster per bandwidth); "
-                        "auto: netns where possible (default)")
+    g.add_argument(
+        "--link-method",
+        choices=["auto", "netns", "bucket"],
+        default="auto",
+        help="starve the KV link with a tc-shaped veth between namespaces (one cluster, reshaped "
+        "between probes; needs root) or the transports' token bucket (a cluster per bandwidth); "
+        "auto: netns where possible (default)",
+    )
     g.add_argument("--background-tokens", type=int, default=1024, help="length of the decode stream")
     g.add_argument("--num-layers", type=int, default=None, help="layers of the model (default: read from --model)")
     g.add_argument("--tokenizer", default=None, help="as for the other experiments (default: from --model)")
@@ -70,9 +78,15 @@ def _server(args: argparse.Namespace) -> ServerOptions:
     max_len = -(-max_len // options.BLOCK_ALIGN) * options.BLOCK_ALIGN
     # room for the longest probe beside the decode stream, and no more: several deployments are up at once
     num_blocks = args.num_blocks or 2 * max_len // options.BLOCK_ALIGN + options.BLOCK_ALIGN
-    return ServerOptions(model=args.model, torch_threads=args.torch_threads, max_model_len=max_len,
-                         num_blocks=num_blocks, max_num_batched_tokens=args.max_num_batched_tokens,
-                         transport=args.transport, extra_flags=tuple(args.server_flag))
+    return ServerOptions(
+        model=args.model,
+        torch_threads=args.torch_threads,
+        max_model_len=max_len,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        transport=args.transport,
+        extra_flags=tuple(args.server_flag),
+    )
 
 
 def _link_method(args: argparse.Namespace) -> str:
@@ -81,8 +95,9 @@ def _link_method(args: argparse.Namespace) -> str:
     return "netns" if unavailable_reason() is None else "bucket"
 
 
-def _measure_links(args: argparse.Namespace, builder, server: ServerOptions, bandwidths: list[float],
-                   base_url: str, method: str) -> ExtraTtft:
+def _measure_links(
+    args: argparse.Namespace, builder, server: ServerOptions, bandwidths: list[float], base_url: str, method: str
+) -> ExtraTtft:
     """Extra TTFT per bandwidth against the unlimited `base_url`, by `method`."""
     timeout = args.request_timeout_s
     guard = QuietGuard(args.max_foreign_cpu, args.quiet_wait_s, args.max_reruns)
@@ -90,22 +105,44 @@ def _measure_links(args: argparse.Namespace, builder, server: ServerOptions, ban
         with ShapedLink() as link, Processes() as processes:
             url = start_netns_cluster(processes, link, server).urls[0]
             links = [Link(g, url, lambda g=g: link.set_rate(g)) for g in bandwidths]
-            return asyncio.run(extra_ttft(Link(None, url, link.unshape), links, args.prompt_lens, args.repeats,
-                                          builder, "netns", timeout, guard))
+            return asyncio.run(
+                extra_ttft(
+                    Link(None, url, link.unshape),
+                    links,
+                    args.prompt_lens,
+                    args.repeats,
+                    builder,
+                    "netns",
+                    timeout,
+                    guard,
+                )
+            )
     merged: dict[float, list[float]] = {}
     baselines, kv = [], []
     for g in bandwidths:  # the token bucket is set at start: one cluster per bandwidth, beside the unlimited one
         with Processes() as processes:
             url = start_disaggregated(processes, server, link_gbps=g).urls[0]
-            measured = asyncio.run(extra_ttft(Link(None, base_url, lambda: None), [Link(g, url, lambda: None)],
-                                              args.prompt_lens, args.repeats, builder, f"bucket-{g:g}", timeout,
-                                              guard))
+            measured = asyncio.run(
+                extra_ttft(
+                    Link(None, base_url, lambda: None),
+                    [Link(g, url, lambda: None)],
+                    args.prompt_lens,
+                    args.repeats,
+                    builder,
+                    f"bucket-{g:g}",
+                    timeout,
+                    guard,
+                )
+            )
         merged[g] = measured.extra_s[g]
         baselines.append(measured.baseline_ttft_s)
         kv.append(measured.kv_bytes)
     per_len = range(len(args.prompt_lens))
-    return ExtraTtft(merged, [statistics.median(b[i] for b in baselines) for i in per_len],
-                     [next((k[i] for k in kv if k[i]), None) for i in per_len])
+    return ExtraTtft(
+        merged,
+        [statistics.median(b[i] for b in baselines) for i in per_len],
+        [next((k[i] for k in kv if k[i]), None) for i in per_len],
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -120,15 +157,37 @@ def run(args: argparse.Namespace) -> dict:
     with Processes() as references:  # the colocated instance and the unlimited pair stay up throughout
         colocated = start_colocated(references, server, 1, "separate").urls[0]
         unlimited = start_disaggregated(references, server).urls[0]
-        coloc = asyncio.run(interference(colocated, args.prompt_lens, args.repeats, builder, args.background_tokens,
-                                         args.request_timeout_s,
-                                         QuietGuard(args.max_foreign_cpu, args.quiet_wait_s, args.max_reruns)))
+        coloc = asyncio.run(
+            interference(
+                colocated,
+                args.prompt_lens,
+                args.repeats,
+                builder,
+                args.background_tokens,
+                args.request_timeout_s,
+                QuietGuard(args.max_foreign_cpu, args.quiet_wait_s, args.max_reruns),
+            )
+        )
         links = _measure_links(args, builder, server, bandwidths, unlimited, method)
-    result = {"model": args.model, "num_layers": layers, "torch_threads": args.torch_threads,
-              "chunk_tokens": args.max_num_batched_tokens, "repeats": args.repeats, "link_gbps": bandwidths,
-              "link_method": method, "prompt_len": list(args.prompt_lens), "crossover_gbps_measured": [],
-              "crossover_gbps_model": [], "interference_ms": [], "interference_model_ms": [], "prefill_ms": [],
-              "decode_gap_ms": [], "colocated_ttft_ms": [], "kv_bytes": links.kv_bytes, "extra_ttft_ms": {}}
+    result = {
+        "model": args.model,
+        "num_layers": layers,
+        "torch_threads": args.torch_threads,
+        "chunk_tokens": args.max_num_batched_tokens,
+        "repeats": args.repeats,
+        "link_gbps": bandwidths,
+        "link_method": method,
+        "prompt_len": list(args.prompt_lens),
+        "crossover_gbps_measured": [],
+        "crossover_gbps_model": [],
+        "interference_ms": [],
+        "interference_model_ms": [],
+        "prefill_ms": [],
+        "decode_gap_ms": [],
+        "colocated_ttft_ms": [],
+        "kv_bytes": links.kv_bytes,
+        "extra_ttft_ms": {},
+    }
     for i, n in enumerate(args.prompt_lens):
         stall, gap, prefill = coloc.stall_s[i], coloc.decode_gap_s[i], links.baseline_ttft_s[i]
         extra = [links.extra_s[g][i] for g in bandwidths]
@@ -143,24 +202,31 @@ def run(args: argparse.Namespace) -> dict:
         result["colocated_ttft_ms"].append(coloc.ttft_s[i] * MS)
         result["extra_ttft_ms"][str(n)] = [t * MS for t in extra]
     result["foreign_cpu"] = foreign.share()
-    result["model_over_measured"] = [m / x if m and x else None for m, x in
-                                     zip(result["crossover_gbps_model"], result["crossover_gbps_measured"])]
+    result["model_over_measured"] = [
+        m / x if m and x else None for m, x in zip(result["crossover_gbps_model"], result["crossover_gbps_measured"])
+    ]
     return result
 
 
 def print_table(result: dict) -> None:
-    print(f"crossover: model {result['model']} ({result['num_layers']} layers), {result['torch_threads']} thread(s) "
-          f"per instance, prefill chunk {result['chunk_tokens']} tokens, median of {result['repeats']} probes")
-    print(f"{'prompt':>6} {'KV MiB':>7} {'prefill':>8} {'interf.':>8} {'model':>7} {'crossover measured':>19} "
-          f"{'model':>7} {'model/meas.':>11}")
+    print(
+        f"crossover: model {result['model']} ({result['num_layers']} layers), {result['torch_threads']} thread(s) "
+        f"per instance, prefill chunk {result['chunk_tokens']} tokens, median of {result['repeats']} probes"
+    )
+    print(
+        f"{'prompt':>6} {'KV MiB':>7} {'prefill':>8} {'interf.':>8} {'model':>7} {'crossover measured':>19} "
+        f"{'model':>7} {'model/meas.':>11}"
+    )
     for i, n in enumerate(result["prompt_len"]):
         measured, modelled = result["crossover_gbps_measured"][i], result["crossover_gbps_model"][i]
         ratio = result["model_over_measured"][i]
         kv = result["kv_bytes"][i]
-        print(f"{n:>6} {'-' if kv is None else f'{kv / 2**20:.2f}':>7} {result['prefill_ms'][i]:>6.0f}ms "
-              f"{result['interference_ms'][i]:>6.0f}ms {result['interference_model_ms'][i]:>5.0f}ms "
-              f"{'not reached' if measured is None else f'{measured:.3f} Gbit/s':>19} "
-              f"{'-' if modelled is None else f'{modelled:.3f}':>7} {'-' if ratio is None else f'{ratio:.2f}':>11}")
+        print(
+            f"{n:>6} {'-' if kv is None else f'{kv / 2**20:.2f}':>7} {result['prefill_ms'][i]:>6.0f}ms "
+            f"{result['interference_ms'][i]:>6.0f}ms {result['interference_model_ms'][i]:>5.0f}ms "
+            f"{'not reached' if measured is None else f'{measured:.3f} Gbit/s':>19} "
+            f"{'-' if modelled is None else f'{modelled:.3f}':>7} {'-' if ratio is None else f'{ratio:.2f}':>11}"
+        )
     print(f"other jobs used {result['foreign_cpu']:.0%} of the machine meanwhile")
     print("extra TTFT over an unlimited link (ms) per bandwidth " + " ".join(f"{g:g}" for g in result["link_gbps"]))
     for n, extra in result["extra_ttft_ms"].items():

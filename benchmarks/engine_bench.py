@@ -15,8 +15,9 @@
 
 Ratios are medians of per-repeat ratios, each repeat measuring both sides back to back, so
 drift on a shared machine hits both alike; every figure is also given by this process's CPU
-time (`*_cpu`), which other jobs on the machine do not inflate the way they inflate wall time. Everything runs on one engine compute thread per
-engine, with `--torch-threads` threads (default: minipd's placement, one core left over).
+time (`*_cpu`), which other jobs on the machine do not inflate the way they inflate wall
+time. Everything runs on one engine compute thread per engine, with `--torch-threads`
+threads (default: minipd's placement, one core left over).
 """
 
 from __future__ import annotations
@@ -26,25 +27,34 @@ import asyncio
 import math
 import statistics
 
-from minipd.engine.engine import Engine, EngineConfig
-from minipd.workload.lengths import LengthDist
-
 from benchmarks import engine_decode, engine_serving
 from benchmarks.baseline_plots import plot_engine as plot  # noqa: F401 (bench.py --plot)
+from minipd.engine.engine import Engine, EngineConfig
+from minipd.workload.lengths import LengthDist
 
 BF16_BATCH = 8
 PARTS = ("serving", "decode", "dtype")  # 1., 2. and 3. above
 TARGETS = {"speedup_vs_hf_static": 3.0, "overhead_vs_raw": 1.1, "ratio_to_floor": 1.5, "bf16_speedup": 2.0}
-QUICK = {"num_requests": 8, "prompt_len": "uniform:16:64", "output_len": "uniform:4:16", "decode_prompt_len": 32,
-         "decode_output_len": 8, "repeats": 1}
+QUICK = {
+    "num_requests": 8,
+    "prompt_len": "uniform:16:64",
+    "output_len": "uniform:4:16",
+    "decode_prompt_len": 32,
+    "decode_output_len": 8,
+    "repeats": 1,
+}
 BLOCK_SIZE = 16
 MS = 1e3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="smollm2", help="model for every part (default: %(default)s)")
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
-                        help="dtype of the serving and decode-step parts (default: %(default)s)")
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float32", "float16"],
+        help="dtype of the serving and decode-step parts (default: %(default)s)",
+    )
     parser.add_argument("--num-requests", type=int, default=64)
     parser.add_argument("--prompt-len", default="uniform:32:512", help="prompt lengths (default: %(default)s)")
     parser.add_argument("--output-len", default="uniform:16:256", help="output lengths (default: %(default)s)")
@@ -55,23 +65,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-output-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the decode parts (default: 3)")
     parser.add_argument("--torch-threads", type=int, default=None, help="(default: minipd's placement)")
-    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
-                        help="which parts to run (default: all)")
+    parser.add_argument(
+        "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="which parts to run (default: all)"
+    )
     parser.add_argument("--quick", action="store_true", help="a short smoke run (small workload, one repeat)")
 
 
 def _engine(args: argparse.Namespace, dtype: str, num_seqs: int, max_len: int) -> Engine:
     blocks_per_seq = -(-max_len // BLOCK_SIZE)
-    return Engine(EngineConfig(model=args.model, dtype=dtype, block_size=BLOCK_SIZE,
-                               num_blocks=num_seqs * blocks_per_seq + 1, max_model_len=max_len,
-                               max_num_seqs=num_seqs, enable_prefix_caching=False, torch_threads=args.torch_threads))
+    return Engine(
+        EngineConfig(
+            model=args.model,
+            dtype=dtype,
+            block_size=BLOCK_SIZE,
+            num_blocks=num_seqs * blocks_per_seq + 1,
+            max_model_len=max_len,
+            max_num_seqs=num_seqs,
+            enable_prefix_caching=False,
+            torch_threads=args.torch_threads,
+        )
+    )
 
 
 async def _decode_part(args: argparse.Namespace, engine: Engine, fp32: Engine | None) -> dict:
     vocab = engine.model_config.vocab_size
     n_bytes = engine.run_on_compute_thread(engine_decode.weight_bytes, engine.model)
     rows: dict[int, dict[str, list[engine_decode.Timing]]] = {
-        b: {"engine": [], "raw": [], "floor": []} for b in args.decode_batches}
+        b: {"engine": [], "raw": [], "floor": []} for b in args.decode_batches
+    }
     speed: dict[str, list[engine_decode.Timing]] = {"bf16": [], "fp32": []}
     length = args.decode_output_len
     batches = args.decode_batches if "decode" in args.parts else []
@@ -122,10 +143,18 @@ def run(args: argparse.Namespace) -> dict:
             setattr(args, name, value)
     prompt_len, output_len = LengthDist.parse(args.prompt_len), LengthDist.parse(args.output_len)
     max_len = max(prompt_len.high + output_len.high, args.decode_prompt_len + args.decode_output_len) + BLOCK_SIZE
-    result: dict = {"model": args.model, "dtype": args.dtype, "num_requests": args.num_requests,
-                    "prompt_len": args.prompt_len, "output_len": args.output_len, "hf_batch": args.hf_batch,
-                    "decode_prompt_len": args.decode_prompt_len, "decode_output_len": args.decode_output_len,
-                    "repeats": args.repeats, "targets": TARGETS}
+    result: dict = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "num_requests": args.num_requests,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "hf_batch": args.hf_batch,
+        "decode_prompt_len": args.decode_prompt_len,
+        "decode_output_len": args.decode_output_len,
+        "repeats": args.repeats,
+        "targets": TARGETS,
+    }
 
     async def measure() -> None:
         num_seqs = max(args.num_requests, *args.decode_batches)
@@ -145,15 +174,20 @@ def run(args: argparse.Namespace) -> dict:
                 if fp32 is not None:
                     await fp32.close()
             if "serving" in args.parts:
-                requests = engine_serving.make_requests(args.num_requests, prompt_len, output_len,
-                                                        engine.model_config.vocab_size, args.seed)
+                requests = engine_serving.make_requests(
+                    args.num_requests, prompt_len, output_len, engine.model_config.vocab_size, args.seed
+                )
                 ours = await engine_serving.engine_tok_s(engine, requests)
                 model = engine.run_on_compute_thread(engine_serving.hf_model, engine)
                 theirs = engine.run_on_compute_thread(engine_serving.hf_static_tok_s, model, requests, args.hf_batch)
-                result.update(serving_tok_s=ours.tok_s, hf_static_tok_s=theirs.tok_s,
-                              speedup_vs_hf_static=ours.tok_s / theirs.tok_s, serving_cpu_tok_s=ours.cpu_tok_s,
-                              hf_static_cpu_tok_s=theirs.cpu_tok_s,
-                              speedup_vs_hf_static_cpu=ours.cpu_tok_s / theirs.cpu_tok_s)
+                result.update(
+                    serving_tok_s=ours.tok_s,
+                    hf_static_tok_s=theirs.tok_s,
+                    speedup_vs_hf_static=ours.tok_s / theirs.tok_s,
+                    serving_cpu_tok_s=ours.cpu_tok_s,
+                    hf_static_cpu_tok_s=theirs.cpu_tok_s,
+                    speedup_vs_hf_static_cpu=ours.cpu_tok_s / theirs.cpu_tok_s,
+                )
 
     asyncio.run(measure())
     if "decode" in result:
@@ -174,42 +208,64 @@ def print_table(result: dict) -> None:
     t = result["targets"]
     print(f"engine benchmark, model={result['model']}, {result['dtype']}, {result['placement']}")
     if "serving_tok_s" in result:
-        print(f"serving: {result['num_requests']} requests, prompts {result['prompt_len']}, outputs "
-              f"{result['output_len']}, EOS ignored")
+        print(
+            f"serving: {result['num_requests']} requests, prompts {result['prompt_len']}, outputs "
+            f"{result['output_len']}, EOS ignored"
+        )
         print(f"  {'':36} {'tok/s':>8} {'tok/CPU-s':>10}")
-        print(f"  {'minipd engine (continuous batching)':36} {result['serving_tok_s']:8.1f} "
-              f"{result['serving_cpu_tok_s']:10.1f}")
-        print(f"  {'HF generate, static batches of ' + str(result['hf_batch']):36} {result['hf_static_tok_s']:8.1f} "
-              f"{result['hf_static_cpu_tok_s']:10.1f}")
-        print(f"  speedup_vs_hf_static {result['speedup_vs_hf_static']:.2f}x "
-              f"{_verdict(result['speedup_vs_hf_static'], t['speedup_vs_hf_static'], True)}; "
-              f"per CPU second {result['speedup_vs_hf_static_cpu']:.2f}x")
+        print(
+            f"  {'minipd engine (continuous batching)':36} {result['serving_tok_s']:8.1f} "
+            f"{result['serving_cpu_tok_s']:10.1f}"
+        )
+        print(
+            f"  {'HF generate, static batches of ' + str(result['hf_batch']):36} {result['hf_static_tok_s']:8.1f} "
+            f"{result['hf_static_cpu_tok_s']:10.1f}"
+        )
+        print(
+            f"  speedup_vs_hf_static {result['speedup_vs_hf_static']:.2f}x "
+            f"{_verdict(result['speedup_vs_hf_static'], t['speedup_vs_hf_static'], True)}; "
+            f"per CPU second {result['speedup_vs_hf_static_cpu']:.2f}x"
+        )
     if "decode" in result:
         _print_decode(result)
     if "bf16_speedup" in result:
-        print(f"bf16 vs fp32 decode at batch {BF16_BATCH}: {result['bf16_tok_s']:.1f} vs {result['fp32_tok_s']:.1f} "
-              f"tok/s, bf16_speedup {result['bf16_speedup']:.2f}x (by CPU time {result['bf16_speedup_cpu']:.2f}x) "
-              f"{_verdict(result['bf16_speedup'], t['bf16_speedup'], True)}")
+        print(
+            f"bf16 vs fp32 decode at batch {BF16_BATCH}: {result['bf16_tok_s']:.1f} vs {result['fp32_tok_s']:.1f} "
+            f"tok/s, bf16_speedup {result['bf16_speedup']:.2f}x (by CPU time {result['bf16_speedup_cpu']:.2f}x) "
+            f"{_verdict(result['bf16_speedup'], t['bf16_speedup'], True)}"
+        )
     if not all(math.isfinite(v) for v in _numbers(result)):
         print("warning: some figures are not finite")
 
 
 def _print_decode(result: dict) -> None:
     t = result["targets"]
-    print(f"decode step (prompt {result['decode_prompt_len']}, {result['decode_output_len']} tokens), weights "
-          f"{result['weight_bytes'] / 1e6:.0f} MB, memcpy {result['memcpy_gbps']:.1f} Gbit/s; wall ms (CPU ms):")
-    print(f"  {'batch':>5} {'engine':>15} {'raw loop':>15} {'floor':>15} {'engine/raw':>12} {'engine/floor':>12} "
-          f"{'raw/floor':>11}")
+    print(
+        f"decode step (prompt {result['decode_prompt_len']}, {result['decode_output_len']} tokens), weights "
+        f"{result['weight_bytes'] / 1e6:.0f} MB, memcpy {result['memcpy_gbps']:.1f} Gbit/s; wall ms (CPU ms):"
+    )
+    print(
+        f"  {'batch':>5} {'engine':>15} {'raw loop':>15} {'floor':>15} {'engine/raw':>12} {'engine/floor':>12} "
+        f"{'raw/floor':>11}"
+    )
     for b, d in result["decode"].items():
         cells = [f"{d[f'{n}_ms']:.1f} ({d[f'{n}_cpu_ms']:.1f})" for n in ("engine_step", "raw_step", "floor")]
-        ratios = [f"{d[n]:.2f} ({d[n + '_cpu']:.2f})" for n in ("overhead_vs_raw", "ratio_to_floor", "raw_ratio_to_floor")]
+        ratios = [
+            f"{d[n]:.2f} ({d[n + '_cpu']:.2f})" for n in ("overhead_vs_raw", "ratio_to_floor", "raw_ratio_to_floor")
+        ]
         print(f"  {b:>5} {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} {ratios[0]:>12} {ratios[1]:>12} {ratios[2]:>11}")
-    print(f"  overhead_vs_raw (worst batch) {result['overhead_vs_raw']:.3f}, by CPU time "
-          f"{result['overhead_vs_raw_cpu']:.3f} {_verdict(result['overhead_vs_raw'], t['overhead_vs_raw'], False)}")
-    print("  engine CPU per step / its own forward passes' CPU: "
-          + ", ".join(f"batch {b} {d['engine_vs_its_forward_cpu']:.3f}" for b, d in result["decode"].items()))
-    print(f"  ratio_to_floor (batch {result['ratio_to_floor_batch']}) {result['ratio_to_floor']:.2f}, by CPU time "
-          f"{result['ratio_to_floor_cpu']:.2f} {_verdict(result['ratio_to_floor'], t['ratio_to_floor'], False)}")
+    print(
+        f"  overhead_vs_raw (worst batch) {result['overhead_vs_raw']:.3f}, by CPU time "
+        f"{result['overhead_vs_raw_cpu']:.3f} {_verdict(result['overhead_vs_raw'], t['overhead_vs_raw'], False)}"
+    )
+    print(
+        "  engine CPU per step / its own forward passes' CPU: "
+        + ", ".join(f"batch {b} {d['engine_vs_its_forward_cpu']:.3f}" for b, d in result["decode"].items())
+    )
+    print(
+        f"  ratio_to_floor (batch {result['ratio_to_floor_batch']}) {result['ratio_to_floor']:.2f}, by CPU time "
+        f"{result['ratio_to_floor_cpu']:.2f} {_verdict(result['ratio_to_floor'], t['ratio_to_floor'], False)}"
+    )
 
 
 def _numbers(value) -> list[float]:

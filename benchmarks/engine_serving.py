@@ -34,11 +34,14 @@ class ServingRequest(NamedTuple):
     output_len: int
 
 
-def make_requests(num_requests: int, prompt_len: LengthDist, output_len: LengthDist, vocab_size: int,
-                  seed: int) -> list[ServingRequest]:
+def make_requests(
+    num_requests: int, prompt_len: LengthDist, output_len: LengthDist, vocab_size: int, seed: int
+) -> list[ServingRequest]:
     rng = random.Random(seed)
-    return [ServingRequest([rng.randrange(vocab_size) for _ in range(prompt_len.sample(rng))], output_len.sample(rng))
-            for _ in range(num_requests)]
+    return [
+        ServingRequest([rng.randrange(vocab_size) for _ in range(prompt_len.sample(rng))], output_len.sample(rng))
+        for _ in range(num_requests)
+    ]
 
 
 class Throughput(NamedTuple):
@@ -71,11 +74,21 @@ def hf_model(engine: Engine):
 
     c = engine.model_config
     hf_config = transformers.LlamaConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads,
-        head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
-        rope_theta=c.rope_theta, tie_word_embeddings=c.tie_word_embeddings, bos_token_id=c.bos_token_id,
-        eos_token_id=list(c.eos_token_ids), pad_token_id=0)
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        rope_theta=c.rope_theta,
+        tie_word_embeddings=c.tie_word_embeddings,
+        bos_token_id=c.bos_token_id,
+        eos_token_id=list(c.eos_token_ids),
+        pad_token_id=0,
+    )
     if c.rope_scaling is not None:
         raise ValueError("the HF comparison builds a plain Llama config: models with rope_scaling are not supported")
     model = transformers.LlamaForCausalLM(hf_config).eval()
@@ -91,14 +104,20 @@ def hf_static_tok_s(model, requests: list[ServingRequest], batch: int, pad_id: i
     start, cpu_start = time.perf_counter(), time.process_time()
     useful = 0
     for i in range(0, len(requests), batch):
-        group = requests[i:i + batch]
+        group = requests[i : i + batch]
         width = max(len(r.prompt) for r in group)
         ids = torch.tensor([[pad_id] * (width - len(r.prompt)) + r.prompt for r in group], device=model.device)
         mask = torch.tensor([[0] * (width - len(r.prompt)) + [1] * len(r.prompt) for r in group], device=model.device)
         new_tokens = max(r.output_len for r in group)
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                 do_sample=False, pad_token_id=pad_id)
+            out = model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+            )
         if out.shape[1] != width + new_tokens:
             raise RuntimeError("generate stopped early")
         useful += sum(r.output_len for r in group)

@@ -40,24 +40,48 @@ DEFAULT_GBPS = (10.0, 2.0, 1.0, 0.5, 0.3, 0.2, 0.15, 0.1, 0.07, 0.05)
 DEFAULT_RATE = 0.4
 DEFAULT_NUM_PROMPTS = 24
 DEFAULT_SLO = ["ttft:1500"]
-QUICK = {"model": "tiny", "gbps": [1.0, 0.005], "prompt_len": LengthDist.uniform(1024, 1536),
-         "output_len": LengthDist.fixed(4), "request_rate": 2.0, "num_prompts": 6, "goodput": ["ttft:500"]}
+QUICK = {
+    "model": "tiny",
+    "gbps": [1.0, 0.005],
+    "prompt_len": LengthDist.uniform(1024, 1536),
+    "output_len": LengthDist.fixed(4),
+    "request_rate": 2.0,
+    "num_prompts": 6,
+    "goodput": ["ttft:500"],
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_workload_arguments(parser)
     options.add_client_arguments(parser)
     options.add_server_arguments(parser)
-    options.add_slo_arguments(parser, "--goodput", DEFAULT_SLO,
-                              "the SLO judged at each bandwidth, vllm bench serve syntax (default: %(default)s)")
+    options.add_slo_arguments(
+        parser,
+        "--goodput",
+        DEFAULT_SLO,
+        "the SLO judged at each bandwidth, vllm bench serve syntax (default: %(default)s)",
+    )
     g = parser.add_argument_group("link")
-    g.add_argument("--gbps", type=float, nargs="+", default=list(DEFAULT_GBPS),
-                   help="KV link bandwidths to run, Gbit/s (default: %(default)s)")
+    g.add_argument(
+        "--gbps",
+        type=float,
+        nargs="+",
+        default=list(DEFAULT_GBPS),
+        help="KV link bandwidths to run, Gbit/s (default: %(default)s)",
+    )
     g.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
-    g.add_argument("--netns-delay-ms", type=float, default=0.0,
-                   help="one-way delay of the shaped veth (netem; refused where the kernel lacks it)")
-    g.add_argument("--stop-below", type=float, default=DEFAULT_STOP_BELOW,
-                   help="stop starving once attainment is below this (default: %(default)s)")
+    g.add_argument(
+        "--netns-delay-ms",
+        type=float,
+        default=0.0,
+        help="one-way delay of the shaped veth (netem; refused where the kernel lacks it)",
+    )
+    g.add_argument(
+        "--stop-below",
+        type=float,
+        default=DEFAULT_STOP_BELOW,
+        help="stop starving once attainment is below this (default: %(default)s)",
+    )
 
 
 def _run_point(urls: list[str], specs, builder, tag: str, config) -> tuple[Measured, float | None]:
@@ -71,8 +95,14 @@ def _run_point(urls: list[str], specs, builder, tag: str, config) -> tuple[Measu
 
 def _sweep(method: str, args: argparse.Namespace, specs_at, builder, server, slo) -> dict:
     config = options.runner_config(args)
-    rows: dict[str, list] = {"link_gbps": [], "p90_ttft_ms": [], "attainment": [], "kv_bytes_per_request": [],
-                             "num_failed": [], "foreign_cpu": []}
+    rows: dict[str, list] = {
+        "link_gbps": [],
+        "p90_ttft_ms": [],
+        "attainment": [],
+        "kv_bytes_per_request": [],
+        "num_failed": [],
+        "foreign_cpu": [],
+    }
     extra: dict = {}
 
     def record(gbps: float, measured: Measured, kv_bytes: float | None) -> bool:
@@ -106,9 +136,16 @@ def _sweep(method: str, args: argparse.Namespace, specs_at, builder, server, slo
         extra["launch"] = deployment.launch
         extra["delay_ms"] = args.netns_delay_ms
     threshold = bandwidth_threshold(rows["link_gbps"], rows["attainment"])
-    return {"method": method, **rows, **extra, "threshold_gbps": threshold.gbps,
-            "last_passing_gbps": threshold.last_passing_gbps, "first_failing_gbps": threshold.first_failing_gbps,
-            "never_fails": threshold.never_fails, "always_fails": threshold.always_fails}
+    return {
+        "method": method,
+        **rows,
+        **extra,
+        "threshold_gbps": threshold.gbps,
+        "last_passing_gbps": threshold.last_passing_gbps,
+        "first_failing_gbps": threshold.first_failing_gbps,
+        "never_fails": threshold.never_fails,
+        "always_fails": threshold.always_fails,
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -124,9 +161,16 @@ def run(args: argparse.Namespace) -> dict:
         return options.workload(args, process, num, builder, seed_offset=run_number)
 
     server = options.server_options(args, [s for i in range(len(args.gbps)) for s in specs_at(i)])
-    result = {"model": args.model, "workload": args.dataset or args.workload, "request_rate": args.request_rate,
-              "num_prompts": num, "slo": msgspec.to_builtins(slo), "torch_threads": args.torch_threads,
-              "methods": {}, "skipped": {}}
+    result = {
+        "model": args.model,
+        "workload": args.dataset or args.workload,
+        "request_rate": args.request_rate,
+        "num_prompts": num,
+        "slo": msgspec.to_builtins(slo),
+        "torch_threads": args.torch_threads,
+        "methods": {},
+        "skipped": {},
+    }
     for method in args.methods:
         reason = unavailable_reason() if method == "netns" else None
         if reason is not None:
@@ -139,24 +183,32 @@ def run(args: argparse.Namespace) -> dict:
 
 def print_table(result: dict) -> None:
     slo = " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in result["slo"].items())
-    print(f"linkbw: model {result['model']}, {result['workload']} at {result['request_rate']:g} req/s, "
-          f"{result['num_prompts']} requests per bandwidth, SLO {slo}")
-    print(f"{'method':>7} {'Gbit/s':>7} {'KV MiB/req':>10} {'P90 TTFT':>9} {'attainment':>10} {'failed':>6} "
-          f"{'other jobs':>10}")
+    print(
+        f"linkbw: model {result['model']}, {result['workload']} at {result['request_rate']:g} req/s, "
+        f"{result['num_prompts']} requests per bandwidth, SLO {slo}"
+    )
+    print(
+        f"{'method':>7} {'Gbit/s':>7} {'KV MiB/req':>10} {'P90 TTFT':>9} {'attainment':>10} {'failed':>6} "
+        f"{'other jobs':>10}"
+    )
     for method, m in result["methods"].items():
         for i, gbps in enumerate(m["link_gbps"]):
             kv = m["kv_bytes_per_request"][i]
-            print(f"{method:>7} {gbps:>7.3g} {'-' if kv is None else f'{kv / 2**20:.1f}':>10} "
-                  f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['attainment'][i]:>10.0%} {m['num_failed'][i]:>6} "
-                  f"{m['foreign_cpu'][i]:>10.0%}")
+            print(
+                f"{method:>7} {gbps:>7.3g} {'-' if kv is None else f'{kv / 2**20:.1f}':>10} "
+                f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['attainment'][i]:>10.0%} {m['num_failed'][i]:>6} "
+                f"{m['foreign_cpu'][i]:>10.0%}"
+            )
     for method, m in result["methods"].items():
         if m["never_fails"]:
             verdict = f"the SLO holds down to {m['last_passing_gbps']:g} Gbit/s (starve further to see it fail)"
         elif m["always_fails"]:
             verdict = f"the SLO fails even at {m['first_failing_gbps']:g} Gbit/s"
         else:
-            verdict = (f"the TTFT SLO fails below {m['threshold_gbps']:.3g} Gbit/s (holds at "
-                       f"{m['last_passing_gbps']:g}, fails at {m['first_failing_gbps']:g})")
+            verdict = (
+                f"the TTFT SLO fails below {m['threshold_gbps']:.3g} Gbit/s (holds at "
+                f"{m['last_passing_gbps']:g}, fails at {m['first_failing_gbps']:g})"
+            )
         print(f"{method}: {verdict}")
     for method, reason in result["skipped"].items():
         print(f"{method}: skipped ({reason})")
@@ -168,8 +220,13 @@ def plot(result: dict, path: str) -> None:
         ttft_ax.plot(m["link_gbps"], m["p90_ttft_ms"], marker="o", label=method)
         att_ax.plot(m["link_gbps"], m["attainment"], marker="o", label=method)
         if m["threshold_gbps"] is not None:
-            att_ax.axvline(m["threshold_gbps"], linestyle=":", linewidth=1, color=att_ax.lines[-1].get_color(),
-                           label=f"{method}: fails below {m['threshold_gbps']:.2g}")
+            att_ax.axvline(
+                m["threshold_gbps"],
+                linestyle=":",
+                linewidth=1,
+                color=att_ax.lines[-1].get_color(),
+                label=f"{method}: fails below {m['threshold_gbps']:.2g}",
+            )
     slo_line(ttft_ax, result["slo"].get("ttft_ms"), "TTFT SLO")
     att_ax.axhline(0.9, color="grey", linestyle="--", linewidth=1, label="90% target")
     ttft_ax.set_ylabel("P90 TTFT (ms)")

@@ -29,8 +29,11 @@ import time
 
 from benchmarks.baseline_plots import plot_neighbour as plot  # noqa: F401 (bench.py --plot)
 
-MODES = {"placement": [], "pinned": ["--cpus", str(max(os.sched_getaffinity(0)))],
-         "torch-default": ["--no-cpu-placement"]}
+MODES = {
+    "placement": [],
+    "pinned": ["--cpus", str(max(os.sched_getaffinity(0)))],
+    "torch-default": ["--no-cpu-placement"],
+}
 TARGET_RATIO = 1.5
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 120.0
@@ -40,13 +43,18 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ITL_LINE = re.compile(r"TTFT ([\d.]+) ms, ITL mean ([\d.]+) ms, p50 ([\d.]+) ms")
 PROMPT = "The quick brown fox jumps over the lazy dog; the decoder keeps going for a while after it."
 
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="model of the instance (default: %(default)s)")
     parser.add_argument("--modes", nargs="+", choices=list(MODES), default=["placement", "torch-default"])
     parser.add_argument("--output-len", type=int, default=64, help="tokens per request (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=7, help="quiet/noisy pairs per mode (default: %(default)s)")
-    parser.add_argument("--neighbour-cpu", type=int, default=None,
-                        help="pin the neighbour to this core (default: wherever the OS puts it)")
+    parser.add_argument(
+        "--neighbour-cpu",
+        type=int,
+        default=None,
+        help="pin the neighbour to this core (default: wherever the OS puts it)",
+    )
     parser.add_argument("--quick", action="store_true", help="a short smoke run (3 pairs of 16 tokens)")
 
 
@@ -54,11 +62,27 @@ class Instance:
     """A `minipd --role both` process answering one stdin prompt at a time."""
 
     def __init__(self, model: str, output_len: int, extra: list[str]):
-        argv = [sys.executable, "-m", "minipd", "--role", "both", "--model", model, "--max-tokens", str(output_len),
-                "--ignore-eos", "--max-model-len", "512", "--num-blocks", "64", *extra]
+        argv = [
+            sys.executable,
+            "-m",
+            "minipd",
+            "--role",
+            "both",
+            "--model",
+            model,
+            "--max-tokens",
+            str(output_len),
+            "--ignore-eos",
+            "--max-model-len",
+            "512",
+            "--num-blocks",
+            "64",
+            *extra,
+        ]
         env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}  # each mode sets its own
-        self.process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, bufsize=1, env=env)
+        self.process = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1, env=env
+        )
         self._stdout, self._stderr = _lines(self.process.stdout), _lines(self.process.stderr)
         self.placement = self._read_placement()
 
@@ -96,6 +120,7 @@ def _lines(stream) -> queue.Queue:
         for line in stream:
             lines.put(line)
         lines.put(None)
+
     threading.Thread(target=pump, daemon=True).start()
     return lines
 
@@ -142,7 +167,7 @@ def _measure(mode: str, args: argparse.Namespace) -> dict:
     try:
         instance.itl_ms()  # warm-up
         for r in range(args.repeats):
-            for burning in ((False, True) if r % 2 == 0 else (True, False)):
+            for burning in (False, True) if r % 2 == 0 else (True, False):
                 if burning:
                     neighbour = Neighbour(args.neighbour_cpu)
                     try:
@@ -158,17 +183,30 @@ def _measure(mode: str, args: argparse.Namespace) -> dict:
     finally:
         instance.close()
     q, n = statistics.median(quiet), statistics.median(noisy)
-    return {"placement": instance.placement, "quiet_itl_ms": q, "noisy_itl_ms": n, "ratio": n / q,
-            "quiet_ttft_ms": statistics.median(quiet_ttft), "noisy_ttft_ms": statistics.median(noisy_ttft),
-            "quiet_itl_ms_runs": quiet, "noisy_itl_ms_runs": noisy}
+    return {
+        "placement": instance.placement,
+        "quiet_itl_ms": q,
+        "noisy_itl_ms": n,
+        "ratio": n / q,
+        "quiet_ttft_ms": statistics.median(quiet_ttft),
+        "noisy_ttft_ms": statistics.median(noisy_ttft),
+        "quiet_itl_ms_runs": quiet,
+        "noisy_itl_ms_runs": noisy,
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
     if args.quick:
         args.repeats, args.output_len = 3, 16
-    result = {"model": args.model, "output_len": args.output_len, "repeats": args.repeats,
-              "neighbour_cpu": args.neighbour_cpu, "cpus": len(os.sched_getaffinity(0)), "target_ratio": TARGET_RATIO,
-              "modes": {}}
+    result = {
+        "model": args.model,
+        "output_len": args.output_len,
+        "repeats": args.repeats,
+        "neighbour_cpu": args.neighbour_cpu,
+        "cpus": len(os.sched_getaffinity(0)),
+        "target_ratio": TARGET_RATIO,
+        "modes": {},
+    }
     load_before = os.getloadavg()[0]
     for mode in args.modes:
         result["modes"][mode] = _measure(mode, args)
@@ -181,11 +219,15 @@ def run(args: argparse.Namespace) -> dict:
 
 def print_table(result: dict) -> None:
     where = "unpinned" if result["neighbour_cpu"] is None else f"pinned to CPU {result['neighbour_cpu']}"
-    print(f"colocated decode ITL with a CPU-burning neighbour ({where}), model={result['model']}, "
-          f"{result['output_len']} tokens per request, median of {result['repeats']} per column, "
-          f"{result['cpus']} CPUs, load average {result['load_average'][0]:.1f} -> {result['load_average'][1]:.1f}")
+    print(
+        f"colocated decode ITL with a CPU-burning neighbour ({where}), model={result['model']}, "
+        f"{result['output_len']} tokens per request, median of {result['repeats']} per column, "
+        f"{result['cpus']} CPUs, load average {result['load_average'][0]:.1f} -> {result['load_average'][1]:.1f}"
+    )
     print(f"{'mode':>14} {'quiet ITL':>10} {'noisy ITL':>10} {'ratio':>6}  placement")
     for mode, m in result["modes"].items():
-        print(f"{mode:>14} {m['quiet_itl_ms']:>8.2f}ms {m['noisy_itl_ms']:>8.2f}ms {m['ratio']:>6.2f}  {m['placement']}")
+        print(
+            f"{mode:>14} {m['quiet_itl_ms']:>8.2f}ms {m['noisy_itl_ms']:>8.2f}ms {m['ratio']:>6.2f}  {m['placement']}"
+        )
     if "ratio" in result:
         print(f"ratio with placement: {result['ratio']:.2f}  (target <= {result['target_ratio']})")

@@ -25,6 +25,9 @@ import torch
 
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_runner import ModelRunner
+from minipd.engine.request import Request
+from minipd.engine.sampling_params import SamplingParams
+from minipd.engine.scheduler import ScheduledChunk
 from minipd.planner.kv_sizing import kv_bytes_per_token
 from minipd.planner.latency_model import (
     DecodeSample,
@@ -33,16 +36,18 @@ from minipd.planner.latency_model import (
     fit_prefill,
 )
 from minipd.planner.latency_profile import LatencyProfile
-from minipd.engine.request import Request
-from minipd.engine.sampling_params import SamplingParams
-from minipd.engine.scheduler import ScheduledChunk
 
 PREFILL_LENS = (32, 64, 128, 256, 512)
 PREFILL_BATCHES = (1, 2, 4)
 DECODE_BATCHES = (1, 4, 8, 16, 32)
 DECODE_CONTEXTS = (32, 128, 512)
-QUICK = {"prefill_lens": (16, 64, 128), "prefill_batches": (1, 2), "decode_batches": (1, 4, 8),
-         "decode_contexts": (16, 128), "repeats": 3}
+QUICK = {
+    "prefill_lens": (16, 64, 128),
+    "prefill_batches": (1, 2),
+    "decode_batches": (1, 4, 8),
+    "decode_contexts": (16, 128),
+    "repeats": 3,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,8 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _request(i: int, length: int, bm, vocab: int, rng: random.Random) -> Request:
-    request = Request(f"profile-{i}", [rng.randrange(vocab) for _ in range(length)],
-                      SamplingParams(max_tokens=1, temperature=0.0))
+    request = Request(
+        f"profile-{i}", [rng.randrange(vocab) for _ in range(length)], SamplingParams(max_tokens=1, temperature=0.0)
+    )
     request.block_ids = bm.reserve(bm.blocks_for(length))
     return request
 
@@ -107,13 +113,28 @@ def _measure(engine: Engine, grid: dict, repeats: int) -> tuple[list[PrefillSamp
 def run(args: argparse.Namespace) -> dict:
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
-    grid = dict(QUICK) if args.quick else {"prefill_lens": PREFILL_LENS, "prefill_batches": PREFILL_BATCHES,
-                                           "decode_batches": DECODE_BATCHES, "decode_contexts": DECODE_CONTEXTS,
-                                           "repeats": args.repeats}
+    grid = (
+        dict(QUICK)
+        if args.quick
+        else {
+            "prefill_lens": PREFILL_LENS,
+            "prefill_batches": PREFILL_BATCHES,
+            "decode_batches": DECODE_BATCHES,
+            "decode_contexts": DECODE_CONTEXTS,
+            "repeats": args.repeats,
+        }
+    )
     max_len = max(max(grid["prefill_lens"]), max(grid["decode_contexts"])) + 1
-    config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, num_blocks=args.num_blocks,
-                          max_model_len=max(max_len, 64), max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False)
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        num_blocks=args.num_blocks,
+        max_model_len=max(max_len, 64),
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_prefix_caching=False,
+    )
 
     async def measure():
         async with Engine(config) as engine:
@@ -125,24 +146,39 @@ def run(args: argparse.Namespace) -> dict:
     decode, decode_fit = fit_decode(decode_samples)
     c = engine.model_config
     profile = LatencyProfile(
-        name=f"{args.model}-{args.dtype}-{args.device}", model=args.model, dtype=args.dtype, device=args.device,
-        threads=torch.get_num_threads() if args.device == "cpu" else None, num_layers=c.num_layers,
+        name=f"{args.model}-{args.dtype}-{args.device}",
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        threads=torch.get_num_threads() if args.device == "cpu" else None,
+        num_layers=c.num_layers,
         kv_bytes_per_token=kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, args.dtype),
-        kv_capacity_tokens=config.num_blocks * config.block_size, max_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs, prefill=prefill, decode=decode, prefill_fit=prefill_fit,
-        decode_fit=decode_fit, source="measured",
+        kv_capacity_tokens=config.num_blocks * config.block_size,
+        max_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs,
+        prefill=prefill,
+        decode=decode,
+        prefill_fit=prefill_fit,
+        decode_fit=decode_fit,
+        source="measured",
         notes=f"bench.py profile, medians of {grid['repeats']} runs, torch {torch.__version__}",
-        prefill_samples=prefill_samples, decode_samples=decode_samples)
+        prefill_samples=prefill_samples,
+        decode_samples=decode_samples,
+    )
     return json.loads(profile.to_json())  # exactly what LatencyProfile.load reads back
 
 
 def print_table(result: dict) -> None:
-    print(f"latency profile of {result['model']} ({result['dtype']}, {result['device']}, "
-          f"threads {result['threads']})")
-    for part, terms in (("prefill", ("s/step", "s/token", "s/token^2")), ("decode", ("s/step", "s/ctx token", "s/seq"))):
+    print(f"latency profile of {result['model']} ({result['dtype']}, {result['device']}, threads {result['threads']})")
+    for part, terms in (
+        ("prefill", ("s/step", "s/token", "s/token^2")),
+        ("decode", ("s/step", "s/ctx token", "s/seq")),
+    ):
         m, fit = result[part], result[f"{part}_fit"]
         coefs = "  ".join(f"{k}={m[k]:.3e} {unit}" for k, unit in zip("abc", terms))
-        print(f"  {part:<8} {coefs}   R^2 {fit['r2']:.4f}, rmse {fit['rmse_s'] * 1e3:.3f} ms, "
-              f"max error {fit['max_rel_error']:.1%} over {fit['num_samples']} points")
+        print(
+            f"  {part:<8} {coefs}   R^2 {fit['r2']:.4f}, rmse {fit['rmse_s'] * 1e3:.3f} ms, "
+            f"max error {fit['max_rel_error']:.1%} over {fit['num_samples']} points"
+        )
     print(f"  KV {result['kv_bytes_per_token']} B/token, capacity {result['kv_capacity_tokens']} tokens")
     print("  (the JSON is a LatencyProfile with its samples: python -m minipd.planner --profile FILE)")

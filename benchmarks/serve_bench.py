@@ -14,6 +14,7 @@ next to another server's; the SLO attainment counts failed requests as not good.
 from __future__ import annotations
 
 import argparse
+
 import msgspec
 
 from benchmarks.loadgen import options
@@ -25,8 +26,13 @@ from benchmarks.loadgen.stats import RunSummary, format_summary
 from minipd.workload import LengthDist
 
 DEFAULT_NUM_PROMPTS = 40
-QUICK = {"model": "tiny", "num_prompts": 8, "prompt_len": LengthDist.uniform(48, 96),
-         "output_len": LengthDist.fixed(8), "request_rate": 4.0}
+QUICK = {
+    "model": "tiny",
+    "num_prompts": 8,
+    "prompt_len": LengthDist.uniform(48, 96),
+    "output_len": LengthDist.fixed(8),
+    "request_rate": 4.0,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,18 +41,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_client_arguments(parser)
     options.add_server_arguments(parser)
     g = parser.add_argument_group("deployment")
-    g.add_argument("--url", action="append", default=[],
-                   help="an OpenAI-compatible server (repeat to take several in turn); without it the bench "
-                        "starts --mode itself")
-    g.add_argument("--mode", choices=["colocated", "disaggregated"], default="disaggregated",
-                   help="what to start without --url (default: %(default)s)")
+    g.add_argument(
+        "--url",
+        action="append",
+        default=[],
+        help="an OpenAI-compatible server (repeat to take several in turn); without it the bench starts --mode itself",
+    )
+    g.add_argument(
+        "--mode",
+        choices=["colocated", "disaggregated"],
+        default="disaggregated",
+        help="what to start without --url (default: %(default)s)",
+    )
     g.add_argument("--num-instances", type=int, default=1, help="colocated instances (default: 1)")
     g.add_argument("--num-prefill", type=int, default=1, help="prefill instances (default: 1)")
     g.add_argument("--num-decode", type=int, default=1, help="decode instances (default: 1)")
     g.add_argument("--link-gbps", type=float, default=None, help="cap the prefill instances' KV egress")
-    g.add_argument("--colocated-launch", choices=["auto", "router", "separate"], default="auto",
-                   help="colocated instances behind the router (needs --num-colocated in the launcher), as "
-                        "separate servers taken in turn, or whichever the launcher allows (default: auto)")
+    g.add_argument(
+        "--colocated-launch",
+        choices=["auto", "router", "separate"],
+        default="auto",
+        help="colocated instances behind the router (needs --num-colocated in the launcher), as "
+        "separate servers taken in turn, or whichever the launcher allows (default: auto)",
+    )
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -62,24 +79,37 @@ def run(args: argparse.Namespace) -> dict:
         if args.url:
             deployment = external(args.url)
         elif args.mode == "colocated":
-            deployment = start_colocated(processes, options.server_options(args, specs), args.num_instances,
-                                         args.colocated_launch)
+            deployment = start_colocated(
+                processes, options.server_options(args, specs), args.num_instances, args.colocated_launch
+            )
         else:
-            deployment = start_disaggregated(processes, options.server_options(args, specs), args.num_prefill,
-                                             args.num_decode, args.link_gbps)
-        measured = measure(deployment.urls, specs, builder, "serve", options.runner_config(args, args.concurrency),
-                           slo)
-    return {"deployment": deployment._asdict(), "model": measured.result.model,
-            "workload": {"name": "dataset" if args.dataset else args.workload, "dataset": args.dataset,
-                         "num_prompts": len(specs), "arrivals": msgspec.to_builtins(process), "seed": args.seed},
-            "slo": msgspec.to_builtins(slo), "special_tokens": measured.result.special_tokens,
-            "prompt_len_mismatches": measured.result.num_prompt_len_mismatches,
-            "summary": msgspec.to_builtins(measured.summary), "requests": record_rows(measured.records)}
+            deployment = start_disaggregated(
+                processes, options.server_options(args, specs), args.num_prefill, args.num_decode, args.link_gbps
+            )
+        measured = measure(deployment.urls, specs, builder, "serve", options.runner_config(args, args.concurrency), slo)
+    return {
+        "deployment": deployment._asdict(),
+        "model": measured.result.model,
+        "workload": {
+            "name": "dataset" if args.dataset else args.workload,
+            "dataset": args.dataset,
+            "num_prompts": len(specs),
+            "arrivals": msgspec.to_builtins(process),
+            "seed": args.seed,
+        },
+        "slo": msgspec.to_builtins(slo),
+        "special_tokens": measured.result.special_tokens,
+        "prompt_len_mismatches": measured.result.num_prompt_len_mismatches,
+        "summary": msgspec.to_builtins(measured.summary),
+        "requests": record_rows(measured.records),
+    }
 
 
 def print_table(result: dict) -> None:
-    print(f"deployment: {result['deployment']['launch']}; model {result['model']!r}; "
-          f"arrivals {result['workload']['arrivals']}")
+    print(
+        f"deployment: {result['deployment']['launch']}; model {result['model']!r}; "
+        f"arrivals {result['workload']['arrivals']}"
+    )
     print(format_summary(msgspec.convert(result["summary"], RunSummary)))
 
 
@@ -87,9 +117,11 @@ def plot(result: dict, path: str) -> None:
     """Cumulative distributions of TTFT and of TPOT/ITL, with the SLO bounds."""
     rows = [r for r in result["requests"] if r["success"]]
     fig, (ttft_ax, token_ax) = subplots(ncols=2)
-    for ax, series, label in ((ttft_ax, [r["ttft_ms"] for r in rows], "TTFT"),
-                              (token_ax, [r["tpot_ms"] for r in rows if r["output_tokens"] > 1], "TPOT"),
-                              (token_ax, [g for r in rows for g in r["itl_ms"]], "ITL")):
+    for ax, series, label in (
+        (ttft_ax, [r["ttft_ms"] for r in rows], "TTFT"),
+        (token_ax, [r["tpot_ms"] for r in rows if r["output_tokens"] > 1], "TPOT"),
+        (token_ax, [g for r in rows for g in r["itl_ms"]], "ITL"),
+    ):
         ordered = sorted(series)
         ax.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], label=label)
     slo = result["slo"]

@@ -42,9 +42,17 @@ DEFAULT_DURATION_S = 40.0
 MODE_COLORS = {"colocated": "tab:blue", "disaggregated": "tab:orange"}
 SLO_STYLES = {"itl_tight": "-", "ttft_tight": ":"}
 DEFAULT_MIN_PROMPTS = 20
-QUICK = {"model": "tiny", "rates": [2.0, 4.0], "prompt_len": LengthDist.uniform(64, 128),
-         "output_len": LengthDist.fixed(8), "duration_s": 2.0, "min_prompts": 6, "bisect_steps": 0,
-         "itl_slo": ["ttft:2000", "tpot:100"], "ttft_slo": ["ttft:1000", "tpot:400"]}
+QUICK = {
+    "model": "tiny",
+    "rates": [2.0, 4.0],
+    "prompt_len": LengthDist.uniform(64, 128),
+    "output_len": LengthDist.fixed(8),
+    "duration_s": 2.0,
+    "min_prompts": 6,
+    "bisect_steps": 0,
+    "itl_slo": ["ttft:2000", "tpot:100"],
+    "ttft_slo": ["ttft:1000", "tpot:400"],
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,19 +61,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_server_arguments(parser)
     g = parser.add_argument_group("sweep")
     g.add_argument("--rates", type=float, nargs="+", default=list(DEFAULT_RATES), help="requests per second")
-    g.add_argument("--duration-s", type=float, default=DEFAULT_DURATION_S,
-                   help="arrivals per run span about this long: rate x duration requests (default: %(default)s)")
+    g.add_argument(
+        "--duration-s",
+        type=float,
+        default=DEFAULT_DURATION_S,
+        help="arrivals per run span about this long: rate x duration requests (default: %(default)s)",
+    )
     g.add_argument("--min-prompts", type=int, default=DEFAULT_MIN_PROMPTS, help="at least this many per run")
-    g.add_argument("--stop-below", type=float, default=DEFAULT_STOP_BELOW,
-                   help="skip higher rates once every SLO's attainment is below this (default: %(default)s)")
+    g.add_argument(
+        "--stop-below",
+        type=float,
+        default=DEFAULT_STOP_BELOW,
+        help="skip higher rates once every SLO's attainment is below this (default: %(default)s)",
+    )
     g.add_argument("--bisect-steps", type=int, default=0, help="refine each goodput by bisection (extra runs)")
     g.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     g.add_argument("--num-colocated", type=int, default=2, help="colocated instances (default: %(default)s)")
     g.add_argument("--num-prefill", type=int, default=1, help="prefill instances (default: %(default)s)")
     g.add_argument("--num-decode", type=int, default=1, help="decode instances (default: %(default)s)")
-    g.add_argument("--colocated-launch", choices=["auto", "router", "separate"], default="auto",
-                   help="colocated instances behind the router (needs the launcher's --num-colocated), separate "
-                        "servers taken in turn, or whichever the launcher allows (default: auto)")
+    g.add_argument(
+        "--colocated-launch",
+        choices=["auto", "router", "separate"],
+        default="auto",
+        help="colocated instances behind the router (needs the launcher's --num-colocated), separate "
+        "servers taken in turn, or whichever the launcher allows (default: auto)",
+    )
     options.add_slo_arguments(parser, "--itl-slo", DEFAULT_ITL_TIGHT, "the ITL-tight SLO (default: %(default)s)")
     options.add_slo_arguments(parser, "--ttft-slo", DEFAULT_TTFT_TIGHT, "the TTFT-tight SLO (default: %(default)s)")
 
@@ -89,9 +109,15 @@ def run(args: argparse.Namespace) -> dict:
 
     # one server configuration for every run: the context fits the longest request of any rate
     server = options.server_options(args, [s for i, r in enumerate(args.rates) for s in specs_at(r, i)])
-    result = {"model": args.model, "workload": args.dataset or args.workload, "torch_threads": args.torch_threads,
-              "slo": {name: msgspec.to_builtins(slo) for name, slo in slos.items()}, "modes": {},
-              "max_model_len": server.max_model_len, "duration_s": args.duration_s}
+    result = {
+        "model": args.model,
+        "workload": args.dataset or args.workload,
+        "torch_threads": args.torch_threads,
+        "slo": {name: msgspec.to_builtins(slo) for name, slo in slos.items()},
+        "modes": {},
+        "max_model_len": server.max_model_len,
+        "duration_s": args.duration_s,
+    }
     with Processes() as processes:
         # every deployment is up for the whole sweep (idle ones cost no CPU), and the modes take
         # turns at each rate
@@ -100,37 +126,50 @@ def run(args: argparse.Namespace) -> dict:
         def runner(mode: str, deployment: Deployment):
             def run_at(rate: float, run_number: int) -> Measured:
                 return measure(deployment.urls, specs_at(rate, run_number), builder, f"{mode}-{run_number}", config)
+
             return run_at
 
-        sweeps = sweep_rates(args.rates, {mode: runner(mode, d) for mode, d in deployments.items()}, slos,
-                             args.stop_below, args.bisect_steps)
+        sweeps = sweep_rates(
+            args.rates,
+            {mode: runner(mode, d) for mode, d in deployments.items()},
+            slos,
+            args.stop_below,
+            args.bisect_steps,
+        )
     for mode, sweep in sweeps.items():
         result["modes"][mode] = {**sweep.as_json(slos), "launch": deployments[mode].launch}
     if set(MODES) <= set(result["modes"]):
         coloc, disagg = result["modes"]["colocated"], result["modes"]["disaggregated"]
         result["goodput_ratio_disagg_over_coloc"] = {
-            name: ratio(disagg["goodput_rps"][name], coloc["goodput_rps"][name]) for name in slos}
+            name: ratio(disagg["goodput_rps"][name], coloc["goodput_rps"][name]) for name in slos
+        }
     return result
 
 
 def print_table(result: dict) -> None:
-    slo_text = {name: " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in slo.items())
-                for name, slo in result["slo"].items()}
-    print(f"slo: model {result['model']}, workload {result['workload']}, {result['torch_threads']} compute "
-          f"thread(s) per instance; SLOs: " + "; ".join(f"{n} = {t}" for n, t in slo_text.items()))
+    slo_text = {
+        name: " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in slo.items()) for name, slo in result["slo"].items()
+    }
+    print(
+        f"slo: model {result['model']}, workload {result['workload']}, {result['torch_threads']} compute "
+        f"thread(s) per instance; SLOs: " + "; ".join(f"{n} = {t}" for n, t in slo_text.items())
+    )
     names = list(result["slo"])
     header = f"{'mode':>13} {'rate':>5} {'reqs':>4} {'fail':>4} " + " ".join(f"{n:>11}" for n in names)
     print(header + f" {'P90 TTFT':>9} {'P90 ITL':>8} {'P99 ITL':>8} {'other jobs':>10}")
     for mode, m in result["modes"].items():
         for i, rate in enumerate(m["rates"]):
             att = " ".join(f"{m['attainment'][n][i]:>11.0%}" for n in names)
-            print(f"{mode:>13} {rate:>5.2f} {m['num_requests'][i]:>4} {m['num_failed'][i]:>4} {att} "
-                  f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['p90_itl_ms'][i]:>6.1f}ms {m['p99_itl_ms'][i]:>6.0f}ms "
-                  f"{m['foreign_cpu'][i]:>10.0%}")
+            print(
+                f"{mode:>13} {rate:>5.2f} {m['num_requests'][i]:>4} {m['num_failed'][i]:>4} {att} "
+                f"{m['p90_ttft_ms'][i]:>7.0f}ms {m['p90_itl_ms'][i]:>6.1f}ms {m['p99_itl_ms'][i]:>6.0f}ms "
+                f"{m['foreign_cpu'][i]:>10.0%}"
+            )
     for mode, m in result["modes"].items():
-        goodputs = ", ".join(f"{n} {m['goodput_rps'][n]:.2f} req/s" + (f" ({m['goodput_flags'][n]})"
-                                                                      if n in m["goodput_flags"] else "")
-                             for n in names)
+        goodputs = ", ".join(
+            f"{n} {m['goodput_rps'][n]:.2f} req/s" + (f" ({m['goodput_flags'][n]})" if n in m["goodput_flags"] else "")
+            for n in names
+        )
         print(f"goodput {mode} ({m['launch']}): {goodputs}")
     for name, r in result.get("goodput_ratio_disagg_over_coloc", {}).items():
         winner = "disaggregated" if r > 1 else "colocated" if r < 1 else "neither"

@@ -38,28 +38,57 @@ VOCAB = 256  # the tiny preset's byte tokens
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration-s", type=float, default=180.0, help="how long requests arrive (default: %(default)s)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"a short run for CI: {QUICK['duration_s']:.0f} s, a fault every "
-                             f"{QUICK['chaos_interval_s']:.0f} s")
+    parser.add_argument(
+        "--duration-s", type=float, default=180.0, help="how long requests arrive (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a short run for CI: {QUICK['duration_s']:.0f} s, a fault every {QUICK['chaos_interval_s']:.0f} s",
+    )
     parser.add_argument("--rate", type=float, default=2.0, help="requests per second (default: %(default)s)")
-    parser.add_argument("--chaos-interval-s", type=float, default=15.0,
-                        help="one kill or freeze this often (default: %(default)s)")
+    parser.add_argument(
+        "--chaos-interval-s", type=float, default=15.0, help="one kill or freeze this often (default: %(default)s)"
+    )
     parser.add_argument("--transport", default="tcp", choices=["tcp", "ucx", "nixl"])
     parser.add_argument("--num-prefill", type=int, default=2)
     parser.add_argument("--num-decode", type=int, default=2)
     parser.add_argument("--liveness-timeout-s", type=float, default=2.0)
     parser.add_argument("--lease-s", type=float, default=3.0)
-    parser.add_argument("--request-timeout-s", type=float, default=90.0,
-                        help="a request not ended by then counts as lost (default: %(default)s)")
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=90.0,
+        help="a request not ended by then counts as lost (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
 def _cluster_argv(args: argparse.Namespace) -> list[str]:
-    return ["--transport", args.transport, "--num-prefill", str(args.num_prefill), "--num-decode",
-            str(args.num_decode), "--liveness-timeout-s", str(args.liveness_timeout_s), "--lease-s", str(args.lease_s),
-            "--dtype", "float32", "--max-model-len", "1100", "--num-blocks", "512", "--max-num-batched-tokens", "512",
-            "--shutdown-timeout-s", "2", "--torch-threads", "1"]
+    return [
+        "--transport",
+        args.transport,
+        "--num-prefill",
+        str(args.num_prefill),
+        "--num-decode",
+        str(args.num_decode),
+        "--liveness-timeout-s",
+        str(args.liveness_timeout_s),
+        "--lease-s",
+        str(args.lease_s),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1100",
+        "--num-blocks",
+        "512",
+        "--max-num-batched-tokens",
+        "512",
+        "--shutdown-timeout-s",
+        "2",
+        "--torch-threads",
+        "1",
+    ]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -71,8 +100,9 @@ def run(args: argparse.Namespace) -> dict:
 
 
 async def _soak(args: argparse.Namespace) -> dict:
-    specs = make_workload("mixed", max(1, round(args.rate * args.duration_s)), ArrivalProcess.poisson(args.rate),
-                          seed=args.seed)
+    specs = make_workload(
+        "mixed", max(1, round(args.rate * args.duration_s)), ArrivalProcess.poisson(args.rate), seed=args.seed
+    )
     with tempfile.TemporaryDirectory() as fault_dir:
         cluster = ProcessCluster.from_argv(_cluster_argv(args), fault_dir=fault_dir)
         await cluster.start()
@@ -120,8 +150,9 @@ async def _settled(cluster: ProcessCluster) -> list:
         while True:
             stats = await client.stats(settle=True)
             names = sorted(c.name for c in cluster.children if c.name != "router")
-            if (sorted(s.instance_id for s in stats) == names and not any(_held(s) for s in stats)) \
-                    or time.monotonic() > deadline:
+            if (
+                sorted(s.instance_id for s in stats) == names and not any(_held(s) for s in stats)
+            ) or time.monotonic() > deadline:
                 return stats
             await asyncio.sleep(0.5)  # stragglers (a stalled sender, a fence) finish on their own clocks
     finally:
@@ -138,25 +169,39 @@ def _result(args, specs, outcomes, stats, chaos: Chaos) -> dict:
     errors = collections.Counter(re.sub(r"\d+(\.\d+)?", "N", e) for kind, e in outcomes if kind == "failed")
     lost = [e for kind, e in outcomes if kind == "lost"]
     return {
-        "transport": args.transport, "duration_s": args.duration_s, "rate": args.rate, "quick": args.quick,
+        "transport": args.transport,
+        "duration_s": args.duration_s,
+        "rate": args.rate,
+        "quick": args.quick,
         "instances": {"prefill": args.num_prefill, "decode": args.num_decode},
-        "requests": len(specs), "completed": counts["completed"], "failed": counts["failed"], "lost": len(lost),
-        "lost_examples": lost[:5], "failure_reasons": dict(errors.most_common(8)),
+        "requests": len(specs),
+        "completed": counts["completed"],
+        "failed": counts["failed"],
+        "lost": len(lost),
+        "lost_examples": lost[:5],
+        "failure_reasons": dict(errors.most_common(8)),
         "leaked_blocks": sum(_held(s) for s in stats),
-        "instances_after": {s.instance_id: {"used": s.num_used_blocks, "reserved": s.num_reservations,
-                                            "fencing": s.num_fencing_blocks} for s in stats},
+        "instances_after": {
+            s.instance_id: {"used": s.num_used_blocks, "reserved": s.num_reservations, "fencing": s.num_fencing_blocks}
+            for s in stats
+        },
         "chaos": [event._asdict() for event in chaos.events],
     }
 
 
 def print_table(result: dict) -> None:
-    print(f"soak: {result['requests']} requests over {result['duration_s']:.0f} s ({result['transport']}, "
-          f"{result['instances']['prefill']} prefill + {result['instances']['decode']} decode), "
-          f"{len(result['chaos'])} faults")
+    print(
+        f"soak: {result['requests']} requests over {result['duration_s']:.0f} s ({result['transport']}, "
+        f"{result['instances']['prefill']} prefill + {result['instances']['decode']} decode), "
+        f"{len(result['chaos'])} faults"
+    )
     print(f"{'completed':>10} {'failed':>7} {'lost':>5} {'leaked blocks':>14}")
     print(f"{result['completed']:>10} {result['failed']:>7} {result['lost']:>5} {result['leaked_blocks']:>14}")
     for event in result["chaos"]:
-        print(f"  {event['at_s']:>7.1f} s  {event['kind']:<6} {event['target']:<10} back after {event['recovered_s']:.1f} s")
+        print(
+            f"  {event['at_s']:>7.1f} s  {event['kind']:<6} {event['target']:<10} "
+            f"back after {event['recovered_s']:.1f} s"
+        )
     for reason, n in result["failure_reasons"].items():
         print(f"  failed x{n}: {reason}")
     for example in result["lost_examples"]:

@@ -69,9 +69,12 @@ def router_address(child: ManagedProcess) -> tuple[str, int]:
 
 
 def post_switch(url: str, instance: str, role: str) -> dict:
-    request = urllib.request.Request(f"{url}/admin/switch_role", method="POST",
-                                     data=json.dumps({"instance": instance, "role": role}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/admin/switch_role",
+        method="POST",
+        data=json.dumps({"instance": instance, "role": role}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=SWITCH_HTTP_TIMEOUT_S) as response:
         return json.loads(response.read())
 
@@ -95,6 +98,7 @@ class Trial:
 
     async def _probe(self, role: str) -> float:
         """time.time() of the first token of the first probe the switched instance served as `role`."""
+
         async def one() -> tuple[float, object]:
             stream = self.client.submit(self.prompt(), self.params(4))
             first = await stream.__anext__()
@@ -103,21 +107,28 @@ class Trial:
             if outputs[-1].error is not None:
                 raise RuntimeError(f"probe failed: {outputs[-1].error}")
             return at, outputs[-1].transfer
+
         results = await asyncio.gather(*(one() for _ in range(self.args.num_probes)))
-        served = [at for at, t in results if t is not None
-                  and (t.prefill_instance if role == "prefill" else t.decode_instance) == SWITCHED]
+        served = [
+            at
+            for at, t in results
+            if t is not None and (t.prefill_instance if role == "prefill" else t.decode_instance) == SWITCHED
+        ]
         return min(served) if served else float("nan")
 
     async def once(self, src: str, dst: str) -> dict:
         args = self.args
         if src == "decode":  # decodes in flight on every decode instance
-            streams = [self.client.submit(self.prompt(), self.params(args.load_output_len))
-                       for _ in range(args.load_requests)]
+            streams = [
+                self.client.submit(self.prompt(), self.params(args.load_output_len)) for _ in range(args.load_requests)
+            ]
             for stream in streams:
                 await stream.__anext__()
         else:  # prompts queued for prefill: switched once the first has its first token, the rest queued
-            streams = [self.client.submit(self.prompt(), self.params(4)) for _ in range(PREFILL_LOAD_FACTOR
-                                                                                        * args.load_requests)]
+            streams = [
+                self.client.submit(self.prompt(), self.params(4))
+                for _ in range(PREFILL_LOAD_FACTOR * args.load_requests)
+            ]
             await streams[0].__anext__()
         report = await self.switch(dst)
         first_token_at = await self._probe(dst)
@@ -125,10 +136,17 @@ class Trial:
         for stream in streams:
             outputs = [o async for o in stream]
             lost += bool(outputs and outputs[-1].error is not None)
-        return {"from": src, "to": dst, "total_s": report["total_s"], "drain_s": report["drain_s"],
-                "excluding_drain_s": report["excluding_drain_s"], "reset_s": report["reset_s"],
-                "num_drained": report["num_drained"], "first_token_s": first_token_at - report["decided_at"],
-                "lost_requests": lost}
+        return {
+            "from": src,
+            "to": dst,
+            "total_s": report["total_s"],
+            "drain_s": report["drain_s"],
+            "excluding_drain_s": report["excluding_drain_s"],
+            "reset_s": report["reset_s"],
+            "num_drained": report["num_drained"],
+            "first_token_s": first_token_at - report["decided_at"],
+            "lost_requests": lost,
+        }
 
 
 async def _measure(address: tuple[str, int], secret: str, url: str, args: argparse.Namespace) -> list[dict]:
@@ -149,28 +167,45 @@ def _summary(rows: list[dict]) -> dict:
     out = {}
     for src, dst in DIRECTIONS:
         mine = [r for r in rows if r["from"] == src]
-        median = {k: statistics.median(r[k] for r in mine) for k in
-                  ("total_s", "drain_s", "excluding_drain_s", "first_token_s", "reset_s")}
-        out[f"{src}->{dst}"] = {**{f"median_{k}": v for k, v in median.items()},
-                                "max_excluding_drain_s": max(r["excluding_drain_s"] for r in mine),
-                                "num_drained": [r["num_drained"] for r in mine], "switches": len(mine)}
+        median = {
+            k: statistics.median(r[k] for r in mine)
+            for k in ("total_s", "drain_s", "excluding_drain_s", "first_token_s", "reset_s")
+        }
+        out[f"{src}->{dst}"] = {
+            **{f"median_{k}": v for k, v in median.items()},
+            "max_excluding_drain_s": max(r["excluding_drain_s"] for r in mine),
+            "num_drained": [r["num_drained"] for r in mine],
+            "switches": len(mine),
+        }
     return out
 
 
 def run(args: argparse.Namespace) -> dict:
     if args.quick:
         vars(args).update(QUICK)
-    result = {"cluster": "1 prefill + 2 decode instances, minipd --role cluster", "switched": SWITCHED,
-              "torch_threads": args.torch_threads, "transport": args.transport, "load_requests": args.load_requests,
-              "load_output_len": args.load_output_len, "prompt_len": args.prompt_len,
-              "target_excluding_drain_s": TARGET_EXCLUDING_DRAIN_S, "models": {}}
+    result = {
+        "cluster": "1 prefill + 2 decode instances, minipd --role cluster",
+        "switched": SWITCHED,
+        "torch_threads": args.torch_threads,
+        "transport": args.transport,
+        "load_requests": args.load_requests,
+        "load_output_len": args.load_output_len,
+        "prompt_len": args.prompt_len,
+        "target_excluding_drain_s": TARGET_EXCLUDING_DRAIN_S,
+        "models": {},
+    }
     for model in args.models:
-        options = ServerOptions(model=model, torch_threads=args.torch_threads, transport=args.transport,
-                                max_model_len=args.prompt_len + max(args.load_output_len, 4) + 16)
+        options = ServerOptions(
+            model=model,
+            torch_threads=args.torch_threads,
+            transport=args.transport,
+            max_model_len=args.prompt_len + max(args.load_output_len, 4) + 16,
+        )
         with Processes() as processes:
             deployment = start_disaggregated(processes, options, num_prefill=1, num_decode=2)
-            rows = asyncio.run(_measure(router_address(processes.children[-1]), processes.secret,
-                                             deployment.urls[0], args))
+            rows = asyncio.run(
+                _measure(router_address(processes.children[-1]), processes.secret, deployment.urls[0], args)
+            )
         result["models"][model] = {"switches": rows, "summary": _summary(rows)}
     worst = max(s["max_excluding_drain_s"] for m in result["models"].values() for s in m["summary"].values())
     result["max_excluding_drain_s"] = worst
@@ -180,18 +215,26 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def print_table(result: dict) -> None:
-    print(f"switch: {result['switched']} of {result['cluster']}, {result['torch_threads']} compute thread(s) each, "
-          f"under a load of {result['load_requests']} requests; medians over the repeats")
-    print(f"{'model':>8} {'switch':>16} {'n':>2} {'excl. drain':>11} {'drain':>8} {'incl. drain':>11} "
-          f"{'1st token':>9} {'drained':>10}")
+    print(
+        f"switch: {result['switched']} of {result['cluster']}, {result['torch_threads']} compute thread(s) each, "
+        f"under a load of {result['load_requests']} requests; medians over the repeats"
+    )
+    print(
+        f"{'model':>8} {'switch':>16} {'n':>2} {'excl. drain':>11} {'drain':>8} {'incl. drain':>11} "
+        f"{'1st token':>9} {'drained':>10}"
+    )
     for model, m in result["models"].items():
         for direction, s in m["summary"].items():
-            print(f"{model:>8} {direction:>16} {s['switches']:>2} {s['median_excluding_drain_s'] * 1e3:>9.1f}ms "
-                  f"{s['median_drain_s']:>7.3f}s {s['median_total_s']:>10.3f}s {s['median_first_token_s']:>8.3f}s "
-                  f"{str(s['num_drained']):>10}")
+            print(
+                f"{model:>8} {direction:>16} {s['switches']:>2} {s['median_excluding_drain_s'] * 1e3:>9.1f}ms "
+                f"{s['median_drain_s']:>7.3f}s {s['median_total_s']:>10.3f}s {s['median_first_token_s']:>8.3f}s "
+                f"{str(s['num_drained']):>10}"
+            )
     verdict = "meets" if result["meets_target"] else "MISSES"
-    print(f"slowest switch excluding the drain: {result['max_excluding_drain_s'] * 1e3:.1f} ms ({verdict} the "
-          f"{result['target_excluding_drain_s']:g} s target); lost requests: {result['lost_requests']}")
+    print(
+        f"slowest switch excluding the drain: {result['max_excluding_drain_s'] * 1e3:.1f} ms ({verdict} the "
+        f"{result['target_excluding_drain_s']:g} s target); lost requests: {result['lost_requests']}"
+    )
 
 
 def plot(result: dict, path: str) -> None:
@@ -200,14 +243,16 @@ def plot(result: dict, path: str) -> None:
     for model, m in result["models"].items():
         for direction, s in m["summary"].items():
             labels.append(f"{model}\n{direction}")
-            for name, key in zip(series, ("median_excluding_drain_s", "median_total_s", "median_first_token_s"),
-                                 strict=True):
+            for name, key in zip(
+                series, ("median_excluding_drain_s", "median_total_s", "median_first_token_s"), strict=True
+            ):
                 series[name].append(s[key])
     width = 0.8 / len(series)
     for i, (name, values) in enumerate(series.items()):
         ax.bar([x + (i - 1) * width for x in range(len(labels))], values, width, label=name)
-    ax.axhline(result["target_excluding_drain_s"], color="grey", linestyle="--", linewidth=1,
-               label="target (drain excluded)")
+    ax.axhline(
+        result["target_excluding_drain_s"], color="grey", linestyle="--", linewidth=1, label="target (drain excluded)"
+    )
     ax.set_yscale("log")
     ax.set_xticks(list(range(len(labels))), labels, fontsize=8)
     ax.set_ylabel("seconds from the decision (log)")

@@ -30,12 +30,11 @@ import time
 import numpy as np
 import torch
 
+from benchmarks.baseline_plots import plot_transport as plot  # noqa: F401 (bench.py --plot)
 from minipd.engine.kv_pool import allocate_host_tensor
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.loopback_hub import LoopbackHub
 from minipd.transports.registry import BACKENDS, available_transports, create_transport
-
-from benchmarks.baseline_plots import plot_transport as plot  # noqa: F401 (bench.py --plot)
 
 MIB = 1 << 20
 NUM_LAYERS = 4  # the tiny model's layer count
@@ -49,14 +48,23 @@ GBIT = 1e9 / 8
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backends", default=",".join(BACKENDS),
-                        help="comma-separated transports to measure (default: all installed)")
+    parser.add_argument(
+        "--backends", default=",".join(BACKENDS), help="comma-separated transports to measure (default: all installed)"
+    )
     parser.add_argument("--request-mib", type=int, default=64, help="KV bytes per request, MiB (default 64)")
     parser.add_argument("--repeats", type=int, default=9, help="timed repetitions per case and round")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="times every backend is measured afresh, in turn; the median over all rounds counts")
-    parser.add_argument("--small-chunk-blocks", type=int, default=32,
-                        help="the small-block map hands out destination blocks in chunks of this many (default 32)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="times every backend is measured afresh, in turn; the median over all rounds counts",
+    )
+    parser.add_argument(
+        "--small-chunk-blocks",
+        type=int,
+        default=32,
+        help="the small-block map hands out destination blocks in chunks of this many (default 32)",
+    )
     parser.add_argument("--link-gbps", type=float, default=None, help="cap each transport's egress (Gbit/s)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run: loopback, 4 MiB")
 
@@ -65,6 +73,7 @@ QUICK = {"backends": "loopback", "request_mib": 4, "repeats": 2, "rounds": 1}
 
 
 # ---- baselines -------------------------------------------------------------------------
+
 
 class MemcpyTimer:
     """Single-thread memcpy of `num_bytes` between preallocated, touched buffers."""
@@ -116,11 +125,13 @@ def raw_socket_gbps(num_bytes: int, repeats: int) -> float:
 
 # ---- transports ------------------------------------------------------------------------
 
+
 class Case:
     """A pool shape and the block map of one request."""
 
-    def __init__(self, name: str, block_shape: tuple[int, ...], request_bytes: int, chunk_blocks: int,
-                 seed: int) -> None:
+    def __init__(
+        self, name: str, block_shape: tuple[int, ...], request_bytes: int, chunk_blocks: int, seed: int
+    ) -> None:
         self.name = name
         self.block_shape = block_shape
         block_bytes = int(np.prod(block_shape)) * 4
@@ -152,6 +163,7 @@ def _chunked_ids(rng: random.Random, num_blocks: int, count: int, chunk: int) ->
 def _receiver_main(conn, backend: str, case: Case, options: dict) -> None:
     logging.basicConfig(level=logging.WARNING)
     import uvloop
+
     uvloop.run(_receive(conn, backend, case, options))
 
 
@@ -194,6 +206,7 @@ async def _measure(backend: str, case: Case, repeats: int, options: dict) -> lis
         sender = create_transport(backend, sender_pool, instance_id="prefill", **options)
         await sender.start()
     peer = await sender.connect(description)
+
     async def transfer(request_id: str) -> float:
         if process is None:
             receiver.expect(request_id, "prefill", case.dst_ids)
@@ -236,6 +249,7 @@ async def _measure(backend: str, case: Case, repeats: int, options: dict) -> lis
 def _sender_main(conn, backend: str, case: Case, repeats: int, options: dict) -> None:
     logging.basicConfig(level=logging.WARNING)
     import uvloop
+
     conn.send(uvloop.run(_measure(backend, case, repeats, options)))
 
 
@@ -266,12 +280,21 @@ def run(args: argparse.Namespace) -> dict:
     options = {"link_gbps": args.link_gbps} if args.link_gbps else {}
     large = Case("1mib", LARGE_BLOCK_SHAPE, request_bytes, chunk_blocks=1, seed=1)
     small = Case("small", TINY_BLOCK_SHAPE, request_bytes, chunk_blocks=args.small_chunk_blocks, seed=2)
-    result = {"request_bytes": request_bytes, "repeats": args.repeats, "rounds": args.rounds, "memcpy_gbps": None,
-              "raw_socket_gbps": None, "link_gbps": args.link_gbps,
-              "cases": {c.name: {"block_bytes": int(np.prod(c.block_shape)) * 4, "runs_per_layer": c.num_runs}
-                        for c in (large, small)},
-              "backends": {}, "backends_small_blocks": {},
-              "skipped": sorted(set(args.backends.split(",")) - installed)}
+    result = {
+        "request_bytes": request_bytes,
+        "repeats": args.repeats,
+        "rounds": args.rounds,
+        "memcpy_gbps": None,
+        "raw_socket_gbps": None,
+        "link_gbps": args.link_gbps,
+        "cases": {
+            c.name: {"block_bytes": int(np.prod(c.block_shape)) * 4, "runs_per_layer": c.num_runs}
+            for c in (large, small)
+        },
+        "backends": {},
+        "backends_small_blocks": {},
+        "skipped": sorted(set(args.backends.split(",")) - installed),
+    }
     pairs: dict[tuple[str, str], list[tuple[float, float]]] = {}
     raw_rates = []
     for _ in range(args.rounds):
@@ -279,7 +302,8 @@ def run(args: argparse.Namespace) -> dict:
         for backend in backends:
             for case in (large, small):
                 pairs.setdefault((backend, case.name), []).extend(
-                    measure_in_process(backend, case, args.repeats, options))
+                    measure_in_process(backend, case, args.repeats, options)
+                )
     raw = result["raw_socket_gbps"] = statistics.median(raw_rates)
     memcpy_s_per_byte = []
     for backend in backends:
@@ -292,9 +316,11 @@ def run(args: argparse.Namespace) -> dict:
                 "gbps": gbps,
                 "memcpy_gbps": case.num_bytes / statistics.median(m for m, _ in measured) / GBIT,
                 "ratio_to_memcpy": statistics.median(ratios),
-                "ratio_to_memcpy_per_round": [statistics.median(ratios[i:i + args.repeats])
-                                              for i in range(0, len(ratios), args.repeats)],
-                "ratio_to_raw_socket": gbps / raw}
+                "ratio_to_memcpy_per_round": [
+                    statistics.median(ratios[i : i + args.repeats]) for i in range(0, len(ratios), args.repeats)
+                ],
+                "ratio_to_raw_socket": gbps / raw,
+            }
     if memcpy_s_per_byte:
         result["memcpy_gbps"] = 1 / statistics.median(memcpy_s_per_byte) / GBIT
     return result
@@ -306,19 +332,25 @@ SMALL_BLOCK_TARGET = 0.5  # small-block runs within 2x of 1 MiB runs
 
 def print_table(result: dict) -> None:
     memcpy = "n/a" if result["memcpy_gbps"] is None else f"{result['memcpy_gbps']:.1f} Gbit/s"
-    print(f"request {result['request_bytes'] // MIB} MiB, median of {result['rounds']} rounds x {result['repeats']}; "
-          f"memcpy {memcpy} (paired with every repetition), raw socket {result['raw_socket_gbps']:.1f} Gbit/s")
-    print(f"{'backend':<10}{'1MiB Gbit/s':>12}{'/memcpy':>9}{'/socket':>9}{'target':>22}"
-          f"{'small Gbit/s':>14}{'small/1MiB':>12}   /memcpy by round")
+    print(
+        f"request {result['request_bytes'] // MIB} MiB, median of {result['rounds']} rounds x {result['repeats']}; "
+        f"memcpy {memcpy} (paired with every repetition), raw socket {result['raw_socket_gbps']:.1f} Gbit/s"
+    )
+    print(
+        f"{'backend':<10}{'1MiB Gbit/s':>12}{'/memcpy':>9}{'/socket':>9}{'target':>22}"
+        f"{'small Gbit/s':>14}{'small/1MiB':>12}   /memcpy by round"
+    )
     for backend, large in result["backends"].items():
         small = result["backends_small_blocks"][backend]
         baseline, ratio = TARGETS[backend]
         got = large["ratio_to_memcpy"] if baseline == "memcpy" else large["ratio_to_raw_socket"]
         verdict = "ok" if got >= ratio else "MISS"
         share = small["gbps"] / large["gbps"]
-        print(f"{backend:<10}{large['gbps']:>12.1f}{large['ratio_to_memcpy']:>9.2f}{large['ratio_to_raw_socket']:>9.2f}"
-              f"{f'>={ratio} {baseline} {verdict}':>22}{small['gbps']:>14.1f}"
-              f"{share:>8.2f} {'ok' if share >= SMALL_BLOCK_TARGET else 'MISS':<4}   "
-              + " ".join(f"{r:.2f}" for r in large["ratio_to_memcpy_per_round"]))
+        print(
+            f"{backend:<10}{large['gbps']:>12.1f}{large['ratio_to_memcpy']:>9.2f}{large['ratio_to_raw_socket']:>9.2f}"
+            f"{f'>={ratio} {baseline} {verdict}':>22}{small['gbps']:>14.1f}"
+            f"{share:>8.2f} {'ok' if share >= SMALL_BLOCK_TARGET else 'MISS':<4}   "
+            + " ".join(f"{r:.2f}" for r in large["ratio_to_memcpy_per_round"])
+        )
     if result["skipped"]:
         print(f"skipped (not installed): {', '.join(result['skipped'])}")

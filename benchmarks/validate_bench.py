@@ -53,10 +53,18 @@ AUTO_SLO_PERCENTILE = 75
 LOCALHOST_TCP_GBPS = 20.0  # KV over TCP on one host (bench.py transport); layer-wise, it hardly shows
 LINK_SETUP_S = 0.001
 WORKLOADS = {
-    "prefill-heavy": {"prompt_len": LengthDist.uniform(256, 512), "output_len": LengthDist.uniform(8, 24),
-                      "rate": 1.6, "num_requests": 80},
-    "decode-heavy": {"prompt_len": LengthDist.uniform(24, 64), "output_len": LengthDist.uniform(64, 128),
-                     "rate": 2.5, "num_requests": 80},
+    "prefill-heavy": {
+        "prompt_len": LengthDist.uniform(256, 512),
+        "output_len": LengthDist.uniform(8, 24),
+        "rate": 1.6,
+        "num_requests": 80,
+    },
+    "decode-heavy": {
+        "prompt_len": LengthDist.uniform(24, 64),
+        "output_len": LengthDist.uniform(64, 128),
+        "rate": 2.5,
+        "num_requests": 80,
+    },
 }
 METRICS = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms")
 QUICK = {"model": "tiny", "repeats": 1, "num_requests": 12, "profile_quick": True}
@@ -64,8 +72,12 @@ QUICK = {"model": "tiny", "repeats": 1, "num_requests": 12, "profile_quick": Tru
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_client_arguments(parser)
-    parser.add_argument("--profile", default=None, metavar="FILE", help="a latency profile (bench.py profile --json); "
-                        "without it one is measured first with the flags below")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="a latency profile (bench.py profile --json); without it one is measured first with the flags below",
+    )
     parser.add_argument("--model", default="small", help="(default: %(default)s)")
     parser.add_argument("--dtype", default="float32", help="(default: %(default)s)")
     parser.add_argument("--torch-threads", type=int, default=1, help="per instance, and for the profile")
@@ -75,36 +87,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-requests", type=int, default=None, help="per workload (default: each one's)")
     parser.add_argument("--workloads", nargs="+", choices=list(WORKLOADS), default=list(WORKLOADS))
     parser.add_argument("--seed", type=int, default=0)
-    options.add_slo_arguments(parser, "--goodput", None, "the SLO of attainment (default: TTFT and TPOT at the "
-                                                         f"simulated P{AUTO_SLO_PERCENTILE})")
+    options.add_slo_arguments(
+        parser,
+        "--goodput",
+        None,
+        f"the SLO of attainment (default: TTFT and TPOT at the simulated P{AUTO_SLO_PERCENTILE})",
+    )
     parser.set_defaults(profile_quick=False)
 
 
 def _profile(args: argparse.Namespace) -> LatencyProfile:
     if args.profile:
         return LatencyProfile.load(args.profile)
-    measured = profile_bench.run(argparse.Namespace(
-        model=args.model, dtype=args.dtype, device="cpu", torch_threads=args.torch_threads, repeats=5,
-        num_blocks=args.num_blocks, max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=64,
-        quick=args.profile_quick))
+    measured = profile_bench.run(
+        argparse.Namespace(
+            model=args.model,
+            dtype=args.dtype,
+            device="cpu",
+            torch_threads=args.torch_threads,
+            repeats=5,
+            num_blocks=args.num_blocks,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_seqs=64,
+            quick=args.profile_quick,
+        )
+    )
     return LatencyProfile.from_json(json.dumps(measured))
 
 
 def _specs(name: str, args: argparse.Namespace, seed: int):
     w = WORKLOADS[name]
-    return make_workload(name, args.num_requests or w["num_requests"], ArrivalProcess.poisson(w["rate"]), seed=seed,
-                         prompt_len=w["prompt_len"], output_len=w["output_len"])
+    return make_workload(
+        name,
+        args.num_requests or w["num_requests"],
+        ArrivalProcess.poisson(w["rate"]),
+        seed=seed,
+        prompt_len=w["prompt_len"],
+        output_len=w["output_len"],
+    )
 
 
 def simulate(profile: LatencyProfile, specs, budget: int) -> dict:
     """The simulated run: per-request arrays and the figures compared."""
-    options_ = SimOptions(link=KVLink(LOCALHOST_TCP_GBPS, LINK_SETUP_S, True, profile.num_layers),
-                          local_prefill=LocalPrefillThresholds(max_local_tokens=0), max_batched_tokens=budget)
+    options_ = SimOptions(
+        link=KVLink(LOCALHOST_TCP_GBPS, LINK_SETUP_S, True, profile.num_layers),
+        local_prefill=LocalPrefillThresholds(max_local_tokens=0),
+        max_batched_tokens=budget,
+    )
     result = Simulator(profile, ClusterSpec.split(1, 1), options_).run(specs)
     gaps = result.itl_gaps
-    return {"result": result, "ttft_p50_ms": float(np.percentile(result.ttft_s, 50)) * MS_PER_S,
-            "ttft_p90_ms": float(np.percentile(result.ttft_s, 90)) * MS_PER_S,
-            "itl_p50_ms": gaps.percentile(50) * MS_PER_S, "itl_p90_ms": gaps.percentile(90) * MS_PER_S}
+    return {
+        "result": result,
+        "ttft_p50_ms": float(np.percentile(result.ttft_s, 50)) * MS_PER_S,
+        "ttft_p90_ms": float(np.percentile(result.ttft_s, 90)) * MS_PER_S,
+        "itl_p50_ms": gaps.percentile(50) * MS_PER_S,
+        "itl_p90_ms": gaps.percentile(90) * MS_PER_S,
+    }
 
 
 def _sim_slo(sim: dict, given: list[str] | None) -> ClientSLO:
@@ -112,24 +150,35 @@ def _sim_slo(sim: dict, given: list[str] | None) -> ClientSLO:
         return options.slo_from(given)
     result = sim["result"]
     tpot = result.tpot_s[~np.isnan(result.tpot_s)]
-    return ClientSLO(ttft_ms=round(float(np.percentile(result.ttft_s, AUTO_SLO_PERCENTILE)) * MS_PER_S, 1),
-                     tpot_ms=round(float(np.percentile(tpot, AUTO_SLO_PERCENTILE)) * MS_PER_S, 2))
+    return ClientSLO(
+        ttft_ms=round(float(np.percentile(result.ttft_s, AUTO_SLO_PERCENTILE)) * MS_PER_S, 1),
+        tpot_ms=round(float(np.percentile(tpot, AUTO_SLO_PERCENTILE)) * MS_PER_S, 2),
+    )
 
 
 def _sim_attainment(sim: dict, slo: ClientSLO) -> float:
     def seconds(ms):
         return None if ms is None else ms / MS_PER_S
-    return float(SimSLO(ttft_s=seconds(slo.ttft_ms), tpot_s=seconds(slo.tpot_ms),
-                        e2e_s=seconds(slo.e2el_ms)).good(sim["result"]).mean())
+
+    return float(
+        SimSLO(ttft_s=seconds(slo.ttft_ms), tpot_s=seconds(slo.tpot_ms), e2e_s=seconds(slo.e2el_ms))
+        .good(sim["result"])
+        .mean()
+    )
 
 
 def _measured(records, slo: ClientSLO) -> dict:
     ok = [r for r in records if r.success]
     gaps = [g * MS_PER_S for r in ok for g in r.itl_s]
     ttft = [r.ttft_s * MS_PER_S for r in ok]
-    return {"ttft_p50_ms": percentile(ttft, 50), "ttft_p90_ms": percentile(ttft, 90),
-            "itl_p50_ms": percentile(gaps, 50), "itl_p90_ms": percentile(gaps, 90),
-            "attainment": attainment(records, slo), "failed": len(records) - len(ok)}
+    return {
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p90_ms": percentile(ttft, 90),
+        "itl_p50_ms": percentile(gaps, 50),
+        "itl_p90_ms": percentile(gaps, 90),
+        "attainment": attainment(records, slo),
+        "failed": len(records) - len(ok),
+    }
 
 
 def _compare(sim: dict, meas: dict) -> dict:
@@ -144,25 +193,43 @@ def run(args: argparse.Namespace) -> dict:
         vars(args).update(QUICK)
     profile = _profile(args)
     budget = args.max_num_batched_tokens
-    result = {"profile": {"name": profile.name, "model": profile.model, "dtype": profile.dtype,
-                          "threads": profile.threads, "prefill": msgspec.to_builtins(profile.prefill),
-                          "decode": msgspec.to_builtins(profile.decode),
-                          "prefill_r2": profile.prefill_fit.r2 if profile.prefill_fit else None,
-                          "decode_r2": profile.decode_fit.r2 if profile.decode_fit else None},
-              "cluster": "1P:1D", "torch_threads": args.torch_threads, "max_num_batched_tokens": budget,
-              "tolerance": {"latency": LATENCY_TOLERANCE, "attainment": ATTAINMENT_TOLERANCE}, "workloads": {}}
-    all_specs = {name: [_specs(name, args, args.seed + 100 * i + r) for r in range(args.repeats)]
-                 for i, name in enumerate(args.workloads)}
+    result = {
+        "profile": {
+            "name": profile.name,
+            "model": profile.model,
+            "dtype": profile.dtype,
+            "threads": profile.threads,
+            "prefill": msgspec.to_builtins(profile.prefill),
+            "decode": msgspec.to_builtins(profile.decode),
+            "prefill_r2": profile.prefill_fit.r2 if profile.prefill_fit else None,
+            "decode_r2": profile.decode_fit.r2 if profile.decode_fit else None,
+        },
+        "cluster": "1P:1D",
+        "torch_threads": args.torch_threads,
+        "max_num_batched_tokens": budget,
+        "tolerance": {"latency": LATENCY_TOLERANCE, "attainment": ATTAINMENT_TOLERANCE},
+        "workloads": {},
+    }
+    all_specs = {
+        name: [_specs(name, args, args.seed + 100 * i + r) for r in range(args.repeats)]
+        for i, name in enumerate(args.workloads)
+    }
     longest = [s for runs in all_specs.values() for specs in runs for s in specs]
-    server = ServerOptions(model=profile.model, torch_threads=args.torch_threads,
-                           max_model_len=options.fitting_max_model_len(longest), num_blocks=args.num_blocks,
-                           max_num_batched_tokens=budget, extra_flags=("--dtype", profile.dtype, "--no-prefix-caching"))
+    server = ServerOptions(
+        model=profile.model,
+        torch_threads=args.torch_threads,
+        max_model_len=options.fitting_max_model_len(longest),
+        num_blocks=args.num_blocks,
+        max_num_batched_tokens=budget,
+        extra_flags=("--dtype", profile.dtype, "--no-prefix-caching"),
+    )
     args.tokenizer, args.dataset = None, None
     builder = options.prompt_builder(argparse.Namespace(model=profile.model, tokenizer=None, seed=args.seed))
     config = options.runner_config(args)
     with Processes() as processes:
-        deployment = start_disaggregated(processes, server, num_prefill=1, num_decode=1,
-                                         router_flags=("--local-prefill-max-tokens", "-1"))
+        deployment = start_disaggregated(
+            processes, server, num_prefill=1, num_decode=1, router_flags=("--local-prefill-max-tokens", "-1")
+        )
         for name, runs in all_specs.items():
             rows = []
             for r, specs in enumerate(runs):
@@ -171,36 +238,48 @@ def run(args: argparse.Namespace) -> dict:
                 sim["attainment"] = _sim_attainment(sim, slo)
                 measured = measure(deployment.urls, specs, builder, f"validate-{name}-{r}", config, slo)
                 meas = {**_measured(measured.records, slo), "foreign_cpu": measured.foreign_cpu}
-                rows.append({"slo": msgspec.to_builtins(slo), "simulated": {k: v for k, v in sim.items()
-                                                                            if k != "result"},
-                             "measured": meas, **_compare(sim, meas)})
-            result["workloads"][name] = {**{k: msgspec.to_builtins(v) if isinstance(v, LengthDist) else v
-                                            for k, v in WORKLOADS[name].items()},
-                                         "num_requests": len(runs[0]), "runs": rows,
-                                         "runs_within_targets": sum(row["within_targets"] for row in rows)}
-    result["lost_requests"] = sum(row["measured"]["failed"] for w in result["workloads"].values()
-                                  for row in w["runs"])
+                rows.append(
+                    {
+                        "slo": msgspec.to_builtins(slo),
+                        "simulated": {k: v for k, v in sim.items() if k != "result"},
+                        "measured": meas,
+                        **_compare(sim, meas),
+                    }
+                )
+            result["workloads"][name] = {
+                **{k: msgspec.to_builtins(v) if isinstance(v, LengthDist) else v for k, v in WORKLOADS[name].items()},
+                "num_requests": len(runs[0]),
+                "runs": rows,
+                "runs_within_targets": sum(row["within_targets"] for row in rows),
+            }
+    result["lost_requests"] = sum(row["measured"]["failed"] for w in result["workloads"].values() for row in w["runs"])
     return result
 
 
 def print_table(result: dict) -> None:
     p = result["profile"]
-    print(f"validate: simulator vs a real 1P:1D cluster of {p['model']} ({p['dtype']}, {result['torch_threads']} "
-          f"thread(s) per instance); profile {p['name']} (R^2 prefill {p['prefill_r2']}, decode {p['decode_r2']})")
+    print(
+        f"validate: simulator vs a real 1P:1D cluster of {p['model']} ({p['dtype']}, {result['torch_threads']} "
+        f"thread(s) per instance); profile {p['name']} (R^2 prefill {p['prefill_r2']}, decode {p['decode_r2']})"
+    )
     print(f"{'workload':>13} {'run':>3} {'metric':>12} {'simulated':>10} {'measured':>10} {'error':>7}")
     for name, w in result["workloads"].items():
         for i, row in enumerate(w["runs"]):
             for m in METRICS:
                 err = row["relative_error"][m]
                 flag = "" if abs(err) <= result["tolerance"]["latency"] else "  miss"
-                print(f"{name:>13} {i:>3} {m:>12} {row['simulated'][m]:>8.1f}ms {row['measured'][m]:>8.1f}ms "
-                      f"{err:>+7.1%}{flag}")
+                print(
+                    f"{name:>13} {i:>3} {m:>12} {row['simulated'][m]:>8.1f}ms {row['measured'][m]:>8.1f}ms "
+                    f"{err:>+7.1%}{flag}"
+                )
             diff = row["attainment_diff"]
             flag = "" if abs(diff) <= result["tolerance"]["attainment"] else "  miss"
             slo = " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in row["slo"].items())
-            print(f"{name:>13} {i:>3} {'attainment':>12} {row['simulated']['attainment']:>10.1%} "
-                  f"{row['measured']['attainment']:>10.1%} {diff * 100:>+6.1f}pt{flag}   (SLO {slo}; other jobs "
-                  f"{row['measured']['foreign_cpu']:.0%})")
+            print(
+                f"{name:>13} {i:>3} {'attainment':>12} {row['simulated']['attainment']:>10.1%} "
+                f"{row['measured']['attainment']:>10.1%} {diff * 100:>+6.1f}pt{flag}   (SLO {slo}; other jobs "
+                f"{row['measured']['foreign_cpu']:.0%})"
+            )
         print(f"{name:>13}: {w['runs_within_targets']} of {len(w['runs'])} runs within every target")
     print(f"lost requests: {result['lost_requests']}")
 
@@ -213,11 +292,23 @@ def plot(result: dict, path: str) -> None:
         x = range(len(METRICS))
         sim = [statistics.median(r["simulated"][m] for r in runs) for m in METRICS]
         for i, r in enumerate(runs):
-            ax.scatter(list(x), [r["measured"][m] for m in METRICS], marker="o", color="tab:orange",
-                       label="measured (each run)" if i == 0 else None)
+            ax.scatter(
+                list(x),
+                [r["measured"][m] for m in METRICS],
+                marker="o",
+                color="tab:orange",
+                label="measured (each run)" if i == 0 else None,
+            )
         ax.bar(list(x), sim, width=0.5, alpha=0.5, label="simulated")
-        ax.errorbar(list(x), sim, yerr=[[v * LATENCY_TOLERANCE for v in sim]] * 2, fmt="none", color="black",
-                    capsize=4, label="±15%")
+        ax.errorbar(
+            list(x),
+            sim,
+            yerr=[[v * LATENCY_TOLERANCE for v in sim]] * 2,
+            fmt="none",
+            color="black",
+            capsize=4,
+            label="±15%",
+        )
         ax.set_xticks(list(x), [m.removesuffix("_ms").replace("_", " ") for m in METRICS], fontsize=8)
         ax.set_yscale("log")
         ax.set_ylabel("ms")

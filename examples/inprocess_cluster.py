@@ -14,8 +14,10 @@ async def main() -> None:
         async for out in cluster.generate(prompt, SamplingParams(max_tokens=8, temperature=0)):
             if out.finished:
                 t = out.transfer
-                print(f"{out.num_output_tokens} tokens; KV {t.prefill_instance} -> {t.decode_instance}: "
-                      f"{t.num_bytes} bytes, exposed {t.exposed_s * 1e3:.2f} ms")
+                print(
+                    f"{out.num_output_tokens} tokens; KV {t.prefill_instance} -> {t.decode_instance}: "
+                    f"{t.num_bytes} bytes, exposed {t.exposed_s * 1e3:.2f} ms"
+                )
         for instance in cluster.instances:
             print(instance.instance_id, instance.stats().num_used_blocks, "blocks in use")
 

@@ -50,9 +50,7 @@ class ModelConfig(msgspec.Struct, frozen=True):
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
-            )
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
 
 
 # Byte-level tokenizer ids used by the presets: 0..255 are bytes.

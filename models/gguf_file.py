@@ -31,10 +31,20 @@ ALIGNMENT_KEY = "general.alignment"
 
 # Metadata value types (gguf.md, `gguf_metadata_value_type`): the fixed-size ones as struct formats.
 _STRING, _ARRAY = 8, 9
-_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-                   12: "<d"}
-_NUMPY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
-                 12: "<f8"}
+_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_NUMPY_DTYPES = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "?",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
 
 
 class GGUFTensorInfo(NamedTuple):
@@ -63,8 +73,10 @@ class _Cursor:
     def take(self, size: int) -> int:
         start = self.pos
         if start + size > len(self.buffer):
-            raise ValueError(f"gguf: {self.path} is truncated (a read of {size} bytes at offset {start} "
-                             f"passes its end, {len(self.buffer)} bytes)")
+            raise ValueError(
+                f"gguf: {self.path} is truncated (a read of {size} bytes at offset {start} "
+                f"passes its end, {len(self.buffer)} bytes)"
+            )
         self.pos += size
         return start
 
@@ -74,7 +86,7 @@ class _Cursor:
     def string(self) -> str:
         size = self.scalar("<Q")
         start = self.take(size)
-        return self.buffer[start:start + size].decode("utf-8", errors="replace")
+        return self.buffer[start : start + size].decode("utf-8", errors="replace")
 
     def value(self, value_type: int) -> Any:
         if value_type == _STRING:
@@ -83,8 +95,9 @@ class _Cursor:
             return self.array()
         fmt = _SCALAR_FORMATS.get(value_type)
         if fmt is None:
-            raise ValueError(f"gguf: {self.path} has a metadata value of unknown type {value_type} "
-                             f"at offset {self.pos}")
+            raise ValueError(
+                f"gguf: {self.path} has a metadata value of unknown type {value_type} at offset {self.pos}"
+            )
         return self.scalar(fmt)
 
     def array(self) -> list[Any]:
@@ -117,7 +130,7 @@ class GGUFFile:
             raise ValueError(f"gguf: tensor {info.name!r} in {self.path} ends past the end of the file")
         # A plain ndarray view: gguf.quants splits its input into many pieces, and every piece of an
         # np.memmap subclass pays for a Python-level __array_finalize__.
-        raw = self._data[start:start + info.num_bytes].view(np.ndarray)
+        raw = self._data[start : start + info.num_bytes].view(np.ndarray)
         return raw.reshape(quant_shape_to_byte_shape(info.shape, GGMLQuantizationType(info.ggml_type)))
 
 
@@ -128,8 +141,10 @@ def _tensor_bytes(path: Path, name: str, shape: tuple[int, ...], ggml_type: int)
     except (ValueError, KeyError):
         return 0
     if shape and shape[-1] % block_size:
-        raise ValueError(f"gguf: tensor {name!r} in {path} has rows of {shape[-1]} values, not a multiple of "
-                         f"its type's block of {block_size}")
+        raise ValueError(
+            f"gguf: tensor {name!r} in {path} has rows of {shape[-1]} values, not a multiple of "
+            f"its type's block of {block_size}"
+        )
     return int(np.prod(shape, dtype=np.int64)) // block_size * type_size
 
 

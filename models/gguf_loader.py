@@ -68,16 +68,19 @@ def gguf_architecture(file: GGUFFile) -> str:
     """`general.architecture`, or ValueError naming it when it is not supported."""
     architecture = file.metadata.get(ARCHITECTURE_KEY)
     if architecture not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(f"gguf: architecture {architecture!r} ({ARCHITECTURE_KEY} in {file.path}) is not "
-                         f"supported; supported: {list(SUPPORTED_ARCHITECTURES)}")
+        raise ValueError(
+            f"gguf: architecture {architecture!r} ({ARCHITECTURE_KEY} in {file.path}) is not "
+            f"supported; supported: {list(SUPPORTED_ARCHITECTURES)}"
+        )
     return architecture
 
 
 def _rope_scaling(metadata: dict[str, Any], arch: str) -> RopeScaling | None:
     kind = metadata.get(f"{arch}.rope.scaling.type", "none")
     if kind not in SUPPORTED_ROPE_SCALING:
-        raise ValueError(f"gguf: {arch}.rope.scaling.type {kind!r} is not supported; "
-                         f"supported: {list(SUPPORTED_ROPE_SCALING)}")
+        raise ValueError(
+            f"gguf: {arch}.rope.scaling.type {kind!r} is not supported; supported: {list(SUPPORTED_ROPE_SCALING)}"
+        )
     factor = float(metadata.get(f"{arch}.rope.scaling.factor", 1.0))
     if kind == "none" or factor == 1.0:
         return None
@@ -98,19 +101,23 @@ def config_from_gguf(file: GGUFFile) -> ModelConfig:
     if expert_count:
         raise ValueError(f"gguf: {arch}.expert_count = {expert_count}: mixture-of-experts models are not supported")
     if _ROPE_FACTORS in file.tensors:
-        raise ValueError(f"gguf: tensor {_ROPE_FACTORS!r} (per-frequency RoPE factors, as Llama 3.1 uses) "
-                         "is not supported")
+        raise ValueError(
+            f"gguf: tensor {_ROPE_FACTORS!r} (per-frequency RoPE factors, as Llama 3.1 uses) is not supported"
+        )
     hidden_size = int(_required(metadata, f"{arch}.embedding_length"))
     num_heads = int(_required(metadata, f"{arch}.attention.head_count"))
     head_dim = int(metadata.get(f"{arch}.attention.key_length") or hidden_size // num_heads)
     value_dim = int(metadata.get(f"{arch}.attention.value_length") or head_dim)
     rope_dim = int(metadata.get(f"{arch}.rope.dimension_count") or head_dim)
     if value_dim != head_dim:
-        raise ValueError(f"gguf: {arch}.attention.value_length ({value_dim}) != key_length ({head_dim}) "
-                         "is not supported")
+        raise ValueError(
+            f"gguf: {arch}.attention.value_length ({value_dim}) != key_length ({head_dim}) is not supported"
+        )
     if rope_dim != head_dim:
-        raise ValueError(f"gguf: {arch}.rope.dimension_count ({rope_dim}) != head dim ({head_dim}): "
-                         "partial rotary embeddings are not supported")
+        raise ValueError(
+            f"gguf: {arch}.rope.dimension_count ({rope_dim}) != head dim ({head_dim}): "
+            "partial rotary embeddings are not supported"
+        )
     embedding = file.tensors.get("token_embd.weight")
     vocab_size = metadata.get(f"{arch}.vocab_size") or (embedding.shape[0] if embedding else None)
     if vocab_size is None:
@@ -140,7 +147,7 @@ def hf_name(gguf_name: str) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     if gguf_name.startswith(_LAYER_PREFIX):
-        index, _, rest = gguf_name[len(_LAYER_PREFIX):].partition(".")
+        index, _, rest = gguf_name[len(_LAYER_PREFIX) :].partition(".")
         if index.isdigit() and rest in _LAYER_NAMES:
             return f"model.layers.{int(index)}.{_LAYER_NAMES[rest]}"
     return None
@@ -160,8 +167,10 @@ def unpermute_qk_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def _check_type(file: GGUFFile, info: GGUFTensorInfo) -> None:
     if info.ggml_type not in SUPPORTED_TENSOR_TYPES:
-        raise ValueError(f"gguf: tensor {info.name!r} in {file.path} has type {info.type_name}, which is not "
-                         f"supported; supported: {[t.name for t in SUPPORTED_TENSOR_TYPES]}")
+        raise ValueError(
+            f"gguf: tensor {info.name!r} in {file.path} has type {info.type_name}, which is not "
+            f"supported; supported: {[t.name for t in SUPPORTED_TENSOR_TYPES]}"
+        )
 
 
 def dequantize_tensor(file: GGUFFile, info: GGUFTensorInfo) -> np.ndarray:
@@ -183,13 +192,15 @@ def _check_tensors(file: GGUFFile, model_shapes: dict[str, tuple[int, ...]]) -> 
         info = file.tensors[gguf_name]
         _check_type(file, info)
         if info.shape != model_shapes[name]:
-            raise ValueError(f"gguf: tensor {gguf_name!r} in {file.path} has shape {info.shape}, "
-                             f"expected {model_shapes[name]}")
+            raise ValueError(
+                f"gguf: tensor {gguf_name!r} in {file.path} has shape {info.shape}, expected {model_shapes[name]}"
+            )
     return names
 
 
-def load_gguf_weights(file: GGUFFile, device: torch.device | str = "cpu",
-                      dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+def load_gguf_weights(
+    file: GGUFFile, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> LlamaForCausalLM:
     """Build the model of an already parsed GGUF file (see `load_gguf_model`)."""
     config = config_from_gguf(file)
     shapes = _model_shapes(config)
@@ -214,8 +225,9 @@ def _model_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
-def load_gguf_model(path: str | Path, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+def load_gguf_model(
+    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> LlamaForCausalLM:
     """Build a `LlamaForCausalLM` from the llama GGUF file at `path`, dequantized to `dtype` on
     `device`. Raises FileNotFoundError when it does not exist and ValueError naming an
     unsupported architecture, tensor type or feature, or missing/unexpected/misshapen tensors

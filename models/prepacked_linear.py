@@ -25,8 +25,12 @@ BATCH_HINT = 8
 
 def _ops_available() -> bool:
     ops = torch.ops.mkldnn
-    return (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
-            and hasattr(ops, "_linear_pointwise") and ops._is_mkldnn_bf16_supported())
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_reorder_linear_weight")
+        and hasattr(ops, "_linear_pointwise")
+        and ops._is_mkldnn_bf16_supported()
+    )
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
@@ -43,8 +47,9 @@ def prepack(weight: torch.Tensor) -> torch.Tensor | None:
         return None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-           packed: torch.Tensor | None) -> torch.Tensor:
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor | None
+) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, through the packed copy when there is one."""
     if packed is None or x.dtype != torch.bfloat16:
         return F.linear(x, weight, bias)

@@ -85,10 +85,12 @@ class RotaryEmbedding(torch.nn.Module):
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         # Computed in float32 like HF, then cast, so low-precision dtypes round the same way.
-        self.register_buffer("cos", (emb.float().cos() * attention_factor).to(device=device, dtype=dtype),
-                             persistent=False)
-        self.register_buffer("sin", (emb.float().sin() * attention_factor).to(device=device, dtype=dtype),
-                             persistent=False)
+        self.register_buffer(
+            "cos", (emb.float().cos() * attention_factor).to(device=device, dtype=dtype), persistent=False
+        )
+        self.register_buffer(
+            "sin", (emb.float().sin() * attention_factor).to(device=device, dtype=dtype), persistent=False
+        )
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin for `positions` ([T]), shaped [T, 1, head_dim] to broadcast over heads."""

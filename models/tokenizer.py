@@ -81,7 +81,7 @@ class ByteTokenizer(Tokenizer):
         data = text.encode("utf-8")
         ids = [BYTE_BOS_ID] if add_bos else []
         for start in range(0, len(data), _GIL_SLICE_BYTES):  # slices: other threads run in between
-            ids.extend(data[start:start + _GIL_SLICE_BYTES])
+            ids.extend(data[start : start + _GIL_SLICE_BYTES])
         return ids
 
     def decode(self, ids: Sequence[int]) -> str:
@@ -120,8 +120,15 @@ class HFTokenizer(Tokenizer):
     `extra_eos_token_ids` (generation_config.json's `eos_token_id`: chat models list several).
     """
 
-    def __init__(self, tokenizer: _RustTokenizer, bos_token: str | None = None, eos_token: str | None = None,
-                 add_bos: bool = True, chat_template: str | None = None, extra_eos_token_ids: Sequence[int] = ()):
+    def __init__(
+        self,
+        tokenizer: _RustTokenizer,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        add_bos: bool = True,
+        chat_template: str | None = None,
+        extra_eos_token_ids: Sequence[int] = (),
+    ):
         self._tokenizer = tokenizer
         self.vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
         # A vocabulary string is at least as long as the text its token stands for (byte-level
@@ -171,15 +178,18 @@ def load_tokenizer(path: str | Path) -> HFTokenizer:
         raise FileNotFoundError(f"tokenizer: directory {directory} does not exist")
     tokenizer_file = directory / TOKENIZER_FILE
     if not tokenizer_file.is_file():
-        raise FileNotFoundError(f"tokenizer: {tokenizer_file} does not exist (only tokenizer.json "
-                                f"tokenizers are supported)")
+        raise FileNotFoundError(
+            f"tokenizer: {tokenizer_file} does not exist (only tokenizer.json tokenizers are supported)"
+        )
     tokenizer_config = _read_json(directory / TOKENIZER_CONFIG_FILE)
     generation_eos = _read_json(directory / GENERATION_CONFIG_FILE).get("eos_token_id")
     if isinstance(generation_eos, int):
         generation_eos = [generation_eos]
-    return HFTokenizer(_RustTokenizer.from_file(str(tokenizer_file)),
-                       bos_token=_token_content(tokenizer_config.get("bos_token")),
-                       eos_token=_token_content(tokenizer_config.get("eos_token")),
-                       add_bos=bool(tokenizer_config.get("add_bos_token", True)),
-                       chat_template=_chat_template(directory, tokenizer_config),
-                       extra_eos_token_ids=generation_eos or ())
+    return HFTokenizer(
+        _RustTokenizer.from_file(str(tokenizer_file)),
+        bos_token=_token_content(tokenizer_config.get("bos_token")),
+        eos_token=_token_content(tokenizer_config.get("eos_token")),
+        add_bos=bool(tokenizer_config.get("add_bos_token", True)),
+        chat_template=_chat_template(directory, tokenizer_config),
+        extra_eos_token_ids=generation_eos or (),
+    )

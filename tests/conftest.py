@@ -5,18 +5,32 @@ in well under 30 s, for a quick check while editing. CI runs everything."""
 from __future__ import annotations
 
 import pytest
+from loop_thread import LoopThread
 
 from minipd.engine.engine import Engine, EngineConfig
-
-from loop_thread import LoopThread
 
 _live_engines: list[Engine] = []
 
 FAST_MODULES = {
-    "test_block_manager", "test_scheduler_units", "test_picking_units", "test_sampling", "test_workload",
-    "test_kv_pool", "test_transport_units", "test_tokenizer", "test_http_chat_template", "test_engine_correctness",
-    "test_http_api", "test_disagg_inprocess", "test_http_router", "test_gguf_loader", "test_layers",
-    "test_control_auth", "test_kv_link_auth", "test_placement_units", "test_live_controller_units",
+    "test_block_manager",
+    "test_scheduler_units",
+    "test_picking_units",
+    "test_sampling",
+    "test_workload",
+    "test_kv_pool",
+    "test_transport_units",
+    "test_tokenizer",
+    "test_http_chat_template",
+    "test_engine_correctness",
+    "test_http_api",
+    "test_disagg_inprocess",
+    "test_http_router",
+    "test_gguf_loader",
+    "test_layers",
+    "test_control_auth",
+    "test_kv_link_auth",
+    "test_placement_units",
+    "test_live_controller_units",
 }
 
 
@@ -47,6 +61,7 @@ def make_engine(loop_thread):
             engine = Engine(EngineConfig(**overrides))
             await engine.start()
             return engine
+
         engine = loop_thread.run(build())
         engines.append(engine)
         _live_engines.append(engine)

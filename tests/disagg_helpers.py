@@ -5,18 +5,29 @@ from __future__ import annotations
 import asyncio
 import random
 
+from engine_helpers import Completion
+
 from minipd.engine.engine import EngineConfig
 from minipd.engine.sampling_params import SamplingParams
-
-from engine_helpers import Completion
 
 BLOCK_SIZE = 16
 LOCAL_PREFILL_MAX_TOKENS = 16
 # float32 pinned: disaggregated and colocated outputs are compared token for token.
-CONFIG = EngineConfig(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=256, max_model_len=512,
-                      max_num_batched_tokens=64)
-ENGINE_ARGV = ["--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--num-blocks", "256", "--max-model-len", "512",
-               "--max-num-batched-tokens", "64"]
+CONFIG = EngineConfig(
+    model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=256, max_model_len=512, max_num_batched_tokens=64
+)
+ENGINE_ARGV = [
+    "--dtype",
+    "float32",
+    "--block-size",
+    str(BLOCK_SIZE),
+    "--num-blocks",
+    "256",
+    "--max-model-len",
+    "512",
+    "--max-num-batched-tokens",
+    "64",
+]
 ROUTER_ARGV = ["--local-prefill-max-tokens", str(LOCAL_PREFILL_MAX_TOKENS)]
 MAX_TOKENS = 10
 SHARED_PREFIX_LEN = 3 * BLOCK_SIZE + 5
@@ -44,8 +55,10 @@ def params_for(kind: str, i: int) -> SamplingParams:
 
 async def run_all(server, prompts: list[list[int]], kind: str) -> list[Completion]:
     """Every prompt at once through anything with `generate()`."""
+
     async def one(i: int, prompt: list[int]) -> Completion:
         return Completion([out async for out in server.generate(prompt, params_for(kind, i))])
+
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
 
 

@@ -29,8 +29,18 @@ SETTLE_S = 20.0  # every pool is full again within this after a cell
 PARAMS = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
 # Spares for the kills: 2 prefill and 3 decode instances die, and a killed decode instance's
 # request is retried on another one.
-CLUSTER_ARGV = ["--num-prefill", "3", "--num-decode", "4", "--liveness-timeout-s", str(LIVENESS_S),
-                "--lease-s", str(LEASE_S), "--shutdown-timeout-s", "1"]
+CLUSTER_ARGV = [
+    "--num-prefill",
+    "3",
+    "--num-decode",
+    "4",
+    "--liveness-timeout-s",
+    str(LIVENESS_S),
+    "--lease-s",
+    str(LEASE_S),
+    "--shutdown-timeout-s",
+    "1",
+]
 
 
 class Cell(NamedTuple):
@@ -155,7 +165,8 @@ async def settled_stats(cluster: ProcessCluster) -> list:
         while True:
             stats = await client.stats(settle=True)
             whole = sorted(s.instance_id for s in stats) == surviving(cluster) and all(
-                s.num_used_blocks == 0 and s.num_reservations == 0 and s.num_fencing_blocks == 0 for s in stats)
+                s.num_used_blocks == 0 and s.num_reservations == 0 and s.num_fencing_blocks == 0 for s in stats
+            )
             if whole or loop.time() > deadline:
                 return stats
             await asyncio.sleep(0.2)  # a stalled sender gives its blocks back when its stall ends

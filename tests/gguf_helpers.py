@@ -18,23 +18,40 @@ from minipd.models.config import ModelConfig
 from minipd.models.packaged_models import PACKAGED_MODELS
 
 SMOLLM2 = PACKAGED_MODELS["smollm2"]
-requires_smollm2 = pytest.mark.skipif(importlib.util.find_spec(SMOLLM2.package) is None,
-                                      reason=f"the SmolLM2 GGUF is not installed ({SMOLLM2.install})")
+requires_smollm2 = pytest.mark.skipif(
+    importlib.util.find_spec(SMOLLM2.package) is None, reason=f"the SmolLM2 GGUF is not installed ({SMOLLM2.install})"
+)
 
 
 def smollm2_dir() -> Path:
     return Path(next(iter(importlib.util.find_spec(SMOLLM2.package).submodule_search_locations)))
 
 
-TINY = ModelConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                   head_dim=16, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
-                   tie_word_embeddings=False, bos_token_id=1, eos_token_ids=(2,))
+TINY = ModelConfig(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_ids=(2,),
+)
 
 GGUF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
 }
 
@@ -48,13 +65,19 @@ def hf_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
         shapes["lm_head.weight"] = (config.vocab_size, h)
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                       p + "self_attn.q_proj.weight": (config.num_heads * d, h),
-                       p + "self_attn.k_proj.weight": (config.num_kv_heads * d, h),
-                       p + "self_attn.v_proj.weight": (config.num_kv_heads * d, h),
-                       p + "self_attn.o_proj.weight": (h, config.num_heads * d),
-                       p + "mlp.gate_proj.weight": (f, h), p + "mlp.up_proj.weight": (f, h),
-                       p + "mlp.down_proj.weight": (h, f)})
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (config.num_heads * d, h),
+                p + "self_attn.k_proj.weight": (config.num_kv_heads * d, h),
+                p + "self_attn.v_proj.weight": (config.num_kv_heads * d, h),
+                p + "self_attn.o_proj.weight": (h, config.num_heads * d),
+                p + "mlp.gate_proj.weight": (f, h),
+                p + "mlp.up_proj.weight": (f, h),
+                p + "mlp.down_proj.weight": (h, f),
+            }
+        )
     weights = {}
     for name, shape in shapes.items():
         if len(shape) == 1:
@@ -66,14 +89,19 @@ def hf_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
 
 def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     """convert_hf_to_gguf.py's `LlamaModel.permute`: HF's half-split rotary rows -> llama.cpp's pairs."""
-    return (weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
-            .swapaxes(1, 2).reshape(weight.shape))
+    return (
+        weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
 
 
 def gguf_tensors(config: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """HF weights under their GGUF names, Q/K permuted as llama.cpp stores them."""
-    out = {"token_embd.weight": weights["model.embed_tokens.weight"].numpy(),
-           "output_norm.weight": weights["model.norm.weight"].numpy()}
+    out = {
+        "token_embd.weight": weights["model.embed_tokens.weight"].numpy(),
+        "output_norm.weight": weights["model.norm.weight"].numpy(),
+    }
     if "lm_head.weight" in weights:
         out["output.weight"] = weights["lm_head.weight"].numpy()
     for i in range(config.num_layers):
@@ -98,10 +126,15 @@ def stored(values: np.ndarray, tensor_type: GGMLQuantizationType) -> np.ndarray:
     return quantize(values.astype(np.float32), tensor_type)
 
 
-def write_llama_gguf(path: Path, config: ModelConfig, weights: dict[str, torch.Tensor],
-                     tensor_type: GGMLQuantizationType = GGMLQuantizationType.F32, arch: str = "llama",
-                     extra_metadata: dict[str, Any] | None = None,
-                     tensor_types: dict[str, GGMLQuantizationType] | None = None) -> Path:
+def write_llama_gguf(
+    path: Path,
+    config: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    tensor_type: GGMLQuantizationType = GGMLQuantizationType.F32,
+    arch: str = "llama",
+    extra_metadata: dict[str, Any] | None = None,
+    tensor_types: dict[str, GGMLQuantizationType] | None = None,
+) -> Path:
     """A GGUF file of `weights`: matrices stored as `tensor_type` (per-name overrides in
     `tensor_types`), 1-D norms as F32, plus llama metadata and a small byte-level vocabulary."""
     writer = GGUFWriter(str(path), arch)
@@ -123,18 +156,21 @@ def write_llama_gguf(path: Path, config: ModelConfig, weights: dict[str, torch.T
     for key, (value, value_type) in metadata.items():
         writer.add_key_value(key, value, value_type)
     # three special tokens, single printable ASCII characters, and one merged token '!"'
-    tokens = ["<unk>", "<s>", "</s>", *[chr(ord("!") + i) for i in range(config.vocab_size - 4)], "!\""]
+    tokens = ["<unk>", "<s>", "</s>", *[chr(ord("!") + i) for i in range(config.vocab_size - 4)], '!"']
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types([TokenType.CONTROL] * 3 + [TokenType.NORMAL] * (config.vocab_size - 3))
-    writer.add_token_merges(["! \""])
+    writer.add_token_merges(['! "'])
     writer.add_bos_token_id(config.bos_token_id)
     writer.add_eos_token_id(config.eos_token_ids[0])
     for name, values in gguf_tensors(config, weights).items():
         kind = (tensor_types or {}).get(name, GGMLQuantizationType.F32 if values.ndim == 1 else tensor_type)
-        writer.add_tensor(name, stored(values, kind), raw_dtype=None if kind in (
-            GGMLQuantizationType.F32, GGMLQuantizationType.F16) else kind)
+        writer.add_tensor(
+            name,
+            stored(values, kind),
+            raw_dtype=None if kind in (GGMLQuantizationType.F32, GGMLQuantizationType.F16) else kind,
+        )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

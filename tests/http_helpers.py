@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from openai_contract import check_body, is_generation
+from prometheus_client.parser import text_string_to_metric_families
 
 STARTUP_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 30.0
@@ -87,8 +86,9 @@ class OpenStream:
         parts = urlsplit(base_url)
         self.path = path
         self.connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=REQUEST_TIMEOUT_S)
-        self.connection.request("POST", path, json.dumps({**body, "stream": True}),
-                                {"Content-Type": "application/json"})
+        self.connection.request(
+            "POST", path, json.dumps({**body, "stream": True}), {"Content-Type": "application/json"}
+        )
         self.response = self.connection.getresponse()  # returns once the request is submitted
 
     def next_event(self) -> dict:
@@ -97,7 +97,7 @@ class OpenStream:
             line = self.response.readline()
             assert line, "stream ended early"
             if line.startswith(b"data: "):
-                event = json.loads(line[len(b"data: "):])
+                event = json.loads(line[len(b"data: ") :])
                 if self.response.status == 200:
                     check_body(self.path, event, stream=True)
                 return event
@@ -110,8 +110,11 @@ class OpenStream:
 def scrape(base_url: str) -> dict[tuple[str, frozenset], float]:
     """Every sample on /metrics, keyed by (sample name, labels)."""
     text = http_text(f"{base_url}/metrics")
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def sample(samples: dict, name: str, **labels: str) -> float:
@@ -122,9 +125,12 @@ def pools_full(samples: dict) -> bool:
     """No request anywhere and every instance's pool completely free."""
     totals = {dict(k[1])["instance"]: v for k, v in samples.items() if k[0] == "minipd_kv_blocks_total"}
     assert totals, "no instance reported on /metrics"
-    return all(sample(samples, "minipd_kv_blocks_free", instance=i) == total
-               and sample(samples, "minipd_requests_running", instance=i) == 0
-               and sample(samples, "minipd_requests_waiting", instance=i) == 0 for i, total in totals.items())
+    return all(
+        sample(samples, "minipd_kv_blocks_free", instance=i) == total
+        and sample(samples, "minipd_requests_running", instance=i) == 0
+        and sample(samples, "minipd_requests_waiting", instance=i) == 0
+        for i, total in totals.items()
+    )
 
 
 def wait_until_pools_full(base_url: str, timeout: float = SETTLE_TIMEOUT_S) -> dict:
@@ -150,8 +156,9 @@ def start_cluster(log_dir: Path, *flags: str) -> LiveServer:
 def _start(log_dir: Path, *argv: str) -> LiveServer:
     log_path = log_dir / "server.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "minipd", *argv],
-                                   stdout=subprocess.PIPE, stderr=log, bufsize=0)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "minipd", *argv], stdout=subprocess.PIPE, stderr=log, bufsize=0
+        )
     try:
         base_url = _read_announced_url(process, log_path)
         _wait_healthy(base_url, process, log_path)

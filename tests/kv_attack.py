@@ -38,8 +38,14 @@ class AttackReport:
     adopted_tokens: list[int] = field(default_factory=list)  # decode streamed these for the poisoned request
 
 
-async def poison_prefix(control: tuple[str, int], kv_port: tuple[str, int], token_ids: list[int], num_layers: int,
-                        block_bytes: int, seed: int = 0) -> AttackReport:
+async def poison_prefix(
+    control: tuple[str, int],
+    kv_port: tuple[str, int],
+    token_ids: list[int],
+    num_layers: int,
+    block_bytes: int,
+    seed: int = 0,
+) -> AttackReport:
     report = AttackReport()
     reader, writer = await asyncio.open_connection(*control)
     kv_reader, kv_writer = await asyncio.open_connection(*kv_port)
@@ -48,8 +54,9 @@ async def poison_prefix(control: tuple[str, int], kv_port: tuple[str, int], toke
         reply = await _read(reader)
         report.welcomed = isinstance(reply, Welcome)
         report.first_reply = type(reply).__name__ if reply is not None else "connection closed"
-        await _send(writer, Reserve(request_id=REQUEST_ID, token_ids=token_ids, prefill_instance=FAKE_PREFILL,
-                                    call_id=2))
+        await _send(
+            writer, Reserve(request_id=REQUEST_ID, token_ids=token_ids, prefill_instance=FAKE_PREFILL, call_id=2)
+        )
         reserved = await _read(reader)
         if isinstance(reserved, Reserved):
             report.reserved = reserved.dst_block_ids
@@ -63,8 +70,14 @@ async def poison_prefix(control: tuple[str, int], kv_port: tuple[str, int], toke
         kv_writer.write(_kv_frame(kv.Finish(REQUEST_ID, num_layers * len(blocks) * block_bytes)))
         await _drain_quietly(kv_writer)
         report.kv_answers = await _kv_answers(kv_reader)
-        await _send(writer, Decode(request_id=REQUEST_ID, first_token=0,
-                                   sampling=SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)))
+        await _send(
+            writer,
+            Decode(
+                request_id=REQUEST_ID,
+                first_token=0,
+                sampling=SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+            ),
+        )
         while (message := await _read(reader)) is not None:
             if isinstance(message, TokenOutput):
                 report.adopted_tokens += message.output.token_ids
@@ -92,8 +105,9 @@ async def _drain_quietly(writer: asyncio.StreamWriter) -> None:
 async def _read(reader: asyncio.StreamReader):
     """The next control message, or None if the connection closed or stayed silent."""
     try:
-        (length,) = CONTROL_HEADER.unpack(await asyncio.wait_for(reader.readexactly(CONTROL_HEADER.size),
-                                                                 READ_TIMEOUT_S))
+        (length,) = CONTROL_HEADER.unpack(
+            await asyncio.wait_for(reader.readexactly(CONTROL_HEADER.size), READ_TIMEOUT_S)
+        )
         payload = await asyncio.wait_for(reader.readexactly(length), READ_TIMEOUT_S)
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
         return None

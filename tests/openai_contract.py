@@ -53,8 +53,8 @@ class EventStreamChecker:
         *lines, self._pending = self._pending.split(b"\n")
         for line in lines:
             payload = line.strip()
-            if payload.startswith(SSE_DATA) and payload[len(SSE_DATA):] != SSE_DONE:
-                check_body(self.path, json.loads(payload[len(SSE_DATA):]), stream=True)
+            if payload.startswith(SSE_DATA) and payload[len(SSE_DATA) :] != SSE_DONE:
+                check_body(self.path, json.loads(payload[len(SSE_DATA) :]), stream=True)
 
 
 class _CheckedStream(httpx.SyncByteStream):
@@ -91,5 +91,10 @@ class ValidatingTransport(httpx.HTTPTransport):
 
 def strict_openai_client(base_url: str, timeout: float) -> openai.OpenAI:
     """An official client for `base_url` (ending in /v1) whose responses are all checked."""
-    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=timeout,
-                         http_client=openai.DefaultHttpxClient(transport=ValidatingTransport()))
+    return openai.OpenAI(
+        base_url=base_url,
+        api_key="unused",
+        max_retries=0,
+        timeout=timeout,
+        http_client=openai.DefaultHttpxClient(transport=ValidatingTransport()),
+    )

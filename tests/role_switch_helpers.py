@@ -26,13 +26,18 @@ def record_roles(instances: list[Instance]) -> list[WorkTaken]:
     taken: list[WorkTaken] = []
     for instance in instances:
         engine = instance.engine
-        for what, name in (("prefill", "submit_prefill"), ("reserve", "reserve"), ("generate", "submit"),
-                           ("adopt", "adopt")):
+        for what, name in (
+            ("prefill", "submit_prefill"),
+            ("reserve", "reserve"),
+            ("generate", "submit"),
+            ("adopt", "adopt"),
+        ):
             original = getattr(engine, name)
 
             def wrapped(*args, _original=original, _what=what, _instance=instance, **kwargs):
                 taken.append(WorkTaken(_instance.instance_id, _what, _instance.role.value, _instance.guard.switching))
                 return _original(*args, **kwargs)
+
             setattr(engine, name, wrapped)
     return taken
 
@@ -40,8 +45,12 @@ def record_roles(instances: list[Instance]) -> list[WorkTaken]:
 def wrong_role(taken: list[WorkTaken]) -> list[WorkTaken]:
     """Work started in a role that does not serve it, or started while the instance switched
     (a decode of a reservation held from before the switch is the one exception)."""
-    serves = {"prefill": ("prefill", "both"), "reserve": ("decode", "both"), "generate": ("decode", "both"),
-              "adopt": ("decode", "both")}
+    serves = {
+        "prefill": ("prefill", "both"),
+        "reserve": ("decode", "both"),
+        "generate": ("decode", "both"),
+        "adopt": ("decode", "both"),
+    }
     return [t for t in taken if t.role not in serves[t.what] or (t.switching and t.what != "adopt")]
 
 

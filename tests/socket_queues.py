@@ -29,8 +29,9 @@ def _address(text: str) -> tuple[str, int]:
     if len(host) == 8:
         ip = socket.inet_ntop(socket.AF_INET, struct.pack("<I", int(host, 16)))
     else:
-        ip = socket.inet_ntop(socket.AF_INET6, b"".join(struct.pack("<I", int(host[i:i + 8], 16))
-                                                        for i in range(0, 32, 8)))
+        ip = socket.inet_ntop(
+            socket.AF_INET6, b"".join(struct.pack("<I", int(host[i : i + 8], 16)) for i in range(0, 32, 8))
+        )
     return ip, int(port, 16)
 
 
@@ -55,7 +56,7 @@ def socket_inodes(pid: int) -> set[int]:
         except OSError:
             continue
         if target.startswith("socket:["):
-            inodes.add(int(target[len("socket:["):-1]))
+            inodes.add(int(target[len("socket:[") : -1]))
     return inodes
 
 
@@ -74,8 +75,11 @@ def wait_until_read(port: int, num_connections: int, timeout: float) -> None:
         rows = tcp_rows()
         served = [r for r in rows if r.local[1] == port and r.state == ESTABLISHED]
         clients = [r for r in rows if r.remote[1] == port and r.state == ESTABLISHED]
-        if (len(served) >= num_connections and all(r.rx_queue == 0 for r in served)
-                and all(r.tx_queue == 0 for r in clients)):
+        if (
+            len(served) >= num_connections
+            and all(r.rx_queue == 0 for r in served)
+            and all(r.tx_queue == 0 for r in clients)
+        ):
             return
         assert time.monotonic() < deadline, f"bytes still queued after {timeout} s: {served} {clients}"
         time.sleep(POLL_S)  # polling the kernel's tables: there is no event to wait on

@@ -24,17 +24,31 @@ class TcpCluster:
         self.router, self.prefill, self.decode = router, prefill, decode
 
     @classmethod
-    async def start(cls, secret: SharedSecret | None, config: EngineConfig = CONFIG,
-                    router_config: RouterConfig | None = None, **instance_options) -> "TcpCluster":
+    async def start(
+        cls,
+        secret: SharedSecret | None,
+        config: EngineConfig = CONFIG,
+        router_config: RouterConfig | None = None,
+        **instance_options,
+    ) -> "TcpCluster":
         instances: list[Instance] = []
         try:
             for role in (Role.PREFILL, Role.DECODE):
-                instance = await Instance.create(Engine(config), role, f"{role.value}-0", "tcp", config.model,
-                                                 {"host": LOCALHOST}, secret=secret, **instance_options)
+                instance = await Instance.create(
+                    Engine(config),
+                    role,
+                    f"{role.value}-0",
+                    "tcp",
+                    config.model,
+                    {"host": LOCALHOST},
+                    secret=secret,
+                    **instance_options,
+                )
                 instances.append(instance)
                 await instance.serve(LOCALHOST, 0)
-            router = Router(instances[0].engine.tokenizer, router_config or RouterConfig(), model_name=config.model,
-                            secret=secret)
+            router = Router(
+                instances[0].engine.tokenizer, router_config or RouterConfig(), model_name=config.model, secret=secret
+            )
             for instance in instances:
                 await router.add_instance(LOCALHOST, instance.port)
         except BaseException:

@@ -37,18 +37,21 @@ def completion_works(url: str) -> bool:
     return result.status == 200 and result.body["usage"]["completion_tokens"] == 5
 
 
-@pytest.mark.parametrize("body, status, param, words", [
-    ({"instance": "nobody", "role": "decode"}, 404, "instance", ["'nobody'", "prefill-0"]),
-    ({"instance": "prefill-0", "role": "decoder"}, 400, "role", ["'decoder'", "prefill, decode, both"]),
-    ({"instance": "prefill-0", "role": "router"}, 400, "role", ["not an instance role"]),
-    ({"role": "decode"}, 400, "instance", ["required"]),
-    ({"instance": "prefill-0", "role": "decode", "urgent": True}, 400, "urgent", ["unknown field"]),
-    ({"instance": "prefill-0", "role": 7}, 400, "role", ["str"]),
-    ({"instance": "prefill-0", "role": "decode", "drain_timeout_s": -1}, 400, "drain_timeout_s", ["positive"]),
-    ({"instance": "prefill-0", "role": "prefill"}, 409, "role", ["already a prefill instance"]),
-    ({"instance": "decode-0", "role": "prefill"}, 409, "role", ["last instance that can decode"]),
-    (b"{not json", 400, None, ["not valid JSON"]),
-])
+@pytest.mark.parametrize(
+    "body, status, param, words",
+    [
+        ({"instance": "nobody", "role": "decode"}, 404, "instance", ["'nobody'", "prefill-0"]),
+        ({"instance": "prefill-0", "role": "decoder"}, 400, "role", ["'decoder'", "prefill, decode, both"]),
+        ({"instance": "prefill-0", "role": "router"}, 400, "role", ["not an instance role"]),
+        ({"role": "decode"}, 400, "instance", ["required"]),
+        ({"instance": "prefill-0", "role": "decode", "urgent": True}, 400, "urgent", ["unknown field"]),
+        ({"instance": "prefill-0", "role": 7}, 400, "role", ["str"]),
+        ({"instance": "prefill-0", "role": "decode", "drain_timeout_s": -1}, 400, "drain_timeout_s", ["positive"]),
+        ({"instance": "prefill-0", "role": "prefill"}, 409, "role", ["already a prefill instance"]),
+        ({"instance": "decode-0", "role": "prefill"}, 409, "role", ["last instance that can decode"]),
+        (b"{not json", 400, None, ["not valid JSON"]),
+    ],
+)
 def test_bad_input_is_refused_naming_it_and_the_cluster_serves_on(url, cluster, body, status, param, words):
     result = http_json("POST", f"{url}{SWITCH}", body)
     error = result.body["error"]
@@ -65,15 +68,20 @@ def test_a_switch_is_reported_and_shown_on_metrics_and_the_instance_list(url, cl
     assert result.status == 200, result.body
     report = result.body
     assert (report["instance_id"], report["from_role"], report["to_role"], report["epoch"]) == (
-        "prefill-0", "prefill", "decode", 1)
+        "prefill-0",
+        "prefill",
+        "decode",
+        1,
+    )
     assert 0 <= report["drain_s"] <= report["total_s"] and report["excluding_drain_s"] >= 0
     listed = http_json("GET", f"{url}/admin/instances").body
     assert {"instance": "prefill-0", "role": "decode", "epoch": 1, "switching": False} in listed["instances"]
     assert [c["to_role"] for c in listed["role_changes"]] == ["decode"]
     assert completion_works(url)  # no prefill instance left: prefilled on a decode instance
     samples = wait_until_pools_full(url)
-    assert sample(samples, "minipd_role_switches_total", instance="prefill-0", from_role="prefill",
-                  to_role="decode") == 1
+    assert (
+        sample(samples, "minipd_role_switches_total", instance="prefill-0", from_role="prefill", to_role="decode") == 1
+    )
     assert sample(samples, "minipd_instance_role", instance="prefill-0", role="decode") == 1
     assert sample(samples, "minipd_instance_role_epoch", instance="prefill-0") == 1
     assert sample(samples, "minipd_role_switch_seconds", drain="included") == report["total_s"]
@@ -99,8 +107,9 @@ def test_a_switch_body_that_is_not_json_typed_gets_415_and_changes_nothing(url, 
 
 def test_the_admin_routes_need_the_api_key(cluster, loop_thread):
     key = "admin-test-key"
-    app = build_app(RouterBackend(cluster.router, "tiny"), HttpConfig(api_key=key),
-                    extensions=[router_admin(cluster.router)])
+    app = build_app(
+        RouterBackend(cluster.router, "tiny"), HttpConfig(api_key=key), extensions=[router_admin(cluster.router)]
+    )
     runner, port = loop_thread.run(start_http_server(app, "127.0.0.1", 0))
     try:
         body = b'{"instance": "prefill-0", "role": "decode"}'

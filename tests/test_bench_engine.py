@@ -17,8 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _bench(tmp_path, *argv: str) -> dict:
     out = tmp_path / "result.json"
-    run = subprocess.run([sys.executable, "bench.py", *argv, "--json", str(out)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=280)
+    run = subprocess.run(
+        [sys.executable, "bench.py", *argv, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(out.read_text()), run.stdout
 
@@ -35,9 +36,20 @@ def _finite(value) -> bool:
 def test_engine_bench_quick_writes_finite_figures(tmp_path):
     result, stdout = _bench(tmp_path, "engine", "--quick", "--model", "tiny")
     assert _finite(result)
-    for key in ("serving_tok_s", "hf_static_tok_s", "speedup_vs_hf_static", "serving_cpu_tok_s",
-                "hf_static_cpu_tok_s", "overhead_vs_raw", "ratio_to_floor", "bf16_tok_s", "fp32_tok_s",
-                "bf16_speedup", "memcpy_gbps", "weight_bytes"):
+    for key in (
+        "serving_tok_s",
+        "hf_static_tok_s",
+        "speedup_vs_hf_static",
+        "serving_cpu_tok_s",
+        "hf_static_cpu_tok_s",
+        "overhead_vs_raw",
+        "ratio_to_floor",
+        "bf16_tok_s",
+        "fp32_tok_s",
+        "bf16_speedup",
+        "memcpy_gbps",
+        "weight_bytes",
+    ):
         assert result[key] > 0, key
     assert set(result["decode"]) == {"1", "8"}
     for row in result["decode"].values():

@@ -14,8 +14,9 @@ def test_switch_times_both_directions_under_load(tmp_path):
     summary = result["models"]["tiny"]["summary"]
     assert set(summary) == {"decode->prefill", "prefill->decode"}
     for s in summary.values():
-        assert finite(s["median_total_s"], s["median_drain_s"], s["median_excluding_drain_s"],
-                      s["median_first_token_s"])
+        assert finite(
+            s["median_total_s"], s["median_drain_s"], s["median_excluding_drain_s"], s["median_first_token_s"]
+        )
         assert s["median_excluding_drain_s"] <= s["median_total_s"]
     for row in result["models"]["tiny"]["switches"]:
         assert row["lost_requests"] == 0 and isinstance(row["num_drained"], int)
@@ -45,8 +46,9 @@ def test_validate_compares_simulated_and_measured_figures(tmp_path):
     for workload in result["workloads"].values():
         for row in workload["runs"]:
             for side in ("simulated", "measured"):
-                assert finite(*(row[side][m] for m in ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms",
-                                                      "attainment")))
+                assert finite(
+                    *(row[side][m] for m in ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "attainment"))
+                )
             assert finite(*row["relative_error"].values(), row["attainment_diff"])
     assert result["lost_requests"] == 0
     assert "attainment" in stdout

@@ -21,10 +21,15 @@ RUN_TIMEOUT_S = 280
 
 def bench(tmp_path: Path, experiment: str, *flags: str) -> tuple[dict, str]:
     out, png = tmp_path / f"{experiment}.json", tmp_path / f"{experiment}.png"
-    run = subprocess.run([sys.executable, "bench.py", experiment, "--quick", "--json", str(out), "--plot", str(png),
-                          *flags], cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    run = subprocess.run(
+        [sys.executable, "bench.py", experiment, "--quick", "--json", str(out), "--plot", str(png), *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
-    assert png.read_bytes()[:len(PNG_MAGIC)] == PNG_MAGIC
+    assert png.read_bytes()[: len(PNG_MAGIC)] == PNG_MAGIC
     return json.loads(out.read_text()), run.stdout
 
 
@@ -47,9 +52,19 @@ def test_serve_prints_the_vllm_summary(tmp_path):
 
 
 def write_sharegpt(path: Path, num_conversations: int) -> None:
-    conversations = [{"id": f"c{i}", "conversations": [
-        {"from": "human", "value": f"Question {i}: how long does the ferry crossing take when the sea is calm?"},
-        {"from": "gpt", "value": "About forty minutes."[:8 + i]}]} for i in range(num_conversations)]
+    conversations = [
+        {
+            "id": f"c{i}",
+            "conversations": [
+                {
+                    "from": "human",
+                    "value": f"Question {i}: how long does the ferry crossing take when the sea is calm?",
+                },
+                {"from": "gpt", "value": "About forty minutes."[: 8 + i]},
+            ],
+        }
+        for i in range(num_conversations)
+    ]
     conversations.append({"id": "no-reply", "conversations": [{"from": "human", "value": "unanswered"}]})
     path.write_text(json.dumps(conversations))
 
@@ -99,16 +114,20 @@ def test_linkbw_names_the_failing_bandwidth_for_each_method(tmp_path):
 def test_crossover_gives_measured_and_modelled_curves(tmp_path):
     result, _ = bench(tmp_path, "crossover")
     assert result["prompt_len"] == [512, 1024]
-    assert finite(result["crossover_gbps_measured"], result["crossover_gbps_model"], result["interference_ms"],
-                  result["kv_bytes"])
+    assert finite(
+        result["crossover_gbps_measured"], result["crossover_gbps_model"], result["interference_ms"], result["kv_bytes"]
+    )
     assert result["kv_bytes"][1] > result["kv_bytes"][0]  # twice the prompt, twice the KV
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("experiment, fields", [
-    ("transport", ("memcpy_gbps", "raw_socket_gbps")),
-    ("overlap", ("ideal_hidden_fraction",)),
-])
+@pytest.mark.parametrize(
+    "experiment, fields",
+    [
+        ("transport", ("memcpy_gbps", "raw_socket_gbps")),
+        ("overlap", ("ideal_hidden_fraction",)),
+    ],
+)
 def test_the_baseline_experiments_run_quick_and_plot(tmp_path, experiment, fields):
     result, _ = bench(tmp_path, experiment)
     assert finite(*(result[f] for f in fields))

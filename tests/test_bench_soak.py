@@ -16,8 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.timeout(400)
 def test_quick_soak_loses_nothing_and_leaks_nothing(tmp_path):
     out = tmp_path / "soak.json"
-    run = subprocess.run([sys.executable, "bench.py", "soak", "--quick", "--json", str(out)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=380)
+    run = subprocess.run(
+        [sys.executable, "bench.py", "soak", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=380,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["lost"] == 0, result["lost_examples"]

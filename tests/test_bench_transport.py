@@ -17,9 +17,26 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_transport_bench_writes_paired_ratios(tmp_path):
     out = tmp_path / "transport.json"
     run = subprocess.run(
-        [sys.executable, "bench.py", "transport", "--backends", "loopback", "--request-mib", "4",
-         "--repeats", "2", "--rounds", "2", "--json", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "bench.py",
+            "transport",
+            "--backends",
+            "loopback",
+            "--request-mib",
+            "4",
+            "--repeats",
+            "2",
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["memcpy_gbps"] > 0 and result["raw_socket_gbps"] > 0

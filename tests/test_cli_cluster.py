@@ -10,15 +10,30 @@ import sys
 
 import pytest
 
-CLUSTER = [sys.executable, "-m", "minipd", "--role", "cluster", "--num-prefill", "1", "--num-decode", "1",
-           "--transport", "tcp"]
+CLUSTER = [
+    sys.executable,
+    "-m",
+    "minipd",
+    "--role",
+    "cluster",
+    "--num-prefill",
+    "1",
+    "--num-decode",
+    "1",
+    "--transport",
+    "tcp",
+]
 RUN_TIMEOUT_S = 120
 
 
 def test_main_job_answers_prompts_with_latency_and_transfer_figures():
     long_prompt = "Prefill is compute-bound; decode is bandwidth-bound. The KV cache moves between them."
-    proc = subprocess.run([*CLUSTER, "--prompt", "Hello, minipd", "--prompt", long_prompt, "--max-tokens", "12"],
-                          capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    proc = subprocess.run(
+        [*CLUSTER, "--prompt", "Hello, minipd", "--prompt", long_prompt, "--max-tokens", "12"],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "cluster ready (tcp KV transport)" in out and "router: 127.0.0.1:" in out

@@ -23,8 +23,15 @@ ROLE_FLAGS = {
     "both": {"--model", "--device", "--num-blocks", "--max-num-batched-tokens", "--prompt", "--seed", "--port"},
     "prefill": {"--model", "--port", "--transport", "--link-gbps", "--router"},
     "decode": {"--model", "--port", "--transport", "--lease-s"},
-    "router": {"--model", "--port", "--prefill", "--decode", "--local-prefill-max-tokens", "--no-layerwise",
-               "--http-port"},
+    "router": {
+        "--model",
+        "--port",
+        "--prefill",
+        "--decode",
+        "--local-prefill-max-tokens",
+        "--no-layerwise",
+        "--http-port",
+    },
     "cluster": {"--num-prefill", "--num-decode", "--transport", "--http-port", "--prompt", "--link-gbps"},
 }
 

@@ -49,8 +49,12 @@ def _http_url(cluster: ProcessCluster) -> str:
 
 def _post(url: str, authorization: str | None) -> int:
     headers = {"Content-Type": "application/json", **({"Authorization": authorization} if authorization else {})}
-    request = urllib.request.Request(f"{url}/v1/completions", method="POST", headers=headers,
-                                     data=b'{"prompt": "Hello there, minipd", "max_tokens": 3}')
+    request = urllib.request.Request(
+        f"{url}/v1/completions",
+        method="POST",
+        headers=headers,
+        data=b'{"prompt": "Hello there, minipd", "max_tokens": 3}',
+    )
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
             return response.status
@@ -59,12 +63,12 @@ def _post(url: str, authorization: str | None) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_children_share_a_generated_secret_through_their_environment_and_the_cluster_serves(loop_thread,
-                                                                                             monkeypatch):
+def test_children_share_a_generated_secret_through_their_environment_and_the_cluster_serves(loop_thread, monkeypatch):
     monkeypatch.delenv("MINIPD_CLUSTER_SECRET", raising=False)
     monkeypatch.delenv("MINIPD_API_KEY", raising=False)
-    cluster = ProcessCluster.from_argv(["--transport", "tcp", "--http-port", "0", "--api-key", API_KEY,
-                                        *ENGINE_ARGV, *ROUTER_ARGV])
+    cluster = ProcessCluster.from_argv(
+        ["--transport", "tcp", "--http-port", "0", "--api-key", API_KEY, *ENGINE_ARGV, *ROUTER_ARGV]
+    )
     loop_thread.run(cluster.start(), timeout=START_TIMEOUT_S)
 
     async def serve():
@@ -79,6 +83,7 @@ def test_children_share_a_generated_secret_through_their_environment_and_the_clu
                 await ClusterClient.connect(*cluster.router_address, TIMEOUT_S, secret=secret)
             refused.append(str(info.value))
         return outputs[-1], refused
+
     try:
         pids = {c.name: c.process.pid for c in cluster.children}
         environments = {name: _environ(pid) for name, pid in pids.items()}
@@ -107,11 +112,9 @@ def test_children_share_a_generated_secret_through_their_environment_and_the_clu
 
 
 def test_a_given_secret_is_passed_on_as_given():
-    args = build_parser(Role.CLUSTER).parse_args(["--role", "cluster", "--cluster-secret", "x" * 20,
-                                                  "--api-key", "k"])
+    args = build_parser(Role.CLUSTER).parse_args(["--role", "cluster", "--cluster-secret", "x" * 20, "--api-key", "k"])
     assert inherited_env(args, Role.CLUSTER, Role.DECODE) == {"MINIPD_CLUSTER_SECRET": "x" * 20}
-    assert inherited_env(args, Role.CLUSTER, Role.ROUTER) == {"MINIPD_CLUSTER_SECRET": "x" * 20,
-                                                              "MINIPD_API_KEY": "k"}
+    assert inherited_env(args, Role.CLUSTER, Role.ROUTER) == {"MINIPD_CLUSTER_SECRET": "x" * 20, "MINIPD_API_KEY": "k"}
     for child in (Role.DECODE, Role.ROUTER):
         argv = inherited_argv(args, Role.CLUSTER, child)
         assert "x" * 20 not in argv and "k" not in argv and "--max-connections" in argv
@@ -126,14 +129,16 @@ def test_secrets_are_read_from_the_environment(monkeypatch):
     assert "y" * 24 not in build_parser(Role.ROUTER).format_help(), "--help must not print the secret"
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--role", "decode", "--cluster-secret", "short"], "cluster_secret: the cluster secret must be at least 16"),
-    (["--role", "router", "--http-port", "0", "--api-key", " "], "api_key: must not be empty"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--role", "decode", "--cluster-secret", "short"], "cluster_secret: the cluster secret must be at least 16"),
+        (["--role", "router", "--http-port", "0", "--api-key", " "], "api_key: must not be empty"),
+    ],
+)
 def test_bad_secrets_exit_2_naming_the_flag(argv, words):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MINIPD_")}
-    proc = subprocess.run([sys.executable, "-m", "minipd", *argv], capture_output=True, text=True, timeout=120,
-                          env=env)
+    proc = subprocess.run([sys.executable, "-m", "minipd", *argv], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2 and words in proc.stderr, proc.stderr
 
 

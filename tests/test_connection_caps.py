@@ -54,9 +54,28 @@ def decode_process(secret: str | None):
     env = {k: v for k, v in os.environ.items() if k != "MINIPD_CLUSTER_SECRET"}
     if secret is not None:
         env["MINIPD_CLUSTER_SECRET"] = secret
-    process = subprocess.Popen([sys.executable, "-m", "minipd", "--role", "decode", "--port", "0", "--transport",
-                                "tcp", "--max-model-len", str(MAX_MODEL_LEN), "--num-blocks", "128",
-                                "--torch-threads", "1"], stdout=subprocess.PIPE, env=env, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "minipd",
+            "--role",
+            "decode",
+            "--port",
+            "0",
+            "--transport",
+            "tcp",
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--num-blocks",
+            "128",
+            "--torch-threads",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     try:
         line = process.stdout.readline()
         assert line.startswith("READY decode"), f"decode did not start: {line!r}"
@@ -170,6 +189,7 @@ def test_at_the_cap_unauthenticated_connections_give_way_and_then_new_ones_are_r
             return evicted, refused, stats, served[-1]
         finally:
             await cluster.close()
+
     evicted, refused, stats, served = loop_thread.run(scenario(), timeout=SCENARIO_TIMEOUT_S)
     assert evicted == [True, True, True], "the idle connections gave their slots to authenticated peers"
     assert refused, "with every slot authenticated, a new connection is closed at once"
@@ -189,6 +209,7 @@ def test_a_connection_without_a_handshake_is_closed_after_the_timeout(loop_threa
             return closed
         finally:
             await cluster.close()
+
     assert loop_thread.run(scenario(), timeout=SCENARIO_TIMEOUT_S)
 
 
@@ -201,6 +222,7 @@ def test_a_peer_that_does_not_read_is_cut_off(loop_thread, monkeypatch):
 
         def on_connect(reader, writer):
             accepted.set_result(Channel(reader, writer, None, "server"))
+
         server = await asyncio.start_server(on_connect, LOCALHOST, 0)
         _, writer = await asyncio.open_connection(LOCALHOST, server.sockets[0].getsockname()[1])  # never reads
         channel = await accepted
@@ -212,6 +234,7 @@ def test_a_peer_that_does_not_read_is_cut_off(loop_thread, monkeypatch):
         writer.close()
         server.close()
         return channel.closed.is_set(), channel.close_reason, sent
+
     closed, reason, sent = loop_thread.run(scenario())
     assert closed and "not reading" in reason, (reason, sent)
 
@@ -222,15 +245,28 @@ def test_frames_above_the_caps(loop_thread):
         server = RouterControlPort(cluster.router)
         await server.serve(LOCALHOST, 0)
         try:
-            channel, welcome = await open_channel(LOCALHOST, cluster.decode.port, None, "peer", Role.ROUTER, SECRET,
-                                                  TIMEOUT_S)
+            channel, welcome = await open_channel(
+                LOCALHOST, cluster.decode.port, None, "peer", Role.ROUTER, SECRET, TIMEOUT_S
+            )
             with pytest.raises(FrameTooLarge):  # we refuse to send it: the connection stays
-                channel.send(TokenOutput(request_id="r", output=RequestOutput(
-                    request_id="r", token_ids=[], text="x" * max_frame_bytes(welcome.max_model_len))))
+                channel.send(
+                    TokenOutput(
+                        request_id="r",
+                        output=RequestOutput(
+                            request_id="r", token_ids=[], text="x" * max_frame_bytes(welcome.max_model_len)
+                        ),
+                    )
+                )
             still_up = (await channel.call(GetStats(), TIMEOUT_S)).instance_id == "decode-0"
             channel.max_send_bytes = None  # now send it anyway: the instance hangs up
-            channel.send(TokenOutput(request_id="r", output=RequestOutput(
-                request_id="r", token_ids=[], text="x" * max_frame_bytes(welcome.max_model_len))))
+            channel.send(
+                TokenOutput(
+                    request_id="r",
+                    output=RequestOutput(
+                        request_id="r", token_ids=[], text="x" * max_frame_bytes(welcome.max_model_len)
+                    ),
+                )
+            )
             await asyncio.wait_for(channel.closed.wait(), TIMEOUT_S)
             client = await ClusterClient.connect(LOCALHOST, server.port, TIMEOUT_S, secret=SECRET)
             with pytest.raises(InvalidRequestError) as too_long:
@@ -242,6 +278,7 @@ def test_frames_above_the_caps(loop_thread):
         finally:
             await server.close()
             await cluster.close()
+
     still_up, reason, too_long, served = loop_thread.run(scenario(), timeout=SCENARIO_TIMEOUT_S)
     assert still_up and reason == "peer closed the connection", "the instance hangs up on a frame above its cap"
     assert too_long.field == "prompt" and "frame cap" in str(too_long)
@@ -251,8 +288,10 @@ def test_frames_above_the_caps(loop_thread):
 def test_the_handshake_cap_admits_every_handshake_message():
     from minipd.control.messages import Prove
     from minipd.transports.shared_secret import new_nonce
-    hello = Hello(protocol_version=PROTOCOL_VERSION, role=Role.CLIENT, nonce=new_nonce(), call_id=2**31,
-                  request_id="r" * 256)
+
+    hello = Hello(
+        protocol_version=PROTOCOL_VERSION, role=Role.CLIENT, nonce=new_nonce(), call_id=2**31, request_id="r" * 256
+    )
     prove = Prove(proof=new_nonce(), call_id=2**31, request_id="r" * 256)
     assert max(len(msgspec.msgpack.encode(m)) for m in (hello, prove)) < HANDSHAKE_MAX_FRAME_BYTES
 

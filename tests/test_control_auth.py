@@ -80,16 +80,20 @@ def _messages(data: bytes) -> list[str]:
     out = []
     while len(data) >= HEADER.size:
         (length,) = HEADER.unpack_from(data)
-        body = msgspec.msgpack.decode(data[HEADER.size:HEADER.size + length])
+        body = msgspec.msgpack.decode(data[HEADER.size : HEADER.size + length])
         out.append(f"{body['type']}: {body.get('message', '')}")
-        data = data[HEADER.size + length:]
+        data = data[HEADER.size + length :]
     return out
 
 
-@pytest.mark.parametrize("router_secret, words", [
-    (None, "requires the cluster secret and this process has none"),
-    (OTHER_SECRET, "secrets of decode-0 and the peer differ"),
-], ids=["missing", "wrong"])
+@pytest.mark.parametrize(
+    "router_secret, words",
+    [
+        (None, "requires the cluster secret and this process has none"),
+        (OTHER_SECRET, "secrets of decode-0 and the peer differ"),
+    ],
+    ids=["missing", "wrong"],
+)
 def test_a_router_without_the_secret_is_refused(cluster, loop_thread, router_secret, words):
     async def connect():
         router = Router(cluster.decode.engine.tokenizer, secret=router_secret)
@@ -99,6 +103,7 @@ def test_a_router_without_the_secret_is_refused(cluster, loop_thread, router_sec
             return str(refused.value), router.registry.instances
         finally:
             await router.close()
+
     message, registered = loop_thread.run(connect())
     assert words in message and f"{LOCALHOST}:{cluster.decode.port}" in message
     assert registered == {}
@@ -116,6 +121,7 @@ def test_a_router_with_a_secret_refuses_an_instance_without_one(loop_thread):
         finally:
             await router.close()
             await instance.close()
+
     assert "has no cluster secret configured and this process has one" in loop_thread.run(connect())
 
 
@@ -159,6 +165,7 @@ def test_a_server_that_cannot_prove_the_secret_is_not_trusted(cluster, loop_thre
         finally:
             await router.close()
             await impostor.close_connections()
+
     message, registered = loop_thread.run(connect())
     assert "does not know the cluster secret" in message and registered == {}
 
@@ -168,12 +175,17 @@ def test_an_unauthenticated_process_cannot_reserve_blocks(cluster, loop_thread):
 
     async def attempts():
         no_handshake = await _raw_exchange(cluster.decode.port, reserve)
-        no_nonce = await _raw_exchange(cluster.decode.port, Hello(protocol_version=PROTOCOL_VERSION,
-                                                                  role=Role.ROUTER, call_id=1), reserve)
-        bad_proof = await _raw_exchange(cluster.decode.port, Hello(
-            protocol_version=PROTOCOL_VERSION, role=Role.ROUTER, nonce=new_nonce(), call_id=1),
-            Prove(proof=b"\0" * 32, call_id=2), reserve)
+        no_nonce = await _raw_exchange(
+            cluster.decode.port, Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER, call_id=1), reserve
+        )
+        bad_proof = await _raw_exchange(
+            cluster.decode.port,
+            Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER, nonce=new_nonce(), call_id=1),
+            Prove(proof=b"\0" * 32, call_id=2),
+            reserve,
+        )
         return no_handshake, no_nonce, bad_proof, cluster.decode.stats()
+
     no_handshake, no_nonce, bad_proof, stats = loop_thread.run(attempts())
     assert no_handshake[1] and "before the handshake completed" in _messages(no_handshake[0])[0]
     assert no_nonce[1] and "requires the cluster secret" in _messages(no_nonce[0])[0]
@@ -190,13 +202,15 @@ def test_an_unauthenticated_process_cannot_write_kv(cluster, loop_thread):
 
     async def attempt():
         router_side = cluster.router.registry.instances["decode-0"].channel
-        reserved = await router_side.call(Reserve(request_id="held", token_ids=list(range(40)),
-                                                  prefill_instance="prefill-0"))
+        reserved = await router_side.call(
+            Reserve(request_id="held", token_ids=list(range(40)), prefill_instance="prefill-0")
+        )
         before = pool.clone()
         reader, writer = await asyncio.open_connection(*cluster.kv_address())
         hello = kv.Hello("prefill-0", pool.shape[0], block_bytes, new_nonce(), b"\0" * 32)
-        header = kv.LayerHeader("held", 0, [(b, 1) for b in reserved.dst_block_ids],
-                                len(reserved.dst_block_ids) * block_bytes)
+        header = kv.LayerHeader(
+            "held", 0, [(b, 1) for b in reserved.dst_block_ids], len(reserved.dst_block_ids) * block_bytes
+        )
         for message in (hello, header):
             encoded = msgspec.msgpack.encode(message)
             writer.write(struct.pack("!I", len(encoded)) + encoded)
@@ -206,6 +220,7 @@ def test_an_unauthenticated_process_cannot_write_kv(cluster, loop_thread):
         written = not torch.equal(pool.view(torch.uint8), before.view(torch.uint8))
         await cluster.decode.abort_request("held")
         return answer, written
+
     answer, written = loop_thread.run(attempt())
     assert b"refused" in answer and b"proof of the cluster secret is wrong" in answer
     assert not written
@@ -226,6 +241,7 @@ def test_an_unauthenticated_process_cannot_register_or_send_requests(cluster, ro
             with pytest.raises(AuthenticationError):
                 await ClusterClient.connect(LOCALHOST, router_port, TIMEOUT_S, secret=secret)
         return raw_register, raw_generate, without
+
     raw_register, raw_generate, without = loop_thread.run(attempts())
     assert raw_register[1] and "before the handshake completed" in _messages(raw_register[0])[0]
     assert raw_generate[1] and _messages(raw_generate[0]) == [], "nothing is generated for an unauthenticated peer"
@@ -250,6 +266,7 @@ def test_roles_are_enforced_after_the_handshake(cluster, router_port, loop_threa
         with pytest.raises(AuthenticationError) as client_to_instance:
             await open_channel(LOCALHOST, cluster.decode.port, None, "client", Role.CLIENT, SECRET, TIMEOUT_S)
         return client_registers.value, served, instance_asks.value, str(client_to_instance.value)
+
     client_registers, served, instance_asks, client_to_instance = loop_thread.run(attempts())
     assert client_registers.kind == "auth" and "may not register" in str(client_registers)
     assert served[-1].finished and served[-1].error is None, "an authenticated client is served"
@@ -259,13 +276,18 @@ def test_roles_are_enforced_after_the_handshake(cluster, router_port, loop_threa
 
 def test_the_handshake_messages_have_fixed_sized_secrets(cluster, loop_thread):
     """A short nonce is refused (a proof over it would be weaker), and every nonce is fresh."""
+
     async def attempt():
-        short = await _raw_exchange(cluster.decode.port, Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER,
-                                                               nonce=b"\1" * (NONCE_BYTES - 1), call_id=1))
-        channel, welcome = await open_channel(LOCALHOST, cluster.decode.port, None, "ok", Role.ROUTER, SECRET,
-                                              TIMEOUT_S)
+        short = await _raw_exchange(
+            cluster.decode.port,
+            Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER, nonce=b"\1" * (NONCE_BYTES - 1), call_id=1),
+        )
+        channel, welcome = await open_channel(
+            LOCALHOST, cluster.decode.port, None, "ok", Role.ROUTER, SECRET, TIMEOUT_S
+        )
         await channel.close()
         return short, welcome
+
     short, welcome = loop_thread.run(attempt())
     assert short[1] and "sent no challenge nonce" in _messages(short[0])[0]
     assert welcome.instance_id == "decode-0" and len(welcome.proof) == 32
@@ -274,10 +296,12 @@ def test_the_handshake_messages_have_fixed_sized_secrets(cluster, loop_thread):
 
 def test_handshake_helper_sets_the_peer_role_and_frame_caps(cluster, loop_thread):
     async def attempt():
-        channel, welcome = await open_channel(LOCALHOST, cluster.decode.port, None, "ok", Role.ROUTER, SECRET,
-                                              TIMEOUT_S)
+        channel, welcome = await open_channel(
+            LOCALHOST, cluster.decode.port, None, "ok", Role.ROUTER, SECRET, TIMEOUT_S
+        )
         await channel.close()
         return channel, welcome
+
     channel, welcome = loop_thread.run(attempt())
     assert channel.peer_role is Role.DECODE
     assert channel.max_frame_bytes == channel.max_send_bytes == max_frame_bytes(welcome.max_model_len)

@@ -13,8 +13,14 @@ import pytest
 import torch
 
 from minipd.control.role import Role
-from minipd.engine.cpu_placement import (CpuPlacement, available_cpus, default_torch_threads, format_cpu_list,
-                                         parse_cpu_list, resolve)
+from minipd.engine.cpu_placement import (
+    CpuPlacement,
+    available_cpus,
+    default_torch_threads,
+    format_cpu_list,
+    parse_cpu_list,
+    resolve,
+)
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.entrypoints.cpu_plan import ROUTER, ChildPlacement, plan_cluster
 from minipd.entrypoints.process_cluster import ProcessCluster
@@ -53,17 +59,26 @@ def test_bad_placements_are_refused_naming_the_field():
 
 def test_the_launcher_gives_the_router_a_core_when_there_are_enough():
     plan = plan_cluster(["prefill-0", "decode-0"], cpus=tuple(range(8)))
-    assert plan == {"prefill-0": ChildPlacement((0, 1, 2, 3), 3), "decode-0": ChildPlacement((4, 5, 6), 2),
-                    ROUTER: ChildPlacement((7,), None)}
+    assert plan == {
+        "prefill-0": ChildPlacement((0, 1, 2, 3), 3),
+        "decode-0": ChildPlacement((4, 5, 6), 2),
+        ROUTER: ChildPlacement((7,), None),
+    }
     three = plan_cluster(["prefill-0", "decode-0"], cpus=(4, 5, 9))
-    assert three == {"prefill-0": ChildPlacement((4,), 1), "decode-0": ChildPlacement((5,), 1),
-                     ROUTER: ChildPlacement((9,), None)}
+    assert three == {
+        "prefill-0": ChildPlacement((4,), 1),
+        "decode-0": ChildPlacement((5,), 1),
+        ROUTER: ChildPlacement((9,), None),
+    }
 
 
 def test_with_fewer_cores_than_processes_instances_split_them_and_the_router_floats():
     plan = plan_cluster(["prefill-0", "decode-0"], cpus=(0, 1))
-    assert plan == {"prefill-0": ChildPlacement((0,), 1), "decode-0": ChildPlacement((1,), 1),
-                    ROUTER: ChildPlacement((0, 1), None)}
+    assert plan == {
+        "prefill-0": ChildPlacement((0,), 1),
+        "decode-0": ChildPlacement((1,), 1),
+        ROUTER: ChildPlacement((0, 1), None),
+    }
     crowded = plan_cluster(["prefill-0", "prefill-1", "decode-0"], cpus=(0, 1))
     assert [crowded[n].cpus for n in ("prefill-0", "prefill-1", "decode-0")] == [(0,), (1,), (0,)]
 
@@ -120,8 +135,9 @@ def _spin_counts(stderr: str) -> list[str]:
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"OMP_DISPLAY_ENV": "verbose"}
-    return subprocess.run([sys.executable, "-m", "minipd", *argv], capture_output=True, text=True, env=env,
-                          timeout=RUN_TIMEOUT_S)
+    return subprocess.run(
+        [sys.executable, "-m", "minipd", *argv], capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S
+    )
 
 
 def test_openmp_threads_stop_spinning_in_every_process():

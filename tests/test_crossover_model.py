@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.loadgen.crossover_model import (BITS_PER_BYTE, GIGA, exposed_transfer_s, measured_crossover_gbps,
-                                                model_crossover_gbps, model_interference_s, stall_s)
+from benchmarks.loadgen.crossover_model import (
+    BITS_PER_BYTE,
+    GIGA,
+    exposed_transfer_s,
+    measured_crossover_gbps,
+    model_crossover_gbps,
+    model_interference_s,
+    stall_s,
+)
 
 
 def simulated_exposed_s(kv_bytes: float, gbps: float, prefill_s: float, num_layers: int) -> float:
@@ -24,7 +31,8 @@ def simulated_exposed_s(kv_bytes: float, gbps: float, prefill_s: float, num_laye
 def test_the_exposed_transfer_formula_matches_a_step_by_step_simulation(gbps, num_layers):
     kv, prefill = 16 * 2**20, 0.5
     assert exposed_transfer_s(kv, gbps, prefill, num_layers) == pytest.approx(
-        simulated_exposed_s(kv, gbps, prefill, num_layers))
+        simulated_exposed_s(kv, gbps, prefill, num_layers)
+    )
 
 
 @pytest.mark.parametrize("interference", [0.001, 0.05, 0.4, 2.0])

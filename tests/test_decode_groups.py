@@ -5,13 +5,12 @@ from __future__ import annotations
 import random
 
 import torch
+from engine_helpers import greedy
 
 from minipd.engine.decode_groups import split_by_length
 from minipd.engine.model_runner import ModelRunner
 from minipd.engine.request import Request
 from minipd.engine.scheduler import ScheduledChunk
-
-from engine_helpers import greedy
 
 
 def _padded(counts, groups) -> int:
@@ -60,6 +59,7 @@ def test_a_grouped_decode_step_matches_one_request_at_a_time(make_engine):
             ids = torch.tensor([c.request.token_ids[-1] for c in batch])
             index = torch.arange(len(batch))
             return meta, engine.model(ids, positions, engine.kv_pool, meta, index, runner.buffers)
+
         order = sorted(chunks, key=lambda c: c.request.num_computed_tokens)
         meta, together = engine.run_on_compute_thread(logits_of, order)
         assert len(meta.decode_groups) > 1

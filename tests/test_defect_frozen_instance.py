@@ -15,13 +15,12 @@ import random
 import signal
 
 import pytest
+from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
 
 from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.router.client import ClusterClient
-
-from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
 
 LEASE_S = 3.0
 # Slow enough that a prompt's KV takes seconds to move, so a freeze lands mid-transfer.
@@ -34,9 +33,22 @@ SHORT = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def cluster(loop_thread):
-    processes = ProcessCluster.from_argv(["--transport", "tcp", "--num-prefill", "2", "--num-decode", "1",
-                                          "--lease-s", str(LEASE_S), "--link-gbps", str(LINK_GBPS),
-                                          *ENGINE_ARGV, *ROUTER_ARGV])
+    processes = ProcessCluster.from_argv(
+        [
+            "--transport",
+            "tcp",
+            "--num-prefill",
+            "2",
+            "--num-decode",
+            "1",
+            "--lease-s",
+            str(LEASE_S),
+            "--link-gbps",
+            str(LINK_GBPS),
+            *ENGINE_ARGV,
+            *ROUTER_ARGV,
+        ]
+    )
     loop_thread.run(processes.start(), timeout=180)
     client = loop_thread.run(processes.client())
     yield processes, client
@@ -88,8 +100,9 @@ def test_a_frozen_prefill_instance_is_declared_dead_and_gets_no_new_requests(clu
         try:
             view = await asyncio.wait_for(client.stats(), STATS_BOUND_S)  # not stuck behind the frozen one
             declared_after = await _until_gone(client, "prefill-0", BOUND_S)
-            finished = await asyncio.wait_for(asyncio.gather(*(
-                _collect(client.submit(list(range(i, i + 100)), SHORT)) for i in range(3))), BOUND_S)
+            finished = await asyncio.wait_for(
+                asyncio.gather(*(_collect(client.submit(list(range(i, i + 100)), SHORT)) for i in range(3))), BOUND_S
+            )
         finally:
             await _resume_and_rejoin(processes, client, "prefill-0")
         return view, declared_after, finished

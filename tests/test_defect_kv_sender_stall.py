@@ -8,6 +8,7 @@ import asyncio
 
 import msgspec
 import torch
+from disagg_helpers import CONFIG
 
 from minipd.control.channel import Channel
 from minipd.control.messages import PROTOCOL_VERSION, Hello, Reserve
@@ -16,8 +17,6 @@ from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine
 from minipd.transports import messages as wire
 from minipd.transports.tcp_receiver import PREFIX
-
-from disagg_helpers import CONFIG
 
 FAKE_PREFILL = "prefill-that-stalls"
 PROMPT = list(range(300))  # 19 blocks of 16 tokens
@@ -57,8 +56,9 @@ def test_stalled_sender_after_abort_leaks_no_block_and_its_late_bytes_land_nowhe
         try:
             control = await Channel.connect("127.0.0.1", decode.port, None, "a-router")
             await control.call(Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER))
-            reserved = await control.call(Reserve(request_id="stalled", token_ids=PROMPT,
-                                                  prefill_instance=FAKE_PREFILL))
+            reserved = await control.call(
+                Reserve(request_id="stalled", token_ids=PROMPT, prefill_instance=FAKE_PREFILL)
+            )
             held = decode.stats().num_used_blocks
             host, _, port = wire.decode_description(decode.transport.describe()).endpoint.decode().rpartition(":")
             reader, writer = await asyncio.open_connection(host, int(port))
@@ -67,24 +67,35 @@ def test_stalled_sender_after_abort_leaks_no_block_and_its_late_bytes_land_nowhe
             num_bytes = len(runs) * layout.block_bytes
             late = b"\xab" * num_bytes
             writer.write(_frame(wire.Hello(FAKE_PREFILL, layout.num_layers, layout.block_bytes)))
-            writer.write(_frame(wire.LayerHeader("stalled", 0, runs, num_bytes), late[:num_bytes // 2]))
+            writer.write(_frame(wire.LayerHeader("stalled", 0, runs, num_bytes), late[: num_bytes // 2]))
             await writer.drain()
             await _until(lambda: _receiving(decode, "stalled"), 10, "the receiver never started on the payload")
             await control.close()  # the reservation's router is gone: the decode instance aborts it
-            await _until(lambda: decode.stats().num_used_blocks == 0, BLOCKS_BACK_WITHIN_S,
-                         f"blocks still used: {decode.stats()}")
+            await _until(
+                lambda: decode.stats().num_used_blocks == 0,
+                BLOCKS_BACK_WITHIN_S,
+                f"blocks still used: {decode.stats()}",
+            )
             freed = decode.engine.kv_pool[:, reserved.dst_block_ids].clone()
             # the stalled sender wakes up: the rest of its payload, then a frame the receiver refuses
             # (an unknown request), after which it closes the link: every late byte has been read by then
-            writer.write(late[num_bytes // 2:])
-            writer.write(_frame(wire.LayerHeader("never-reserved", 0, runs[:1], layout.block_bytes),
-                                b"\xcd" * layout.block_bytes))
+            writer.write(late[num_bytes // 2 :])
+            writer.write(
+                _frame(
+                    wire.LayerHeader("never-reserved", 0, runs[:1], layout.block_bytes), b"\xcd" * layout.block_bytes
+                )
+            )
             await writer.drain()
             closed_by_receiver = await _closed_by_peer(reader)
             after = decode.engine.kv_pool[:, reserved.dst_block_ids]
             writer.close()
-            return held, len(reserved.dst_block_ids), decode.stats(), closed_by_receiver, torch.equal(
-                freed.view(torch.uint8), after.contiguous().view(torch.uint8))
+            return (
+                held,
+                len(reserved.dst_block_ids),
+                decode.stats(),
+                closed_by_receiver,
+                torch.equal(freed.view(torch.uint8), after.contiguous().view(torch.uint8)),
+            )
         finally:
             await decode.close()
 

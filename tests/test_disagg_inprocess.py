@@ -7,30 +7,43 @@ import struct
 
 import msgspec
 import pytest
+from disagg_helpers import (
+    BLOCK_SIZE,
+    CONFIG,
+    LOCAL_PREFILL_MAX_TOKENS,
+    SHARED_PREFIX_LEN,
+    assert_same_tokens,
+    first_wave,
+    prefix_wave,
+    run_all,
+)
 
 from minipd.control.channel import RemoteError
 from minipd.control.handshake import open_channel
 from minipd.control.messages import Prefill, Register, Reserve
 from minipd.control.role import Role
-from minipd.engine.engine import Engine
-from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.disagg.instance import Instance
+from minipd.engine.engine import Engine
+from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.inprocess_cluster import InProcessCluster
+from minipd.router.control_port import RouterControlPort
 from minipd.router.registry import IncompatibleInstance
 from minipd.router.router import RouterConfig
-from minipd.router.control_port import RouterControlPort
-from minipd.engine.sampling_params import SamplingParams
-
-from disagg_helpers import (BLOCK_SIZE, CONFIG, LOCAL_PREFILL_MAX_TOKENS, SHARED_PREFIX_LEN, assert_same_tokens,
-                            first_wave, prefix_wave, run_all)
 
 LEASE_S = 0.3
 
 
 @pytest.fixture(scope="module")
 def cluster(loop_thread):
-    cluster = loop_thread.run(InProcessCluster.start(
-        CONFIG, num_prefill=1, num_decode=1, router_config=RouterConfig(local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS),
-        lease_s=LEASE_S))
+    cluster = loop_thread.run(
+        InProcessCluster.start(
+            CONFIG,
+            num_prefill=1,
+            num_decode=1,
+            router_config=RouterConfig(local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS),
+            lease_s=LEASE_S,
+        )
+    )
     yield cluster
     loop_thread.run(cluster.close())
 
@@ -96,11 +109,13 @@ def test_unused_reservation_expires_and_is_freed(cluster, loop_thread):
     instance = cluster.instance("decode-0")
 
     async def reserve_and_wait():
-        reserved = await decode.channel.call(Reserve(request_id="never-prefilled", token_ids=list(range(40)),
-                                                     prefill_instance="prefill-0"))
+        reserved = await decode.channel.call(
+            Reserve(request_id="never-prefilled", token_ids=list(range(40)), prefill_instance="prefill-0")
+        )
         held = instance.stats().num_used_blocks
         expired = await asyncio.wait_for(instance.expired_leases.get(), 10 * LEASE_S + 5)
         return reserved, held, expired
+
     reserved, held, expired = loop_thread.run(reserve_and_wait())
     assert len(reserved.dst_block_ids) == 3 and held == 3 and expired == "never-prefilled"
 
@@ -111,6 +126,7 @@ def test_abort_midway_frees_both_pools(cluster, loop_thread):
         first = await stream.__anext__()
         stream.abort()
         return first, [o async for o in stream]
+
     first, rest = loop_thread.run(abort_after_first_token())
     assert first.token_ids and rest[-1].finish_reason == "abort"
 
@@ -126,6 +142,7 @@ def test_fingerprint_mismatch_is_refused_naming_the_difference(cluster, loop_thr
             return str(info.value)
         finally:
             await instance.close()
+
     message = loop_thread.run(add_mismatched())
     assert f"block_size: {2 * BLOCK_SIZE} != {BLOCK_SIZE}" in message and "odd-one" in message
     assert "odd-one" not in cluster.router.registry.instances
@@ -138,11 +155,20 @@ def test_prefill_refuses_a_decode_with_another_fingerprint(cluster, loop_thread)
 
     async def prefill_for_odd_decode():
         with pytest.raises(RemoteError) as info:
-            await prefill.channel.call(Prefill(
-                request_id="odd", token_ids=list(range(40)), sampling=SamplingParams(temperature=0.0),
-                decode_instance="decode-0", decode_description=decode.welcome.transport_description,
-                decode_fingerprint=odd, dst_block_ids=[0, 1, 2], num_skip_blocks=0))
+            await prefill.channel.call(
+                Prefill(
+                    request_id="odd",
+                    token_ids=list(range(40)),
+                    sampling=SamplingParams(temperature=0.0),
+                    decode_instance="decode-0",
+                    decode_description=decode.welcome.transport_description,
+                    decode_fingerprint=odd,
+                    dst_block_ids=[0, 1, 2],
+                    num_skip_blocks=0,
+                )
+            )
         return str(info.value)
+
     message = loop_thread.run(prefill_for_odd_decode())
     assert "dtype: 'float32' != 'bfloat16'" in message
 
@@ -151,10 +177,21 @@ def test_instances_can_register_with_the_router_port(cluster, loop_thread):
     async def register_and_route():
         server = RouterControlPort(cluster.router)
         port = await server.serve("127.0.0.1", 0)
-        late = await Instance.create(Engine(CONFIG), Role.PREFILL, "late-prefill", "loopback", "tiny",
-                                     {"hub": cluster.instances[0].transport._hub})
-        odd = await Instance.create(Engine(msgspec.structs.replace(CONFIG, block_size=2 * BLOCK_SIZE)), Role.DECODE,
-                                    "odd-decode", "loopback", "tiny")
+        late = await Instance.create(
+            Engine(CONFIG),
+            Role.PREFILL,
+            "late-prefill",
+            "loopback",
+            "tiny",
+            {"hub": cluster.instances[0].transport._hub},
+        )
+        odd = await Instance.create(
+            Engine(msgspec.structs.replace(CONFIG, block_size=2 * BLOCK_SIZE)),
+            Role.DECODE,
+            "odd-decode",
+            "loopback",
+            "tiny",
+        )
         try:
             for instance in (late, odd):
                 await instance.serve("127.0.0.1", 0)
@@ -170,6 +207,7 @@ def test_instances_can_register_with_the_router_port(cluster, loop_thread):
             for instance in (late, odd):
                 await instance.close()
             await server.close()
+
     registered, refused, ids = loop_thread.run(register_and_route())
     assert registered.instance_id == "late-prefill" and "late-prefill" in ids
     assert "block_size" in refused and "odd-decode" not in ids
@@ -177,14 +215,19 @@ def test_instances_can_register_with_the_router_port(cluster, loop_thread):
 
 def test_router_prefers_the_prefill_instance_holding_the_prefix_and_spreads_load(loop_thread):
     async def run():
-        async with await InProcessCluster.start(CONFIG, num_prefill=2, num_decode=1, router_config=RouterConfig(
-                local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS)) as two:
+        async with await InProcessCluster.start(
+            CONFIG,
+            num_prefill=2,
+            num_decode=1,
+            router_config=RouterConfig(local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS),
+        ) as two:
             greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
             spread = await asyncio.gather(*(_transfer(two, [k] * 60 + list(range(20)), greedy) for k in range(4)))
             base = list(range(100, 180))
             first = await _transfer(two, base, greedy)
             again = [await _transfer(two, base + [50 + i] * 20, greedy) for i in range(3)]
             return spread, first, again
+
     spread, first, again = loop_thread.run(run())
     assert {t.prefill_instance for t in spread} == {"prefill-0", "prefill-1"}, "concurrent load is spread"
     assert all(t.prefill_instance == first.prefill_instance for t in again), "the prefix holder is preferred"
@@ -200,12 +243,16 @@ def _frame(payload: bytes) -> bytes:
     return struct.pack(">I", len(payload)) + payload
 
 
-@pytest.mark.parametrize("frame", [
-    _frame(b"\xc1garbage"),  # not msgpack
-    struct.pack(">I", 2**31),  # over the frame cap
-    _frame(msgspec.msgpack.encode({"type": "nope"})),  # not a known message
-    _frame(msgspec.msgpack.encode({"type": "reserve", "token_ids": "not a list", "prefill_instance": 3})),
-], ids=["not-msgpack", "oversize", "unknown-type", "wrong-types"])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        _frame(b"\xc1garbage"),  # not msgpack
+        struct.pack(">I", 2**31),  # over the frame cap
+        _frame(msgspec.msgpack.encode({"type": "nope"})),  # not a known message
+        _frame(msgspec.msgpack.encode({"type": "reserve", "token_ids": "not a list", "prefill_instance": 3})),
+    ],
+    ids=["not-msgpack", "oversize", "unknown-type", "wrong-types"],
+)
 def test_malformed_control_frames_close_only_that_connection(cluster, loop_thread, frame):
     async def send_garbage_then_serve():
         instance = cluster.instance("decode-0")
@@ -216,6 +263,7 @@ def test_malformed_control_frames_close_only_that_connection(cluster, loop_threa
         writer.close()
         outputs = [o async for o in cluster.generate(list(range(60)), SamplingParams(max_tokens=3, temperature=0.0))]
         return eof, outputs[-1]
+
     eof, last = loop_thread.run(send_garbage_then_serve())
     assert eof == b"", "the instance closes a connection that sent a bad frame"
     assert last.finished and last.error is None and last.num_output_tokens == 3
@@ -233,6 +281,7 @@ def test_requests_wait_for_a_full_decode_pool_instead_of_failing(loop_thread):
             params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
             results = await asyncio.gather(*(_collect(c, p, params) for p in prompts))
             return results, [i.stats() for i in c.instances], c.router.num_busy_waits
+
     results, stats, busy_waits = loop_thread.run(run(), timeout=120)
     assert busy_waits > 0, "the test must fill the decode pool"
     assert all(r[-1].error is None and r[-1].num_output_tokens == 40 for r in results)

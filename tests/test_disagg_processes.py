@@ -7,21 +7,32 @@ import signal
 
 import msgspec
 import pytest
+from disagg_helpers import (
+    BLOCK_SIZE,
+    CONFIG,
+    ENGINE_ARGV,
+    LOCAL_PREFILL_MAX_TOKENS,
+    ROUTER_ARGV,
+    SHARED_PREFIX_LEN,
+    assert_same_tokens,
+    first_wave,
+    prefix_wave,
+    run_all,
+)
 
-from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.transports.registry import available_transports
-
-from disagg_helpers import (BLOCK_SIZE, CONFIG, ENGINE_ARGV, LOCAL_PREFILL_MAX_TOKENS, ROUTER_ARGV,
-                            SHARED_PREFIX_LEN, assert_same_tokens, first_wave, prefix_wave, run_all)
 
 NETWORK_TRANSPORTS = ["tcp", "ucx", "nixl"]
 DEATH_TIMEOUT_S = 30.0
 
 
 def _skip_unless_installed(transport: str):
-    return pytest.mark.skipif(transport not in available_transports(),
-                              reason=f"the {transport} extra is not installed (pip install -e '.[{transport}]')")
+    return pytest.mark.skipif(
+        transport not in available_transports(),
+        reason=f"the {transport} extra is not installed (pip install -e '.[{transport}]')",
+    )
 
 
 @pytest.fixture(scope="module", params=[pytest.param(t, marks=_skip_unless_installed(t)) for t in NETWORK_TRANSPORTS])
@@ -81,6 +92,7 @@ def test_client_abort_frees_every_pool(cluster, loop_thread):
         first = await stream.__anext__()
         stream.abort()
         return first, [o async for o in stream]
+
     first, rest = loop_thread.run(abort_after_first_token())
     assert first.token_ids and rest[-1].finished and rest[-1].finish_reason == "abort"
 
@@ -108,6 +120,7 @@ def test_decode_death_ends_the_request_and_frees_the_prefill_pool(loop_thread):
             return first, rest, await client.stats(settle=True)
         finally:
             await client.close()
+
     try:
         first, rest, stats = loop_thread.run(kill_decode_midway(), timeout=DEATH_TIMEOUT_S + 30)
     finally:

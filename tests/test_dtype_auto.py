@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.engine.dtype_choice import choose_auto_dtype, read_cpu_flags, resolve_dtype
 from minipd.engine.engine import EngineConfig
-from minipd.disagg.fingerprint import engine_fingerprint
 
 # Real flag lines (trimmed): an AVX512-BF16 EPYC, an AMX Xeon, and a Skylake without bf16.
 EPYC_FLAGS = "fpu sse2 avx2 avx512f avx512bw avx512_bf16 avx512_vnni"
@@ -20,8 +20,9 @@ SKYLAKE_FLAGS = "fpu sse2 avx2 avx512f avx512bw avx512_vnni"
 CLI_TIMEOUT_S = 120
 
 
-@pytest.mark.parametrize("flags, expected", [(EPYC_FLAGS, "bfloat16"), (AMX_FLAGS, "bfloat16"),
-                                             (SKYLAKE_FLAGS, "float32"), ("", "float32")])
+@pytest.mark.parametrize(
+    "flags, expected", [(EPYC_FLAGS, "bfloat16"), (AMX_FLAGS, "bfloat16"), (SKYLAKE_FLAGS, "float32"), ("", "float32")]
+)
 def test_cpu_rule(flags, expected):
     choice = choose_auto_dtype("cpu", flags.split())
     assert choice.name == expected and choice.reason.startswith("auto:")
@@ -73,8 +74,12 @@ def test_auto_is_the_default_and_the_engine_and_fingerprint_carry_the_resolved_n
 
 def test_the_colocated_role_prints_its_dtype_choice_at_start_up():
     # (prefill and decode print the same line: tests/test_cli_cluster.py)
-    proc = subprocess.run([sys.executable, "-m", "minipd", "--role", "both", "--prompt", "hi", "--max-tokens", "2"],
-                          capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    proc = subprocess.run(
+        [sys.executable, "-m", "minipd", "--role", "both", "--prompt", "hi", "--max-tokens", "2"],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+    )
     assert proc.returncode == 0, proc.stderr
     choice = resolve_dtype("auto", "cpu")
     assert "minipd both: model tiny loaded in " in proc.stderr

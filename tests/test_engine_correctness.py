@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from engine_helpers import complete, complete_all, greedy, reference_greedy
 
 BLOCK_SIZE = 16
@@ -18,8 +17,14 @@ PROMPT_LENGTHS = [1, 2, 15, 16, 17, 31, 32, 33, 47, 63, 64, 65, 100, 127, 128, 1
 @pytest.fixture(scope="module")
 def engine(make_engine):
     # float32 pinned: the paged path is compared token for token with the cache-free reference.
-    return make_engine(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=256, max_model_len=512,
-                       max_num_batched_tokens=CHUNK_TOKENS)
+    return make_engine(
+        model="tiny",
+        dtype="float32",
+        block_size=BLOCK_SIZE,
+        num_blocks=256,
+        max_model_len=512,
+        max_num_batched_tokens=CHUNK_TOKENS,
+    )
 
 
 def random_prompts(seed: int, lengths: list[int], vocab: int = 256) -> list[list[int]]:
@@ -64,8 +69,15 @@ def test_whole_prompt_cached_still_computes_last_token(engine, loop_thread):
 
 def test_preemption_recomputes_exactly(make_engine, loop_thread):
     # 12 blocks of 16 tokens: four requests of 40 + 30 tokens cannot all stay resident.
-    small = make_engine(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=12, max_model_len=128,
-                        max_num_batched_tokens=CHUNK_TOKENS, enable_prefix_caching=False)
+    small = make_engine(
+        model="tiny",
+        dtype="float32",
+        block_size=BLOCK_SIZE,
+        num_blocks=12,
+        max_model_len=128,
+        max_num_batched_tokens=CHUNK_TOKENS,
+        enable_prefix_caching=False,
+    )
     prompts = random_prompts(4, [40, 41, 42, 43])
     results = loop_thread.run(complete_all(small, prompts, greedy(30)))
     assert small.stats().num_preemptions > 0, "the test must actually exercise preemption"

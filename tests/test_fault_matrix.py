@@ -7,24 +7,33 @@ serves the next request."""
 from __future__ import annotations
 
 import pytest
+from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
+from fault_cells import BOUND_S, CELLS, CLUSTER_ARGV, PARAMS, play, probe, settled_stats, surviving
 
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.transports.registry import available_transports
-
-from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
-from fault_cells import BOUND_S, CELLS, CLUSTER_ARGV, PARAMS, play, probe, settled_stats, surviving
 
 TRANSPORTS = ["tcp", "ucx", "nixl"]
 CELL_ORDER = list(CELLS)
 
 
-@pytest.fixture(scope="module", params=[pytest.param(t, marks=pytest.mark.skipif(
-    t not in available_transports(), reason=f"the {t} extra is not installed (pip install -e '.[{t}]')"))
-    for t in TRANSPORTS])
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param(
+            t,
+            marks=pytest.mark.skipif(
+                t not in available_transports(), reason=f"the {t} extra is not installed (pip install -e '.[{t}]')"
+            ),
+        )
+        for t in TRANSPORTS
+    ],
+)
 def cluster(request, loop_thread, tmp_path_factory):
     fault_dir = tmp_path_factory.mktemp(f"faults-{request.param}")
-    processes = ProcessCluster.from_argv(["--transport", request.param, *CLUSTER_ARGV, *ENGINE_ARGV, *ROUTER_ARGV],
-                                         fault_dir=str(fault_dir))
+    processes = ProcessCluster.from_argv(
+        ["--transport", request.param, *CLUSTER_ARGV, *ENGINE_ARGV, *ROUTER_ARGV], fault_dir=str(fault_dir)
+    )
     loop_thread.run(processes.start(), timeout=180)
     yield processes
     loop_thread.run(processes.stop(), timeout=120)

@@ -57,23 +57,47 @@ USER_PARAMS = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, se
 
 request_ids = st.sampled_from(["f0", "f1", "f2", ""])
 token_lists = st.lists(st.integers(-3, 300), max_size=40) | st.just(list(range(40)))
-sampling = st.builds(SamplingParams, max_tokens=st.integers(-1, 8), temperature=st.sampled_from([0.0, 0.7, -1.0]),
-                     top_p=st.sampled_from([1.0, 0.5, 0.0]), top_k=st.integers(-1, 5), ignore_eos=st.booleans())
+sampling = st.builds(
+    SamplingParams,
+    max_tokens=st.integers(-1, 8),
+    temperature=st.sampled_from([0.0, 0.7, -1.0]),
+    top_p=st.sampled_from([1.0, 0.5, 0.0]),
+    top_k=st.integers(-1, 5),
+    ignore_eos=st.booleans(),
+)
 calls = st.integers(0, 2**32)
 
 MESSAGES = st.one_of(
-    st.builds(Hello, protocol_version=st.sampled_from([PROTOCOL_VERSION, 1, 99]), role=st.sampled_from(list(Role)),
-              nonce=st.binary(max_size=40), call_id=calls, request_id=request_ids),
+    st.builds(
+        Hello,
+        protocol_version=st.sampled_from([PROTOCOL_VERSION, 1, 99]),
+        role=st.sampled_from(list(Role)),
+        nonce=st.binary(max_size=40),
+        call_id=calls,
+        request_id=request_ids,
+    ),
     st.builds(Prove, proof=st.binary(max_size=40), call_id=calls),
     st.builds(Challenge, nonce=st.binary(max_size=40), call_id=calls),
-    st.builds(Reserve, token_ids=token_lists, prefill_instance=st.sampled_from(["fuzz-prefill", "prefill-0"]),
-              call_id=calls, request_id=request_ids),
+    st.builds(
+        Reserve,
+        token_ids=token_lists,
+        prefill_instance=st.sampled_from(["fuzz-prefill", "prefill-0"]),
+        call_id=calls,
+        request_id=request_ids,
+    ),
     # a decode instance of its own: the prefill instance's link to decode-0 belongs to the router
-    st.builds(Prefill, token_ids=token_lists, sampling=sampling, decode_instance=st.just("fuzz-decode"),
-              decode_description=st.binary(max_size=64),
-              decode_fingerprint=st.deferred(lambda: st.just(FINGERPRINT[0])),
-              dst_block_ids=st.lists(st.integers(-2, 70), max_size=5),
-              num_skip_blocks=st.integers(-1, 3), call_id=calls, request_id=request_ids),
+    st.builds(
+        Prefill,
+        token_ids=token_lists,
+        sampling=sampling,
+        decode_instance=st.just("fuzz-decode"),
+        decode_description=st.binary(max_size=64),
+        decode_fingerprint=st.deferred(lambda: st.just(FINGERPRINT[0])),
+        dst_block_ids=st.lists(st.integers(-2, 70), max_size=5),
+        num_skip_blocks=st.integers(-1, 3),
+        call_id=calls,
+        request_id=request_ids,
+    ),
     st.builds(Decode, first_token=st.integers(-1, 300), sampling=sampling, request_id=request_ids),
     st.builds(Generate, token_ids=token_lists, sampling=sampling, request_id=request_ids),
     st.builds(Renew, request_id=request_ids),
@@ -83,9 +107,18 @@ MESSAGES = st.one_of(
     st.builds(Register, host=st.just(LOCALHOST), port=st.integers(1, 65535), call_id=calls),
     st.builds(ClientGenerate, token_ids=st.one_of(st.none(), token_lists), request_id=request_ids),
     st.builds(Welcome, instance_id=st.text(max_size=8), role=st.sampled_from(list(Role)), call_id=calls),
-    st.builds(Stats, instance_id=st.just("x"), role=st.just(Role.DECODE), num_running=st.integers(0, 3),
-              num_waiting=st.just(0), num_free_blocks=st.just(0), num_used_blocks=st.just(0),
-              num_cached_blocks=st.just(0), num_blocks=st.just(0), call_id=calls),
+    st.builds(
+        Stats,
+        instance_id=st.just("x"),
+        role=st.just(Role.DECODE),
+        num_running=st.integers(0, 3),
+        num_waiting=st.just(0),
+        num_free_blocks=st.just(0),
+        num_used_blocks=st.just(0),
+        num_cached_blocks=st.just(0),
+        num_blocks=st.just(0),
+        call_id=calls,
+    ),
 )
 FINGERPRINT: list = []  # the cluster's, filled in by the fixture (Prefill needs a real one)
 
@@ -108,7 +141,7 @@ def mutated(draw) -> bytes:
         elif kind == "insert":
             frame[at:at] = draw(st.binary(min_size=1, max_size=8))
         else:
-            frame[:HEADER.size] = HEADER.pack(draw(st.integers(0, 2**32 - 1)))
+            frame[: HEADER.size] = HEADER.pack(draw(st.integers(0, 2**32 - 1)))
         if not frame:
             frame = bytearray(b"\0")
     return bytes(frame)
@@ -155,12 +188,18 @@ def users(cluster, loop_thread):
 async def _authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """The real handshake as a router, by hand."""
     nonce = new_nonce()
-    writer.write(_frame(msgspec.msgpack.encode(Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER,
-                                                     nonce=nonce, call_id=1))))
+    writer.write(
+        _frame(
+            msgspec.msgpack.encode(Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER, nonce=nonce, call_id=1))
+        )
+    )
     challenge = await _read(reader)
     assert isinstance(challenge, Challenge), challenge
-    writer.write(_frame(msgspec.msgpack.encode(Prove(proof=client_proof(SECRET, Role.ROUTER, nonce, challenge.nonce),
-                                                     call_id=2))))
+    writer.write(
+        _frame(
+            msgspec.msgpack.encode(Prove(proof=client_proof(SECRET, Role.ROUTER, nonce, challenge.nonce), call_id=2))
+        )
+    )
     assert isinstance(await _read(reader), Welcome)
 
 
@@ -201,8 +240,11 @@ async def _fuzz_connections_gone(cluster: TcpCluster) -> None:
 
 
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(target=st.sampled_from(["decode-0", "prefill-0"]), authenticated=st.booleans(),
-       frames=st.lists(FRAMES, min_size=1, max_size=6))
+@given(
+    target=st.sampled_from(["decode-0", "prefill-0"]),
+    authenticated=st.booleans(),
+    frames=st.lists(FRAMES, min_size=1, max_size=6),
+)
 def test_fuzzed_control_frames_harm_no_one(cluster, users, loop_thread, target, authenticated, frames):
     stats = loop_thread.run(_fuzz_once(cluster, target, authenticated, frames), timeout=TIMEOUT_S * 2)
     assert stats.instance_id == target, "the instance stopped answering its router"

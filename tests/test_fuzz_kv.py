@@ -43,13 +43,23 @@ def _frame(message) -> bytes:
 request_ids = st.sampled_from(["fz", "user", "nobody", ""])
 runs = st.lists(st.tuples(st.integers(-2, NUM_BLOCKS + 2), st.integers(-1, 4)), max_size=4)
 headers = st.one_of(
-    st.builds(kv.LayerHeader, request_id=request_ids, layer=st.integers(-1, NUM_LAYERS + 1), runs=runs,
-              num_bytes=st.sampled_from([0, 1, BLOCK_BYTES, 2 * BLOCK_BYTES, 3 * BLOCK_BYTES, 2**40])),
+    st.builds(
+        kv.LayerHeader,
+        request_id=request_ids,
+        layer=st.integers(-1, NUM_LAYERS + 1),
+        runs=runs,
+        num_bytes=st.sampled_from([0, 1, BLOCK_BYTES, 2 * BLOCK_BYTES, 3 * BLOCK_BYTES, 2**40]),
+    ),
     st.builds(kv.Finish, request_id=request_ids, num_bytes=st.sampled_from([0, BLOCK_BYTES, 2 * BLOCK_BYTES])),
     st.builds(kv.Abort, request_id=request_ids),
-    st.builds(kv.Hello, peer_id=st.sampled_from(["fuzzer", "prefill"]), num_layers=st.integers(0, 3),
-              block_bytes=st.sampled_from([BLOCK_BYTES, 1]), nonce=st.binary(max_size=40),
-              proof=st.binary(max_size=40)),
+    st.builds(
+        kv.Hello,
+        peer_id=st.sampled_from(["fuzzer", "prefill"]),
+        num_layers=st.integers(0, 3),
+        block_bytes=st.sampled_from([BLOCK_BYTES, 1]),
+        nonce=st.binary(max_size=40),
+        proof=st.binary(max_size=40),
+    ),
     st.builds(kv.Challenge, nonce=st.binary(max_size=8)),
     st.builds(kv.HelloAck, proof=st.binary(max_size=8)),
     st.builds(kv.Refused, reason=st.text(max_size=8)),
@@ -62,12 +72,11 @@ def plausible_writes(draw) -> bytes:
     starts = st.one_of(st.sampled_from(FUZZ_BLOCKS), st.integers(-1, NUM_BLOCKS))
     chosen = draw(st.lists(st.tuples(starts, st.integers(1, 3)), min_size=1, max_size=3))
     num_bytes = sum(count for _, count in chosen) * BLOCK_BYTES
-    header = kv.LayerHeader(draw(st.sampled_from(["fz", "fz", "user", "nobody"])), draw(st.integers(0, NUM_LAYERS)),
-                            chosen, num_bytes)
+    header = kv.LayerHeader(
+        draw(st.sampled_from(["fz", "fz", "user", "nobody"])), draw(st.integers(0, NUM_LAYERS)), chosen, num_bytes
+    )
     sent = draw(st.sampled_from([num_bytes, num_bytes, num_bytes // 2, 1]))
     return _frame(header) + b"\xab" * sent
-
-
 
 
 def _parts(claimable: st.SearchStrategy) -> st.SearchStrategy[bytes]:
@@ -101,7 +110,7 @@ class Receiver:
         self.original = self.pool.clone()
 
     def changed_blocks(self) -> set[int]:
-        diff = (self.pool.view(NUM_LAYERS, NUM_BLOCKS, -1) != self.original.view(NUM_LAYERS, NUM_BLOCKS, -1))
+        diff = self.pool.view(NUM_LAYERS, NUM_BLOCKS, -1) != self.original.view(NUM_LAYERS, NUM_BLOCKS, -1)
         return {b for b in range(NUM_BLOCKS) if bool(diff[:, b].any())}
 
     async def fuzz(self, hello: bool, data: list[bytes]) -> None:
@@ -130,8 +139,9 @@ class Receiver:
             await asyncio.sleep(0.01)  # the receiver sees each close on its own schedule
 
     async def real_sender_lands(self) -> bool:
-        sender = create_transport("tcp", torch.full((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE), 7.0),
-                                  instance_id="prefill", secret=self.secret)
+        sender = create_transport(
+            "tcp", torch.full((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE), 7.0), instance_id="prefill", secret=self.secret
+        )
         await sender.start()
         try:
             peer = await sender.connect(self.transport.describe())
@@ -140,7 +150,8 @@ class Receiver:
             await sender.finish_request(peer, "user")
             landed = await self.transport.wait_landed("user", TIMEOUT_S)
             return landed.num_bytes == NUM_LAYERS * len(USER_BLOCKS) * BLOCK_BYTES and bool(
-                (self.pool[:, USER_BLOCKS] == 7.0).all())
+                (self.pool[:, USER_BLOCKS] == 7.0).all()
+            )
         finally:
             await sender.close()
 

@@ -11,15 +11,14 @@ import msgspec
 import numpy as np
 import pytest
 import torch
+from engine_helpers import complete, greedy, reference_greedy
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
 from minipd.models.gguf_file import read_gguf
 from minipd.models.gguf_loader import config_from_gguf, load_gguf_model
 from minipd.models.gguf_tokenizer import gguf_tokenizer
-
-from engine_helpers import complete, greedy, reference_greedy
-from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
 Q = GGMLQuantizationType
 # Largest |stored - written| per type for these weights (|w| < ~0.6): 0 where the type holds
@@ -103,17 +102,19 @@ def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
 
 
 def test_an_unsupported_tensor_type_is_named_before_loading(tmp_path: Path) -> None:
-    path = write_llama_gguf(tmp_path / "q5.gguf", TINY, hf_weights(TINY),
-                            tensor_types={"blk.1.ffn_up.weight": Q.Q5_0})
+    path = write_llama_gguf(tmp_path / "q5.gguf", TINY, hf_weights(TINY), tensor_types={"blk.1.ffn_up.weight": Q.Q5_0})
     with pytest.raises(ValueError, match=r"'blk\.1\.ffn_up\.weight'.*type Q5_0, which is not supported"):
         load_gguf_model(path)
 
 
-@pytest.mark.parametrize("metadata, words", [
-    ({"llama.expert_count": 8}, "mixture-of-experts"),
-    ({"llama.rope.scaling.type": "yarn"}, "rope.scaling.type 'yarn'"),
-    ({"llama.rope.dimension_count": 8}, "partial rotary"),
-])
+@pytest.mark.parametrize(
+    "metadata, words",
+    [
+        ({"llama.expert_count": 8}, "mixture-of-experts"),
+        ({"llama.rope.scaling.type": "yarn"}, "rope.scaling.type 'yarn'"),
+        ({"llama.rope.dimension_count": 8}, "partial rotary"),
+    ],
+)
 def test_features_the_model_cannot_reproduce_are_refused(tmp_path: Path, metadata, words) -> None:
     path = write_llama_gguf(tmp_path / "odd.gguf", TINY, hf_weights(TINY), extra_metadata=metadata)
     with pytest.raises(ValueError, match=words):

@@ -17,32 +17,85 @@ import random
 
 import pytest
 import regex
+from gguf_helpers import SMOLLM2, requires_smollm2, smollm2_dir
 
 from minipd.api.chat_template import ChatTemplate
+from minipd.api.protocol import ChatMessage
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.models.gguf_file import read_gguf
 from minipd.models.gguf_tokenizer import gguf_tokenizer
-from minipd.api.protocol import ChatMessage
-
-from gguf_helpers import SMOLLM2, requires_smollm2, smollm2_dir
 
 pytestmark = requires_smollm2
 
 FRAGMENTS = {
-    "ascii": ["Hello", "world", "The quick brown fox", "jumps over", "the lazy dog.", "I'm", "you're", "they'll",
-              "don't", "CamelCaseWord", "snake_case_name", "UPPER", "a", "x", "?!", "...", "(parens)", "[1]",
-              "e-mail", "https://example.com/a?b=c&d=e", "#hashtag", "@user", "50%", "$3.50", "1,000,000"],
+    "ascii": [
+        "Hello",
+        "world",
+        "The quick brown fox",
+        "jumps over",
+        "the lazy dog.",
+        "I'm",
+        "you're",
+        "they'll",
+        "don't",
+        "CamelCaseWord",
+        "snake_case_name",
+        "UPPER",
+        "a",
+        "x",
+        "?!",
+        "...",
+        "(parens)",
+        "[1]",
+        "e-mail",
+        "https://example.com/a?b=c&d=e",
+        "#hashtag",
+        "@user",
+        "50%",
+        "$3.50",
+        "1,000,000",
+    ],
     "digits": ["0", "7", "42", "2024", "3.14159", "123456789", "v1.2.3", "x2", "10x", "1e-5", "0xFF"],
-    "accents": ["héllo", "wörld", "café", "naïve", "Ångström", "façade", "Øresund", "crème brûlée", "Ελληνικά",
-                "Привет мир", "ñandú", "İstanbul", "ß", "ﬁ ligature"],
+    "accents": [
+        "héllo",
+        "wörld",
+        "café",
+        "naïve",
+        "Ångström",
+        "façade",
+        "Øresund",
+        "crème brûlée",
+        "Ελληνικά",
+        "Привет мир",
+        "ñandú",
+        "İstanbul",
+        "ß",
+        "ﬁ ligature",
+    ],
     "cjk": ["世界", "你好，世界！", "日本語のテキスト", "한국어 문장", "中文文本。", "カタカナ", "漢字かな交じり文"],
     "emoji": ["🚀", "👍🏽", "👨‍👩‍👧", "🇫🇷", "❤️", "🙂🙃", "⭐"],
     "space": [" ", "  ", "    ", "\t", "\t\t", "\n", "\n\n", "\n\n\n", " \n ", "\r\n", "   \n\t  "],
-    "code": ["def f(x):\n    return x ** 2\n", "for (int i = 0; i < n; ++i) {\n\tsum += a[i];\n}",
-             "SELECT * FROM t WHERE id = 1;", "<div class=\"a\">b</div>", "{\"key\": [1, 2, null]}",
-             "x = lambda y: y  # comment", "#include <stdio.h>", "fn main() { println!(\"hi\"); }"],
-    "special": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start|>user\nhi<|im_end|>\n", "<repo_name>",
-                "<file_sep>", "<|im_start|><|im_end|>", "<|im_start", "im_end|>"],
+    "code": [
+        "def f(x):\n    return x ** 2\n",
+        "for (int i = 0; i < n; ++i) {\n\tsum += a[i];\n}",
+        "SELECT * FROM t WHERE id = 1;",
+        '<div class="a">b</div>',
+        '{"key": [1, 2, null]}',
+        "x = lambda y: y  # comment",
+        "#include <stdio.h>",
+        'fn main() { println!("hi"); }',
+    ],
+    "special": [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<|im_start|>user\nhi<|im_end|>\n",
+        "<repo_name>",
+        "<file_sep>",
+        "<|im_start|><|im_end|>",
+        "<|im_start",
+        "im_end|>",
+    ],
 }
 # Numbers beyond ASCII digits, where the two references part most (see the module docstring).
 OTHER_NUMERALS = ["½", "²", "x²", " ½ cup", "٣", "Ⅻ", "①②", "¾¾", "10½", " ³"]
@@ -127,8 +180,12 @@ def test_special_tokens_and_their_text(ours, theirs):
 CONVERSATIONS = [
     [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
     [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}],
-    [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "2 + 2?"},
-     {"role": "assistant", "content": "4."}, {"role": "user", "content": "And  3 + 3?\n"}],
+    [
+        {"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "2 + 2?"},
+        {"role": "assistant", "content": "4."},
+        {"role": "user", "content": "And  3 + 3?\n"},
+    ],
     [{"role": "user", "content": "héllo 世界 🚀"}, {"role": "assistant", "content": "<|im_end|> is special"}],
 ]
 

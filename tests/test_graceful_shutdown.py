@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
+
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
-
-from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
 
 SHUTDOWN_S = 1.0
 ROUTER_SHUTDOWN_S = 15.0  # long enough for its request to finish
@@ -38,8 +38,9 @@ async def _until_refusing_connections(address: tuple[str, int]) -> None:
 
 
 def _start(loop_thread, argv: list[str], shutdown_s: float = SHUTDOWN_S) -> ProcessCluster:
-    cluster = ProcessCluster.from_argv(["--transport", "tcp", "--shutdown-timeout-s", str(shutdown_s),
-                                        *argv, *ENGINE_ARGV, *ROUTER_ARGV])
+    cluster = ProcessCluster.from_argv(
+        ["--transport", "tcp", "--shutdown-timeout-s", str(shutdown_s), *argv, *ENGINE_ARGV, *ROUTER_ARGV]
+    )
     loop_thread.run(cluster.start(), timeout=180)
     return cluster
 
@@ -57,8 +58,10 @@ def test_sigterm_on_instances_drains_then_exits_zero(loop_thread):
             short = client.submit(list(range(20)), SHORT)  # under way too (it may finish on either)
             cluster.child(streaming_on).process.send_signal(signal.SIGTERM)
             cluster.child("prefill-0").process.send_signal(signal.SIGTERM)
-            codes = await asyncio.wait_for(asyncio.gather(cluster.child(streaming_on).process.wait(),
-                                                          cluster.child("prefill-0").process.wait()), EXIT_BOUND_S)
+            codes = await asyncio.wait_for(
+                asyncio.gather(cluster.child(streaming_on).process.wait(), cluster.child("prefill-0").process.wait()),
+                EXIT_BOUND_S,
+            )
             rest, short_outputs = await asyncio.wait_for(asyncio.gather(_collect(long), _collect(short)), EXIT_BOUND_S)
             after = await asyncio.wait_for(_collect(client.submit(list(range(40)), SHORT)), EXIT_BOUND_S)
             return first, rest, short_outputs, codes, after, other, await client.stats(settle=True)

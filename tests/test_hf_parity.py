@@ -22,11 +22,19 @@ FP32_TOLERANCE = 1e-4
 SENSITIVITY_MIN_DIFF = 1e-2
 SEED = 0
 
-TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-            attn_implementation="eager")
-LLAMA3_SCALING = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                      original_max_position_embeddings=32)
+TINY = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    attn_implementation="eager",
+)
+LLAMA3_SCALING = dict(
+    rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32
+)
 LINEAR_SCALING = dict(rope_type="linear", factor=4.0)
 YARN_SCALING = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)
 
@@ -73,16 +81,19 @@ def _assert_parity(hf_model, ours: LlamaForCausalLM) -> None:
     assert all(d <= FP32_TOLERANCE for d in diffs.values()), diffs
 
 
-@pytest.mark.parametrize("arch,overrides", [
-    ("llama", {}),
-    ("llama", {"tie_word_embeddings": True}),
-    ("llama", {"rope_scaling": LLAMA3_SCALING}),
-    ("llama", {"rope_scaling": LINEAR_SCALING}),
-    ("llama", {"rope_scaling": YARN_SCALING}),
-    ("qwen2", {}),
-    ("qwen2", {"tie_word_embeddings": True}),
-], ids=["llama", "llama-tied", "llama3-rope", "linear-rope", "yarn-rope", "qwen2",
-        "qwen2-tied"])
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [
+        ("llama", {}),
+        ("llama", {"tie_word_embeddings": True}),
+        ("llama", {"rope_scaling": LLAMA3_SCALING}),
+        ("llama", {"rope_scaling": LINEAR_SCALING}),
+        ("llama", {"rope_scaling": YARN_SCALING}),
+        ("qwen2", {}),
+        ("qwen2", {"tie_word_embeddings": True}),
+    ],
+    ids=["llama", "llama-tied", "llama3-rope", "linear-rope", "yarn-rope", "qwen2", "qwen2-tied"],
+)
 def test_logits_match_transformers(tmp_path: Path, arch: str, overrides: dict) -> None:
     hf_model = _hf_model(arch, **overrides)
     hf_model.save_pretrained(tmp_path)
@@ -92,8 +103,7 @@ def test_logits_match_transformers(tmp_path: Path, arch: str, overrides: dict) -
     _assert_parity(hf_model, ours)
 
 
-@pytest.mark.parametrize("scaling", [LLAMA3_SCALING, LINEAR_SCALING, YARN_SCALING],
-                         ids=lambda s: s["rope_type"])
+@pytest.mark.parametrize("scaling", [LLAMA3_SCALING, LINEAR_SCALING, YARN_SCALING], ids=lambda s: s["rope_type"])
 def test_parity_check_detects_missing_rope_scaling(tmp_path: Path, scaling: dict) -> None:
     """Guards the parity test itself: dropping the scaling must break parity."""
     hf_model = _hf_model("llama", rope_scaling=scaling)
@@ -177,6 +187,7 @@ def test_tied_model_rejects_different_lm_head(tmp_path: Path) -> None:
 
 # ---- errors ---------------------------------------------------------------------------
 
+
 def _write_config(directory: Path, hf: dict) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf))
@@ -233,8 +244,14 @@ def test_wrong_shape_is_named(tmp_path: Path) -> None:
 
 # ---- config_from_hf on hand-written dicts -----------------------------------------------
 
-BASE_HF = {"architectures": ["LlamaForCausalLM"], "vocab_size": 300, "hidden_size": 64,
-           "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+BASE_HF = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 300,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+}
 
 
 def test_config_defaults_and_eos_list() -> None:
@@ -256,13 +273,16 @@ def test_config_rope_default_type_means_no_scaling() -> None:
     assert config.rope_scaling is None and config.rope_theta == 1e6
 
 
-@pytest.mark.parametrize("extra,field", [
-    ({"mlp_bias": True}, "mlp_bias"),
-    ({"attention_bias": True}, "attention_bias"),
-    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "dynamic"),
-    ({"hidden_act": "gelu"}, "hidden_act"),
-    ({"rope_scaling": {"rope_type": "linear"}}, "factor"),
-])
+@pytest.mark.parametrize(
+    "extra,field",
+    [
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"attention_bias": True}, "attention_bias"),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "dynamic"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"rope_scaling": {"rope_type": "linear"}}, "factor"),
+    ],
+)
 def test_config_unsupported_features_are_named(extra: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         config_from_hf({**BASE_HF, **extra})

@@ -12,15 +12,14 @@ from typing import AsyncIterator, Sequence
 
 import pytest
 from aiohttp import web
+from http_helpers import OpenStream, http_json, http_post, http_text, sample, scrape
 
 from minipd.api.app import METRICS_KEY, HttpConfig, build_app, start_http_server
-from minipd.models.tokenizer import ByteTokenizer
-from minipd.engine.request import RequestOutput
-from minipd.engine.sampling_params import SamplingParams
 from minipd.api.backend import InstanceStats, ServingBackend
 from minipd.api.engine_backend import EngineBackend
-
-from http_helpers import OpenStream, http_json, http_post, http_text, sample, scrape
+from minipd.engine.request import RequestOutput
+from minipd.engine.sampling_params import SamplingParams
+from minipd.models.tokenizer import ByteTokenizer
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512
@@ -72,56 +71,89 @@ CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 
 
-@pytest.mark.parametrize("path, body, status, param, words", [
-    (COMPLETIONS, b"{not json", 400, None, "not valid JSON"),
-    (COMPLETIONS, b"", 400, None, "not valid JSON"),
-    (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens", "got `str`"),
-    (COMPLETIONS, {"prompt": "hi", "temperature": [1]}, 400, "temperature", "expected"),
-    (COMPLETIONS, {"prompt": "hi", "best_off": 2}, 400, "best_off", "unknown field"),
-    (COMPLETIONS, {"max_tokens": 2}, 400, "prompt", "required"),
-    (COMPLETIONS, {"prompt": "x" * MAX_MODEL_LEN}, 400, "prompt", "max_model_len"),
-    (COMPLETIONS, {"prompt": ""}, 400, "prompt", "empty"),
-    (COMPLETIONS, {"prompt": [1, 2, 99999]}, 400, "prompt", "vocabulary"),
-    (COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "positive integer, got 0"),
-    (COMPLETIONS, {"prompt": "hi", "temperature": -1}, 400, "temperature", ">= 0"),
-    (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400, "top_p", "(0, 1]"),
-    (COMPLETIONS, {"prompt": "hi", "top_k": -2}, 400, "top_k", "non-negative"),
-    (COMPLETIONS, {"prompt": "hi", "seed": -5}, 400, "seed", "2**63"),
-    (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop", "non-empty"),
-    (COMPLETIONS, {"prompt": "hi", "n": 2}, 400, "n", "n=1"),
-    (COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo", "not supported"),
-    (COMPLETIONS, {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
-    (COMPLETIONS, {"prompt": "hi", "model": "llama-9000"}, 404, "model", "llama-9000"),
-    (CHAT, {"messages": []}, 400, "messages", "at least one"),
-    (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role", "robot"),
-    (CHAT, {"messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content", "got `int`"),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400, "messages[0].content[0].type",
-     "image_url"),
-    (CHAT, {"messages": [{"role": "user", "content": "x" * MAX_MODEL_LEN}]}, 400, "messages", "max_model_len"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs", "not supported"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tools": []}, 400, "tools", "unknown field"),
-    (COMPLETIONS, {"prompt": "x" * (MAX_BODY_BYTES + 1)}, 413, None, "body size"),
-    # integers the control plane cannot carry (msgpack holds 64 bits): 400 naming the field, never 500
-    (COMPLETIONS, {"prompt": "hi", "max_tokens": 10**1000}, 400, "max_tokens", "<= 9223372036854775807"),
-    (COMPLETIONS, {"prompt": "hi", "max_tokens": -10**1000}, 400, "max_tokens", ">= -9223372036854775808"),
-    (COMPLETIONS, {"prompt": "hi", "top_k": 2**64}, 400, "top_k", "<= 9223372036854775807"),
-    (COMPLETIONS, {"prompt": "hi", "seed": 2**64}, 400, "seed", "<= 9223372036854775807"),
-    (COMPLETIONS, {"prompt": "hi", "n": 2**64}, 400, "n", "<= 9223372036854775807"),
-    (COMPLETIONS, {"prompt": "hi", "best_of": 2**64}, 400, "best_of", "<= 9223372036854775807"),
-    (COMPLETIONS, {"prompt": "hi", "logprobs": 2**64}, 400, "logprobs", "<= 9223372036854775807"),
-    (COMPLETIONS, {"prompt": [1, 2**64]}, 400, "prompt[1]", "<= 9223372036854775807"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2**64}, 400,
-     "max_completion_tokens", "<= 9223372036854775807"),
-    (CHAT, {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2**64}, 400, "top_logprobs",
-     "<= 9223372036854775807"),
-    # inside messages, as at the top level, what minipd cannot honour is refused, not dropped
-    (CHAT, {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}, 400, "messages[0].tool_calls",
-     "unknown field"),
-    (CHAT, {"messages": [{"role": "user", "content": "x", "tool_call_id": "t"}]}, 400, "messages[0].tool_call_id",
-     "unknown field"),
-    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache": 1}]}]}, 400,
-     "messages[0].content[0].cache", "unknown field"),
-])
+@pytest.mark.parametrize(
+    "path, body, status, param, words",
+    [
+        (COMPLETIONS, b"{not json", 400, None, "not valid JSON"),
+        (COMPLETIONS, b"", 400, None, "not valid JSON"),
+        (COMPLETIONS, {"prompt": "hi", "max_tokens": "ten"}, 400, "max_tokens", "got `str`"),
+        (COMPLETIONS, {"prompt": "hi", "temperature": [1]}, 400, "temperature", "expected"),
+        (COMPLETIONS, {"prompt": "hi", "best_off": 2}, 400, "best_off", "unknown field"),
+        (COMPLETIONS, {"max_tokens": 2}, 400, "prompt", "required"),
+        (COMPLETIONS, {"prompt": "x" * MAX_MODEL_LEN}, 400, "prompt", "max_model_len"),
+        (COMPLETIONS, {"prompt": ""}, 400, "prompt", "empty"),
+        (COMPLETIONS, {"prompt": [1, 2, 99999]}, 400, "prompt", "vocabulary"),
+        (COMPLETIONS, {"prompt": "hi", "max_tokens": 0}, 400, "max_tokens", "positive integer, got 0"),
+        (COMPLETIONS, {"prompt": "hi", "temperature": -1}, 400, "temperature", ">= 0"),
+        (COMPLETIONS, {"prompt": "hi", "top_p": 0}, 400, "top_p", "(0, 1]"),
+        (COMPLETIONS, {"prompt": "hi", "top_k": -2}, 400, "top_k", "non-negative"),
+        (COMPLETIONS, {"prompt": "hi", "seed": -5}, 400, "seed", "2**63"),
+        (COMPLETIONS, {"prompt": "hi", "stop": [""]}, 400, "stop", "non-empty"),
+        (COMPLETIONS, {"prompt": "hi", "n": 2}, 400, "n", "n=1"),
+        (COMPLETIONS, {"prompt": "hi", "echo": True}, 400, "echo", "not supported"),
+        (COMPLETIONS, {"prompt": "hi", "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
+        (COMPLETIONS, {"prompt": "hi", "model": "llama-9000"}, 404, "model", "llama-9000"),
+        (CHAT, {"messages": []}, 400, "messages", "at least one"),
+        (CHAT, {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages[0].role", "robot"),
+        (CHAT, {"messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content", "got `int`"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            400,
+            "messages[0].content[0].type",
+            "image_url",
+        ),
+        (CHAT, {"messages": [{"role": "user", "content": "x" * MAX_MODEL_LEN}]}, 400, "messages", "max_model_len"),
+        (CHAT, {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}, 400, "logprobs", "not supported"),
+        (CHAT, {"messages": [{"role": "user", "content": "hi"}], "tools": []}, 400, "tools", "unknown field"),
+        (COMPLETIONS, {"prompt": "x" * (MAX_BODY_BYTES + 1)}, 413, None, "body size"),
+        # integers the control plane cannot carry (msgpack holds 64 bits): 400 naming the field, never 500
+        (COMPLETIONS, {"prompt": "hi", "max_tokens": 10**1000}, 400, "max_tokens", "<= 9223372036854775807"),
+        (COMPLETIONS, {"prompt": "hi", "max_tokens": -(10**1000)}, 400, "max_tokens", ">= -9223372036854775808"),
+        (COMPLETIONS, {"prompt": "hi", "top_k": 2**64}, 400, "top_k", "<= 9223372036854775807"),
+        (COMPLETIONS, {"prompt": "hi", "seed": 2**64}, 400, "seed", "<= 9223372036854775807"),
+        (COMPLETIONS, {"prompt": "hi", "n": 2**64}, 400, "n", "<= 9223372036854775807"),
+        (COMPLETIONS, {"prompt": "hi", "best_of": 2**64}, 400, "best_of", "<= 9223372036854775807"),
+        (COMPLETIONS, {"prompt": "hi", "logprobs": 2**64}, 400, "logprobs", "<= 9223372036854775807"),
+        (COMPLETIONS, {"prompt": [1, 2**64]}, 400, "prompt[1]", "<= 9223372036854775807"),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 2**64},
+            400,
+            "max_completion_tokens",
+            "<= 9223372036854775807",
+        ),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2**64},
+            400,
+            "top_logprobs",
+            "<= 9223372036854775807",
+        ),
+        # inside messages, as at the top level, what minipd cannot honour is refused, not dropped
+        (
+            CHAT,
+            {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]},
+            400,
+            "messages[0].tool_calls",
+            "unknown field",
+        ),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": "x", "tool_call_id": "t"}]},
+            400,
+            "messages[0].tool_call_id",
+            "unknown field",
+        ),
+        (
+            CHAT,
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache": 1}]}]},
+            400,
+            "messages[0].content[0].cache",
+            "unknown field",
+        ),
+    ],
+)
 def test_bad_input_gets_its_status_and_names_the_problem(server, path, body, status, param, words):
     result = http_json("POST", server.url + path, body)
     error = result.body["error"]
@@ -133,13 +165,18 @@ def test_bad_input_gets_its_status_and_names_the_problem(server, path, body, sta
     assert http_json("POST", server.url + COMPLETIONS, GOOD).status == 200  # still serving
 
 
-@pytest.mark.parametrize("encoding, body", [
-    ("gzip", b"this is not gzip"), ("deflate", b"nor deflate"),
-    ("gzip", gzip.compress(json.dumps(GOOD).encode())[:10] + b"\xff" * 16),  # a gzip header, then garbage
-])
+@pytest.mark.parametrize(
+    "encoding, body",
+    [
+        ("gzip", b"this is not gzip"),
+        ("deflate", b"nor deflate"),
+        ("gzip", gzip.compress(json.dumps(GOOD).encode())[:10] + b"\xff" * 16),  # a gzip header, then garbage
+    ],
+)
 def test_a_body_that_does_not_decode_as_its_content_encoding_says_is_a_400(server, encoding, body):
-    result = http_post(server.url + COMPLETIONS, body, {"Content-Type": "application/json",
-                                                        "Content-Encoding": encoding})
+    result = http_post(
+        server.url + COMPLETIONS, body, {"Content-Type": "application/json", "Content-Encoding": encoding}
+    )
     assert result.status == 400, result.body
     assert result.body["error"]["message"].startswith(f"Content-Encoding: the request body is not valid {encoding}")
     assert http_json("POST", server.url + COMPLETIONS, GOOD).status == 200  # still serving
@@ -171,8 +208,10 @@ def test_overload_rejects_beyond_the_waiting_limit(serve, engine):
 
 def test_completed_requests_are_counted_and_timed(serve, engine):
     served = serve(EngineBackend(engine, MODEL))  # a fresh app: its own registry starts at zero
-    assert http_json("POST", served.url + COMPLETIONS, {"prompt": "one", "max_tokens": 3, "ignore_eos": True}).status \
+    assert (
+        http_json("POST", served.url + COMPLETIONS, {"prompt": "one", "max_tokens": 3, "ignore_eos": True}).status
         == 200
+    )
     chat = {"messages": [{"role": "user", "content": "two"}], "max_tokens": 2, "ignore_eos": True}
     assert http_json("POST", served.url + CHAT, chat).status == 200
     stream = OpenStream(served.url, COMPLETIONS, {"prompt": "three", "max_tokens": 4, "ignore_eos": True})
@@ -252,6 +291,7 @@ async def _settled(engine) -> bool:
 
 # ---- a backend that fails, to see that nothing internal leaks ----------------------------
 
+
 class _FailingStream:
     request_id = "failing"
 
@@ -285,10 +325,21 @@ class FailingBackend:
     def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> _FailingStream:
         if prompt == "raise":
             raise RuntimeError(SECRET)
-        return _FailingStream([
-            RequestOutput(request_id=request_id, token_ids=[65], text="A", num_prompt_tokens=3, num_output_tokens=1),
-            RequestOutput(request_id=request_id, token_ids=[], text="", finished=True, finish_reason="abort",
-                          error=f"engine step failed: {SECRET}")])
+        return _FailingStream(
+            [
+                RequestOutput(
+                    request_id=request_id, token_ids=[65], text="A", num_prompt_tokens=3, num_output_tokens=1
+                ),
+                RequestOutput(
+                    request_id=request_id,
+                    token_ids=[],
+                    text="",
+                    finished=True,
+                    finish_reason="abort",
+                    error=f"engine step failed: {SECRET}",
+                ),
+            ]
+        )
 
     async def ready(self) -> bool:
         return self.is_ready

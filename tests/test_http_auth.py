@@ -39,6 +39,7 @@ def guarded(engine, loop_thread):
 
     async def admin(request: web.Request) -> web.Response:
         return web.json_response({"switched": True})
+
     app.router.add_post("/admin/role", admin)
     runner, url = _serve(loop_thread, app)
     yield url
@@ -57,8 +58,11 @@ def _call(method: str, url: str, headers: dict[str, str], body: bytes | None = N
     try:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
             raw = response.read()
-            return HttpResult(response.status, dict(response.headers),
-                              json.loads(raw) if response.headers.get_content_type() == "application/json" else {})
+            return HttpResult(
+                response.status,
+                dict(response.headers),
+                json.loads(raw) if response.headers.get_content_type() == "application/json" else {},
+            )
     except urllib.error.HTTPError as error:
         return HttpResult(error.code, dict(error.headers), json.loads(error.read()))
 
@@ -66,18 +70,27 @@ def _call(method: str, url: str, headers: dict[str, str], body: bytes | None = N
 JSON = {"Content-Type": "application/json"}
 
 
-@pytest.mark.parametrize("method, path, body", [
-    ("POST", "/v1/completions", BODY),
-    ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'),
-    ("GET", "/v1/models", None),
-    ("GET", "/metrics", None),
-    ("POST", "/admin/role", b"{}"),
-    ("GET", "/no/such/route", None),
-])
-@pytest.mark.parametrize("authorization, code", [
-    (None, None), ("Bearer wrong-key", "invalid_api_key"), (f"Basic {KEY}", "invalid_api_key"),
-    (f"Bearer {KEY}x", "invalid_api_key"),
-], ids=["missing", "wrong", "not-bearer", "longer"])
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", "/v1/completions", BODY),
+        ("POST", "/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'),
+        ("GET", "/v1/models", None),
+        ("GET", "/metrics", None),
+        ("POST", "/admin/role", b"{}"),
+        ("GET", "/no/such/route", None),
+    ],
+)
+@pytest.mark.parametrize(
+    "authorization, code",
+    [
+        (None, None),
+        ("Bearer wrong-key", "invalid_api_key"),
+        (f"Basic {KEY}", "invalid_api_key"),
+        (f"Bearer {KEY}x", "invalid_api_key"),
+    ],
+    ids=["missing", "wrong", "not-bearer", "longer"],
+)
 def test_a_missing_or_wrong_key_gets_401_in_openai_format(guarded, method, path, body, authorization, code):
     headers = dict(JSON, **({"Authorization": authorization} if authorization else {}))
     result = _call(method, guarded + path, headers, body)
@@ -87,10 +100,15 @@ def test_a_missing_or_wrong_key_gets_401_in_openai_format(guarded, method, path,
     assert ("API key" in error["message"] or "API_KEY" in error["message"]) and KEY not in error["message"]
 
 
-@pytest.mark.parametrize("method, path, body", [
-    ("POST", "/v1/completions", BODY), ("GET", "/v1/models", None), ("GET", "/metrics", None),
-    ("POST", "/admin/role", b"{}"),
-])
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", "/v1/completions", BODY),
+        ("GET", "/v1/models", None),
+        ("GET", "/metrics", None),
+        ("POST", "/admin/role", b"{}"),
+    ],
+)
 def test_the_right_key_is_served(guarded, method, path, body):
     result = _call(method, guarded + path, dict(JSON, Authorization=f"Bearer {KEY}"), body)
     assert result.status == 200, result
@@ -114,8 +132,17 @@ def test_without_a_key_the_api_is_open(open_api):
     assert _call("POST", f"{open_api}/v1/completions", JSON, BODY).status == 200
 
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x", "application/jsonx", "text/json"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/jsonx",
+        "text/json",
+    ],
+)
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_a_body_that_is_not_json_typed_gets_415(open_api, path, content_type):
     headers = {} if content_type is None else {"Content-Type": content_type}

@@ -5,15 +5,19 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from minipd.api.errors import ApiError
 from minipd.api.chat_template import BUILTIN_CHAT_TEMPLATE, ChatTemplate
-from minipd.models.tokenizer import ByteTokenizer
+from minipd.api.errors import ApiError
 from minipd.api.protocol import ChatMessage, TextPart
+from minipd.models.tokenizer import ByteTokenizer
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-STRICT = ("{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with a user message') }}"
-          "{% endif %}{{ messages[0].content }}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+STRICT = (
+    "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with a user message') }}"
+    "{% endif %}{{ messages[0].content }}"
+)
 
 CONVERSATION = [ChatMessage("system", "You are terse."), ChatMessage("user", [TextPart("Hi"), TextPart("there")])]
 
@@ -29,8 +33,9 @@ def test_the_model_template_is_rendered_when_the_tokenizer_has_one():
     tokenizer.chat_template = CHATML
     template = ChatTemplate.for_tokenizer(tokenizer)
     assert not template.is_builtin
-    assert template.render(CONVERSATION) == ("<|im_start|>system\nYou are terse.<|im_end|>\n"
-                                             "<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n")
+    assert template.render(CONVERSATION) == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi\nthere<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_special_token_variables_render_empty_without_token_text():
@@ -40,8 +45,9 @@ def test_special_token_variables_render_empty_without_token_text():
 
 
 def test_special_token_variables_render_as_the_given_text():
-    template = ChatTemplate("{{ bos_token }}{{ messages[0].content }}{{ eos_token }}", bos_token="<s>",
-                            eos_token="</s>")
+    template = ChatTemplate(
+        "{{ bos_token }}{{ messages[0].content }}{{ eos_token }}", bos_token="<s>", eos_token="</s>"
+    )
     assert template.render(CONVERSATION) == "<s>You are terse.</s>"
 
 

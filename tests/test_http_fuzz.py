@@ -59,35 +59,100 @@ def server(request, loop_thread, make_engine):
 
 
 # ---- what is sent ---------------------------------------------------------------------------
-EXTREMES = [0, 1, -1, 2**31, 2**63 - 1, 2**63, 2**64, -2**63 - 1, 10**40, 1e-46, 1e-38, 5e-324, 1e308, -1e308,
-            0.5, 2.0, "", "0", "x" * 50, [], {}, None, True, False]
-scalars = (st.none() | st.booleans() | st.integers() | st.integers(-2**70, 2**70)
-           | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=16) | st.sampled_from(EXTREMES))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner,
-                                                                                           max_size=3), max_leaves=8)
+EXTREMES = [
+    0,
+    1,
+    -1,
+    2**31,
+    2**63 - 1,
+    2**63,
+    2**64,
+    -(2**63) - 1,
+    10**40,
+    1e-46,
+    1e-38,
+    5e-324,
+    1e308,
+    -1e308,
+    0.5,
+    2.0,
+    "",
+    "0",
+    "x" * 50,
+    [],
+    {},
+    None,
+    True,
+    False,
+]
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=16)
+    | st.sampled_from(EXTREMES)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 sensible = {
-    "max_tokens": st.integers(1, 8), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1),
+    "max_tokens": st.integers(1, 8),
+    "temperature": st.floats(0, 2),
+    "top_p": st.floats(0.01, 1),
     "top_k": st.integers(0, 50),
-    "seed": st.integers(0, 2**63 - 1), "stream": st.booleans(), "ignore_eos": st.booleans(),
+    "seed": st.integers(0, 2**63 - 1),
+    "stream": st.booleans(),
+    "ignore_eos": st.booleans(),
     "stop": st.text(min_size=1, max_size=3) | st.lists(st.text(min_size=1, max_size=3), max_size=2),
     "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
 }
-OTHER_FIELDS = ["n", "model", "user", "presence_penalty", "frequency_penalty", "logit_bias", "echo", "best_of",
-                "suffix", "logprobs", "top_logprobs", "max_completion_tokens", "tools", "bogus"]
+OTHER_FIELDS = [
+    "n",
+    "model",
+    "user",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "echo",
+    "best_of",
+    "suffix",
+    "logprobs",
+    "top_logprobs",
+    "max_completion_tokens",
+    "tools",
+    "bogus",
+]
 optional_fields = {**{k: v | values for k, v in sensible.items()}, **{k: values for k in OTHER_FIELDS}}
 prompts = st.text(max_size=40) | st.lists(st.integers(-3, 300) | st.sampled_from([2**63, 2**64, -1]), max_size=8)
-parts = st.fixed_dictionaries({"type": st.sampled_from(["text", "image_url"]) | values, "text": st.text(max_size=10)},
-                              optional={"extra": values})
-messages = st.lists(st.fixed_dictionaries(
-    {"role": st.sampled_from(["user", "system", "assistant", "developer", "tool", "robot"]) | values,
-     "content": st.text(max_size=30) | st.lists(parts, max_size=2) | values},
-    optional={"name": st.text(max_size=5) | values, "tool_calls": values, "weird": values}), max_size=3)
+parts = st.fixed_dictionaries(
+    {"type": st.sampled_from(["text", "image_url"]) | values, "text": st.text(max_size=10)}, optional={"extra": values}
+)
+messages = st.lists(
+    st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["user", "system", "assistant", "developer", "tool", "robot"]) | values,
+            "content": st.text(max_size=30) | st.lists(parts, max_size=2) | values,
+        },
+        optional={"name": st.text(max_size=5) | values, "tool_calls": values, "weird": values},
+    ),
+    max_size=3,
+)
 completion_bodies = st.fixed_dictionaries({"prompt": prompts | values}, optional=optional_fields)
 chat_bodies = st.fixed_dictionaries({"messages": messages | values}, optional=optional_fields)
-good_messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant"]),
-                                                "content": st.text(min_size=1, max_size=12)}), min_size=1, max_size=2)
-good_bodies = (st.fixed_dictionaries({"prompt": st.text(min_size=1, max_size=20)}, optional=sensible)
-               | st.fixed_dictionaries({"messages": good_messages}, optional=sensible))
+good_messages = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "system", "assistant"]), "content": st.text(min_size=1, max_size=12)}
+    ),
+    min_size=1,
+    max_size=2,
+)
+good_bodies = st.fixed_dictionaries(
+    {"prompt": st.text(min_size=1, max_size=20)}, optional=sensible
+) | st.fixed_dictionaries({"messages": good_messages}, optional=sensible)
 
 
 @st.composite
@@ -106,20 +171,32 @@ def requests(draw):
     """(method, path, headers, body bytes)"""
     shape = draw(st.sampled_from(["nearly good"] * 3 + ["completion", "chat", "value", "bytes"]))
     if shape == "bytes":
-        body = draw(st.binary(max_size=64) | st.sampled_from([b"{", b'{"prompt": NaN}', b'{"prompt": Infinity}',
-                                                              b"\xff\xfe", b'{"prompt": "a"}' * 2]))
+        body = draw(
+            st.binary(max_size=64)
+            | st.sampled_from([b"{", b'{"prompt": NaN}', b'{"prompt": Infinity}', b"\xff\xfe", b'{"prompt": "a"}' * 2])
+        )
     else:
-        value = draw({"nearly good": nearly_good_bodies(), "completion": completion_bodies, "chat": chat_bodies,
-                      "value": values}[shape])
+        value = draw(
+            {
+                "nearly good": nearly_good_bodies(),
+                "completion": completion_bodies,
+                "chat": chat_bodies,
+                "value": values,
+            }[shape]
+        )
         body = json.dumps(value).encode()
     if shape == "nearly good" and draw(st.integers(0, 9)):  # mostly sent where it belongs
         path = "/v1/chat/completions" if "messages" in value else "/v1/completions"
     else:
         path = draw(st.sampled_from(["/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/x"]))
-    encoding = draw(st.sampled_from([None] * 8 + ["gzip", "gzip", "deflate", "identity", "gzip-raw", "br",
-                                                  "x-unknown", "gzip, deflate"]))
-    content_type = draw(st.sampled_from(["application/json"] * 4 + ["application/json; charset=utf-8", "text/plain",
-                                                                    None]))
+    encoding = draw(
+        st.sampled_from(
+            [None] * 8 + ["gzip", "gzip", "deflate", "identity", "gzip-raw", "br", "x-unknown", "gzip, deflate"]
+        )
+    )
+    content_type = draw(
+        st.sampled_from(["application/json"] * 4 + ["application/json; charset=utf-8", "text/plain", None])
+    )
     headers = {} if content_type is None else {"Content-Type": content_type}
     if encoding == "gzip":
         body = gzip.compress(body)
@@ -185,12 +262,17 @@ def test_no_input_gets_a_500_or_harms_another_users_stream(server, loop_thread):
     expected = http_json("POST", server.url + "/v1/completions", {**SENTINEL, "stream": False})
     assert expected.status == 200
     stop, outcomes = threading.Event(), []
-    sentinel = threading.Thread(target=run_sentinel, args=(server.url, expected.body["choices"][0]["text"], stop,
-                                                           outcomes))
+    sentinel = threading.Thread(
+        target=run_sentinel, args=(server.url, expected.body["choices"][0]["text"], stop, outcomes)
+    )
     sentinel.start()
 
-    @settings(max_examples=EXAMPLES_PER_BACKEND, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=EXAMPLES_PER_BACKEND,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(requests())
     def fuzz(request):
         check_answer(*send(server.port, *request))

@@ -10,18 +10,38 @@ from __future__ import annotations
 
 import openai
 import pytest
+from http_helpers import (
+    OpenStream,
+    http_json,
+    sample,
+    scrape,
+    start_cluster,
+    start_colocated,
+    stop,
+    wait_until_pools_full,
+)
+from openai_contract import CHECKED, strict_openai_client
 
 from benchmarks.loadgen.strict_openai import ResponseKind
-from http_helpers import (OpenStream, http_json, sample, scrape, start_cluster, start_colocated, stop,
-                          wait_until_pools_full)
-from openai_contract import CHECKED, strict_openai_client
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512
 LONG_MAX_TOKENS = 480  # long enough to still be running while the test does several calls
 # float32 pinned: streamed and whole texts, and stopped and full texts, are compared exactly.
-COMMON_FLAGS = ("--model", MODEL, "--dtype", "float32", "--num-blocks", "64", "--max-model-len", str(MAX_MODEL_LEN),
-                "--max-num-seqs", "1", "--max-waiting-requests", "1")
+COMMON_FLAGS = (
+    "--model",
+    MODEL,
+    "--dtype",
+    "float32",
+    "--num-blocks",
+    "64",
+    "--max-model-len",
+    str(MAX_MODEL_LEN),
+    "--max-num-seqs",
+    "1",
+    "--max-waiting-requests",
+    "1",
+)
 
 SERVERS = {
     "colocated": lambda log_dir: start_colocated(log_dir, *COMMON_FLAGS),
@@ -53,8 +73,15 @@ def test_streamed_completion_equals_non_streamed(client):
     choice = whole.choices[0]
     assert choice.finish_reason == "length"
     assert whole.usage.completion_tokens == 12 and whole.usage.prompt_tokens > 0
-    chunks = list(client.completions.create(model=MODEL, prompt="Prefill is compute-bound;", stream=True,
-                                            stream_options={"include_usage": True}, **SAMPLED))
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt="Prefill is compute-bound;",
+            stream=True,
+            stream_options={"include_usage": True},
+            **SAMPLED,
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
@@ -84,7 +111,7 @@ def test_stop_string_ends_the_completion(client):
     stop = next(ch for ch in text[1:] if ch != "\ufffd")  # a complete character, not a partial UTF-8 one
     stopped = client.completions.create(model=MODEL, prompt="Decode is bandwidth-bound.", stop=[stop], **greedy)
     assert stopped.choices[0].finish_reason == "stop"
-    assert stopped.choices[0].text == text[:text.index(stop)]
+    assert stopped.choices[0].text == text[: text.index(stop)]
 
 
 def test_models_lists_the_served_model(client):
@@ -117,16 +144,20 @@ def test_overload_answers_503_with_retry_after(server):
 
 def test_disconnect_mid_stream_frees_every_block(server):
     before = scrape(server)
-    stream = OpenStream(server, "/v1/chat/completions",
-                        {"messages": [{"role": "user", "content": "go on"}], "max_tokens": LONG_MAX_TOKENS,
-                         "ignore_eos": True})
+    stream = OpenStream(
+        server,
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "go on"}], "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True},
+    )
     assert stream.next_event()["choices"][0]["delta"]["role"] == "assistant"
     assert "content" in stream.next_event()["choices"][0]["delta"]
     stream.close()
     after = wait_until_pools_full(server)
     disconnects = "minipd_request_aborts_total"
-    assert sample(after, disconnects, cause="client_disconnect") == \
-        sample(before, disconnects, cause="client_disconnect") + 1
+    assert (
+        sample(after, disconnects, cause="client_disconnect")
+        == sample(before, disconnects, cause="client_disconnect") + 1
+    )
 
 
 EXPECTED_ROLES = {"colocated": {("local", "both")}, "disaggregated": {("prefill-0", "prefill"), ("decode-0", "decode")}}
@@ -135,8 +166,9 @@ EXPECTED_ROLES = {"colocated": {("local", "both")}, "disaggregated": {("prefill-
 def test_metrics_count_every_completed_request(server, client, request):
     before = scrape(server)
     for seed in range(3):
-        client.completions.create(model=MODEL, prompt="count me", max_tokens=3, seed=seed,
-                                  extra_body={"ignore_eos": True})
+        client.completions.create(
+            model=MODEL, prompt="count me", max_tokens=3, seed=seed, extra_body={"ignore_eos": True}
+        )
     after = scrape(server)
 
     def delta(name: str, **labels: str) -> float:
@@ -146,6 +178,9 @@ def test_metrics_count_every_completed_request(server, client, request):
     assert delta("minipd_requests_total", finish_reason="length") == 3
     assert delta("minipd_generation_tokens_total") == 9
     assert delta("minipd_e2e_request_latency_seconds_count") == 3
-    roles = {(dict(labels)["instance"], dict(labels)["role"])
-             for (name, labels), value in after.items() if name == "minipd_instance_role" and value == 1}
+    roles = {
+        (dict(labels)["instance"], dict(labels)["role"])
+        for (name, labels), value in after.items()
+        if name == "minipd_instance_role" and value == 1
+    }
     assert roles == EXPECTED_ROLES[request.node.callspec.params["server"]]

@@ -6,15 +6,14 @@ import asyncio
 import json
 
 import pytest
+from http_helpers import OpenStream, http_json, http_post, sample, scrape
 
-from minipd.engine.engine import EngineConfig
 from minipd.api.app import HttpConfig, build_app, start_http_server
+from minipd.api.engine_backend import EngineBackend
+from minipd.api.router_backend import RouterBackend
+from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
-from minipd.api.router_backend import RouterBackend
-from minipd.api.engine_backend import EngineBackend
-
-from http_helpers import OpenStream, http_json, http_post, sample, scrape
 
 MODEL = "tiny"
 CONFIG = dict(model=MODEL, dtype="float32", num_blocks=32, max_model_len=256)  # texts compared exactly
@@ -27,16 +26,20 @@ PROMPT = "Prefill is compute-bound; decode is bandwidth-bound."
 
 @pytest.fixture(scope="module")
 def cluster(loop_thread):
-    cluster = loop_thread.run(InProcessCluster.start(EngineConfig(**CONFIG), num_prefill=1, num_decode=1,
-                                                     router_config=RouterConfig(local_prefill_max_tokens=0)))
+    cluster = loop_thread.run(
+        InProcessCluster.start(
+            EngineConfig(**CONFIG), num_prefill=1, num_decode=1, router_config=RouterConfig(local_prefill_max_tokens=0)
+        )
+    )
     yield cluster
     loop_thread.run(cluster.close())
 
 
 @pytest.fixture
 def router_url(cluster, loop_thread):
-    runner, port = loop_thread.run(start_http_server(build_app(RouterBackend(cluster.router), HttpConfig()),
-                                                     "127.0.0.1", 0))
+    runner, port = loop_thread.run(
+        start_http_server(build_app(RouterBackend(cluster.router), HttpConfig()), "127.0.0.1", 0)
+    )
     yield f"http://127.0.0.1:{port}"
     loop_thread.run(runner.cleanup())
     assert loop_thread.run(_all_pools_full(cluster)), "a cluster instance kept requests or blocks"
@@ -44,8 +47,9 @@ def router_url(cluster, loop_thread):
 
 @pytest.fixture
 def colocated_url(make_engine, loop_thread):
-    runner, port = loop_thread.run(start_http_server(
-        build_app(EngineBackend(make_engine(**CONFIG), MODEL), HttpConfig()), "127.0.0.1", 0))
+    runner, port = loop_thread.run(
+        start_http_server(build_app(EngineBackend(make_engine(**CONFIG), MODEL), HttpConfig()), "127.0.0.1", 0)
+    )
     yield f"http://127.0.0.1:{port}"
     loop_thread.run(runner.cleanup())
 
@@ -76,21 +80,28 @@ def test_disaggregated_text_equals_colocated_and_transfers_are_measured(router_u
 
 
 def test_disconnect_mid_stream_aborts_on_every_instance(router_url, cluster, loop_thread):
-    stream = OpenStream(router_url, "/v1/completions",
-                        {"prompt": PROMPT, "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True})
+    stream = OpenStream(
+        router_url, "/v1/completions", {"prompt": PROMPT, "max_tokens": LONG_MAX_TOKENS, "ignore_eos": True}
+    )
     assert stream.next_event()["choices"][0]["text"] is not None
     stream.close()
     assert loop_thread.run(_all_pools_full(cluster)), "blocks not freed on every instance after the disconnect"
     assert sample(scrape(router_url), "minipd_request_aborts_total", cause="client_disconnect") == 1
 
 
-@pytest.mark.parametrize("path, body, param", [
-    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**1000}, "max_tokens"),
-    ("/v1/completions", {"prompt": PROMPT, "top_k": 2**64}, "top_k"),
-    ("/v1/completions", {"prompt": [1, 2, 2**64]}, "prompt[2]"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": 2**70},
-     "max_completion_tokens"),
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("/v1/completions", {"prompt": PROMPT, "max_tokens": 10**1000}, "max_tokens"),
+        ("/v1/completions", {"prompt": PROMPT, "top_k": 2**64}, "top_k"),
+        ("/v1/completions", {"prompt": [1, 2, 2**64]}, "prompt[2]"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": 2**70},
+            "max_completion_tokens",
+        ),
+    ],
+)
 def test_integers_msgpack_cannot_carry_are_a_400_naming_the_field_not_a_500(router_url, path, body, param):
     result = http_json("POST", router_url + path, body)
     assert result.status == 400 and result.body["error"]["param"] == param, result.body
@@ -105,24 +116,31 @@ def test_a_body_that_is_not_gzip_is_a_400_over_the_router(router_url):
 
 @pytest.mark.parametrize("side", ["sender", "receiver"])
 def test_a_real_transfer_failure_moves_the_failure_counter_and_the_request_still_completes(
-        router_url, cluster, monkeypatch, side):
+    router_url, cluster, monkeypatch, side
+):
     """A KV link that breaks while the KV moves: the sender's write fails, or the receiver is
     told the sender aborted. The router counts the failure on /metrics and retries the request
     elsewhere (here: the decode instance prefills it itself)."""
     prefill = cluster.instance("prefill-0")
     transport = prefill.transport
     if side == "sender":
+
         async def broken_write(peer_id, request_id, layer, runs):
             raise ConnectionResetError("link down")
+
         monkeypatch.setattr(transport, "_write", broken_write)
     else:
         original_end = transport._send_end
 
         async def aborting_end(peer_id, request_id, num_bytes):
             await original_end(peer_id, request_id, None)  # the receiver hears "aborted"
+
         monkeypatch.setattr(transport, "_send_end", aborting_end)
     before = sample(scrape(router_url), "minipd_kv_transfer_failures_total")
-    result = http_json("POST", f"{router_url}/v1/completions",
-                       {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True, "temperature": 0})
+    result = http_json(
+        "POST",
+        f"{router_url}/v1/completions",
+        {"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True, "temperature": 0},
+    )
     assert result.status == 200 and result.body["usage"]["completion_tokens"] == 4
     assert sample(scrape(router_url), "minipd_kv_transfer_failures_total") == before + 1

@@ -82,8 +82,10 @@ def test_headers_trickling_in_do_not_extend_the_deadline(server):
 def test_a_body_that_never_arrives_in_full_gets_a_408(server):
     sock = connect(server)
     start = time.monotonic()
-    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                 b"Content-Length: 100\r\n\r\n{\"prompt\": ")
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        b'Content-Length: 100\r\n\r\n{"prompt": '
+    )
     answer = read_until_closed(sock)
     assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within" in answer
     assert TIMEOUT_S * 0.9 <= time.monotonic() - start < BOUND_S

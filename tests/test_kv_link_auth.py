@@ -25,16 +25,21 @@ TIMEOUT_S = 10.0
 
 
 def _transport(instance_id: str, secret: SharedSecret | None, **options):
-    return create_transport("tcp", torch.zeros((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE)), instance_id=instance_id,
-                            secret=secret, **options)
+    return create_transport(
+        "tcp", torch.zeros((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE)), instance_id=instance_id, secret=secret, **options
+    )
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("sender_secret, receiver_secret, words", [
-    (None, SECRET, "refused the KV link: the sender has no cluster secret"),
-    (OTHER, SECRET, "refused the KV link: the sender's proof of the cluster secret is wrong"),
-    (SECRET, None, "has no cluster secret configured; refusing to send it KV"),
-], ids=["sender-without", "different", "receiver-without"])
+@pytest.mark.parametrize(
+    "sender_secret, receiver_secret, words",
+    [
+        (None, SECRET, "refused the KV link: the sender has no cluster secret"),
+        (OTHER, SECRET, "refused the KV link: the sender's proof of the cluster secret is wrong"),
+        (SECRET, None, "has no cluster secret configured; refusing to send it KV"),
+    ],
+    ids=["sender-without", "different", "receiver-without"],
+)
 def test_a_link_without_a_shared_secret_is_refused(sender_secret, receiver_secret, words):
     async def scenario():
         receiver, sender = _transport("decode", receiver_secret), _transport("prefill", sender_secret)
@@ -47,6 +52,7 @@ def test_a_link_without_a_shared_secret_is_refused(sender_secret, receiver_secre
         finally:
             await sender.close()
             await receiver.close()
+
     error = uvloop.run(scenario())
     assert words in error.reason and error.peer_id == "decode"
 
@@ -69,6 +75,7 @@ def test_with_a_shared_secret_the_link_carries_kv():
         finally:
             await sender.close()
             await receiver.close()
+
     landed, pool = uvloop.run(scenario())
     assert landed.peer_id == "prefill" and bool((pool[:, 4:6] == 3.0).all()) and not pool[:, :4].any()
 
@@ -107,6 +114,7 @@ def test_at_the_cap_unauthenticated_links_give_way_then_new_ones_are_refused():
         for transport in (*senders, receiver):
             await transport.close()
         return evicted, refused, landed
+
     evicted, refused, landed = uvloop.run(scenario())
     assert evicted == [True, True]
     assert refused == b"", "with every slot authenticated, a new link is closed before its challenge"
@@ -126,4 +134,5 @@ def test_before_the_handshake_a_header_may_not_exceed_the_handshake_cap():
         writer.close()
         await receiver.close()
         return hung_up
+
     assert uvloop.run(scenario()), "the receiver must hang up on an oversized handshake header"

@@ -26,8 +26,9 @@ from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
 
 BLOCK_SIZE = 16
-DECODE = EngineConfig(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=32, max_model_len=256,
-                      max_num_batched_tokens=256)
+DECODE = EngineConfig(
+    model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=32, max_model_len=256, max_num_batched_tokens=256
+)
 SMALL_DECODE = msgspec.structs.replace(DECODE, num_blocks=16)  # one max_model_len sequence
 NUM_STREAMS = 60
 MAX_TOKENS = 30
@@ -54,10 +55,13 @@ def test_a_decode_pool_far_too_small_for_its_load_never_deadlocks(loop_thread, m
     async def run():
         config = RouterConfig(local_prefill_max_tokens=0, kv_admission_ratio=None, kv_wait_s=LOAD_TIMEOUT_S)
         async with await InProcessCluster.start(SMALL_DECODE, 1, 1, config) as cluster:
+
             async def one(prompt):
                 return [o async for o in cluster.generate(prompt, params)]
+
             results = await asyncio.wait_for(asyncio.gather(*(one(p) for p in load)), LOAD_TIMEOUT_S)
             return results, await _settled(cluster), cluster.instance("decode-0").engine.scheduler.num_preemptions
+
     results, stats, preemptions = loop_thread.run(run(), timeout=LOAD_TIMEOUT_S + 30)
     assert preemptions > 0, "the load must overflow the decode pool"
     assert all(r[-1].error is None and r[-1].num_output_tokens == MAX_TOKENS for r in results)
@@ -81,6 +85,7 @@ def test_a_reservation_never_takes_blocks_that_queued_requests_need(loop_thread)
             engine.release_blocks(block_ids + others)
             outputs = [o async for o in stream]
             return needed, outputs
+
     needed, outputs = loop_thread.run(run())
     assert needed == 7 and outputs[-1].num_output_tokens == 4 and outputs[-1].error is None
 
@@ -96,8 +101,9 @@ def overload_server(request, loop_thread, make_engine):
         cluster, engine = None, make_engine(**msgspec.structs.asdict(DECODE))
         backend = EngineBackend(engine, "tiny")
         pools = []
-    runner, port = loop_thread.run(start_http_server(build_app(backend, HttpConfig(max_waiting_requests=None)),
-                                                     "127.0.0.1", 0))
+    runner, port = loop_thread.run(
+        start_http_server(build_app(backend, HttpConfig(max_waiting_requests=None)), "127.0.0.1", 0)
+    )
     yield f"http://127.0.0.1:{port}", backend
     loop_thread.run(runner.cleanup())
     if cluster is not None:
@@ -113,14 +119,22 @@ BURST_FACTOR = 10
 
 
 def test_a_burst_of_ten_times_capacity_is_refused_early_and_every_accepted_request_completes(
-        overload_server, loop_thread):
+    overload_server, loop_thread
+):
     url, backend = overload_server
     claim = claim_blocks(BURST_PROMPT_TOKENS + 1, BURST_MAX_TOKENS, DECODE.max_model_len, BLOCK_SIZE)
     capacity = DECODE.num_blocks // claim  # requests whose whole output fits at once
     rng = random.Random(5)
-    bodies = [{"prompt": "".join(chr(rng.randrange(97, 123)) for _ in range(BURST_PROMPT_TOKENS)),
-               "max_tokens": BURST_MAX_TOKENS, "ignore_eos": True, "temperature": 0, "stream": i % 2 == 1}
-              for i in range(BURST_FACTOR * capacity)]
+    bodies = [
+        {
+            "prompt": "".join(chr(rng.randrange(97, 123)) for _ in range(BURST_PROMPT_TOKENS)),
+            "max_tokens": BURST_MAX_TOKENS,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": i % 2 == 1,
+        }
+        for i in range(BURST_FACTOR * capacity)
+    ]
 
     async def burst():
         peak = 0
@@ -145,6 +159,7 @@ def test_a_burst_of_ten_times_capacity_is_refused_early_and_every_accepted_reque
         done.set()
         await watcher
         return results, peak
+
     results, peak = loop_thread.run(burst(), timeout=LOAD_TIMEOUT_S)
     accepted = [r for r in results if r[0] == 200]
     refused = [r for r in results if r[0] != 200]
@@ -154,8 +169,7 @@ def test_a_burst_of_ten_times_capacity_is_refused_early_and_every_accepted_reque
         assert msgspec.json.decode(text)["error"]["type"] == "overloaded_error" and "KV capacity" in text
     for _, headers, text, _ in accepted:  # each completed in full
         if headers["Content-Type"].startswith("text/event-stream"):
-            events = [msgspec.json.decode(line[6:]) for line in text.splitlines()
-                      if line.startswith("data: {")]
+            events = [msgspec.json.decode(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
             assert all("error" not in e for e in events)
             assert events[-1]["choices"][0]["finish_reason"] == "length"
         else:
@@ -176,8 +190,10 @@ def test_a_request_that_cannot_get_blocks_in_time_fails_as_overloaded_and_the_ot
 
             async def one(k):
                 return [o async for o in cluster.generate([k + 1] * 90, params)]
+
             results = await asyncio.wait_for(asyncio.gather(*(one(k) for k in range(3))), LOAD_TIMEOUT_S)
             return results, await _settled(cluster)
+
     results, stats = loop_thread.run(run(), timeout=LOAD_TIMEOUT_S + 30)
     failed = [r[-1] for r in results if r[-1].error is not None]
     assert len(failed) >= 1 and all("overloaded" in f.error and "decode-0" in f.error for f in failed)

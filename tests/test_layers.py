@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MAX_LINES = 300
+MAX_LINES = 350  # in ruff format's layout, which spreads a long call over a line per argument
 LENGTH_REASON = "Length:"  # a module past MAX_LINES says why in its docstring, after this word
 
 # Each layer and the layers it may import (itself included). Everything may import the
@@ -25,10 +25,32 @@ ALLOWED: dict[str, set[str]] = {
     "disagg": {"disagg", "control", "engine", "models", "transports"},
     "router": {"router", "control", "engine", "models", "planner"},
     "api": {"api", "router", "control", "engine", "planner", "models"},
-    "entrypoints": {"entrypoints", "api", "router", "disagg", "control", "engine", "planner", "workload", "models",
-                    "transports", "minipd"},
-    "minipd": {"minipd", "entrypoints", "api", "router", "disagg", "control", "engine", "planner", "workload",
-               "models", "transports"},
+    "entrypoints": {
+        "entrypoints",
+        "api",
+        "router",
+        "disagg",
+        "control",
+        "engine",
+        "planner",
+        "workload",
+        "models",
+        "transports",
+        "minipd",
+    },
+    "minipd": {
+        "minipd",
+        "entrypoints",
+        "api",
+        "router",
+        "disagg",
+        "control",
+        "engine",
+        "planner",
+        "workload",
+        "models",
+        "transports",
+    },
 }
 
 
@@ -47,8 +69,11 @@ def _layer_of_module(name: str) -> str | None:
 
 
 def _source_files() -> list[Path]:
-    files = [*ROOT.joinpath("minipd").rglob("*.py"), *ROOT.joinpath("models").glob("*.py"),
-             *ROOT.joinpath("transports").glob("*.py")]
+    files = [
+        *ROOT.joinpath("minipd").rglob("*.py"),
+        *ROOT.joinpath("models").glob("*.py"),
+        *ROOT.joinpath("transports").glob("*.py"),
+    ]
     return sorted(p for p in files if "__pycache__" not in p.parts)
 
 
@@ -77,8 +102,11 @@ def test_the_layer_table_knows_every_package():
 @pytest.mark.parametrize("path", _source_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_module_imports_from_a_layer_above(path: Path):
     layer = _layer_of_file(path)
-    bad = [f"line {line}: {module}" for line, module in _imported_modules(path)
-           if (target := _layer_of_module(module)) is not None and target not in ALLOWED[layer]]
+    bad = [
+        f"line {line}: {module}"
+        for line, module in _imported_modules(path)
+        if (target := _layer_of_module(module)) is not None and target not in ALLOWED[layer]
+    ]
     assert not bad, f"{layer} may import only {sorted(ALLOWED[layer])}: " + "; ".join(bad)
 
 

@@ -68,8 +68,9 @@ class Clock:
 
 
 def controller(router: FakeRouter, clock: Clock) -> LiveRatioController:
-    config = ControllerConfig(slo=SLO(ttft_s=TTFT_S, itl_s=ITL_S), window_s=10.0, cooldown_s=5.0,
-                              min_samples=MIN_SAMPLES)
+    config = ControllerConfig(
+        slo=SLO(ttft_s=TTFT_S, itl_s=ITL_S), window_s=10.0, cooldown_s=5.0, min_samples=MIN_SAMPLES
+    )
     return LiveRatioController(router, config, LiveControllerOptions(interval_s=1.0), clock=clock)
 
 
@@ -102,7 +103,11 @@ def test_failing_ttft_moves_the_least_busy_decode_instance_to_prefill_one_move_a
     assert router.registry.instances["decode-idle"].role is Role.PREFILL
     [move] = ctl.moves
     assert (move.instance_id, move.from_role, move.to_role, move.outcome) == (
-        "decode-idle", Role.DECODE, Role.PREFILL, "switched")
+        "decode-idle",
+        Role.DECODE,
+        Role.PREFILL,
+        "switched",
+    )
     assert move.ttft_attainment == 0.0 and move.total_s == 0.25 and move.drain_s == 0.2
     assert router.latency_observer is None, "closing detaches the observer"
 
@@ -126,8 +131,9 @@ def test_failing_itl_moves_the_prefill_instance_with_the_least_queued_to_decode(
 
 def test_requests_late_for_their_first_token_count_as_misses_once(loop_thread):
     async def scenario():
-        router = FakeRouter(handle("prefill-0", Role.PREFILL), handle("decode-0", Role.DECODE),
-                            handle("decode-1", Role.DECODE))
+        router = FakeRouter(
+            handle("prefill-0", Role.PREFILL), handle("decode-0", Role.DECODE), handle("decode-1", Role.DECODE)
+        )
         clock = Clock()
         ctl = controller(router, clock)
         feed(ctl, clock, ttft_s=TTFT_S / 2, gap_s=ITL_S / 2, n=MIN_SAMPLES)  # all good so far
@@ -152,8 +158,12 @@ def test_requests_late_for_their_first_token_count_as_misses_once(loop_thread):
 
 def test_a_failed_switch_is_recorded_and_the_controller_carries_on(loop_thread):
     async def scenario():
-        router = FakeRouter(handle("prefill-0", Role.PREFILL), handle("decode-0", Role.DECODE),
-                            handle("decode-1", Role.DECODE), fail=True)
+        router = FakeRouter(
+            handle("prefill-0", Role.PREFILL),
+            handle("decode-0", Role.DECODE),
+            handle("decode-1", Role.DECODE),
+            fail=True,
+        )
         router.release.set()
         clock = Clock()
         ctl = controller(router, clock)
@@ -174,13 +184,16 @@ def test_a_failed_switch_is_recorded_and_the_controller_carries_on(loop_thread):
 @pytest.mark.parametrize("objective, expected", [("tpot", Move.TO_DECODE), ("itl", Move.HOLD)])
 def test_a_tpot_objective_counts_a_stall_against_every_later_token(loop_thread, objective, expected):
     """Gaps within the bound after one long stall: each request's TPOT so far is over it."""
+
     async def scenario():
-        router = FakeRouter(handle("prefill-0", Role.PREFILL), handle("prefill-1", Role.PREFILL),
-                            handle("decode-0", Role.DECODE))
+        router = FakeRouter(
+            handle("prefill-0", Role.PREFILL), handle("prefill-1", Role.PREFILL), handle("decode-0", Role.DECODE)
+        )
         clock = Clock()
         slo = SLO(ttft_s=TTFT_S, **{f"{objective}_s": ITL_S})
-        ctl = LiveRatioController(router, ControllerConfig(slo=slo, window_s=10.0, cooldown_s=5.0,
-                                                           min_samples=MIN_SAMPLES), clock=clock)
+        ctl = LiveRatioController(
+            router, ControllerConfig(slo=slo, window_s=10.0, cooldown_s=5.0, min_samples=MIN_SAMPLES), clock=clock
+        )
         for i in range(2 * MIN_SAMPLES):
             ctl.first_token(f"r{i}", clock.now, TTFT_S / 2, 0.0)
             ctl.tokens(clock.now, ITL_S / 2, 1, 3 * ITL_S)  # quick gaps, but a stall earlier in the request
@@ -197,14 +210,17 @@ def test_a_tpot_objective_counts_a_stall_against_every_later_token(loop_thread, 
 def test_a_late_prompt_prefilled_on_its_decode_instance_is_decode_trouble(loop_thread, locally, expected):
     """It queues on the decode instance: more decode shortens that wait, more prefill cannot
     (and with one decode instance, a prefill move is impossible anyway: hold)."""
+
     async def scenario():
-        router = FakeRouter(handle("prefill-0", Role.PREFILL), handle("prefill-1", Role.PREFILL),
-                            handle("decode-0", Role.DECODE))
+        router = FakeRouter(
+            handle("prefill-0", Role.PREFILL), handle("prefill-1", Role.PREFILL), handle("decode-0", Role.DECODE)
+        )
         clock = Clock()
         ctl = controller(router, clock)
         feed(ctl, clock, ttft_s=TTFT_S / 2, gap_s=ITL_S / 2, n=MIN_SAMPLES)
-        router.waiting = [Waiting(f"w{i}", clock.now - 2 * TTFT_S, prefilled_locally=locally)
-                          for i in range(2 * MIN_SAMPLES)]
+        router.waiting = [
+            Waiting(f"w{i}", clock.now - 2 * TTFT_S, prefilled_locally=locally) for i in range(2 * MIN_SAMPLES)
+        ]
         decision = ctl.tick()
         router.release.set()
         await ctl.close()

@@ -11,14 +11,13 @@ import time
 
 import msgspec
 import pytest
+from disagg_helpers import CONFIG, LOCAL_PREFILL_MAX_TOKENS
 
-from minipd.transports import fault_points
 from minipd.control.channel import Channel, serve
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
-
-from disagg_helpers import CONFIG, LOCAL_PREFILL_MAX_TOKENS
+from minipd.transports import fault_points
 
 LEASE_S = 0.3
 PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
@@ -35,8 +34,9 @@ async def _collect(stream) -> list:
 
 async def _cluster(lease_s: float = LEASE_S, transport_options: dict | None = None, **router) -> InProcessCluster:
     config = RouterConfig(local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS, **router)
-    return await InProcessCluster.start(CONFIG, num_prefill=1, num_decode=1, router_config=config, lease_s=lease_s,
-                                        transport_options=transport_options)
+    return await InProcessCluster.start(
+        CONFIG, num_prefill=1, num_decode=1, router_config=config, lease_s=lease_s, transport_options=transport_options
+    )
 
 
 async def _assert_pools_full(cluster: InProcessCluster) -> None:
@@ -118,6 +118,7 @@ def test_a_stream_that_stops_fails_after_the_inter_token_timeout(loop_thread):
             def wedged(*args):  # the decode engine's compute hangs; its event loop (heartbeats) does not
                 unblock.wait(BOUND_S)
                 return run_step(*args)
+
             decode.engine.runner.execute = wedged
             started = time.monotonic()
             rest = await asyncio.wait_for(_collect(stream), BOUND_S)

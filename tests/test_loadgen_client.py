@@ -21,8 +21,12 @@ BOS = 1  # the fake server counts one special token per prompt, as minipd's pres
 
 
 def chunk(text: str | None, finish: str | None = None, usage: dict | None = None, with_object: bool = True) -> dict:
-    body = {"id": "cmpl-1", "created": 1, "model": MODEL,
-            "choices": [] if text is None else [{"index": 0, "text": text, "finish_reason": finish}]}
+    body = {
+        "id": "cmpl-1",
+        "created": 1,
+        "model": MODEL,
+        "choices": [] if text is None else [{"index": 0, "text": text, "finish_reason": finish}],
+    }
     if with_object:
         body["object"] = "text_completion"
     if usage is not None:
@@ -36,8 +40,9 @@ def fake_app(with_object: bool = True, status: int = 200) -> web.Application:
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         if status != 200:
-            return web.json_response({"error": {"message": "overloaded", "type": "x", "param": None, "code": None}},
-                                     status=status)
+            return web.json_response(
+                {"error": {"message": "overloaded", "type": "x", "param": None, "code": None}}, status=status
+            )
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         n = body["max_tokens"]
@@ -45,8 +50,11 @@ def fake_app(with_object: bool = True, status: int = 200) -> web.Application:
             await asyncio.sleep(TOKEN_GAP_S)  # the fake model's decode step
             event = chunk("x", "length" if i == n - 1 else None, with_object=with_object)
             await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        usage = {"prompt_tokens": len(body["prompt"].encode()) + BOS, "completion_tokens": n,
-                 "total_tokens": len(body["prompt"].encode()) + BOS + n}
+        usage = {
+            "prompt_tokens": len(body["prompt"].encode()) + BOS,
+            "completion_tokens": n,
+            "total_tokens": len(body["prompt"].encode()) + BOS + n,
+        }
         await response.write(b"data: " + json.dumps(chunk(None, usage=usage)).encode() + b"\n\ndata: [DONE]\n\n")
         return response
 
@@ -74,6 +82,7 @@ def run_against(app: web.Application, coroutine_factory):
             return await coroutine_factory(url)
         finally:
             await runner.cleanup()
+
     return asyncio.run(main())
 
 
@@ -84,6 +93,7 @@ def one_request(app: web.Application, output_len: int = 5) -> RequestRecord:
         record = RequestRecord(index=0, scheduled_s=0.0, sent_s=0.0, url=url, prompt_len=4, output_len=output_len)
         async with aiohttp.ClientSession() as session:
             return await send_completion(session, record, MODEL, "abc", timeout_s=10)
+
     return run_against(app, go)
 
 
@@ -107,11 +117,18 @@ def test_an_error_status_is_recorded_not_raised():
 
 
 def test_the_runner_warms_up_calibrates_and_paces_arrivals():
-    specs = make_workload("prefill-heavy", 6, ArrivalProcess.poisson(50.0), seed=2,
-                          prompt_len=LengthDist.uniform(20, 40), output_len=LengthDist.fixed(3))
+    specs = make_workload(
+        "prefill-heavy",
+        6,
+        ArrivalProcess.poisson(50.0),
+        seed=2,
+        prompt_len=LengthDist.uniform(20, 40),
+        output_len=LengthDist.fixed(3),
+    )
     builder = PromptBuilder(ByteTokens(), seed=0)
-    result = run_against(fake_app(), lambda url: run_workload(
-        [url], specs, builder, "t", RunnerConfig(num_warmup=1, progress=False)))
+    result = run_against(
+        fake_app(), lambda url: run_workload([url], specs, builder, "t", RunnerConfig(num_warmup=1, progress=False))
+    )
     assert result.special_tokens == BOS and result.num_prompt_len_mismatches == 0
     assert [r.prompt_tokens for r in result.records] == [s.prompt_len for s in specs]
     assert all(r.success and r.output_tokens == 3 for r in result.records)
@@ -121,8 +138,13 @@ def test_the_runner_warms_up_calibrates_and_paces_arrivals():
 
 
 def test_a_failing_warm_up_stops_the_run():
-    specs = make_workload("prefill-heavy", 2, ArrivalProcess.poisson(10.0), prompt_len=LengthDist.fixed(8),
-                          output_len=LengthDist.fixed(2))
+    specs = make_workload(
+        "prefill-heavy", 2, ArrivalProcess.poisson(10.0), prompt_len=LengthDist.fixed(8), output_len=LengthDist.fixed(2)
+    )
     with pytest.raises(WarmupFailed, match="503"):
-        run_against(fake_app(status=503), lambda url: run_workload(
-            [url], specs, PromptBuilder(ByteTokens(), seed=0), "t", RunnerConfig(progress=False)))
+        run_against(
+            fake_app(status=503),
+            lambda url: run_workload(
+                [url], specs, PromptBuilder(ByteTokens(), seed=0), "t", RunnerConfig(progress=False)
+            ),
+        )

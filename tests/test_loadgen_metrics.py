@@ -8,20 +8,36 @@ import random
 import numpy as np
 import pytest
 
-from benchmarks.loadgen.goodput import (ATTAINMENT_TARGET, bandwidth_threshold, bisect_goodput,
-                                        goodput_from_sweep)
+from benchmarks.loadgen.goodput import ATTAINMENT_TARGET, bandwidth_threshold, bisect_goodput, goodput_from_sweep
 from benchmarks.loadgen.records import RequestRecord
 from benchmarks.loadgen.slo import SLO, attainment
 from benchmarks.loadgen.stats import format_summary, percentile, summarize
 
 
-def record(ttft_ms: float = 100.0, itl_ms: tuple[float, ...] = (10.0, 10.0), success: bool = True,
-           output_tokens: int | None = None, index: int = 0) -> RequestRecord:
+def record(
+    ttft_ms: float = 100.0,
+    itl_ms: tuple[float, ...] = (10.0, 10.0),
+    success: bool = True,
+    output_tokens: int | None = None,
+    index: int = 0,
+) -> RequestRecord:
     itl = [g / 1e3 for g in itl_ms]
-    return RequestRecord(index=index, scheduled_s=0.0, sent_s=0.0, url="u", prompt_len=8, output_len=len(itl) + 1,
-                         success=success, error=None if success else "HTTP 503: overloaded", ttft_s=ttft_ms / 1e3,
-                         itl_s=itl, e2el_s=(ttft_ms + sum(itl_ms)) / 1e3, prompt_tokens=8,
-                         output_tokens=len(itl) + 1 if output_tokens is None else output_tokens, usage_reported=True)
+    return RequestRecord(
+        index=index,
+        scheduled_s=0.0,
+        sent_s=0.0,
+        url="u",
+        prompt_len=8,
+        output_len=len(itl) + 1,
+        success=success,
+        error=None if success else "HTTP 503: overloaded",
+        ttft_s=ttft_ms / 1e3,
+        itl_s=itl,
+        e2el_s=(ttft_ms + sum(itl_ms)) / 1e3,
+        prompt_tokens=8,
+        output_tokens=len(itl) + 1 if output_tokens is None else output_tokens,
+        usage_reported=True,
+    )
 
 
 @pytest.mark.parametrize("p", [0, 10, 50, 90, 99, 100])
@@ -47,18 +63,24 @@ def test_slo_parses_the_goodput_syntax_and_names_bad_items():
     slo = SLO.parse(["ttft:2000", "tpot:50"])
     assert (slo.ttft_ms, slo.tpot_ms, slo.e2el_ms) == (2000, 50, None)
     assert slo.items() == ["ttft:2000", "tpot:50"]
-    for bad, words in ((["itl:5"], "KEY:MS"), (["ttft:fast"], "not a number"), (["ttft:1", "ttft:2"], "twice"),
-                       (["tpot:-1"], "positive")):
+    for bad, words in (
+        (["itl:5"], "KEY:MS"),
+        (["ttft:fast"], "not a number"),
+        (["ttft:1", "ttft:2"], "twice"),
+        (["tpot:-1"], "positive"),
+    ):
         with pytest.raises(ValueError, match=words):
             SLO.parse(bad)
 
 
 def test_a_request_is_good_only_when_it_meets_every_slo_and_failures_never_are():
     slo = SLO.parse(["ttft:150", "tpot:20"])
-    records = [record(ttft_ms=100, itl_ms=(10, 10)),  # good
-               record(ttft_ms=200, itl_ms=(10, 10)),  # TTFT too slow
-               record(ttft_ms=100, itl_ms=(10, 50)),  # TPOT 30 ms
-               record(ttft_ms=100, success=False)]  # failed, whatever its numbers
+    records = [
+        record(ttft_ms=100, itl_ms=(10, 10)),  # good
+        record(ttft_ms=200, itl_ms=(10, 10)),  # TTFT too slow
+        record(ttft_ms=100, itl_ms=(10, 50)),  # TPOT 30 ms
+        record(ttft_ms=100, success=False),
+    ]  # failed, whatever its numbers
     assert [slo.is_met(r) for r in records] == [True, False, False, False]
     assert attainment(records, slo) == 0.25
     assert SLO().is_met(records[1]) and not SLO().is_met(records[3])  # no SLO: every success is good

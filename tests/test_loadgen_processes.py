@@ -64,8 +64,9 @@ def test_children_and_grandchildren_are_stopped_however_the_block_ends(how):
 def test_a_child_that_exits_before_announcing_is_reported_with_its_log():
     with pytest.raises(RuntimeError, match="exited with status 3") as info:
         with Processes() as processes:
-            child = processes.start("broken", [sys.executable, "-c",
-                                               "import sys; print('bad flag: --nope', file=sys.stderr); sys.exit(3)"])
+            child = processes.start(
+                "broken", [sys.executable, "-c", "import sys; print('bad flag: --nope', file=sys.stderr); sys.exit(3)"]
+            )
             child.wait_for_line(ready_pid, 30)
     assert "bad flag: --nope" in str(info.value)
 

@@ -36,8 +36,12 @@ def bpe() -> Tokenizer:
     tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(SENTENCES * 4, trainers.BpeTrainer(vocab_size=600, special_tokens=["[UNK]"],
-                                                                     initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.train_from_iterator(
+        SENTENCES * 4,
+        trainers.BpeTrainer(
+            vocab_size=600, special_tokens=["[UNK]"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     return tokenizer
 
 

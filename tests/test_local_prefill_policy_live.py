@@ -28,8 +28,9 @@ def colocated(make_engine):
 
 def test_a_busy_prefill_pool_prefills_on_decode_in_process(loop_thread, colocated):
     prompts = load_prompts(seed=3, num=NUM_PROMPTS)
-    cluster = loop_thread.run(InProcessCluster.start(CONFIG, num_prefill=1, num_decode=1,
-                                                     router_config=RouterConfig(prefill_busy_requests=0)))
+    cluster = loop_thread.run(
+        InProcessCluster.start(CONFIG, num_prefill=1, num_decode=1, router_config=RouterConfig(prefill_busy_requests=0))
+    )
     try:
         actual = loop_thread.run(complete_all(cluster, prompts, [MAX_TOKENS] * NUM_PROMPTS))
         placements = dict(cluster.router.placements)
@@ -43,12 +44,30 @@ def test_a_busy_prefill_pool_prefills_on_decode_in_process(loop_thread, colocate
 
 
 def test_the_launcher_passes_every_policy_and_controller_flag_to_its_router():
-    flags = ["--local-prefill-max-tokens", "8", "--prefill-busy-tokens", "500", "--prefill-busy-requests", "3",
-             "--decode-room-kv-fraction", "0.75", "--decode-room-max-running", "5", "--ratio-controller",
-             "--controller-slo", "ttft:500", "itl:40", "--controller-window-s", "12", "--controller-cooldown-s", "4"]
+    flags = [
+        "--local-prefill-max-tokens",
+        "8",
+        "--prefill-busy-tokens",
+        "500",
+        "--prefill-busy-requests",
+        "3",
+        "--decode-room-kv-fraction",
+        "0.75",
+        "--decode-room-max-running",
+        "5",
+        "--ratio-controller",
+        "--controller-slo",
+        "ttft:500",
+        "itl:40",
+        "--controller-window-s",
+        "12",
+        "--controller-cooldown-s",
+        "4",
+    ]
     args = build_parser(Role.CLUSTER).parse_args(["--role", "cluster", *flags])
-    router_args = build_parser(Role.ROUTER).parse_args(["--role", "router",
-                                                        *inherited_argv(args, Role.CLUSTER, Role.ROUTER)])
+    router_args = build_parser(Role.ROUTER).parse_args(
+        ["--role", "router", *inherited_argv(args, Role.CLUSTER, Role.ROUTER)]
+    )
     given = {name.lstrip("-").replace("-", "_") for name in flags if name.startswith("--")}
     assert {dest: getattr(router_args, dest) for dest in given} == {dest: getattr(args, dest) for dest in given}
     assert (router_args.prefill_busy_tokens, router_args.controller_slo) == (500, ["ttft:500", "itl:40"])
@@ -58,8 +77,9 @@ def test_the_launcher_passes_every_policy_and_controller_flag_to_its_router():
 
 def test_a_busy_prefill_pool_prefills_on_decode_across_processes(loop_thread, tmp_path):
 
-    processes = ProcessCluster.from_argv(["--transport", "tcp", "--http-port", "0", "--prefill-busy-requests", "0",
-                                          "--torch-threads", "1", *ENGINE_ARGV])
+    processes = ProcessCluster.from_argv(
+        ["--transport", "tcp", "--http-port", "0", "--prefill-busy-requests", "0", "--torch-threads", "1", *ENGINE_ARGV]
+    )
     loop_thread.run(processes.start(), timeout=180)
     try:
         url = processes.child("router").announcements[-1].rsplit(" on ", 1)[1]
@@ -70,6 +90,7 @@ def test_a_busy_prefill_pool_prefills_on_decode_across_processes(loop_thread, tm
                 return await complete_all(client, load_prompts(seed=4, num=NUM_PROMPTS), [MAX_TOKENS] * NUM_PROMPTS)
             finally:
                 await client.close()
+
         actual = loop_thread.run(load(), timeout=120)
         samples = wait_until_pools_full(url)
     finally:

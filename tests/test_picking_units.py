@@ -22,12 +22,21 @@ class FakeChannel:
         self.closed = asyncio.Event()
 
 
-def handle(instance_id: str, role: Role, free: int = 100, running: int = 0,
-           fingerprint: Fingerprint = FINGERPRINT) -> InstanceHandle:
+def handle(
+    instance_id: str, role: Role, free: int = 100, running: int = 0, fingerprint: Fingerprint = FINGERPRINT
+) -> InstanceHandle:
     welcome = Welcome(instance_id=instance_id, role=role, fingerprint=fingerprint, max_num_seqs=8)
     h = InstanceHandle(welcome, FakeChannel(), ("127.0.0.1", 0))
-    h.stats = Stats(instance_id=instance_id, role=role, num_running=running, num_waiting=0, num_free_blocks=free,
-                    num_used_blocks=100 - free, num_cached_blocks=0, num_blocks=100)
+    h.stats = Stats(
+        instance_id=instance_id,
+        role=role,
+        num_running=running,
+        num_waiting=0,
+        num_free_blocks=free,
+        num_used_blocks=100 - free,
+        num_cached_blocks=0,
+        num_blocks=100,
+    )
     return h
 
 

@@ -31,8 +31,16 @@ class FakeChannel:
 def handle(instance_id: str, role: Role, free: int = NUM_BLOCKS, running: int = 0) -> InstanceHandle:
     welcome = Welcome(instance_id=instance_id, role=role, fingerprint=FINGERPRINT, max_num_seqs=MAX_NUM_SEQS)
     h = InstanceHandle(welcome, FakeChannel(), ("127.0.0.1", 0))
-    h.stats = Stats(instance_id=instance_id, role=role, num_running=running, num_waiting=0, num_free_blocks=free,
-                    num_used_blocks=NUM_BLOCKS - free, num_cached_blocks=0, num_blocks=NUM_BLOCKS)
+    h.stats = Stats(
+        instance_id=instance_id,
+        role=role,
+        num_running=running,
+        num_waiting=0,
+        num_free_blocks=free,
+        num_used_blocks=NUM_BLOCKS - free,
+        num_cached_blocks=0,
+        num_blocks=NUM_BLOCKS,
+    )
     return h
 
 
@@ -85,16 +93,19 @@ def test_queued_prompts_count_too():
         assert place(decode, [prefill], config) is Placement.REMOTE
 
 
-@pytest.mark.parametrize("free_blocks, running, inflight, expected", [
-    (NUM_BLOCKS, 0, 0, Placement.LOCAL_PREFILL_BUSY),
-    # after admitting 220 tokens (14 blocks) it would hold more than 90% of its pool
-    (20, 0, 0, Placement.REMOTE),
-    (30, 0, 0, Placement.LOCAL_PREFILL_BUSY),
-    # it runs max_num_seqs already, by its stats or by what the router has sent it since
-    (NUM_BLOCKS, MAX_NUM_SEQS, 0, Placement.REMOTE),
-    (NUM_BLOCKS, 0, MAX_NUM_SEQS, Placement.REMOTE),
-    (NUM_BLOCKS, MAX_NUM_SEQS - 1, MAX_NUM_SEQS - 1, Placement.LOCAL_PREFILL_BUSY),
-])
+@pytest.mark.parametrize(
+    "free_blocks, running, inflight, expected",
+    [
+        (NUM_BLOCKS, 0, 0, Placement.LOCAL_PREFILL_BUSY),
+        # after admitting 220 tokens (14 blocks) it would hold more than 90% of its pool
+        (20, 0, 0, Placement.REMOTE),
+        (30, 0, 0, Placement.LOCAL_PREFILL_BUSY),
+        # it runs max_num_seqs already, by its stats or by what the router has sent it since
+        (NUM_BLOCKS, MAX_NUM_SEQS, 0, Placement.REMOTE),
+        (NUM_BLOCKS, 0, MAX_NUM_SEQS, Placement.REMOTE),
+        (NUM_BLOCKS, MAX_NUM_SEQS - 1, MAX_NUM_SEQS - 1, Placement.LOCAL_PREFILL_BUSY),
+    ],
+)
 def test_decode_without_room_vetoes_the_busy_rule(free_blocks, running, inflight, expected):
     decode, prefill = handle("d", Role.DECODE, free=free_blocks, running=running), handle("p", Role.PREFILL)
     for _ in range(inflight):
@@ -113,9 +124,16 @@ def test_decode_room_thresholds_are_flags():
         assert place(decode, [prefill], few_seqs) is Placement.REMOTE
 
 
-@pytest.mark.parametrize("field, value", [("prefill_busy_tokens", -1), ("prefill_busy_requests", -2),
-                                          ("decode_room_max_running", -1), ("decode_room_kv_fraction", 0.0),
-                                          ("decode_room_kv_fraction", 1.5)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("prefill_busy_tokens", -1),
+        ("prefill_busy_requests", -2),
+        ("decode_room_max_running", -1),
+        ("decode_room_kv_fraction", 0.0),
+        ("decode_room_kv_fraction", 1.5),
+    ],
+)
 def test_bad_thresholds_are_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         RouterConfig(**{field: value})

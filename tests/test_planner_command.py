@@ -13,8 +13,19 @@ from minipd.planner import plan_command
 from minipd.planner.__main__ import main as planner_main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-BASE = ["--builtin", "llama3-8b-h100", "--num-instances", "3", "--workload", "prefill-heavy",
-        "--num-requests", "300", "--slo", "ttft:300", "itl:40"]
+BASE = [
+    "--builtin",
+    "llama3-8b-h100",
+    "--num-instances",
+    "3",
+    "--workload",
+    "prefill-heavy",
+    "--num-requests",
+    "300",
+    "--slo",
+    "ttft:300",
+    "itl:40",
+]
 
 
 def _run(argv: list[str]) -> int:
@@ -38,8 +49,24 @@ def _numbers(value):
 def planned(tmp_path_factory):
     out = tmp_path_factory.mktemp("plan")
     files = {k: out / name for k, name in (("json", "plan.json"), ("plot", "plan.png"), ("sweep", "sizes.png"))}
-    rc = _run(BASE + ["--json", str(files["json"]), "--plot", str(files["plot"]), "--sweep-sizes", "1", "2", "3",
-                      "--sweep-link-gbps", "400", "1", "--sweep-plot", str(files["sweep"])])
+    rc = _run(
+        BASE
+        + [
+            "--json",
+            str(files["json"]),
+            "--plot",
+            str(files["plot"]),
+            "--sweep-sizes",
+            "1",
+            "2",
+            "3",
+            "--sweep-link-gbps",
+            "400",
+            "1",
+            "--sweep-plot",
+            str(files["sweep"]),
+        ]
+    )
     assert rc == 0
     return files, json.loads(files["json"].read_text())
 
@@ -120,7 +147,22 @@ def test_bad_input_exits_2_naming_the_field(capsys) -> None:
 
 def test_python_dash_m_entry_runs_plan_by_default(tmp_path, capsys) -> None:
     out = tmp_path / "p.json"
-    assert planner_main(["--builtin", "llama3-8b-h100", "--num-instances", "2", "--workload", "prefill-heavy",
-                         "--num-requests", "200", "--json", str(out)]) == 0
+    assert (
+        planner_main(
+            [
+                "--builtin",
+                "llama3-8b-h100",
+                "--num-instances",
+                "2",
+                "--workload",
+                "prefill-heavy",
+                "--num-requests",
+                "200",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "winner:" in capsys.readouterr().out
     assert json.loads(out.read_text())["plan"]["num_instances"] == 2

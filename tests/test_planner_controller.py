@@ -21,8 +21,7 @@ COOLDOWN_S = 3.0
 
 
 def _controller(**overrides) -> RatioController:
-    return RatioController(ControllerConfig(slo=SLO_, window_s=5.0, cooldown_s=COOLDOWN_S, min_samples=20,
-                                            **overrides))
+    return RatioController(ControllerConfig(slo=SLO_, window_s=5.0, cooldown_s=COOLDOWN_S, min_samples=20, **overrides))
 
 
 def _feed(ctl: RatioController, start: float, ttft_ok: float, itl_ok: float, n: int = 100) -> float:
@@ -103,8 +102,14 @@ def test_controller_config_is_checked() -> None:
 # the 40 ms ITL objective holds up to 30 sequences per decode instance. On 8 instances at
 # 20 rps the prefill-heavy half wants 3 prefill instances and the decode-heavy half (192
 # tokens per answer) at least 6 decode instances.
-SIM_PROFILE = profile(prefill=(2e-3, 1e-4, 0.0), decode=(0.01, 0.0, 1e-3), max_batched_tokens=4096,
-                      max_num_seqs=256, num_layers=8, kv_bytes_per_token=1 << 16)
+SIM_PROFILE = profile(
+    prefill=(2e-3, 1e-4, 0.0),
+    decode=(0.01, 0.0, 1e-3),
+    max_batched_tokens=4096,
+    max_num_seqs=256,
+    num_layers=8,
+    kv_bytes_per_token=1 << 16,
+)
 OPTIONS = SimOptions(link=KVLink(), local_prefill=LocalPrefillThresholds(max_local_tokens=0), control_interval_s=0.5)
 RATE = 20.0
 

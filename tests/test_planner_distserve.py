@@ -37,8 +37,13 @@ def test_lone_instances_sustain_the_papers_rates(profile) -> None:
 
 
 def test_planner_picks_two_prefill_one_decode_over_colocated(profile) -> None:
-    config = PlanConfig(profile=profile, num_instances=3, workload=ds.workload(NUM_REQUESTS), slo=ds.SLO_TARGETS,
-                        link=KVLink(profile.link_gbps, profile.link_setup_s, True, profile.num_layers))
+    config = PlanConfig(
+        profile=profile,
+        num_instances=3,
+        workload=ds.workload(NUM_REQUESTS),
+        slo=ds.SLO_TARGETS,
+        link=KVLink(profile.link_gbps, profile.link_setup_s, True, profile.num_layers),
+    )
     result = plan(config)
     splits = {s.label: s for s in result.splits}
     assert set(splits) == {"colocated x3", "1P:2D", "2P:1D"}

@@ -11,9 +11,9 @@ import random
 import numpy as np
 import pytest
 import torch
-from minipd.models.config import PRESETS
 
 from minipd.engine.kv_pool import block_bytes
+from minipd.models.config import PRESETS
 from minipd.planner.kv_sizing import kv_bytes_per_token, kv_capacity_tokens
 from minipd.planner.latency_model import (
     DecodeModel,
@@ -54,8 +54,11 @@ def test_fit_recovers_prefill_coefficients_from_noisy_samples() -> None:
 
 def test_fit_recovers_decode_coefficients_from_noisy_samples() -> None:
     rng = random.Random(1)
-    samples = [DecodeSample([ctx] * batch, _noisy(TRUE_DECODE.step_s(ctx * batch, batch), rng))
-               for batch in (1, 8, 32, 64, 128, 256) for ctx in (128, 1024, 4096)]
+    samples = [
+        DecodeSample([ctx] * batch, _noisy(TRUE_DECODE.step_s(ctx * batch, batch), rng))
+        for batch in (1, 8, 32, 64, 128, 256)
+        for ctx in (128, 1024, 4096)
+    ]
     fitted, stats = fit_decode(samples)
     assert fitted.a == pytest.approx(TRUE_DECODE.a, rel=0.03)
     assert fitted.b == pytest.approx(TRUE_DECODE.b, rel=0.05)
@@ -95,8 +98,10 @@ def test_mixed_step_pays_both_variable_parts_and_the_larger_fixed_cost_once() ->
 
 def test_profile_round_trips_through_json_with_an_unlimited_link(tmp_path) -> None:
     original = builtin_profile("llama3-8b-h100").replace(
-        link_gbps=math.inf, prefill_samples=[PrefillSample([128, 128], 0.01)],
-        decode_samples=[DecodeSample([64] * 4, 0.008)])
+        link_gbps=math.inf,
+        prefill_samples=[PrefillSample([128, 128], 0.01)],
+        decode_samples=[DecodeSample([64] * 4, 0.008)],
+    )
     path = tmp_path / "profile.json"
     original.save(path)
     assert b"Infinity" not in path.read_bytes()  # strict JSON: the unlimited link is null

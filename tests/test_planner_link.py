@@ -21,10 +21,16 @@ GBPS = 100.0  # 8 Gbit in 80 ms: less than the compute
 
 
 def _ttft(gbps: float, layerwise: bool, specs: list[RequestSpec] | None = None) -> list[float]:
-    p = profile(prefill=(COMPUTE_S, 0.0, 0.0), decode=(0.01, 0.0, 0.0), num_layers=LAYERS,
-                kv_bytes_per_token=BYTES_PER_TOKEN, max_num_seqs=1)
-    options = SimOptions(link=KVLink(gbps, SETUP_S, layerwise, LAYERS),
-                         local_prefill=LocalPrefillThresholds(max_local_tokens=0))
+    p = profile(
+        prefill=(COMPUTE_S, 0.0, 0.0),
+        decode=(0.01, 0.0, 0.0),
+        num_layers=LAYERS,
+        kv_bytes_per_token=BYTES_PER_TOKEN,
+        max_num_seqs=1,
+    )
+    options = SimOptions(
+        link=KVLink(gbps, SETUP_S, layerwise, LAYERS), local_prefill=LocalPrefillThresholds(max_local_tokens=0)
+    )
     specs = specs or [RequestSpec(10.0 * i, PROMPT, 4) for i in range(5)]  # far apart: no queueing
     return list(Simulator(p, ClusterSpec.split(1, 1), options).run(specs).ttft_s)
 

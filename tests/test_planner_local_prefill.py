@@ -18,9 +18,17 @@ from minipd.planner.sim_request import Mode
 from minipd.planner.simulator import Simulator
 from minipd.workload import ArrivalProcess, make_workload
 
-CALM = PlacementInput(uncached_tokens=500, prefill_queue_tokens=0, prefill_queue_requests=0, num_prefill_instances=2,
-                      decode_kv_free_tokens=10_000, decode_kv_capacity_tokens=10_000, request_kv_tokens=600,
-                      decode_running=3, decode_max_num_seqs=64)
+CALM = PlacementInput(
+    uncached_tokens=500,
+    prefill_queue_tokens=0,
+    prefill_queue_requests=0,
+    num_prefill_instances=2,
+    decode_kv_free_tokens=10_000,
+    decode_kv_capacity_tokens=10_000,
+    request_kv_tokens=600,
+    decode_running=3,
+    decode_max_num_seqs=64,
+)
 BUSY = CALM._replace(prefill_queue_tokens=5000, prefill_queue_requests=10)
 
 
@@ -28,13 +36,13 @@ def test_short_uncached_prompts_stay_local() -> None:
     rule = LocalPrefillThresholds(max_local_tokens=16)
     assert place_prefill(CALM._replace(uncached_tokens=16), rule) is Placement.LOCAL_SHORT
     assert place_prefill(CALM._replace(uncached_tokens=17), rule) is Placement.REMOTE
-    assert place_prefill(CALM._replace(uncached_tokens=1), LocalPrefillThresholds(max_local_tokens=0)) \
-        is Placement.REMOTE
+    assert (
+        place_prefill(CALM._replace(uncached_tokens=1), LocalPrefillThresholds(max_local_tokens=0)) is Placement.REMOTE
+    )
 
 
 def test_without_prefill_instances_everything_is_local() -> None:
-    assert place_prefill(CALM._replace(num_prefill_instances=0), LocalPrefillThresholds()) \
-        is Placement.LOCAL_NO_PREFILL
+    assert place_prefill(CALM._replace(num_prefill_instances=0), LocalPrefillThresholds()) is Placement.LOCAL_NO_PREFILL
 
 
 def test_a_busy_prefill_pool_sends_prompts_to_a_decode_instance_with_room() -> None:
@@ -59,8 +67,15 @@ def test_bad_thresholds_are_refused_naming_the_field() -> None:
 
 
 def _run(thresholds: LocalPrefillThresholds, workload="mixed", rate=30.0):
-    p = profile(prefill=(2e-3, 2e-4, 0.0), decode=(8e-3, 1e-8, 1e-4), max_batched_tokens=2048, max_num_seqs=64,
-                kv_capacity_tokens=200_000, num_layers=4, kv_bytes_per_token=4096)
+    p = profile(
+        prefill=(2e-3, 2e-4, 0.0),
+        decode=(8e-3, 1e-8, 1e-4),
+        max_batched_tokens=2048,
+        max_num_seqs=64,
+        kv_capacity_tokens=200_000,
+        num_layers=4,
+        kv_bytes_per_token=4096,
+    )
     specs = make_workload(workload, 800, ArrivalProcess.poisson(rate), seed=4)
     return Simulator(p, ClusterSpec.split(1, 2), SimOptions(link=KVLink(), local_prefill=thresholds)).run(specs)
 

@@ -25,27 +25,46 @@ def test_one_prefill_instance_with_constant_service_is_an_md1_queue(rho: float) 
     # batch size 1, a step of constant length D, Poisson arrivals, free decode, no link:
     # mean TTFT = D + rho D / (2 (1 - rho)) (Pollaczek-Khinchine for deterministic service)
     md1 = profile(prefill=(SERVICE_S, 0.0, 0.0), max_num_seqs=1)
-    specs = make_workload("prefill-heavy", 30_000, ArrivalProcess.poisson(rho / SERVICE_S), seed=3,
-                          prompt_len=LengthDist.fixed(100), output_len=LengthDist.fixed(1))
+    specs = make_workload(
+        "prefill-heavy",
+        30_000,
+        ArrivalProcess.poisson(rho / SERVICE_S),
+        seed=3,
+        prompt_len=LengthDist.fixed(100),
+        output_len=LengthDist.fixed(1),
+    )
     result = Simulator(md1, ClusterSpec.split(1, 1), NO_LOCAL).run(specs)
     expected = SERVICE_S + rho * SERVICE_S / (2 * (1 - rho))
     assert result.ttft_s.mean() == pytest.approx(expected, rel=0.05)
     assert result.ttft_s.min() == pytest.approx(SERVICE_S)  # nobody is served faster than D
 
 
-@pytest.mark.parametrize("cluster", [ClusterSpec.split(2, 2), ClusterSpec.colocated(3), ClusterSpec.split(0, 2)],
-                         ids=lambda c: c.label)
+@pytest.mark.parametrize(
+    "cluster", [ClusterSpec.split(2, 2), ClusterSpec.colocated(3), ClusterSpec.split(0, 2)], ids=lambda c: c.label
+)
 def test_every_request_completes_with_consistent_latencies(cluster: ClusterSpec) -> None:
-    p = profile(prefill=(2e-3, 3e-5, 1e-9), decode=(8e-3, 5e-8, 2e-5), max_batched_tokens=1024, max_num_seqs=32,
-                kv_capacity_tokens=40_000, num_layers=8, kv_bytes_per_token=1 << 17, link_gbps=100.0)
+    p = profile(
+        prefill=(2e-3, 3e-5, 1e-9),
+        decode=(8e-3, 5e-8, 2e-5),
+        max_batched_tokens=1024,
+        max_num_seqs=32,
+        kv_capacity_tokens=40_000,
+        num_layers=8,
+        kv_bytes_per_token=1 << 17,
+        link_gbps=100.0,
+    )
     specs = make_workload("mixed", 600, ArrivalProcess.poisson(40.0), seed=5)
     result = Simulator(p, cluster).run(specs)
     assert np.all(np.isfinite(result.e2e_s)) and np.all(result.ttft_s > 0)
     assert np.all(result.ttft_s <= result.e2e_s + 1e-12)
     multi = result.output_len > 1
     # TPOT is the mean gap, so the gaps after the first token add up to E2E - TTFT
-    np.testing.assert_allclose(result.tpot_s[multi] * (result.output_len[multi] - 1),
-                               (result.e2e_s - result.ttft_s)[multi], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(
+        result.tpot_s[multi] * (result.output_len[multi] - 1),
+        (result.e2e_s - result.ttft_s)[multi],
+        rtol=1e-9,
+        atol=1e-12,
+    )
     assert np.all(result.itl_max_s[multi] >= result.itl_p90_s[multi])
     assert np.all(result.itl_p90_s[multi] >= 0)
     assert result.itl_gaps.count == int((result.output_len - 1).sum())
@@ -56,8 +75,14 @@ def test_a_decode_pool_short_of_kv_queues_requests_rather_than_over_admitting() 
     prompt, output = 500, 100
     capacity = 4 * (prompt + output)  # four requests at a time
     base = {"prefill": (1e-3, 1e-5, 0.0), "decode": (5e-3, 1e-8, 1e-4), "num_layers": 4, "kv_bytes_per_token": 1024}
-    specs = make_workload("prefill-heavy", 300, ArrivalProcess.poisson(20.0), seed=2,
-                          prompt_len=LengthDist.fixed(prompt), output_len=LengthDist.fixed(output))
+    specs = make_workload(
+        "prefill-heavy",
+        300,
+        ArrivalProcess.poisson(20.0),
+        seed=2,
+        prompt_len=LengthDist.fixed(prompt),
+        output_len=LengthDist.fixed(output),
+    )
     small = Simulator(profile(kv_capacity_tokens=capacity, **base), ClusterSpec.split(1, 1), NO_LOCAL).run(specs)
     large = Simulator(profile(kv_capacity_tokens=100 * capacity, **base), ClusterSpec.split(1, 1), NO_LOCAL).run(specs)
     assert np.all(np.isfinite(small.e2e_s))  # every request completes
@@ -70,16 +95,27 @@ def test_a_decode_pool_short_of_kv_queues_requests_rather_than_over_admitting() 
 
 
 def test_a_request_larger_than_an_instances_kv_is_refused_up_front() -> None:
-    specs = make_workload("prefill-heavy", 3, ArrivalProcess.poisson(1.0), prompt_len=LengthDist.fixed(900),
-                          output_len=LengthDist.fixed(200))
+    specs = make_workload(
+        "prefill-heavy",
+        3,
+        ArrivalProcess.poisson(1.0),
+        prompt_len=LengthDist.fixed(900),
+        output_len=LengthDist.fixed(200),
+    )
     with pytest.raises(ValueError, match="needs 1100 tokens of KV"):
         Simulator(profile(kv_capacity_tokens=1000), ClusterSpec.split(1, 1)).run(specs)
 
 
 def test_slo_attainment_and_good_rps_count_only_requests_meeting_every_objective() -> None:
     p = profile(prefill=(0.01, 0.0, 0.0), decode=(0.02, 0.0, 0.0))
-    specs = make_workload("prefill-heavy", 200, ArrivalProcess.poisson(5.0), seed=1,
-                          prompt_len=LengthDist.fixed(64), output_len=LengthDist.fixed(10))
+    specs = make_workload(
+        "prefill-heavy",
+        200,
+        ArrivalProcess.poisson(5.0),
+        seed=1,
+        prompt_len=LengthDist.fixed(64),
+        output_len=LengthDist.fixed(10),
+    )
     result = Simulator(p, ClusterSpec.split(1, 1), NO_LOCAL).run(specs)
     loose = summarize(result, SLO.parse(["ttft:1000", "tpot:1000"]))
     assert loose.attainment == 1.0 and loose.good_rps == pytest.approx(loose.throughput_rps)

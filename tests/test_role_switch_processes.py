@@ -33,8 +33,9 @@ def colocated(make_engine):
 
 @pytest.fixture(scope="module")
 def cluster(loop_thread):
-    processes = ProcessCluster.from_argv(["--transport", "tcp", "--num-decode", "2", "--http-port", "0",
-                                          "--torch-threads", "1", *ENGINE_ARGV])
+    processes = ProcessCluster.from_argv(
+        ["--transport", "tcp", "--num-decode", "2", "--http-port", "0", "--torch-threads", "1", *ENGINE_ARGV]
+    )
     loop_thread.run(processes.start(), timeout=180)
     client = loop_thread.run(processes.client())
     url = processes.child("router").announcements[-1].rsplit(" on ", 1)[1]
@@ -44,9 +45,12 @@ def cluster(loop_thread):
 
 
 def post_switch(url: str, instance: str, role: Role) -> dict:
-    request = urllib.request.Request(f"{url}/admin/switch_role", method="POST",
-                                     data=json.dumps({"instance": instance, "role": role.value}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/admin/switch_role",
+        method="POST",
+        data=json.dumps({"instance": instance, "role": role.value}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=SWITCH_TIMEOUT_S) as response:
         assert response.status == 200
         return json.loads(response.read())
@@ -98,4 +102,7 @@ def test_a_decoding_instance_becomes_a_prefill_instance_and_back(cluster, coloca
     assert (back["to_role"], back["epoch"]) == ("decode", 2)
     assert_all_served(expected2[:4], third, [SHORT_OUTPUT] * 4)
     assert {s.instance_id: (s.role, s.epoch) for s in final} == {
-        "prefill-0": (Role.PREFILL, 0), "decode-0": (Role.DECODE, 0), "decode-1": (Role.DECODE, 2)}
+        "prefill-0": (Role.PREFILL, 0),
+        "decode-0": (Role.DECODE, 0),
+        "decode-1": (Role.DECODE, 2),
+    }

@@ -49,11 +49,17 @@ def test_a_huge_temperature_samples_any_token(temperature):
 
 
 @settings(max_examples=200, deadline=None)
-@given(values=st.lists(st.floats(-1e6, 1e6) | st.just(-math.inf), min_size=VOCAB, max_size=VOCAB),
-       temperature=st.floats(TINIEST, LARGEST), top_p=st.floats(TINIEST, 1.0), top_k=st.integers(0, 2**63 - 1),
-       seed=st.integers(0, 2**63 - 1), step=st.integers(0, 10**6))
+@given(
+    values=st.lists(st.floats(-1e6, 1e6) | st.just(-math.inf), min_size=VOCAB, max_size=VOCAB),
+    temperature=st.floats(TINIEST, LARGEST),
+    top_p=st.floats(TINIEST, 1.0),
+    top_k=st.integers(0, 2**63 - 1),
+    seed=st.integers(0, 2**63 - 1),
+    step=st.integers(0, 10**6),
+)
 def test_any_accepted_params_and_any_finite_logits_give_a_token_that_survives_the_filters(
-        values, temperature, top_p, top_k, seed, step):
+    values, temperature, top_p, top_k, seed, step
+):
     if all(v == -math.inf for v in values):
         values[0] = 0.0  # the model gives every row at least one finite logit
     row = torch.tensor(values, dtype=torch.float32)
@@ -73,10 +79,19 @@ def test_a_row_of_nan_logits_fails_alone():
     assert tokens[2] == sample(rows[2:3], ps[2:3], [0])[0]  # as if alone
 
 
-@pytest.mark.parametrize("field, value", [
-    ("temperature", math.inf), ("temperature", math.nan), ("top_p", math.nan), ("max_tokens", 2**64),
-    ("max_tokens", 10**1000), ("top_k", 2**63), ("seed", 2**64), ("seed", -(10**1000)),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", math.inf),
+        ("temperature", math.nan),
+        ("top_p", math.nan),
+        ("max_tokens", 2**64),
+        ("max_tokens", 10**1000),
+        ("top_k", 2**63),
+        ("seed", 2**64),
+        ("seed", -(10**1000)),
+    ],
+)
 def test_values_the_sampler_or_the_control_plane_cannot_carry_are_refused_naming_the_field(field, value):
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**{field: value}).validate(VOCAB)

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from engine_helpers import complete, complete_all, greedy
 
 from minipd.engine.sampling_params import SamplingParams
-
-from engine_helpers import complete, complete_all, greedy
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
 
@@ -58,7 +57,7 @@ def test_stop_token_ids_end_the_request(engine, loop_thread):
     params = SamplingParams(max_tokens=24, temperature=0.0, stop_token_ids=(stop_at,))
     stopped = loop_thread.run(complete(engine, PROMPT, params))
     assert stopped.finish_reason == "stop"
-    assert stopped.token_ids == full.token_ids[:first + 1]
+    assert stopped.token_ids == full.token_ids[: first + 1]
 
 
 def test_eos_stops_unless_ignored(engine, loop_thread, monkeypatch):
@@ -69,7 +68,7 @@ def test_eos_stops_unless_ignored(engine, loop_thread, monkeypatch):
     stopping = loop_thread.run(complete(engine, PROMPT, SamplingParams(max_tokens=24, temperature=0.0)))
     ignoring = loop_thread.run(complete(engine, PROMPT, greedy(24)))
     assert stopping.finish_reason == "stop"
-    assert stopping.token_ids == full.token_ids[:full.token_ids.index(fake_eos) + 1]
+    assert stopping.token_ids == full.token_ids[: full.token_ids.index(fake_eos) + 1]
     assert ignoring.token_ids == full.token_ids
 
 
@@ -81,8 +80,9 @@ def test_stop_strings_truncate_text(engine, loop_thread):
     assert len(text) > 6, "the model must produce some text for this test"
     stop = text[3:6]
     cut = text.find(stop)
-    stopped = loop_thread.run(complete(engine, words, SamplingParams(max_tokens=40, temperature=0.0,
-                                                                      ignore_eos=True, stop=(stop,))))
+    stopped = loop_thread.run(
+        complete(engine, words, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True, stop=(stop,)))
+    )
     assert stopped.finish_reason == "stop"
     assert stopped.text == text[:cut]
     assert stop not in stopped.text

@@ -17,10 +17,20 @@ from minipd.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 BS = 4
 
 
-def make(num_blocks: int = 64, budget: int = 64, max_num_seqs: int = 8, chunked: bool = True,
-         max_model_len: int = 64, caching: bool = False) -> Scheduler:
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
-                             enable_chunked_prefill=chunked)
+def make(
+    num_blocks: int = 64,
+    budget: int = 64,
+    max_num_seqs: int = 8,
+    chunked: bool = True,
+    max_model_len: int = 64,
+    caching: bool = False,
+) -> Scheduler:
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=chunked,
+    )
     return Scheduler(config, BlockManager(num_blocks, BS, caching))
 
 
@@ -148,6 +158,7 @@ def test_finish_frees_or_hands_over_the_blocks_once():
 
 # ---- no deadlock under KV pressure --------------------------------------------------------
 
+
 def finite(name: str, num_tokens: int, max_tokens: int, start: int = 0) -> Request:
     return Request(name, list(range(start, start + num_tokens)), SamplingParams(max_tokens=max_tokens))
 
@@ -240,10 +251,23 @@ def _decode_loads(draw):
     arrivals = []
     for _ in range(draw(st.integers(1, 25))):
         num_prompt = draw(st.integers(1, max_model_len - 1))
-        arrivals.append(_Arrival(draw(st.integers(0, 30)), num_prompt, draw(st.integers(1, max_model_len - num_prompt)),
-                                 draw(st.booleans()), draw(st.integers(0, 3))))
-    return (num_blocks, max_model_len, draw(st.integers(1, 8)), draw(st.sampled_from([4, 16, 64])),
-            draw(st.booleans()), arrivals)
+        arrivals.append(
+            _Arrival(
+                draw(st.integers(0, 30)),
+                num_prompt,
+                draw(st.integers(1, max_model_len - num_prompt)),
+                draw(st.booleans()),
+                draw(st.integers(0, 3)),
+            )
+        )
+    return (
+        num_blocks,
+        max_model_len,
+        draw(st.integers(1, 8)),
+        draw(st.sampled_from([4, 16, 64])),
+        draw(st.booleans()),
+        arrivals,
+    )
 
 
 @settings(max_examples=80, deadline=None)
@@ -253,8 +277,9 @@ def test_any_load_of_local_and_adopted_requests_drains_with_every_block_back(loa
     into reservations (which take only `spare_blocks`, like `Engine.reserve`), in any mix,
     pool size and arrival order, all finish, and the pool ends empty."""
     num_blocks, max_model_len, max_num_seqs, budget, caching, arrivals = load
-    s = make(num_blocks=num_blocks, budget=budget, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
-             caching=caching)
+    s = make(
+        num_blocks=num_blocks, budget=budget, max_num_seqs=max_num_seqs, max_model_len=max_model_len, caching=caching
+    )
     bm = s.block_manager
     to_reserve = sorted(range(len(arrivals)), key=lambda i: arrivals[i].step)
     landing: list[tuple[int, int, Request]] = []  # (step it lands, index, request holding reserved blocks)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from minipd.api.chat_template import ChatTemplate
-from minipd.engine.model_loader import load_model
-from minipd.api.protocol import ChatMessage
-from minipd.engine.sampling_params import SamplingParams
-
 from engine_helpers import complete, complete_all, greedy
 from gguf_helpers import SMOLLM2, requires_smollm2, smollm2_dir
+
+from minipd.api.chat_template import ChatTemplate
+from minipd.api.protocol import ChatMessage
+from minipd.engine.model_loader import load_model
+from minipd.engine.sampling_params import SamplingParams
 
 pytestmark = requires_smollm2
 
@@ -25,9 +24,12 @@ MIN_BF16_AGREEMENT = 0.95
 PROMPTS = [
     "The capital of France is",
     "Write a short poem about the sea. The waves roll in, the gulls cry out, and the",
-    ("Prefill is compute-bound; decode is bandwidth-bound. A serving engine that splits the two phases "
-     "across machines must move the KV cache from one to the other, layer by layer, while the next layer "
-     "computes. Explain, step by step, why this hides the transfer time, and when it does not: ") * 3,
+    (
+        "Prefill is compute-bound; decode is bandwidth-bound. A serving engine that splits the two phases "
+        "across machines must move the KV cache from one to the other, layer by layer, while the next layer "
+        "computes. Explain, step by step, why this hides the transfer time, and when it does not: "
+    )
+    * 3,
 ]
 # Plain English prose for the teacher-forced bf16 comparison (more than 256 tokens).
 PROSE = (
@@ -64,9 +66,15 @@ def engine(make_engine):
 def _their_greedy(model, ids: list[int], steps: int) -> list[int]:
     """transformers' `generate`, greedy, `steps` tokens whatever they are (no stop at EOS)."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=steps, min_new_tokens=0,
-                             eos_token_id=None, pad_token_id=model.config.eos_token_id)
-    return out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            do_sample=False,
+            max_new_tokens=steps,
+            min_new_tokens=0,
+            eos_token_id=None,
+            pad_token_id=model.config.eos_token_id,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def test_logits_and_greedy_tokens_match_transformers(engine, theirs, loop_thread):
@@ -90,7 +98,7 @@ def test_the_engine_answers_a_chat_question_like_transformers(engine, theirs, lo
     prompt_ids = engine.tokenizer.encode(prompt)
     with torch.no_grad():
         generated = theirs.generate(torch.tensor([prompt_ids]), do_sample=False, max_new_tokens=ANSWER_MAX_TOKENS)
-    assert answer.token_ids == generated[0, len(prompt_ids):].tolist()
+    assert answer.token_ids == generated[0, len(prompt_ids) :].tolist()
 
 
 def test_bf16_greedy_next_token_agrees_with_fp32(engine):

@@ -17,22 +17,35 @@ import asyncio
 
 import msgspec
 import pytest
-
-from minipd.engine.engine import EngineConfig
-from minipd.entrypoints.process_cluster import ProcessCluster
-
 from disagg_helpers import LOCAL_PREFILL_MAX_TOKENS
 from engine_helpers import Completion, complete_all, greedy
 from gguf_helpers import requires_smollm2
 
+from minipd.engine.engine import EngineConfig
+from minipd.entrypoints.process_cluster import ProcessCluster
+
 pytestmark = requires_smollm2
 
 BLOCK_SIZE = 16
-SHORT = EngineConfig(model="smollm2", dtype="float32", block_size=BLOCK_SIZE, num_blocks=160, max_model_len=1024,
-                     max_num_batched_tokens=96, torch_threads=1)
+SHORT = EngineConfig(
+    model="smollm2",
+    dtype="float32",
+    block_size=BLOCK_SIZE,
+    num_blocks=160,
+    max_model_len=1024,
+    max_num_batched_tokens=96,
+    torch_threads=1,
+)
 LONG_PROMPT_TOKENS = 6000
-LONG = EngineConfig(model="smollm2", dtype="bfloat16", block_size=BLOCK_SIZE, num_blocks=8192 // BLOCK_SIZE,
-                    max_model_len=8192, max_num_batched_tokens=1024, torch_threads=1)
+LONG = EngineConfig(
+    model="smollm2",
+    dtype="bfloat16",
+    block_size=BLOCK_SIZE,
+    num_blocks=8192 // BLOCK_SIZE,
+    max_model_len=8192,
+    max_num_batched_tokens=1024,
+    torch_threads=1,
+)
 SHORT_MAX_TOKENS = 8
 LONG_MAX_TOKENS = 3
 START_TIMEOUT_S = 240
@@ -42,20 +55,41 @@ PROMPTS = [
     "The capital of France is",  # short: prefilled on the decode instance itself
     "Answer in one sentence: what is the largest planet of the solar system, and what is it made of?",
     "Write a haiku about the sea. The waves roll in, the gulls cry out, and the",
-    ("Prefill is compute-bound; decode is bandwidth-bound. A serving engine that splits the two phases "
-     "across machines must move the KV cache from one to the other, layer by layer, while the next layer "
-     "computes. Explain, step by step, why this hides the transfer time, and when it does not. ") * 4,
+    (
+        "Prefill is compute-bound; decode is bandwidth-bound. A serving engine that splits the two phases "
+        "across machines must move the KV cache from one to the other, layer by layer, while the next layer "
+        "computes. Explain, step by step, why this hides the transfer time, and when it does not. "
+    )
+    * 4,
 ]
-PARAGRAPH = ("Lighthouses began as fires on hilltops; the fires moved into towers, and engineers learned to "
-             "focus their light with mirrors and lenses. Keepers trimmed wicks, wound the clockwork that turned "
-             "the lens and wrote the weather into logbooks. Today the lamps switch on by themselves at dusk. ")
+PARAGRAPH = (
+    "Lighthouses began as fires on hilltops; the fires moved into towers, and engineers learned to "
+    "focus their light with mirrors and lenses. Keepers trimmed wicks, wound the clockwork that turned "
+    "the lens and wrote the weather into logbooks. Today the lamps switch on by themselves at dusk. "
+)
 
 
 def _argv(config: EngineConfig) -> list[str]:
-    return ["--transport", "tcp", "--model", config.model, "--dtype", config.dtype, "--block-size",
-            str(config.block_size), "--num-blocks", str(config.num_blocks), "--max-model-len",
-            str(config.max_model_len), "--max-num-batched-tokens", str(config.max_num_batched_tokens),
-            "--torch-threads", "1", "--local-prefill-max-tokens", str(LOCAL_PREFILL_MAX_TOKENS)]
+    return [
+        "--transport",
+        "tcp",
+        "--model",
+        config.model,
+        "--dtype",
+        config.dtype,
+        "--block-size",
+        str(config.block_size),
+        "--num-blocks",
+        str(config.num_blocks),
+        "--max-model-len",
+        str(config.max_model_len),
+        "--max-num-batched-tokens",
+        str(config.max_num_batched_tokens),
+        "--torch-threads",
+        "1",
+        "--local-prefill-max-tokens",
+        str(LOCAL_PREFILL_MAX_TOKENS),
+    ]
 
 
 def _start(config: EngineConfig, loop_thread):
@@ -77,6 +111,7 @@ def _stop(processes, client, loop_thread) -> None:
 async def _through_cluster(client, prompts, params) -> list[Completion]:
     async def one(prompt):
         return Completion([out async for out in client.generate(prompt, params)])
+
     return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 

@@ -3,9 +3,9 @@ be; one declared dead or draining is never picked."""
 
 from __future__ import annotations
 
-from minipd.control.role import Role
-
 from test_picking_units import handle, registry
+
+from minipd.control.role import Role
 
 
 def _stale(h):

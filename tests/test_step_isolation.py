@@ -41,8 +41,12 @@ def server(request, loop_thread, make_engine):
 
 
 def chat(text: str, **sampling) -> dict:
-    return {"messages": [{"role": "user", "content": text}], "max_tokens": STREAM_TOKENS, "ignore_eos": True,
-            **sampling}
+    return {
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": STREAM_TOKENS,
+        "ignore_eos": True,
+        **sampling,
+    }
 
 
 def read_all(stream: OpenStream) -> tuple[str, list[dict]]:
@@ -114,6 +118,7 @@ def test_a_forward_pass_that_fails_for_one_request_fails_only_that_request(make_
         for s in streams:
             rests.append([o async for o in s])
         return first, rests, [o async for o in poison]
+
     first, rests, poison = loop_thread.run(together())
     assert max(poisoned.failed_batch_tokens) > len(poison_prompt) + 1, "the poison must share a step with others"
     for f, rest, want in zip(first, rests, expected, strict=True):

@@ -15,15 +15,36 @@ from minipd.api.serving import ChatFormat, CompletionFormat
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
 BODIES = {
-    ResponseKind.COMPLETION: {"id": "c", "object": "text_completion", "created": 1, "model": "m", "usage": USAGE,
-                              "choices": [{"index": 0, "text": "hi", "finish_reason": "length", "logprobs": None}]},
-    ResponseKind.COMPLETION_CHUNK: {"id": "c", "object": "text_completion", "created": 1, "model": "m",
-                                    "choices": [{"index": 0, "text": "h", "finish_reason": None}]},
-    ResponseKind.CHAT_COMPLETION: {"id": "c", "object": "chat.completion", "created": 1, "model": "m", "usage": USAGE,
-                                   "choices": [{"index": 0, "finish_reason": "stop",
-                                                "message": {"role": "assistant", "content": "hi"}}]},
-    ResponseKind.CHAT_COMPLETION_CHUNK: {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                                         "choices": [{"index": 0, "delta": {"content": "h"}, "finish_reason": None}]},
+    ResponseKind.COMPLETION: {
+        "id": "c",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "usage": USAGE,
+        "choices": [{"index": 0, "text": "hi", "finish_reason": "length", "logprobs": None}],
+    },
+    ResponseKind.COMPLETION_CHUNK: {
+        "id": "c",
+        "object": "text_completion",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "text": "h", "finish_reason": None}],
+    },
+    ResponseKind.CHAT_COMPLETION: {
+        "id": "c",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "usage": USAGE,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}],
+    },
+    ResponseKind.CHAT_COMPLETION_CHUNK: {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": "h"}, "finish_reason": None}],
+    },
 }
 
 
@@ -41,14 +62,17 @@ def test_a_body_without_object_is_refused(kind):
     assert info.value.path == "object" and "required" in str(info.value)
 
 
-@pytest.mark.parametrize("kind, drop, path", [
-    (ResponseKind.COMPLETION_CHUNK, ("choices", 0, "finish_reason"), "choices[0].finish_reason"),
-    (ResponseKind.COMPLETION, ("choices", 0, "text"), "choices[0].text"),
-    (ResponseKind.COMPLETION, ("usage", "total_tokens"), "usage.total_tokens"),
-    (ResponseKind.CHAT_COMPLETION, ("choices", 0, "message", "role"), "choices[0].message.role"),
-    (ResponseKind.CHAT_COMPLETION_CHUNK, ("choices", 0, "delta"), "choices[0].delta"),
-    (ResponseKind.CHAT_COMPLETION_CHUNK, ("created",), "created"),
-])
+@pytest.mark.parametrize(
+    "kind, drop, path",
+    [
+        (ResponseKind.COMPLETION_CHUNK, ("choices", 0, "finish_reason"), "choices[0].finish_reason"),
+        (ResponseKind.COMPLETION, ("choices", 0, "text"), "choices[0].text"),
+        (ResponseKind.COMPLETION, ("usage", "total_tokens"), "usage.total_tokens"),
+        (ResponseKind.CHAT_COMPLETION, ("choices", 0, "message", "role"), "choices[0].message.role"),
+        (ResponseKind.CHAT_COMPLETION_CHUNK, ("choices", 0, "delta"), "choices[0].delta"),
+        (ResponseKind.CHAT_COMPLETION_CHUNK, ("created",), "created"),
+    ],
+)
 def test_missing_nested_required_fields_are_named(kind, drop, path):
     body = copy.deepcopy(BODIES[kind])
     holder = body
@@ -61,11 +85,14 @@ def test_missing_nested_required_fields_are_named(kind, drop, path):
     assert info.value.path == path
 
 
-@pytest.mark.parametrize("kind, field, value, path", [
-    (ResponseKind.COMPLETION, "object", "chat.completion", "object"),  # the wrong kind of body
-    (ResponseKind.CHAT_COMPLETION_CHUNK, "object", "chat.completion", "object"),
-    (ResponseKind.COMPLETION, "created", "yesterday", "created"),
-])
+@pytest.mark.parametrize(
+    "kind, field, value, path",
+    [
+        (ResponseKind.COMPLETION, "object", "chat.completion", "object"),  # the wrong kind of body
+        (ResponseKind.CHAT_COMPLETION_CHUNK, "object", "chat.completion", "object"),
+        (ResponseKind.COMPLETION, "created", "yesterday", "created"),
+    ],
+)
 def test_wrong_values_are_refused(kind, field, value, path):
     with pytest.raises(StrictResponseError) as info:
         parse_strict({**BODIES[kind], field: value}, kind)
@@ -93,15 +120,17 @@ def _encoded(struct) -> dict:
 def test_every_body_minipd_writes_passes():
     usage = make_usage(4, 2, 0)
     completion, chat = CompletionFormat("cmpl-1", "tiny"), ChatFormat("chatcmpl-1", "tiny")
-    bodies = [(completion.whole("ab", "length", usage), ResponseKind.COMPLETION),
-              (completion.chunk("a", None), ResponseKind.COMPLETION_CHUNK),
-              (completion.chunk("b", "stop"), ResponseKind.COMPLETION_CHUNK),
-              (completion.usage_chunk(usage), ResponseKind.COMPLETION_CHUNK),
-              (chat.whole("ab", "stop", usage), ResponseKind.CHAT_COMPLETION),
-              *((c, ResponseKind.CHAT_COMPLETION_CHUNK) for c in chat.opening()),
-              (chat.chunk("a", None), ResponseKind.CHAT_COMPLETION_CHUNK),
-              (chat.chunk("", "length"), ResponseKind.CHAT_COMPLETION_CHUNK),
-              (chat.usage_chunk(usage), ResponseKind.CHAT_COMPLETION_CHUNK)]
+    bodies = [
+        (completion.whole("ab", "length", usage), ResponseKind.COMPLETION),
+        (completion.chunk("a", None), ResponseKind.COMPLETION_CHUNK),
+        (completion.chunk("b", "stop"), ResponseKind.COMPLETION_CHUNK),
+        (completion.usage_chunk(usage), ResponseKind.COMPLETION_CHUNK),
+        (chat.whole("ab", "stop", usage), ResponseKind.CHAT_COMPLETION),
+        *((c, ResponseKind.CHAT_COMPLETION_CHUNK) for c in chat.opening()),
+        (chat.chunk("a", None), ResponseKind.CHAT_COMPLETION_CHUNK),
+        (chat.chunk("", "length"), ResponseKind.CHAT_COMPLETION_CHUNK),
+        (chat.usage_chunk(usage), ResponseKind.CHAT_COMPLETION_CHUNK),
+    ]
     for struct, kind in bodies:
         raw = _encoded(struct)
         assert raw["object"] == kind.value.model_fields["object"].annotation.__args__[0]

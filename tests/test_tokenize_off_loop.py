@@ -47,8 +47,9 @@ def served(loop_thread):
     cluster = loop_thread.run(InProcessCluster.start(CONFIG, 1, 1, RouterConfig(local_prefill_max_tokens=0)))
     control = RouterControlPort(cluster.router)
     control_port = loop_thread.run(control.serve("127.0.0.1", 0))
-    runner, port = loop_thread.run(start_http_server(build_app(RouterBackend(cluster.router), HttpConfig()),
-                                                     "127.0.0.1", 0))
+    runner, port = loop_thread.run(
+        start_http_server(build_app(RouterBackend(cluster.router), HttpConfig()), "127.0.0.1", 0)
+    )
     yield Served(f"http://127.0.0.1:{port}", cluster.router, control_port)
     loop_thread.run(runner.cleanup())
     loop_thread.run(control.close())
@@ -88,13 +89,15 @@ def stretch_beside_huge_prompts(served: Served, path: str, body: dict) -> tuple[
     """How much longer the longest gap of a live stream gets while NUM_HUGE huge prompts
     arrive than it was just before, and a description of the trial."""
     port = served.url.rsplit(":", 1)[1]
-    stream = OpenStream(served.url, "/v1/completions", {"prompt": "a live stream", "max_tokens": 480,
-                                                        "ignore_eos": True})
+    stream = OpenStream(
+        served.url, "/v1/completions", {"prompt": "a live stream", "max_tokens": 480, "ignore_eos": True}
+    )
     try:
         event_times(stream, 5)  # warmed up
         baseline = gaps(event_times(stream, BASELINE_EVENTS))
-        sender = subprocess.Popen([sys.executable, "-c", SENDER, port, path, str(NUM_HUGE)], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE)
+        sender = subprocess.Popen(
+            [sys.executable, "-c", SENDER, port, path, str(NUM_HUGE)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
         sender.stdin.write(json.dumps(body).encode())
         sender.stdin.close()
         during = []
@@ -109,15 +112,20 @@ def stretch_beside_huge_prompts(served: Served, path: str, body: dict) -> tuple[
     finally:
         stream.close()
     assert statuses == [b"400"] * NUM_HUGE  # far beyond max_model_len
-    return max(during) - max(baseline), (f"longest gap {max(during) * 1e3:.0f} ms beside huge prompts, "
-                                         f"{max(baseline) * 1e3:.0f} ms before (median "
-                                         f"{statistics.median(baseline) * 1e3:.0f} ms)")
+    return max(during) - max(baseline), (
+        f"longest gap {max(during) * 1e3:.0f} ms beside huge prompts, "
+        f"{max(baseline) * 1e3:.0f} ms before (median "
+        f"{statistics.median(baseline) * 1e3:.0f} ms)"
+    )
 
 
-@pytest.mark.parametrize("path, body", [
-    ("completions", {"prompt": "x" * HUGE_PROMPT_BYTES, "max_tokens": 4}),
-    ("chat", {"messages": [{"role": "user", "content": "x" * HUGE_PROMPT_BYTES}], "max_tokens": 4}),
-])
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("completions", {"prompt": "x" * HUGE_PROMPT_BYTES, "max_tokens": 4}),
+        ("chat", {"messages": [{"role": "user", "content": "x" * HUGE_PROMPT_BYTES}], "max_tokens": 4}),
+    ],
+)
 def test_huge_prompts_beside_a_live_stream_do_not_stretch_its_token_gaps(served, path, body):
     trials = []
     for _ in range(TRIALS):  # the best of a few: other jobs on a shared machine stretch gaps too
@@ -134,6 +142,7 @@ def test_prompts_are_tokenized_on_a_tokenizer_thread_never_on_the_loop(served, l
     def recording(text, *args, **kw):
         threads.append(threading.current_thread().name)
         return encode(text, *args, **kw)
+
     monkeypatch.setattr(tokenizer, "encode", recording)
     assert http_json("POST", served.url + "/v1/completions", {"prompt": "one", "max_tokens": 2}).status == 200
     chat = {"messages": [{"role": "user", "content": "two"}], "max_tokens": 2}
@@ -145,5 +154,6 @@ def test_prompts_are_tokenized_on_a_tokenizer_thread_never_on_the_loop(served, l
             return [o async for o in client.generate("three", SamplingParams(max_tokens=2))]
         finally:
             await client.close()
+
     assert loop_thread.run(through_the_client_port())[-1].num_output_tokens == 2
     assert len(threads) == 3 and all(name.startswith("minipd-tokenize") for name in threads), threads

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer as RustTokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer as RustTokenizer
+from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from minipd.models.config import BYTE_BOS_ID, BYTE_EOS_ID, BYTE_VOCAB_SIZE
 from minipd.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
@@ -20,6 +21,7 @@ TRAINED_VOCAB_SIZE = 400
 
 
 # ---- ByteTokenizer ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("text", [ASCII_TEXT, MULTIBYTE_TEXT, ""])
 def test_byte_round_trip(text: str) -> None:
@@ -48,12 +50,17 @@ def test_byte_decode_of_partial_character_replaces_instead_of_raising() -> None:
 
 # ---- HFTokenizer ------------------------------------------------------------------------
 
+
 def _train_tokenizer() -> RustTokenizer:
     tokenizer = RustTokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=TRAINED_VOCAB_SIZE, special_tokens=[BOS, EOS, IM_END],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=TRAINED_VOCAB_SIZE,
+        special_tokens=[BOS, EOS, IM_END],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tokenizer.train_from_iterator(CORPUS, trainer)
     return tokenizer
 
@@ -63,8 +70,9 @@ def trained() -> RustTokenizer:
     return _train_tokenizer()
 
 
-def _write(directory: Path, tokenizer: RustTokenizer, tokenizer_config: dict | None,
-           generation_config: dict | None = None) -> Path:
+def _write(
+    directory: Path, tokenizer: RustTokenizer, tokenizer_config: dict | None, generation_config: dict | None = None
+) -> Path:
     tokenizer.save(str(directory / "tokenizer.json"))
     if tokenizer_config is not None:
         (directory / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
@@ -103,8 +111,10 @@ def test_hf_bos_is_not_doubled_when_text_starts_with_it(tmp_path: Path, trained:
     assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
 
 
-BOS_TEMPLATE = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n"
-                "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}")
+BOS_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n"
+    "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+)
 
 
 def test_chat_template_renders_bos_and_eos_text_like_transformers(tmp_path: Path, trained: RustTokenizer) -> None:
@@ -117,8 +127,9 @@ def test_chat_template_renders_bos_and_eos_text_like_transformers(tmp_path: Path
     theirs = PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"), bos_token=BOS, eos_token=EOS)
     conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}]
     rendered = ChatTemplate.for_tokenizer(tok).render([ChatMessage(m["role"], m["content"]) for m in conversation])
-    expected = theirs.apply_chat_template(conversation, chat_template=BOS_TEMPLATE, tokenize=False,
-                                          add_generation_prompt=True)
+    expected = theirs.apply_chat_template(
+        conversation, chat_template=BOS_TEMPLATE, tokenize=False, add_generation_prompt=True
+    )
     assert rendered == expected and rendered.startswith(BOS) and rendered.count(EOS) == 2
     ids = tok.encode(rendered)  # the BOS text is read back as the one BOS id, never doubled
     assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1

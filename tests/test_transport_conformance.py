@@ -14,12 +14,12 @@ import sys
 import pytest
 import torch
 import uvloop
+from transport_peer import NUM_LAYERS, START_TIMEOUT_S, Peer, make_pool
 
 from minipd.transports.errors import TransferError
 from minipd.transports.loopback_hub import LoopbackHub
 from minipd.transports.registry import BACKENDS, create_transport
 from minipd.transports.shared_secret import SharedSecret
-from transport_peer import NUM_LAYERS, START_TIMEOUT_S, Peer, make_pool
 
 NUM_BLOCKS = 256  # 4 layers x 256 blocks x 8 KiB = 8 MiB per pool
 MAIN_SEED, PEER_SEED, LIMITED_SEED = 1, 2, 3
@@ -42,8 +42,15 @@ def _installed(backend: str) -> bool:
 
 
 BACKEND_PARAMS = [
-    pytest.param(name, marks=pytest.mark.skipif(not _installed(name), reason=(
-        f"transport {name!r} needs the {BACKENDS[name].extra} extra: pip install -e '.[{BACKENDS[name].extra}]'")))
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            not _installed(name),
+            reason=(
+                f"transport {name!r} needs the {BACKENDS[name].extra} extra: pip install -e '.[{BACKENDS[name].extra}]'"
+            ),
+        ),
+    )
     for name in BACKENDS
 ]
 
@@ -68,8 +75,11 @@ class Env:
 
     def add_peer(self, instance_id: str, seed: int, **options) -> Peer:
         """Start a peer and connect it to us and us to it."""
-        on_lost = None if self.backend in SELF_DETECTING else (
-            lambda peer_id: self.transport.peer_lost(peer_id, "control plane: peer process died"))
+        on_lost = (
+            None
+            if self.backend in SELF_DETECTING
+            else (lambda peer_id: self.transport.peer_lost(peer_id, "control plane: peer process died"))
+        )
         peer = Peer(self.backend, instance_id, NUM_BLOCKS, seed, on_lost=on_lost, **{**self.options, **options})
         peer.attach(self.loop)
         self.peers.append(peer)
@@ -154,9 +164,19 @@ def test_random_maps_land_byte_exact_and_once(env: Env) -> None:
     async def scenario():
         for request_id, (_, dst) in requests.items():
             env.transport.expect(request_id, PEER_ID, dst)
-        sends = [asyncio.ensure_future(env.peer.call("send", request_id=request_id, peer_id=MAIN_ID, src_ids=src,
-                                                     dst_ids=dst, layers=list(range(NUM_LAYERS))))
-                 for request_id, (src, dst) in requests.items()]
+        sends = [
+            asyncio.ensure_future(
+                env.peer.call(
+                    "send",
+                    request_id=request_id,
+                    peer_id=MAIN_ID,
+                    src_ids=src,
+                    dst_ids=dst,
+                    layers=list(range(NUM_LAYERS)),
+                )
+            )
+            for request_id, (src, dst) in requests.items()
+        ]
         landed = await env.transport.wait_landed(awaited, timeout=LANDED_TIMEOUT_S)
         polled = await _wait_polled(env.transport, set(requests) - {awaited}, LANDED_TIMEOUT_S)
         results = await asyncio.gather(*sends)
@@ -166,7 +186,10 @@ def test_random_maps_land_byte_exact_and_once(env: Env) -> None:
     block_bytes = env.transport.layout.block_bytes
     assert landed.num_bytes == NUM_LAYERS * len(requests[awaited][1]) * block_bytes
     for request_id, outcome in polled.items():
-        assert outcome.error is None and outcome.landed.num_bytes == NUM_LAYERS * len(requests[request_id][1]) * block_bytes
+        assert (
+            outcome.error is None
+            and outcome.landed.num_bytes == NUM_LAYERS * len(requests[request_id][1]) * block_bytes
+        )
     assert all(r["num_bytes"] is not None for r in results)
     for src, dst in requests.values():
         assert same_bytes(env.pool[:, dst], expected_blocks(PEER_SEED, src)), "destination bytes differ"
@@ -208,8 +231,9 @@ def test_idle_receiver_wakes_when_a_request_is_expected(env: Env, monkeypatch) -
 
     async def scenario():
         env.transport.expect("after-idle", PEER_ID, dst)
-        await env.peer.call("send", request_id="after-idle", peer_id=MAIN_ID, src_ids=src, dst_ids=dst,
-                            layers=list(range(NUM_LAYERS)))
+        await env.peer.call(
+            "send", request_id="after-idle", peer_id=MAIN_ID, src_ids=src, dst_ids=dst, layers=list(range(NUM_LAYERS))
+        )
         return await env.transport.wait_landed("after-idle", timeout=LANDED_TIMEOUT_S)
 
     landed = env.run(scenario())
@@ -226,17 +250,25 @@ def test_abort_midway_reports_nothing_and_drops_late_data(env: Env) -> None:
 
     async def scenario():
         env.transport.expect("abort-me", PEER_ID, dst)
-        await env.peer.call("send", request_id="abort-me", peer_id=MAIN_ID, src_ids=src, dst_ids=dst,
-                            layers=[0, 1], finish=False)
+        await env.peer.call(
+            "send", request_id="abort-me", peer_id=MAIN_ID, src_ids=src, dst_ids=dst, layers=[0, 1], finish=False
+        )
         # abort on our side while the sender goes on with the remaining layers and finishes
         aborted, rest = await asyncio.gather(
             env.transport.abort("abort-me"),
-            env.peer.call("send", request_id="abort-me", peer_id=MAIN_ID, src_ids=src, dst_ids=dst, layers=[2, 3]))
+            env.peer.call("send", request_id="abort-me", peer_id=MAIN_ID, src_ids=src, dst_ids=dst, layers=[2, 3]),
+        )
         again = await env.transport.abort("abort-me")
         # a later request on the same link proves the late data and the finish were processed
         env.transport.expect("after-abort", PEER_ID, follow_dst)
-        await env.peer.call("send", request_id="after-abort", peer_id=MAIN_ID, src_ids=follow_src,
-                            dst_ids=follow_dst, layers=list(range(NUM_LAYERS)))
+        await env.peer.call(
+            "send",
+            request_id="after-abort",
+            peer_id=MAIN_ID,
+            src_ids=follow_src,
+            dst_ids=follow_dst,
+            layers=list(range(NUM_LAYERS)),
+        )
         landed = await env.transport.wait_landed("after-abort", timeout=LANDED_TIMEOUT_S)
         return aborted, again, landed
 
@@ -261,8 +293,14 @@ def test_link_limit_honoured_then_sender_killed_midway(env: Env) -> None:
 
     async def measure():
         env.transport.expect("limited", "limited-sender", blocks)
-        result = await limited.call("send", request_id="limited", peer_id=MAIN_ID, src_ids=blocks, dst_ids=blocks,
-                                    layers=list(range(NUM_LAYERS)))
+        result = await limited.call(
+            "send",
+            request_id="limited",
+            peer_id=MAIN_ID,
+            src_ids=blocks,
+            dst_ids=blocks,
+            layers=list(range(NUM_LAYERS)),
+        )
         await env.transport.wait_landed("limited", timeout=LANDED_TIMEOUT_S)
         return result
 
@@ -277,9 +315,18 @@ def test_link_limit_honoured_then_sender_killed_midway(env: Env) -> None:
     async def killed():
         env.transport.expect("killed", "limited-sender", reserved)
         progress = asyncio.Queue()
-        send = asyncio.ensure_future(limited.call(
-            "send", request_id="killed", peer_id=MAIN_ID, src_ids=reserved, dst_ids=reserved,
-            layers=list(range(NUM_LAYERS)), report_first_write=True, progress=progress))
+        send = asyncio.ensure_future(
+            limited.call(
+                "send",
+                request_id="killed",
+                peer_id=MAIN_ID,
+                src_ids=reserved,
+                dst_ids=reserved,
+                layers=list(range(NUM_LAYERS)),
+                report_first_write=True,
+                progress=progress,
+            )
+        )
         await progress.get()  # one layer landed; the limit keeps the rest in flight
         limited.kill()
         started = asyncio.get_running_loop().time()
@@ -301,6 +348,7 @@ def test_receiver_killed_midway_fails_the_sender(env: Env) -> None:
     victim = env.add_peer("victim-receiver", PEER_SEED)
     blocks = list(range(NUM_BLOCKS))
     from minipd.transports.block_run import coalesce_runs
+
     runs = coalesce_runs(blocks, blocks)
     before = env.pool.clone()
 
@@ -346,9 +394,17 @@ def test_a_sender_with_another_secret_lands_nothing(env: Env) -> None:
         except TransferError as exc:
             connect_error = exc.reason
         else:  # a connectionless backend: the writes go out, unauthenticated
-            send = asyncio.ensure_future(intruder.call(
-                "send", request_id="forged", peer_id=MAIN_ID, src_ids=forged_blocks, dst_ids=forged_blocks,
-                layers=list(range(NUM_LAYERS)), timeout=2 * FORGED_WAIT_S))
+            send = asyncio.ensure_future(
+                intruder.call(
+                    "send",
+                    request_id="forged",
+                    peer_id=MAIN_ID,
+                    src_ids=forged_blocks,
+                    dst_ids=forged_blocks,
+                    layers=list(range(NUM_LAYERS)),
+                    timeout=2 * FORGED_WAIT_S,
+                )
+            )
         with pytest.raises(TransferError) as never_landed:
             await env.transport.wait_landed("forged", timeout=FORGED_WAIT_S)
         if send is not None:
@@ -356,8 +412,14 @@ def test_a_sender_with_another_secret_lands_nothing(env: Env) -> None:
         env.transport.peer_lost("intruder", "not a member of this cluster")
         failed = await _wait_polled(env.transport, {"forged"}, LANDED_TIMEOUT_S)
         env.transport.expect("legit", PEER_ID, legit_blocks)
-        await env.peer.call("send", request_id="legit", peer_id=MAIN_ID, src_ids=legit_blocks, dst_ids=legit_blocks,
-                            layers=list(range(NUM_LAYERS)))
+        await env.peer.call(
+            "send",
+            request_id="legit",
+            peer_id=MAIN_ID,
+            src_ids=legit_blocks,
+            dst_ids=legit_blocks,
+            layers=list(range(NUM_LAYERS)),
+        )
         landed = await env.transport.wait_landed("legit", timeout=LANDED_TIMEOUT_S)
         return connect_error, never_landed.value, failed["forged"], landed
 

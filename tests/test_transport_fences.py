@@ -13,12 +13,21 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from test_transport_conformance import (
+    BACKEND_PARAMS,
+    LANDED_TIMEOUT_S,
+    MAIN_ID,
+    PEER_ID,
+    PEER_SEED,
+    Env,
+    assert_only_reserved_changed,
+    expected_blocks,
+    same_bytes,
+)
+from transport_peer import NUM_LAYERS
 
 from minipd.transports import fault_points
 from minipd.transports.errors import TransferError
-from test_transport_conformance import (BACKEND_PARAMS, LANDED_TIMEOUT_S, MAIN_ID, PEER_ID, PEER_SEED, Env,
-                                        assert_only_reserved_changed, expected_blocks, same_bytes)
-from transport_peer import NUM_LAYERS
 
 STALLED_SEED = 4
 FENCE_TIMEOUT_S = 10.0
@@ -52,8 +61,11 @@ def _stalled_peer(env: Env, name: str, tmp_path, monkeypatch):
 
 async def _start_stalled_send(env: Env, peer, request_id: str) -> tuple[asyncio.Future, list[str]]:
     env.transport.expect(request_id, peer.instance_id, DST)
-    send = asyncio.ensure_future(peer.call("send", request_id=request_id, peer_id=MAIN_ID, src_ids=SRC, dst_ids=DST,
-                                           layers=list(range(NUM_LAYERS))))
+    send = asyncio.ensure_future(
+        peer.call(
+            "send", request_id=request_id, peer_id=MAIN_ID, src_ids=SRC, dst_ids=DST, layers=list(range(NUM_LAYERS))
+        )
+    )
     assert await asyncio.wait_for(peer.faults.get(), FENCE_TIMEOUT_S) == "kv.mid_payload"
     fenced: list[str] = []
     await env.transport.abort(request_id, on_fenced=lambda: fenced.append(request_id))
@@ -70,8 +82,9 @@ async def _until(condition, timeout: float) -> None:
 async def _send_fresh(env: Env, request_id: str) -> None:
     """Reuse the destination blocks for a request of the healthy peer."""
     env.transport.expect(request_id, PEER_ID, DST)
-    await env.peer.call("send", request_id=request_id, peer_id=MAIN_ID, src_ids=SRC, dst_ids=DST,
-                        layers=list(range(NUM_LAYERS)))
+    await env.peer.call(
+        "send", request_id=request_id, peer_id=MAIN_ID, src_ids=SRC, dst_ids=DST, layers=list(range(NUM_LAYERS))
+    )
     await env.transport.wait_landed(request_id, timeout=LANDED_TIMEOUT_S)
 
 

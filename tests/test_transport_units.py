@@ -16,7 +16,7 @@ from minipd.transports.block_run import BlockRun, coalesce_runs, split_runs
 from minipd.transports.ends_after_headers import EndsAfterHeaders
 from minipd.transports.errors import TransferError
 from minipd.transports.link_limiter import LinkLimiter
-from minipd.transports.messages import Hello, LayerHeader, MAX_HEADER_BYTES
+from minipd.transports.messages import MAX_HEADER_BYTES, Hello, LayerHeader
 from minipd.transports.registry import MissingBackendError, available_transports, backend_class, create_transport
 
 BLOCK_SHAPE = (2, 16, 2, 32)
@@ -195,6 +195,7 @@ def test_finish_early_goes_out_before_the_payload_and_is_revoked_if_it_fails(pay
 def test_finish_early_waits_for_headers_of_layers_written_later() -> None:
     """Layer-wise streaming: layer 0's header is out before layer 1 is even written; the end of
     the request must still wait for the later layers' headers."""
+
     async def scenario():
         sender = _HeldWrites(torch.zeros((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE)), instance_id="prefill")
         receiver = _HeldWrites(torch.zeros((NUM_LAYERS, NUM_BLOCKS, *BLOCK_SHAPE)), instance_id="decode")

@@ -33,15 +33,22 @@ def test_gamma_gaps_keep_the_rate_and_change_the_spread(burstiness: float) -> No
     mean = statistics.fmean(gaps)
     assert mean == pytest.approx(1 / RATE, rel=0.05)
     # a gamma of shape k has coefficient of variation 1/sqrt(k)
-    assert statistics.pstdev(gaps) / mean == pytest.approx(burstiness ** -0.5, rel=0.08)
+    assert statistics.pstdev(gaps) / mean == pytest.approx(burstiness**-0.5, rel=0.08)
 
 
 def test_fixed_concurrency_has_every_request_due_at_once() -> None:
     assert arrival_times(ArrivalProcess.fixed_concurrency(4), 5, random.Random(0)) == [0.0] * 5
 
 
-@pytest.mark.parametrize("bad", [dict(kind="poisson", rate=0.0), dict(kind="gamma", rate=1.0, burstiness=0.0),
-                                 dict(kind="concurrency", concurrency=0), dict(kind="uniform")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(kind="poisson", rate=0.0),
+        dict(kind="gamma", rate=1.0, burstiness=0.0),
+        dict(kind="concurrency", concurrency=0),
+        dict(kind="uniform"),
+    ],
+)
 def test_bad_arrival_processes_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError, match="arrivals"):
         ArrivalProcess(**bad)
@@ -92,8 +99,13 @@ def test_overridden_lengths_apply_and_mixed_workloads_refuse_overrides() -> None
 def test_sharegpt_file_gives_first_human_turn_and_reply_length(tmp_path) -> None:
     conversations = [
         {"conversations": [{"from": "human", "value": "one two three"}, {"from": "gpt", "value": "a b"}]},
-        {"conversations": [{"from": "system", "value": "x"}, {"from": "human", "value": "four five"},
-                           {"from": "gpt", "value": "c d e f"}]},
+        {
+            "conversations": [
+                {"from": "system", "value": "x"},
+                {"from": "human", "value": "four five"},
+                {"from": "gpt", "value": "c d e f"},
+            ]
+        },
         {"conversations": [{"from": "gpt", "value": "no question first"}]},
         {"conversations": [{"from": "human", "value": "too long " * 50}, {"from": "gpt", "value": "ok"}]},
         {"id": "no conversations"},
@@ -102,7 +114,9 @@ def test_sharegpt_file_gives_first_human_turn_and_reply_length(tmp_path) -> None
     path.write_text(json.dumps(conversations))
     specs = load_sharegpt(path, 10, ArrivalProcess.poisson(1.0), lambda s: len(s.split()), max_prompt_len=20)
     assert sorted((r.prompt, r.prompt_len, r.output_len) for r in specs) == [
-        ("four five", 2, 4), ("one two three", 3, 2)]
+        ("four five", 2, 4),
+        ("one two three", 3, 2),
+    ]
     assert len(load_sharegpt(path, 1, ArrivalProcess.poisson(1.0), lambda s: len(s.split()))) == 1
     path.write_text(json.dumps({"not": "a list"}))
     with pytest.raises(ValueError, match="list of conversations"):

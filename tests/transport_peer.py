@@ -99,6 +99,7 @@ def peer_main(conn, backend: str, instance_id: str, num_blocks: int, seed: int, 
     # A fault point that fires (see minipd.transports.fault_points) is reported over the pipe.
     fault_points.announce = lambda name, detail: conn.send_bytes(_encode({"fault": name, "detail": detail}))
     import uvloop
+
     uvloop.run(_serve(conn, _Agent(backend, instance_id, num_blocks, seed, options)))
 
 
@@ -144,8 +145,15 @@ class Peer:
     """Async client for a peer: `await call(op, **args)` returns the command's value or raises
     TransferError / PeerError as the peer did. `kill()` SIGKILLs a process peer."""
 
-    def __init__(self, backend: str, instance_id: str, num_blocks: int, seed: int,
-                 on_lost: Callable[[str], None] | None = None, **options) -> None:
+    def __init__(
+        self,
+        backend: str,
+        instance_id: str,
+        num_blocks: int,
+        seed: int,
+        on_lost: Callable[[str], None] | None = None,
+        **options,
+    ) -> None:
         self.backend = backend
         self.instance_id = instance_id
         self._on_lost = on_lost
@@ -160,8 +168,9 @@ class Peer:
         else:
             context = multiprocessing.get_context("spawn")
             self._conn, child = context.Pipe()
-            self._process = context.Process(target=peer_main, daemon=True,
-                                            args=(child, backend, instance_id, num_blocks, seed, options))
+            self._process = context.Process(
+                target=peer_main, daemon=True, args=(child, backend, instance_id, num_blocks, seed, options)
+            )
             self._process.start()
             child.close()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -176,8 +185,9 @@ class Peer:
         if self._process is not None:
             loop.add_reader(self._conn.fileno(), self._readable)
 
-    async def call(self, op: str, timeout: float = COMMAND_TIMEOUT_S, progress: asyncio.Queue | None = None,
-                   **args) -> object:
+    async def call(
+        self, op: str, timeout: float = COMMAND_TIMEOUT_S, progress: asyncio.Queue | None = None, **args
+    ) -> object:
         if self._agent is not None:
             put = progress.put_nowait if progress is not None else (lambda update: None)
             task = asyncio.ensure_future(self._agent.run({"op": op, **args}, put))

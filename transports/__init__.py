@@ -8,6 +8,15 @@ from minipd.transports.registry import MissingBackendError, available_transports
 from minipd.transports.results import LayerWritten, ReceiveOutcome, RequestLanded, RequestSent
 
 __all__ = [
-    "BlockRun", "LayerWritten", "MissingBackendError", "ReceiveOutcome", "RequestLanded", "RequestSent",
-    "TransferError", "Transport", "available_transports", "coalesce_runs", "create_transport",
+    "BlockRun",
+    "LayerWritten",
+    "MissingBackendError",
+    "ReceiveOutcome",
+    "RequestLanded",
+    "RequestSent",
+    "TransferError",
+    "Transport",
+    "available_transports",
+    "coalesce_runs",
+    "create_transport",
 ]

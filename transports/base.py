@@ -63,7 +63,7 @@ from minipd.transports.fences import Fences, call
 from minipd.transports.link_limiter import LinkLimiter
 from minipd.transports.messages import PoolDescription, decode_description, message_encoder
 from minipd.transports.pool_layout import PoolLayout
-from minipd.transports.receive_ledger import MAX_REMEMBERED_ABORTS, ReceiveLedger, Expected
+from minipd.transports.receive_ledger import MAX_REMEMBERED_ABORTS, Expected, ReceiveLedger
 from minipd.transports.recent_ids import RecentIds
 from minipd.transports.results import LayerWritten, ReceiveOutcome, RequestLanded, RequestSent
 from minipd.transports.shared_secret import SharedSecret
@@ -97,8 +97,15 @@ class Transport(ABC):
     # receiver then waits for the sender's end-of-request message.
     one_sided: ClassVar[bool] = False
 
-    def __init__(self, pool: torch.Tensor, *, instance_id: str, link_gbps: float | None = None,
-                 stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S, secret: SharedSecret | None = None) -> None:
+    def __init__(
+        self,
+        pool: torch.Tensor,
+        *,
+        instance_id: str,
+        link_gbps: float | None = None,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
+        secret: SharedSecret | None = None,
+    ) -> None:
         if stall_timeout_s <= 0:
             raise ValueError(f"stall_timeout_s: must be positive, got {stall_timeout_s}")
         self.pool = pool
@@ -124,11 +131,19 @@ class Transport(ABC):
 
     def describe(self) -> bytes:
         """This instance's pool and address as opaque msgpack bytes for the control plane."""
-        return message_encoder.encode(PoolDescription(
-            backend=self.backend, instance_id=self.instance_id, num_layers=self.layout.num_layers,
-            num_blocks=self.layout.num_blocks, block_bytes=self.layout.block_bytes,
-            endpoint=self._endpoint(), base_address=self.layout.base_address,
-            device_index=self.layout.device_index, mem_type=self._mem_type()))
+        return message_encoder.encode(
+            PoolDescription(
+                backend=self.backend,
+                instance_id=self.instance_id,
+                num_layers=self.layout.num_layers,
+                num_blocks=self.layout.num_blocks,
+                block_bytes=self.layout.block_bytes,
+                endpoint=self._endpoint(),
+                base_address=self.layout.base_address,
+                device_index=self.layout.device_index,
+                mem_type=self._mem_type(),
+            )
+        )
 
     async def connect(self, description: bytes) -> str:
         """Connect to the peer that `description` describes (once per peer, sender side);
@@ -141,9 +156,14 @@ class Transport(ABC):
         if peer.backend != self.backend:
             raise TransferError(peer.instance_id, "", f"peer uses transport {peer.backend!r}, we use {self.backend!r}")
         if (peer.num_layers, peer.block_bytes) != (self.layout.num_layers, self.layout.block_bytes):
-            raise TransferError(peer.instance_id, "", (
-                f"incompatible KV pools: peer has {peer.num_layers} layers of {peer.block_bytes}-byte blocks, "
-                f"we have {self.layout.num_layers} of {self.layout.block_bytes}"))
+            raise TransferError(
+                peer.instance_id,
+                "",
+                (
+                    f"incompatible KV pools: peer has {peer.num_layers} layers of {peer.block_bytes}-byte blocks, "
+                    f"we have {self.layout.num_layers} of {self.layout.block_bytes}"
+                ),
+            )
         if peer.instance_id not in self._peers:
             try:
                 await self._connect(peer)
@@ -192,8 +212,9 @@ class Transport(ABC):
 
     # ---- sender ----------------------------------------------------------------------
 
-    def write_layer(self, peer_id: str, request_id: str, layer: int,
-                    runs: Sequence[BlockRun]) -> asyncio.Task[LayerWritten]:
+    def write_layer(
+        self, peer_id: str, request_id: str, layer: int, runs: Sequence[BlockRun]
+    ) -> asyncio.Task[LayerWritten]:
         """Start writing `runs` of `layer` (local src blocks -> the peer's dst blocks) and
         return a task that resolves once the source blocks may be reused. Call on the event
         loop, once per layer per request; raises ValueError for runs outside either pool,
@@ -215,7 +236,8 @@ class Transport(ABC):
         num_bytes = sum(run.num_blocks for run in runs) * self.layout.block_bytes
         sending.num_bytes += num_bytes
         task = asyncio.get_running_loop().create_task(
-            self._write_guarded(peer_id, request_id, layer, list(runs), num_bytes, sending))
+            self._write_guarded(peer_id, request_id, layer, list(runs), num_bytes, sending)
+        )
         sending.writes.append(task)
         return task
 
@@ -233,7 +255,8 @@ class Transport(ABC):
             raise ValueError(f"request {request_id!r} is being sent to {sending.peer_id!r}, not {peer_id!r}")
         writes = asyncio.gather(*sending.writes, return_exceptions=True)
         finished_early = bool(sending.writes) and await self._end_before_writes_complete(
-            peer_id, request_id, sending, writes)
+            peer_id, request_id, sending, writes
+        )
         results = await writes
         self._sending.pop(request_id, None)
         failures = [r for r in results if isinstance(r, BaseException)]
@@ -255,8 +278,9 @@ class Transport(ABC):
 
     # ---- both sides ------------------------------------------------------------------
 
-    async def abort(self, request_id: str, on_fenced: Callable[[], None] | None = None,
-                    peer_id: str | None = None) -> bool:
+    async def abort(
+        self, request_id: str, on_fenced: Callable[[], None] | None = None, peer_id: str | None = None
+    ) -> bool:
         """Drop `request_id` midway, on whichever side(s) this instance plays for it. Sender:
         cancels writes not yet issued, waits for issued ones (each bounded by the stall
         timeout), tells the receiver; given the `peer_id` it was to be sent to, tells that
@@ -289,14 +313,19 @@ class Transport(ABC):
             call(on_fenced, request_id)
         else:
             logger.info("holding the blocks of aborted %r until %r can write no more", request_id, entry.peer_id)
-            self._fences.hold(request_id, entry.peer_id, self._fenced_callback(request_id, on_fenced),
-                              self._fence(entry.peer_id, request_id, entry))
+            self._fences.hold(
+                request_id,
+                entry.peer_id,
+                self._fenced_callback(request_id, on_fenced),
+                self._fence(entry.peer_id, request_id, entry),
+            )
         return was_pending
 
     def _fenced_callback(self, request_id: str, on_fenced: Callable[[], None] | None) -> Callable[[], None]:
         def fenced() -> None:
             self._ledger.fenced(request_id)
             call(on_fenced, request_id)
+
         return fenced
 
     def peer_lost(self, peer_id: str, reason: str, fenced: bool = True) -> None:
@@ -322,16 +351,18 @@ class Transport(ABC):
                     task.cancel(f"peer {peer_id!r} lost: {reason}")
         self._drop_peer(peer_id, reason)
 
-    async def _write_guarded(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun],
-                             num_bytes: int, sending: _Sending) -> LayerWritten:
+    async def _write_guarded(
+        self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun], num_bytes: int, sending: _Sending
+    ) -> LayerWritten:
         await self._guard(peer_id, request_id, self._paced_write(peer_id, request_id, layer, runs, num_bytes, sending))
         if not sending.first_written:
             sending.first_written = True
             await fault_points.reached("kv.layer_written", request_id)
         return LayerWritten(request_id, layer, num_bytes)
 
-    async def _paced_write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun],
-                           num_bytes: int, sending: _Sending) -> None:
+    async def _paced_write(
+        self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun], num_bytes: int, sending: _Sending
+    ) -> None:
         if self._limiter is not None:
             await self._limiter.acquire(num_bytes)
         if sending.aborted:
@@ -358,8 +389,9 @@ class Transport(ABC):
         except Exception as exc:  # the peer may be gone; the abort itself already succeeded
             logger.info("could not tell %r that %r ended: %s", peer_id, request_id, exc)
 
-    async def _end_before_writes_complete(self, peer_id: str, request_id: str, sending: _Sending,
-                                          writes: asyncio.Future) -> bool:
+    async def _end_before_writes_complete(
+        self, peer_id: str, request_id: str, sending: _Sending, writes: asyncio.Future
+    ) -> bool:
         """Sender hook, called by `finish_request` while the request's `writes` run: a backend
         whose receiver learns by itself when the bytes landed may tell it the request's end
         now (`_send_end`) and return True; `finish_request` still waits for the writes and

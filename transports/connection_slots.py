@@ -49,15 +49,23 @@ class ConnectionSlots(Generic[C]):
             if not self._pending:
                 self.num_refused += 1
                 if self.num_refused % LOG_EVERY_REFUSALS == 1:
-                    logger.warning("%s: refusing a connection: all %d slots are held by authenticated peers "
-                                   "(%d refused so far; raise --max-connections?)", self.name, self.limit,
-                                   self.num_refused)
+                    logger.warning(
+                        "%s: refusing a connection: all %d slots are held by authenticated peers "
+                        "(%d refused so far; raise --max-connections?)",
+                        self.name,
+                        self.limit,
+                        self.num_refused,
+                    )
                 return Admission(False, None)
             evicted, _ = self._pending.popitem(last=False)
             self.num_evicted += 1
             if self.num_evicted % LOG_EVERY_REFUSALS == 1:
-                logger.warning("%s: at %d connections; closing the oldest one that has not authenticated "
-                               "(%d so far)", self.name, self.limit, self.num_evicted)
+                logger.warning(
+                    "%s: at %d connections; closing the oldest one that has not authenticated (%d so far)",
+                    self.name,
+                    self.limit,
+                    self.num_evicted,
+                )
         self._pending[connection] = None
         return Admission(True, evicted)
 

@@ -38,13 +38,15 @@ class EndsAfterHeaders(Transport):
         headers.num_out += 1
         headers.changed.set()
 
-    async def abort(self, request_id: str, on_fenced: Callable[[], None] | None = None,
-                    peer_id: str | None = None) -> bool:
+    async def abort(
+        self, request_id: str, on_fenced: Callable[[], None] | None = None, peer_id: str | None = None
+    ) -> bool:
         self._headers.pop(request_id, None)
         return await super().abort(request_id, on_fenced, peer_id)
 
-    async def _end_before_writes_complete(self, peer_id: str, request_id: str, sending: _Sending,
-                                          writes: asyncio.Future) -> bool:
+    async def _end_before_writes_complete(
+        self, peer_id: str, request_id: str, sending: _Sending, writes: asyncio.Future
+    ) -> bool:
         headers = self._headers.setdefault(request_id, _Headers())
         try:
             while headers.num_out < len(sending.writes) and not writes.done():

@@ -39,8 +39,14 @@ import sys
 from typing import Callable, NamedTuple
 
 ENV_DIR = "MINIPD_FAULT_DIR"
-POINTS = ("decode.reserved", "prefill.computing", "kv.layer_written", "kv.mid_payload", "kv.partly_landed",
-          "decode.streaming")
+POINTS = (
+    "decode.reserved",
+    "prefill.computing",
+    "kv.layer_written",
+    "kv.mid_payload",
+    "kv.partly_landed",
+    "decode.streaming",
+)
 
 
 class Action(NamedTuple):

@@ -30,8 +30,7 @@ class Fences:
     def __init__(self) -> None:
         self._held: dict[str, _Held] = {}
 
-    def hold(self, request_id: str, peer_id: str, on_fenced: Callable[[], None] | None,
-             fence: Awaitable[None]) -> None:
+    def hold(self, request_id: str, peer_id: str, on_fenced: Callable[[], None] | None, fence: Awaitable[None]) -> None:
         """Hold `request_id` until `fence` completes (then `on_fenced` is called) or it is
         released otherwise."""
         task = asyncio.ensure_future(fence)

@@ -28,8 +28,9 @@ RECEIVER_LABEL = b"minipd kv link receiver v1"
 HEADER_LABEL = b"minipd kv header v1"
 
 
-def sender_proof(secret: SharedSecret | None, challenge: bytes, nonce: bytes, peer_id: str, num_layers: int,
-                 block_bytes: int) -> bytes:
+def sender_proof(
+    secret: SharedSecret | None, challenge: bytes, nonce: bytes, peer_id: str, num_layers: int, block_bytes: int
+) -> bytes:
     if secret is None:
         return b""
     return secret.proof(SENDER_LABEL, challenge, nonce, peer_id, num_layers, block_bytes)

@@ -61,10 +61,10 @@ class LoopbackTransport(Transport):
                 # which stalls badly when the compute thread holds the other cores
                 src_at, dst_at = self.layout.offset(layer, run.src_start), peer.layout.offset(layer, run.dst_start)
                 length = run.num_blocks * block_bytes
-                np.copyto(peer._host_bytes[dst_at:dst_at + length], self._host_bytes[src_at:src_at + length])
+                np.copyto(peer._host_bytes[dst_at : dst_at + length], self._host_bytes[src_at : src_at + length])
             else:
-                src = self.pool[layer, run.src_start:run.src_start + run.num_blocks]
-                peer.pool[layer, run.dst_start:run.dst_start + run.num_blocks].copy_(src)
+                src = self.pool[layer, run.src_start : run.src_start + run.num_blocks]
+                peer.pool[layer, run.dst_start : run.dst_start + run.num_blocks].copy_(src)
         peer.landed(self.instance_id, request_id, num_bytes)
 
     async def _send_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:

@@ -99,8 +99,9 @@ class NixlTransport(Transport):
         self._agent = nixl_agent(self.instance_id, config)
         self._registration = self._agent.register_memory(self.pool)
         layout = self.layout
-        rows = _block_rows(layout.base_address, layout.num_layers, layout.num_blocks, layout.block_bytes,
-                           layout.device_index)
+        rows = _block_rows(
+            layout.base_address, layout.num_layers, layout.num_blocks, layout.block_bytes, layout.device_index
+        )
         self._local = self._agent.prep_xfer_dlist(LOCAL_AGENT, rows, self._mem_type())
         self._poll_task = asyncio.get_running_loop().create_task(self._poll_notifications())
 
@@ -125,11 +126,14 @@ class NixlTransport(Transport):
         local_ids += layer * self.layout.num_blocks
         remote_ids += layer * peer_blocks
         num_bytes = len(local_ids) * self.layout.block_bytes
-        notice = self._seal.seal(_encoder.encode(
-            LayerHeader(request_id, layer, [(r.dst_start, r.num_blocks) for r in runs], num_bytes)), self.instance_id)
+        notice = self._seal.seal(
+            _encoder.encode(LayerHeader(request_id, layer, [(r.dst_start, r.num_blocks) for r in runs], num_bytes)),
+            self.instance_id,
+        )
         try:
-            handle = self._agent.make_prepped_xfer("WRITE", self._local, local_ids.astype(np.int32), remote,
-                                                   remote_ids.astype(np.int32), notice)
+            handle = self._agent.make_prepped_xfer(
+                "WRITE", self._local, local_ids.astype(np.int32), remote, remote_ids.astype(np.int32), notice
+            )
         except Exception as exc:  # nixl binding errors share no base class worth naming
             raise TransferError(peer_id, request_id, f"NIXL cannot prepare the WRITE: {exc!r}") from exc
         state = "ERR"
@@ -158,8 +162,12 @@ class NixlTransport(Transport):
         agent_name, _, _ = self._remote_of(peer_id, request_id)
         if request_id in self._unsettled:
             self._unsettled.discard(request_id)
-            logger.warning("not ending %r towards %r: a WRITE of it is still posted; the receiver keeps its "
-                           "blocks until this instance is known gone", request_id, peer_id)
+            logger.warning(
+                "not ending %r towards %r: a WRITE of it is still posted; the receiver keeps its "
+                "blocks until this instance is known gone",
+                request_id,
+                peer_id,
+            )
             return
         message = Abort(request_id) if num_bytes is None else Finish(request_id, num_bytes)
         try:
@@ -183,8 +191,9 @@ class NixlTransport(Transport):
                 for raw in messages:
                     body = self._seal.open(raw, peer_id)
                     if body is None:
-                        logger.warning("dropping a NIXL notification from %r that does not prove the cluster secret",
-                                       peer_id)
+                        logger.warning(
+                            "dropping a NIXL notification from %r that does not prove the cluster secret", peer_id
+                        )
                         continue
                     try:
                         message = decode_message(body)

@@ -53,7 +53,9 @@ class PoolLayout(NamedTuple):
 
     def check_blocks(self, start: int, num_blocks: int, side: str) -> None:
         if num_blocks < 1 or start < 0 or start + num_blocks > self.num_blocks:
-            raise ValueError(f"{side} blocks [{start}, {start + num_blocks}) outside the pool's {self.num_blocks} blocks")
+            raise ValueError(
+                f"{side} blocks [{start}, {start + num_blocks}) outside the pool's {self.num_blocks} blocks"
+            )
 
 
 def pool_bytes(pool: torch.Tensor) -> torch.Tensor:

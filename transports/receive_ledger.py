@@ -75,8 +75,9 @@ class ReceiveLedger:
         self._failed.forget(request_id)
         self._expected[request_id] = Expected(peer_id, dst_block_ids)
 
-    def check_write(self, peer_id: str, request_id: str, layer: int, runs: Sequence[tuple[int, int]],
-                    num_bytes: int) -> tuple[Verdict, str]:
+    def check_write(
+        self, peer_id: str, request_id: str, layer: int, runs: Sequence[tuple[int, int]], num_bytes: int
+    ) -> tuple[Verdict, str]:
         """Judge an announced write of `runs` ((dst_start, num_blocks) pairs) before any byte
         of it touches the pool; returns the verdict and, unless ACCEPT, why."""
         entry = self._expected.get(request_id)
@@ -240,13 +241,23 @@ class ReceiveLedger:
         if entry.bytes_promised is None or entry.in_flight or entry.bytes_landed < entry.bytes_promised:
             return
         if entry.bytes_landed > entry.bytes_promised:
-            self._fail(request_id, TransferError(entry.peer_id, request_id,
-                                                 f"{entry.bytes_landed} bytes landed but {entry.bytes_promised} were sent"))
+            self._fail(
+                request_id,
+                TransferError(
+                    entry.peer_id, request_id, f"{entry.bytes_landed} bytes landed but {entry.bytes_promised} were sent"
+                ),
+            )
             return
         del self._expected[request_id]
-        self._deliver(request_id, entry, ReceiveOutcome(
-            request_id, RequestLanded(request_id, entry.peer_id, entry.bytes_landed,
-                                      entry.last_landed_at or time.time()), None))
+        self._deliver(
+            request_id,
+            entry,
+            ReceiveOutcome(
+                request_id,
+                RequestLanded(request_id, entry.peer_id, entry.bytes_landed, entry.last_landed_at or time.time()),
+                None,
+            ),
+        )
 
     def _fail(self, request_id: str, error: TransferError) -> None:
         entry = self._expected.pop(request_id)

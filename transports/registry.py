@@ -44,7 +44,8 @@ def backend_class(name: str) -> type[Transport]:
         if spec.extra is not None and exc.name in spec.packages:
             raise MissingBackendError(
                 f"transport {name!r} needs the {spec.extra} extra: pip install -e '.[{spec.extra}]' "
-                f"(missing module {exc.name!r})") from exc
+                f"(missing module {exc.name!r})"
+            ) from exc
         raise
     return getattr(module, spec.class_name)
 

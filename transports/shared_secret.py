@@ -27,8 +27,10 @@ class SharedSecret:
 
     def __init__(self, key: bytes) -> None:
         if len(key) < MIN_SECRET_BYTES:
-            raise ValueError(f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes, got {len(key)}; "
-                             f"generate one with: python -c 'import secrets; print(secrets.token_hex(32))'")
+            raise ValueError(
+                f"the cluster secret must be at least {MIN_SECRET_BYTES} bytes, got {len(key)}; "
+                f"generate one with: python -c 'import secrets; print(secrets.token_hex(32))'"
+            )
         self._key = bytes(key)
         # keyed once: each proof copies it instead of hashing the key again
         self._keyed = hmac.new(self._key, digestmod=hashlib.sha256)

@@ -43,13 +43,23 @@ class TcpTransport(Transport):
 
     backend = "tcp"
 
-    def __init__(self, pool, *, instance_id: str, host: str = DEFAULT_HOST, port: int = 0,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS, **options) -> None:
+    def __init__(
+        self,
+        pool,
+        *,
+        instance_id: str,
+        host: str = DEFAULT_HOST,
+        port: int = 0,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        **options,
+    ) -> None:
         super().__init__(pool, instance_id=instance_id, **options)
         self._slots: ConnectionSlots[FrameReceiver] = ConnectionSlots(max_connections, f"tcp KV port of {instance_id}")
         if self.layout.device_type != "cpu":
-            raise ValueError(f"tcp transport needs a CPU pool (it receives with recv_into), got "
-                             f"{self.layout.device_type!r} memory; use the ucx or nixl transport")
+            raise ValueError(
+                f"tcp transport needs a CPU pool (it receives with recv_into), got "
+                f"{self.layout.device_type!r} memory; use the ucx or nixl transport"
+            )
         self._host = host
         self._port = port
         self._bytes = memoryview(pool_bytes(pool).numpy())
@@ -60,10 +70,16 @@ class TcpTransport(Transport):
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         setup = ReceiverSetup(
-            ledger=self._ledger, layout=self.layout, pool_view=self._bytes,
+            ledger=self._ledger,
+            layout=self.layout,
+            pool_view=self._bytes,
             max_payload_bytes=max(MAX_FRAME_PAYLOAD_BYTES, self.layout.block_bytes),
-            max_header_bytes=max_layer_header_bytes(self.layout.num_blocks), secret=self.secret, slots=self._slots,
-            discard=memoryview(bytearray(DISCARD_BYTES)), on_closed=self._receivers.discard)
+            max_header_bytes=max_layer_header_bytes(self.layout.num_blocks),
+            secret=self.secret,
+            slots=self._slots,
+            discard=memoryview(bytearray(DISCARD_BYTES)),
+            on_closed=self._receivers.discard,
+        )
         self._server = await loop.create_server(lambda: self._track(FrameReceiver(setup)), self._host, self._port)
         self._port = self._server.sockets[0].getsockname()[1]
         logger.info("tcp transport %r listening on %s:%d", self.instance_id, self._host, self._port)
@@ -77,9 +93,16 @@ class TcpTransport(Transport):
 
     async def _connect(self, peer: PoolDescription) -> None:
         host, _, port = peer.endpoint.decode().rpartition(":")
-        self._links[peer.instance_id] = await TcpLink.open(host, int(port), self.instance_id, self.layout,
-                                                           self.secret, peer.instance_id, self._fail_peer,
-                                                           self.stall_timeout_s)
+        self._links[peer.instance_id] = await TcpLink.open(
+            host,
+            int(port),
+            self.instance_id,
+            self.layout,
+            self.secret,
+            peer.instance_id,
+            self._fail_peer,
+            self.stall_timeout_s,
+        )
 
     async def _write(self, peer_id: str, request_id: str, layer: int, runs: list[BlockRun]) -> None:
         link = self._link(peer_id, request_id)
@@ -89,7 +112,7 @@ class TcpTransport(Transport):
             payload = []
             for run in batch:
                 start = self.layout.offset(layer, run.src_start)
-                payload.append(self._bytes[start:start + run.num_blocks * block_bytes])
+                payload.append(self._bytes[start : start + run.num_blocks * block_bytes])
             num_bytes = sum(run.num_blocks for run in batch) * block_bytes
             header = LayerHeader(request_id, layer, [(run.dst_start, run.num_blocks) for run in batch], num_bytes)
             await link.send(header, payload, request_id)

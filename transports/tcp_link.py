@@ -39,8 +39,9 @@ class TcpLink:
     when the receiver closes the connection, it breaks, or a send makes no progress for
     `stall_timeout_s` (the receiver stopped reading)."""
 
-    def __init__(self, sock: socket.socket, peer_id: str, on_lost: Callable[[str, str], None],
-                 stall_timeout_s: float) -> None:
+    def __init__(
+        self, sock: socket.socket, peer_id: str, on_lost: Callable[[str, str], None], stall_timeout_s: float
+    ) -> None:
         self._sock = sock
         self.peer_id = peer_id
         self._on_lost = on_lost
@@ -52,9 +53,18 @@ class TcpLink:
         self._loop.add_reader(sock.fileno(), self._on_readable)
 
     @classmethod
-    async def open(cls, host: str, port: int, sender_id: str, layout: PoolLayout, secret: SharedSecret | None,
-                   peer_id: str, on_lost: Callable[[str, str], None], stall_timeout_s: float,
-                   timeout: float = HANDSHAKE_TIMEOUT_S) -> TcpLink:
+    async def open(
+        cls,
+        host: str,
+        port: int,
+        sender_id: str,
+        layout: PoolLayout,
+        secret: SharedSecret | None,
+        peer_id: str,
+        on_lost: Callable[[str, str], None],
+        stall_timeout_s: float,
+        timeout: float = HANDSHAKE_TIMEOUT_S,
+    ) -> TcpLink:
         """Connect and handshake (`link_auth.py`) as `sender_id`; raises ConnectionError saying
         why the receiver refused us or failed to prove the secret, TimeoutError, or OSError."""
         loop = asyncio.get_running_loop()
@@ -63,8 +73,9 @@ class TcpLink:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         try:
-            await asyncio.wait_for(_connect_and_handshake(loop, sock, (host, port), sender_id, layout, secret,
-                                                          peer_id), timeout)
+            await asyncio.wait_for(
+                _connect_and_handshake(loop, sock, (host, port), sender_id, layout, secret, peer_id), timeout
+            )
         except asyncio.TimeoutError:
             sock.close()
             raise TimeoutError(f"no KV link handshake with {peer_id} at {host}:{port} within {timeout} s") from None
@@ -92,7 +103,7 @@ class TcpLink:
         index = 0
         while index < len(buffers):
             try:
-                sent = self._sock.sendmsg(buffers[index:index + IOV_MAX])
+                sent = self._sock.sendmsg(buffers[index : index + IOV_MAX])
             except (BlockingIOError, InterruptedError):
                 await self._writable()
                 continue
@@ -149,15 +160,27 @@ class TcpLink:
             self._lost_reason = "link closed"
 
 
-async def _connect_and_handshake(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: tuple[str, int],
-                                 sender_id: str, layout: PoolLayout, secret: SharedSecret | None, peer_id: str) -> None:
+async def _connect_and_handshake(
+    loop: asyncio.AbstractEventLoop,
+    sock: socket.socket,
+    address: tuple[str, int],
+    sender_id: str,
+    layout: PoolLayout,
+    secret: SharedSecret | None,
+    peer_id: str,
+) -> None:
     await loop.sock_connect(sock, address)
     challenge = await _read_message(loop, sock, peer_id)
     if not isinstance(challenge, Challenge):
         raise ConnectionError(f"{peer_id} opened the KV link with {type(challenge).__name__}, not a challenge")
     nonce = new_nonce()
-    hello = Hello(sender_id, layout.num_layers, layout.block_bytes, nonce,
-                  sender_proof(secret, challenge.nonce, nonce, sender_id, layout.num_layers, layout.block_bytes))
+    hello = Hello(
+        sender_id,
+        layout.num_layers,
+        layout.block_bytes,
+        nonce,
+        sender_proof(secret, challenge.nonce, nonce, sender_id, layout.num_layers, layout.block_bytes),
+    )
     await loop.sock_sendall(sock, encode_frame(hello))
     answer = await _read_message(loop, sock, peer_id)
     match answer:
@@ -168,8 +191,9 @@ async def _connect_and_handshake(loop: asyncio.AbstractEventLoop, sock: socket.s
                 return
             if not proof:
                 raise ConnectionError(f"{peer_id} has no cluster secret configured; refusing to send it KV")
-            if len(challenge.nonce) != NONCE_BYTES or not secret.verify(proof, RECEIVER_LABEL, challenge.nonce,
-                                                                          nonce, sender_id):
+            if len(challenge.nonce) != NONCE_BYTES or not secret.verify(
+                proof, RECEIVER_LABEL, challenge.nonce, nonce, sender_id
+            ):
                 raise ConnectionError(f"{peer_id} did not prove the cluster secret; refusing to send it KV")
         case _:
             raise ConnectionError(f"{peer_id} answered the KV handshake with {type(answer).__name__}")
@@ -193,12 +217,14 @@ async def _read_exactly(loop: asyncio.AbstractEventLoop, sock: socket.socket, si
             raise ConnectionError(f"{peer_id} closed the KV link during the handshake")
         data += chunk
     return bytes(data)
+
+
 def _split(buffers: list[memoryview], at: int) -> tuple[list[memoryview], list[memoryview]]:
     """The buffers cut into the first `at` bytes and the rest."""
     first: list[memoryview] = []
     for index, buffer in enumerate(buffers):
         if at < len(buffer):
-            return first + [buffer[:at]], [buffer[at:], *buffers[index + 1:]]
+            return first + [buffer[:at]], [buffer[at:], *buffers[index + 1 :]]
         first.append(buffer)
         at -= len(buffer)
     return first, []

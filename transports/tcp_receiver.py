@@ -108,8 +108,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
         if evicted is not None:
             evicted.close()
         self._transport.write(encode_frame(Challenge(self._challenge)))
-        self._handshake_timer = asyncio.get_running_loop().call_later(self._setup.handshake_timeout_s,
-                                                                      self._handshake_expired)
+        self._handshake_timer = asyncio.get_running_loop().call_later(
+            self._setup.handshake_timeout_s, self._handshake_expired
+        )
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._state == "payload":
@@ -118,10 +119,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
             offset, length = self._targets[self._target_index]
             left = length - self._filled
             if self._dropping:
-                return self._discard[:min(left, DISCARD_BYTES)]
+                return self._discard[: min(left, DISCARD_BYTES)]
             start = offset + self._filled
-            return self._pool_view[start:start + left]
-        return self._small_view[self._filled:]
+            return self._pool_view[start : start + left]
+        return self._small_view[self._filled :]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._filled += nbytes
@@ -159,8 +160,10 @@ class FrameReceiver(asyncio.BufferedProtocol):
     def _on_prefix(self) -> None:
         (length,) = PREFIX.unpack(self._prefix)
         if not 0 < length <= len(self._header):
-            self._violation(f"header length {length} outside (0, {len(self._header)}]"
-                            + ("" if self.peer_id is not None else " before the handshake"))
+            self._violation(
+                f"header length {length} outside (0, {len(self._header)}]"
+                + ("" if self.peer_id is not None else " before the handshake")
+            )
             return
         self._state = "header"
         self._small_view = memoryview(self._header)[:length]
@@ -201,15 +204,22 @@ class FrameReceiver(asyncio.BufferedProtocol):
                 self._refuse(hello.peer_id, "the sender has no cluster secret; this instance requires one")
                 return
             if len(hello.nonce) != NONCE_BYTES or not secret.verify(
-                    hello.proof, SENDER_LABEL, self._challenge, hello.nonce, hello.peer_id, hello.num_layers,
-                    hello.block_bytes):
+                hello.proof,
+                SENDER_LABEL,
+                self._challenge,
+                hello.nonce,
+                hello.peer_id,
+                hello.num_layers,
+                hello.block_bytes,
+            ):
                 self._refuse(hello.peer_id, "the sender's proof of the cluster secret is wrong (the secrets differ)")
                 return
         self.peer_id = hello.peer_id
         self._handshake_timer.cancel()
         self._setup.slots.establish(self)
-        self._transport.write(encode_frame(HelloAck(receiver_proof(secret, self._challenge, hello.nonce,
-                                                                   hello.peer_id))))
+        self._transport.write(
+            encode_frame(HelloAck(receiver_proof(secret, self._challenge, hello.nonce, hello.peer_id)))
+        )
         self._header = bytearray(self._setup.max_header_bytes)
         self._expect_prefix()
 
@@ -232,8 +242,9 @@ class FrameReceiver(asyncio.BufferedProtocol):
         if header.num_bytes > self._max_payload_bytes:
             self._violation(f"payload of {header.num_bytes} bytes exceeds the {self._max_payload_bytes}-byte cap")
             return
-        verdict, reason = self._ledger.check_write(self.peer_id, header.request_id, header.layer, header.runs,
-                                                   header.num_bytes)
+        verdict, reason = self._ledger.check_write(
+            self.peer_id, header.request_id, header.layer, header.runs, header.num_bytes
+        )
         if verdict is Verdict.REJECT:
             self._violation(reason)
             return

@@ -20,21 +20,21 @@ from typing import Callable, NamedTuple
 import msgspec
 
 from minipd.transports import fault_points
-from minipd.transports.ends_after_headers import EndsAfterHeaders
 from minipd.transports.block_run import BlockRun
+from minipd.transports.ends_after_headers import EndsAfterHeaders
 from minipd.transports.errors import TransferError
 from minipd.transports.link_auth import HeaderSeal
-from minipd.transports.messages import (MAX_HEADER_BYTES, Abort, Finish, LayerHeader, Message,
-                                        PoolDescription)
+from minipd.transports.messages import MAX_HEADER_BYTES, Abort, Finish, LayerHeader, Message, PoolDescription
 from minipd.transports.pool_layout import pool_bytes
 from minipd.transports.receive_ledger import Expected, Verdict
-
 from minipd.transports.ucx_progress import MAX_POLL_S, ProgressDriver, detach_ucxx_progress, ucx_worker
 
-import ucxx  # noqa: E402,I001  (after ucx_progress has set UCX's environment)
+# isort: off
+import ucxx  # noqa: E402  (after ucx_progress has set UCX's environment)
 from ucxx._lib.arr import Array  # noqa: E402
 from ucxx._lib.libucxx import UCXEndpoint  # noqa: E402
 from ucxx.types import Tag, TagMaskFull  # noqa: E402
+# isort: on
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,8 @@ class UcxTransport(EndsAfterHeaders):
         worker = ucx_worker()
         address = ucxx.get_ucx_address_from_buffer(peer.endpoint)
         self._endpoints[peer.instance_id] = UCXEndpoint.create_from_worker_address(
-            worker, address, False)  # endpoint error handling off: shared memory, not TCP
+            worker, address, False
+        )  # endpoint error handling off: shared memory, not TCP
         worker.progress()
 
     # ---- sender ------------------------------------------------------------------------
@@ -194,7 +195,7 @@ class UcxTransport(EndsAfterHeaders):
         requests = []
         for index, run in enumerate(runs):
             start = self.layout.offset(layer, run.src_start)
-            regions.append(Array(self._bytes[start:start + run.num_blocks * block_bytes]))
+            regions.append(Array(self._bytes[start : start + run.num_blocks * block_bytes]))
             requests.append(endpoint.tag_send(regions[-1], Tag(tag_base + index)))
         try:
             await self._bounded_wait(requests, peer_id, request_id, "the payload to be received")
@@ -207,8 +208,9 @@ class UcxTransport(EndsAfterHeaders):
         try:
             await asyncio.wait_for(self._progress.wait(requests), self.stall_timeout_s)
         except TimeoutError:
-            raise TransferError(peer_id, request_id, f"no progress waiting for {what} for "
-                                                     f"{self.stall_timeout_s} s") from None
+            raise TransferError(
+                peer_id, request_id, f"no progress waiting for {what} for {self.stall_timeout_s} s"
+            ) from None
 
     async def _send_end(self, peer_id: str, request_id: str, num_bytes: int | None) -> None:
         message = Abort(request_id) if num_bytes is None else Finish(request_id, num_bytes)
@@ -219,8 +221,9 @@ class UcxTransport(EndsAfterHeaders):
     def _post_header(self, endpoint, message: Message, reply_to: bool = False):
         """Post a header send; returns (buffer, request): the caller keeps the buffer alive until
         the request completes."""
-        body = self._seal.seal(_envelope_encoder.encode(Envelope(self.instance_id, message,
-                                                                 self._address if reply_to else b"")))
+        body = self._seal.seal(
+            _envelope_encoder.encode(Envelope(self.instance_id, message, self._address if reply_to else b""))
+        )
         if len(body) + PREFIX.size > MAX_HEADER_BYTES:
             raise ValueError(f"header of {len(body)} bytes exceeds the {MAX_HEADER_BYTES}-byte cap")
         buffer = Array(bytearray(PREFIX.pack(len(body)) + body))
@@ -245,13 +248,14 @@ class UcxTransport(EndsAfterHeaders):
         worker = ucx_worker()
         view = memoryview(self._header_buffer)
         while True:
-            await self._progress.wait([worker.tag_recv(Array(self._header_buffer), Tag(HEADER_TAG), TagMaskFull)],
-                                      self._header_poll_s)
+            await self._progress.wait(
+                [worker.tag_recv(Array(self._header_buffer), Tag(HEADER_TAG), TagMaskFull)], self._header_poll_s
+            )
             (length,) = PREFIX.unpack_from(view)
             try:
                 if length > MAX_HEADER_BYTES - PREFIX.size:
                     raise msgspec.DecodeError(f"header length {length} over the cap")
-                body = self._seal.open(view[PREFIX.size:PREFIX.size + length])
+                body = self._seal.open(view[PREFIX.size : PREFIX.size + length])
                 if body is None:  # checked before anything is posted into the pool
                     logger.warning("dropping a ucx header that does not prove the cluster secret")
                     continue
@@ -279,8 +283,9 @@ class UcxTransport(EndsAfterHeaders):
                 logger.warning("ignoring unexpected %s from %r", type(message).__name__, peer_id)
 
     def _on_layer(self, peer_id: str, header: LayerHeader, reply_to: bytes) -> None:
-        verdict, reason = self._ledger.check_write(peer_id, header.request_id, header.layer, header.runs,
-                                                   header.num_bytes)
+        verdict, reason = self._ledger.check_write(
+            peer_id, header.request_id, header.layer, header.runs, header.num_bytes
+        )
         worker = ucx_worker()
         block_bytes = self.layout.block_bytes
         ready_tag = header.tag_base + len(header.runs)
@@ -297,7 +302,7 @@ class UcxTransport(EndsAfterHeaders):
         regions, requests = [], []
         for index, (dst_start, count) in enumerate(header.runs):
             start = self.layout.offset(header.layer, dst_start)
-            regions.append(Array(self._bytes[start:start + count * block_bytes]))
+            regions.append(Array(self._bytes[start : start + count * block_bytes]))
             requests.append(worker.tag_recv(regions[-1], Tag(header.tag_base + index), TagMaskFull))
         task = asyncio.get_running_loop().create_task(self._land(regions, requests))
         token = self._ledger.begin_landing(header.request_id)
@@ -320,7 +325,8 @@ class UcxTransport(EndsAfterHeaders):
                 self._lost_endpoints.append(known[1])  # the sender restarted; never close (may block)
             try:
                 endpoint = UCXEndpoint.create_from_worker_address(
-                    ucx_worker(), ucxx.get_ucx_address_from_buffer(address), False)
+                    ucx_worker(), ucxx.get_ucx_address_from_buffer(address), False
+                )
             except Exception as exc:  # a malformed address from the wire
                 logger.warning("cannot reach ucx sender %r: %s", peer_id, exc)
                 return False

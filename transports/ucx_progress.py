@@ -32,9 +32,10 @@ class ProgressDriver:
     It spins (yielding to the loop) while requests keep completing at least every SPIN_S,
     then polls with a sleep that doubles up to the smallest `max_poll_s()` of the waiters (an
     idle cap, above MAX_POLL_S, applies at once); a new waiter or `wake()` restarts the spin.
-    The blocking progress mode's epoll wake-ups alone are too coarse here: a wake-up per protocol step costs more than the move, and shared-memory
-    arrivals may only be seen at its 1 s fallback timer. The back-off keeps a stalled peer
-    from burning a core the other process needs."""
+    The blocking progress mode's epoll wake-ups alone are too coarse here: a wake-up per
+    protocol step costs more than the move, and shared-memory arrivals may only be seen at
+    its 1 s fallback timer. The back-off keeps a stalled peer from burning a core the other
+    process needs."""
 
     def __init__(self) -> None:
         self._waiters: list[tuple[list, asyncio.Future, Callable[[], float]]] = []

@@ -1,14 +1,14 @@
 """The load generator behind the serving experiments (`bench.py serve|slo|linkbw|crossover`).
 
-    strict_openai   responses checked against the openai package's models
-    client          one streamed completion, timed as vllm bench serve times it
-    prompts, corpus, tokenizer_source   prompts of a requested token length
-    runner, measure one workload against endpoints: warm-up, pacing, records, summary
-    records, slo, stats, goodput        per-request metrics, SLOs, summaries, goodput
-    rate_sweep      request-rate sweeps of several deployments, interleaved
-    deployments, processes, signals     minipd started through its command line, always stopped
-    netns, netns_cluster                a tc-shaped veth between network namespaces for the KV
-    crossover_model, probes, model_facts, server_metrics   the crossover's model and probes
-    host_load       how much of the machine other jobs took during a run
-    options, plotting                   shared flags and figures
+strict_openai   responses checked against the openai package's models
+client          one streamed completion, timed as vllm bench serve times it
+prompts, corpus, tokenizer_source   prompts of a requested token length
+runner, measure one workload against endpoints: warm-up, pacing, records, summary
+records, slo, stats, goodput        per-request metrics, SLOs, summaries, goodput
+rate_sweep      request-rate sweeps of several deployments, interleaved
+deployments, processes, signals     minipd started through its command line, always stopped
+netns, netns_cluster                a tc-shaped veth between network namespaces for the KV
+crossover_model, probes, model_facts, server_metrics   the crossover's model and probes
+host_load       how much of the machine other jobs took during a run
+options, plotting                   shared flags and figures
 """

@@ -28,8 +28,15 @@ MAX_ERROR_CHARS = 300
 
 
 def completion_body(model: str, prompt: str, output_len: int) -> dict:
-    return {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
 
 
 async def served_model(session: aiohttp.ClientSession, base_url: str) -> str:
@@ -51,8 +58,9 @@ def _error_text(status: int, body: bytes) -> str:
     return f"HTTP {status}: {message}"[:MAX_ERROR_CHARS]
 
 
-async def send_completion(session: aiohttp.ClientSession, record: RequestRecord, model: str, prompt: str,
-                          timeout_s: float) -> RequestRecord:
+async def send_completion(
+    session: aiohttp.ClientSession, record: RequestRecord, model: str, prompt: str, timeout_s: float
+) -> RequestRecord:
     """Send one streamed completion and fill `record`'s measurements in (and return it)."""
     start = time.perf_counter()
     try:
@@ -67,8 +75,7 @@ async def send_completion(session: aiohttp.ClientSession, record: RequestRecord,
     return record
 
 
-async def _stream(session: aiohttp.ClientSession, record: RequestRecord, model: str, prompt: str,
-                  start: float) -> None:
+async def _stream(session: aiohttp.ClientSession, record: RequestRecord, model: str, prompt: str, start: float) -> None:
     body = completion_body(model, prompt, record.output_len)
     async with session.post(f"{record.url}/v1/completions", json=body) as response:
         if response.status != 200:
@@ -80,7 +87,7 @@ async def _stream(session: aiohttp.ClientSession, record: RequestRecord, model: 
             line = line.strip()
             if not line.startswith(SSE_DATA):
                 continue
-            payload = line[len(SSE_DATA):].strip()
+            payload = line[len(SSE_DATA) :].strip()
             if payload == SSE_DONE:
                 break
             raw = json.loads(payload)

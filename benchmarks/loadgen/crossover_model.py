@@ -62,8 +62,9 @@ def stall_s(stream_times: Sequence[float], start: float, end: float, undisturbed
     return lost
 
 
-def measured_crossover_gbps(link_gbps: Sequence[float], extra_ttft_s: Sequence[float],
-                            interference_s: float) -> float | None:
+def measured_crossover_gbps(
+    link_gbps: Sequence[float], extra_ttft_s: Sequence[float], interference_s: float
+) -> float | None:
     """The first bandwidth, going from generous to starved, at which the extra TTFT reaches
     `interference_s`, interpolated in 1/bandwidth from an unlimited link (extra TTFT 0 at
     1/B = 0); None when it never does within the sweep."""

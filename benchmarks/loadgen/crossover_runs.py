@@ -52,8 +52,15 @@ def _session() -> aiohttp.ClientSession:
     return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
 
 
-async def interference(url: str, prompt_lens: Sequence[int], repeats: int, builder: PromptBuilder,
-                       background_tokens: int, timeout_s: float, guard: QuietGuard | None = None) -> Interference:
+async def interference(
+    url: str,
+    prompt_lens: Sequence[int],
+    repeats: int,
+    builder: PromptBuilder,
+    background_tokens: int,
+    timeout_s: float,
+    guard: QuietGuard | None = None,
+) -> Interference:
     guard = guard or QuietGuard()
     stalls: dict[int, list[float]] = {n: [] for n in prompt_lens}
     gaps: dict[int, list[float]] = {n: [] for n in prompt_lens}
@@ -82,8 +89,16 @@ async def interference(url: str, prompt_lens: Sequence[int], repeats: int, build
     return Interference(*([statistics.median(d[n]) for n in prompt_lens] for d in (stalls, gaps, ttfts)))
 
 
-async def extra_ttft(baseline: Link, links: Sequence[Link], prompt_lens: Sequence[int], repeats: int,
-                     builder: PromptBuilder, tag: str, timeout_s: float, guard: QuietGuard | None = None) -> ExtraTtft:
+async def extra_ttft(
+    baseline: Link,
+    links: Sequence[Link],
+    prompt_lens: Sequence[int],
+    repeats: int,
+    builder: PromptBuilder,
+    tag: str,
+    timeout_s: float,
+    guard: QuietGuard | None = None,
+) -> ExtraTtft:
     guard = guard or QuietGuard()
     base: dict[int, list[float]] = {n: [] for n in prompt_lens}
     extra: dict[float, dict[int, list[float]]] = {link.gbps: {n: [] for n in prompt_lens} for link in links}
@@ -117,6 +132,8 @@ async def extra_ttft(baseline: Link, links: Sequence[Link], prompt_lens: Sequenc
                 kv[n] += kv_bytes
                 for link in links:
                     extra[link.gbps][n].append(ttft[link.gbps] - ttft[None])
-    return ExtraTtft({g: [statistics.median(per_len[n]) for n in prompt_lens] for g, per_len in extra.items()},
-                     [statistics.median(base[n]) for n in prompt_lens],
-                     [statistics.median(kv[n]) if kv[n] else None for n in prompt_lens])
+    return ExtraTtft(
+        {g: [statistics.median(per_len[n]) for n in prompt_lens] for g, per_len in extra.items()},
+        [statistics.median(base[n]) for n in prompt_lens],
+        [statistics.median(kv[n]) if kv[n] else None for n in prompt_lens],
+    )

@@ -43,10 +43,19 @@ class ServerOptions(msgspec.Struct, frozen=True, kw_only=True):
     extra_flags: tuple[str, ...] = ()
 
     def engine_flags(self) -> list[str]:
-        flags = ["--model", self.model, "--torch-threads", str(self.torch_threads),
-                 "--max-model-len", str(self.max_model_len)]
-        optional = (("--num-blocks", self.num_blocks), ("--max-num-batched-tokens", self.max_num_batched_tokens),
-                    ("--max-num-seqs", self.max_num_seqs))
+        flags = [
+            "--model",
+            self.model,
+            "--torch-threads",
+            str(self.torch_threads),
+            "--max-model-len",
+            str(self.max_model_len),
+        ]
+        optional = (
+            ("--num-blocks", self.num_blocks),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens),
+            ("--max-num-seqs", self.max_num_seqs),
+        )
         for flag, value in optional:
             if value is not None:
                 flags += [flag, str(value)]
@@ -97,34 +106,74 @@ def launcher_supports(flag: str) -> bool:
     """Whether `minipd --role cluster` has `flag` (asked once, from its --help)."""
     command = tuple(minipd_command())
     if command not in _launcher_flags:
-        _launcher_flags[command] = subprocess.run([*command, "--role", "cluster", "--help"], capture_output=True,
-                                                  text=True, timeout=READY_TIMEOUT_S).stdout
+        _launcher_flags[command] = subprocess.run(
+            [*command, "--role", "cluster", "--help"], capture_output=True, text=True, timeout=READY_TIMEOUT_S
+        ).stdout
     return flag in _launcher_flags[command]
 
 
-def start_colocated(processes: Processes, options: ServerOptions, num_instances: int,
-                    launch: str = "auto") -> Deployment:
+def start_colocated(
+    processes: Processes, options: ServerOptions, num_instances: int, launch: str = "auto"
+) -> Deployment:
     """`launch`: "router" (needs `--num-colocated`), "separate", or "auto" (router when possible)."""
     if launch == "auto":
         launch = "router" if launcher_supports(NUM_COLOCATED_FLAG) else "separate"
     if launch == "router":
-        argv = [*minipd_command(), "--role", "cluster", NUM_COLOCATED_FLAG, str(num_instances), "--num-prefill", "0",
-                "--num-decode", "0", "--http-port", "0", "--transport", options.transport, *options.engine_flags()]
-        return Deployment([start_server(processes, "colocated-cluster", argv)], "colocated",
-                          f"minipd --role cluster {NUM_COLOCATED_FLAG} {num_instances}")
+        argv = [
+            *minipd_command(),
+            "--role",
+            "cluster",
+            NUM_COLOCATED_FLAG,
+            str(num_instances),
+            "--num-prefill",
+            "0",
+            "--num-decode",
+            "0",
+            "--http-port",
+            "0",
+            "--transport",
+            options.transport,
+            *options.engine_flags(),
+        ]
+        return Deployment(
+            [start_server(processes, "colocated-cluster", argv)],
+            "colocated",
+            f"minipd --role cluster {NUM_COLOCATED_FLAG} {num_instances}",
+        )
     if launch != "separate":
         raise ValueError(f"colocated launch: {launch!r} is not one of auto, router, separate")
-    urls = [start_server(processes, f"colocated-{i}",
-                         [*minipd_command(), "--role", "both", "--port", "0", *options.engine_flags()])
-            for i in range(num_instances)]
+    urls = [
+        start_server(
+            processes, f"colocated-{i}", [*minipd_command(), "--role", "both", "--port", "0", *options.engine_flags()]
+        )
+        for i in range(num_instances)
+    ]
     return Deployment(urls, "colocated", f"{num_instances} x minipd --role both (client round robin)")
 
 
-def start_disaggregated(processes: Processes, options: ServerOptions, num_prefill: int = 1, num_decode: int = 1,
-                        link_gbps: float | None = None, router_flags: tuple[str, ...] = ()) -> Deployment:
-    argv = [*minipd_command(), "--role", "cluster", "--num-prefill", str(num_prefill), "--num-decode",
-            str(num_decode), "--http-port", "0", "--transport", options.transport, *options.engine_flags(),
-            *router_flags]
+def start_disaggregated(
+    processes: Processes,
+    options: ServerOptions,
+    num_prefill: int = 1,
+    num_decode: int = 1,
+    link_gbps: float | None = None,
+    router_flags: tuple[str, ...] = (),
+) -> Deployment:
+    argv = [
+        *minipd_command(),
+        "--role",
+        "cluster",
+        "--num-prefill",
+        str(num_prefill),
+        "--num-decode",
+        str(num_decode),
+        "--http-port",
+        "0",
+        "--transport",
+        options.transport,
+        *options.engine_flags(),
+        *router_flags,
+    ]
     if link_gbps is not None:
         argv += ["--link-gbps", f"{link_gbps:g}"]
     launch = f"minipd --role cluster --num-prefill {num_prefill} --num-decode {num_decode}"

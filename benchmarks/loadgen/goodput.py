@@ -27,8 +27,9 @@ class Goodput(NamedTuple):
     above_range: bool = False
 
 
-def goodput_from_sweep(rates: Sequence[float], attainments: Sequence[float],
-                       target: float = ATTAINMENT_TARGET) -> Goodput:
+def goodput_from_sweep(
+    rates: Sequence[float], attainments: Sequence[float], target: float = ATTAINMENT_TARGET
+) -> Goodput:
     if len(rates) != len(attainments) or not rates:
         raise ValueError("goodput: need one attainment per rate, and at least one rate")
     points = sorted(zip(rates, attainments))
@@ -55,8 +56,9 @@ class BisectionResult(NamedTuple):
     probes: list[Probe]  # every measurement, in the order taken
 
 
-def bisect_goodput(measure: Callable[[float], float], low: float, high: float, steps: int,
-                   target: float = ATTAINMENT_TARGET) -> BisectionResult:
+def bisect_goodput(
+    measure: Callable[[float], float], low: float, high: float, steps: int, target: float = ATTAINMENT_TARGET
+) -> BisectionResult:
     """Measure `low` and `high`, then halve [passing, failing] `steps` times.
 
     If `low` already fails the result is 0 (`below_range`); if `high` passes, `high` (a lower
@@ -95,8 +97,9 @@ class BandwidthThreshold(NamedTuple):
     always_fails: bool = False
 
 
-def bandwidth_threshold(link_gbps: Sequence[float], attainments: Sequence[float],
-                        target: float = ATTAINMENT_TARGET) -> BandwidthThreshold:
+def bandwidth_threshold(
+    link_gbps: Sequence[float], attainments: Sequence[float], target: float = ATTAINMENT_TARGET
+) -> BandwidthThreshold:
     """Going from generous to starved, the first bandwidth at which attainment falls below
     `target` (as `goodput_from_sweep` does for rising rates, on the transfer time 1/bandwidth)."""
     found = goodput_from_sweep([1 / g for g in link_gbps], attainments, target)

@@ -115,8 +115,12 @@ class QuietGuard:
     def _repeat(self, share: float, attempt: int) -> bool:
         if self.max_share is None or share <= self.max_share or attempt == self.max_reruns:
             return False
-        print(f"minipd-bench: other jobs took {share:.0%} of the machine during that measurement (limit "
-              f"{self.max_share:.0%}); repeating it when they calm down", file=sys.stderr, flush=True)
+        print(
+            f"minipd-bench: other jobs took {share:.0%} of the machine during that measurement (limit "
+            f"{self.max_share:.0%}); repeating it when they calm down",
+            file=sys.stderr,
+            flush=True,
+        )
         return True
 
     def wait_for_quiet(self) -> bool:

@@ -45,8 +45,14 @@ class Measured(NamedTuple):
         return percentile([gap * MS_PER_S for r in self.records if r.success for gap in r.itl_s], p)
 
 
-def measure(urls: Sequence[str], specs: Sequence[RequestSpec], builder: PromptBuilder, run_tag: str,
-            config: RunnerConfig, slo: SLO = SLO()) -> Measured:
+def measure(
+    urls: Sequence[str],
+    specs: Sequence[RequestSpec],
+    builder: PromptBuilder,
+    run_tag: str,
+    config: RunnerConfig,
+    slo: SLO = SLO(),
+) -> Measured:
     """Run `specs` against `urls` and summarize; warns when the server counted prompts otherwise.
     A run that other jobs disturbed beyond `config.max_foreign_cpu` is repeated (new prompts)."""
     guard = QuietGuard(config.max_foreign_cpu, config.quiet_wait_s, config.max_reruns)
@@ -58,14 +64,29 @@ def measure(urls: Sequence[str], specs: Sequence[RequestSpec], builder: PromptBu
 
     result, foreign, reruns = guard.measure(attempt)
     if result.num_prompt_len_mismatches:
-        print(f"warning: {run_tag}: the server counted {result.num_prompt_len_mismatches} of {len(specs)} prompts "
-              "at another length than requested (is --tokenizer the served model's?)", file=sys.stderr)
+        print(
+            f"warning: {run_tag}: the server counted {result.num_prompt_len_mismatches} of {len(specs)} prompts "
+            "at another length than requested (is --tokenizer the served model's?)",
+            file=sys.stderr,
+        )
     return Measured(result, summarize(result.records, result.duration_s, slo), foreign, reruns)
 
 
 def record_rows(records: Sequence[RequestRecord]) -> list[dict]:
     """Per-request figures for the JSON (milliseconds)."""
-    return [{"index": r.index, "sent_s": r.sent_s, "success": r.success, "error": r.error,
-             "prompt_len": r.prompt_len, "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
-             "ttft_ms": r.ttft_s * MS_PER_S, "tpot_ms": r.tpot_s * MS_PER_S, "e2el_ms": r.e2el_s * MS_PER_S,
-             "itl_ms": [gap * MS_PER_S for gap in r.itl_s]} for r in records]
+    return [
+        {
+            "index": r.index,
+            "sent_s": r.sent_s,
+            "success": r.success,
+            "error": r.error,
+            "prompt_len": r.prompt_len,
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+            "ttft_ms": r.ttft_s * MS_PER_S,
+            "tpot_ms": r.tpot_s * MS_PER_S,
+            "e2el_ms": r.e2el_s * MS_PER_S,
+            "itl_ms": [gap * MS_PER_S for gap in r.itl_s],
+        }
+        for r in records
+    ]

@@ -142,8 +142,9 @@ class ShapedLink:
         _run("ip", "-n", d, "addr", "add", f"{x}.{KV_D}/{POINT_TO_POINT}", "dev", self.kv_d)
         # one unshaped control veth from the root namespace to each
         for ns, root_end, ns_end, root_host, ns_host, kv_host in (
-                (p, self.root_p, self.p_root, ROOT_P, NS_P_SIDE, KV_P),
-                (d, self.root_d, self.d_root, ROOT_D, NS_D_SIDE, KV_D)):
+            (p, self.root_p, self.p_root, ROOT_P, NS_P_SIDE, KV_P),
+            (d, self.root_d, self.d_root, ROOT_D, NS_D_SIDE, KV_D),
+        ):
             _run("ip", "link", "add", root_end, "type", "veth", "peer", "name", ns_end, "netns", ns)
             _run("ip", "addr", "add", f"{x}.{root_host}/{POINT_TO_POINT}", "dev", root_end)
             _run("ip", "-n", ns, "addr", "add", f"{x}.{ns_host}/{POINT_TO_POINT}", "dev", ns_end)
@@ -164,11 +165,25 @@ class ShapedLink:
             _run("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
             if delay_ms > 0:
                 try:
-                    _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "netem", "delay",
-                         f"{delay_ms}ms")
+                    _run(
+                        "tc",
+                        "-n",
+                        ns,
+                        "qdisc",
+                        "add",
+                        "dev",
+                        dev,
+                        "root",
+                        "handle",
+                        "1:",
+                        "netem",
+                        "delay",
+                        f"{delay_ms}ms",
+                    )
                 except NetnsError as exc:
-                    raise NetnsError(f"link delay: this kernel has no netem qdisc (sch_netem); use a delay of 0 "
-                                     f"({exc})") from None
+                    raise NetnsError(
+                        f"link delay: this kernel has no netem qdisc (sch_netem); use a delay of 0 ({exc})"
+                    ) from None
                 _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:", "handle", "10:", *tbf)
             else:
                 _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", *tbf)

@@ -48,9 +48,9 @@ class DecodeStream:
                 raise RuntimeError(f"decode stream: HTTP {response.status}: {(await response.read())[:300]!r}")
             async for line in response.content:
                 line = line.strip()
-                if not line.startswith(SSE_DATA) or line[len(SSE_DATA):].strip() == SSE_DONE:
+                if not line.startswith(SSE_DATA) or line[len(SSE_DATA) :].strip() == SSE_DONE:
                     continue
-                if parse_strict(json.loads(line[len(SSE_DATA):]), ResponseKind.COMPLETION_CHUNK).choices:
+                if parse_strict(json.loads(line[len(SSE_DATA) :]), ResponseKind.COMPLETION_CHUNK).choices:
                     self.times.append(time.perf_counter())
                     self._new_event.set()
 
@@ -61,8 +61,10 @@ class DecodeStream:
         while len(self.times) < target:
             if self._task.done():
                 error = self._task.exception() if not self._task.cancelled() else None
-                raise RuntimeError(f"the decode stream ended after {len(self.times)} tokens"
-                                   + (f": {error}" if error else "; raise --background-tokens"))
+                raise RuntimeError(
+                    f"the decode stream ended after {len(self.times)} tokens"
+                    + (f": {error}" if error else "; raise --background-tokens")
+                )
             self._new_event.clear()
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
@@ -77,8 +79,9 @@ class DecodeStream:
         return self._task is not None and self._task.done()
 
 
-async def probe_ttft(session: aiohttp.ClientSession, url: str, model: str, prompt: str, prompt_len: int,
-                     timeout_s: float) -> tuple[float, float]:
+async def probe_ttft(
+    session: aiohttp.ClientSession, url: str, model: str, prompt: str, prompt_len: int, timeout_s: float
+) -> tuple[float, float]:
     """(send time, first token time) of a one-token completion; RuntimeError if it fails."""
     record = RequestRecord(index=0, scheduled_s=0.0, sent_s=0.0, url=url, prompt_len=prompt_len, output_len=1)
     start = time.perf_counter()
@@ -88,8 +91,9 @@ async def probe_ttft(session: aiohttp.ClientSession, url: str, model: str, promp
     return start, start + record.ttft_s
 
 
-async def warm_up_and_calibrate(session: aiohttp.ClientSession, url: str, model: str, builder: PromptBuilder,
-                                prompt_len: int, timeout_s: float) -> None:
+async def warm_up_and_calibrate(
+    session: aiohttp.ClientSession, url: str, model: str, builder: PromptBuilder, prompt_len: int, timeout_s: float
+) -> None:
     """One unmeasured request; sets `builder.special_tokens` from the server's prompt count."""
     prompt = builder.prompt("warmup", 0, prompt_len)
     record = RequestRecord(index=-1, scheduled_s=0.0, sent_s=0.0, url=url, prompt_len=prompt_len, output_len=1)

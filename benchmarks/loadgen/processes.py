@@ -51,8 +51,15 @@ class ManagedProcess:
     def __init__(self, name: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None):
         self.name, self.argv, self.log_path = name, argv, log_path
         with open(log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
-                                            start_new_session=True, bufsize=0, env=env)
+            self.process = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                bufsize=0,
+                env=env,
+            )
         self.lines: collections.deque[str] = collections.deque(maxlen=KEPT_LINES)
         self._pending = b""
         self._drainer: threading.Thread | None = None
@@ -90,10 +97,12 @@ class ManagedProcess:
 
     def drain(self) -> None:
         """Keep reading stdout in the background, so a chatty child never blocks on a full pipe."""
+
         def run() -> None:
             stream = self.process.stdout
             while chunk := stream.read(READ_CHUNK_BYTES):
                 self.lines.extend(chunk.decode(errors="replace").splitlines())
+
         self._drainer = threading.Thread(target=run, name=f"drain-{self.name}", daemon=True)
         self._drainer.start()
 

@@ -34,25 +34,32 @@ class SweepResult(NamedTuple):
         """`rates`, `attainment` and `good_rps` (per SLO), `p90_ttft_ms`, `p90_itl_ms`, `goodput_rps`
         (per SLO), and how each run went."""
         points = self.points
-        return {"rates": [p.rate for p in points],
-                "attainment": {name: [p.measured.attainment(slo) for p in points] for name, slo in slos.items()},
-                "good_rps": {name: [p.measured.good_per_s(slo) for p in points] for name, slo in slos.items()},
-                "p90_ttft_ms": [p.measured.p90_ttft_ms() for p in points],
-                "p90_itl_ms": [p.measured.p90_itl_ms() for p in points],
-                "p99_itl_ms": [p.measured.itl_percentile_ms(99) for p in points],
-                "num_requests": [len(p.measured.records) for p in points],
-                "num_failed": [p.measured.summary.failed for p in points],
-                "duration_s": [p.measured.summary.duration_s for p in points],
-                "foreign_cpu": [p.measured.foreign_cpu for p in points],
-                "reruns": [p.measured.reruns for p in points],
-                "goodput_rps": dict(self.goodput),
-                "goodput_bracket": {name: list(b) for name, b in self.goodput_bracket.items()},
-                "goodput_flags": dict(self.goodput_flags)}
+        return {
+            "rates": [p.rate for p in points],
+            "attainment": {name: [p.measured.attainment(slo) for p in points] for name, slo in slos.items()},
+            "good_rps": {name: [p.measured.good_per_s(slo) for p in points] for name, slo in slos.items()},
+            "p90_ttft_ms": [p.measured.p90_ttft_ms() for p in points],
+            "p90_itl_ms": [p.measured.p90_itl_ms() for p in points],
+            "p99_itl_ms": [p.measured.itl_percentile_ms(99) for p in points],
+            "num_requests": [len(p.measured.records) for p in points],
+            "num_failed": [p.measured.summary.failed for p in points],
+            "duration_s": [p.measured.summary.duration_s for p in points],
+            "foreign_cpu": [p.measured.foreign_cpu for p in points],
+            "reruns": [p.measured.reruns for p in points],
+            "goodput_rps": dict(self.goodput),
+            "goodput_bracket": {name: list(b) for name, b in self.goodput_bracket.items()},
+            "goodput_flags": dict(self.goodput_flags),
+        }
 
 
-def sweep_rates(rates: list[float], runners: dict[str, Callable[[float, int], Measured]], slos: dict[str, SLO],
-                stop_below: float = DEFAULT_STOP_BELOW, bisect_steps: int = 0,
-                target: float = ATTAINMENT_TARGET) -> dict[str, SweepResult]:
+def sweep_rates(
+    rates: list[float],
+    runners: dict[str, Callable[[float, int], Measured]],
+    slos: dict[str, SLO],
+    stop_below: float = DEFAULT_STOP_BELOW,
+    bisect_steps: int = 0,
+    target: float = ATTAINMENT_TARGET,
+) -> dict[str, SweepResult]:
     """Sweep every deployment of `runners` (name -> `run_at(rate, run_number)`, run numbers
     unique per deployment) over the same rates, interleaved: at each rate every deployment
     runs once, in an order that alternates from rate to rate, so that the drift of a shared
@@ -60,23 +67,32 @@ def sweep_rates(rates: list[float], runners: dict[str, Callable[[float, int], Me
     points: dict[str, list[RatePoint]] = {name: [] for name in runners}
     active = list(runners)
     for step, rate in enumerate(sorted(rates)):
-        for name in (active if step % 2 == 0 else active[::-1]):
+        for name in active if step % 2 == 0 else active[::-1]:
             measured = runners[name](rate, len(points[name]))
             points[name].append(RatePoint(rate, measured))
-        active = [name for name in active
-                  if any(points[name][-1].measured.attainment(slo) >= stop_below for slo in slos.values())]
+        active = [
+            name
+            for name in active
+            if any(points[name][-1].measured.attainment(slo) >= stop_below for slo in slos.values())
+        ]
         if not active:
             break
     return {name: _goodputs(points[name], runners[name], slos, bisect_steps, target) for name in runners}
 
 
-def _goodputs(points: list[RatePoint], run_at: Callable[[float, int], Measured], slos: dict[str, SLO],
-              bisect_steps: int, target: float) -> SweepResult:
+def _goodputs(
+    points: list[RatePoint],
+    run_at: Callable[[float, int], Measured],
+    slos: dict[str, SLO],
+    bisect_steps: int,
+    target: float,
+) -> SweepResult:
     goodput, brackets, flags = {}, {}, {}
     for name, slo in slos.items():
         measured_points = sorted(points, key=lambda p: p.rate)
-        found = goodput_from_sweep([p.rate for p in measured_points],
-                                   [p.measured.attainment(slo) for p in measured_points], target)
+        found = goodput_from_sweep(
+            [p.rate for p in measured_points], [p.measured.attainment(slo) for p in measured_points], target
+        )
         if bisect_steps and not (found.below_range or found.above_range):
             cache = {p.rate: p.measured for p in points}
 

@@ -53,14 +53,22 @@ class WarmupFailed(RuntimeError):
     """The endpoint did not answer a warm-up request: measuring it would only record failures."""
 
 
-async def _warm_up(session: aiohttp.ClientSession, urls: Sequence[str], model: str, builder: PromptBuilder,
-                   first: RequestSpec, config: RunnerConfig, run_tag: str) -> int:
+async def _warm_up(
+    session: aiohttp.ClientSession,
+    urls: Sequence[str],
+    model: str,
+    builder: PromptBuilder,
+    first: RequestSpec,
+    config: RunnerConfig,
+    run_tag: str,
+) -> int:
     """Returns the special tokens the server adds (measured on the first warm-up request)."""
     special_tokens = builder.special_tokens
     for n, url in enumerate(u for u in urls for _ in range(max(1, config.num_warmup))):
         prompt = first.prompt or builder.prompt(f"{run_tag}-{WARMUP_TAG}", n, first.prompt_len)
-        record = RequestRecord(index=-1, scheduled_s=0.0, sent_s=0.0, url=url, prompt_len=first.prompt_len,
-                               output_len=first.output_len)
+        record = RequestRecord(
+            index=-1, scheduled_s=0.0, sent_s=0.0, url=url, prompt_len=first.prompt_len, output_len=first.output_len
+        )
         await send_completion(session, record, model, prompt, config.request_timeout_s)
         if not record.success:
             raise WarmupFailed(f"warm-up request to {url} failed: {record.error}")
@@ -71,12 +79,21 @@ async def _warm_up(session: aiohttp.ClientSession, urls: Sequence[str], model: s
 
 def _prompts(specs: Sequence[RequestSpec], builder: PromptBuilder, run_tag: str) -> list[tuple[str, int]]:
     """(prompt, prompt tokens the server should count) per request."""
-    return [(spec.prompt, builder.count(spec.prompt)) if spec.prompt is not None
-            else (builder.prompt(run_tag, i, spec.prompt_len), spec.prompt_len) for i, spec in enumerate(specs)]
+    return [
+        (spec.prompt, builder.count(spec.prompt))
+        if spec.prompt is not None
+        else (builder.prompt(run_tag, i, spec.prompt_len), spec.prompt_len)
+        for i, spec in enumerate(specs)
+    ]
 
 
-async def run_workload(urls: Sequence[str], specs: Sequence[RequestSpec], builder: PromptBuilder, run_tag: str,
-                       config: RunnerConfig = RunnerConfig()) -> RunResult:
+async def run_workload(
+    urls: Sequence[str],
+    specs: Sequence[RequestSpec],
+    builder: PromptBuilder,
+    run_tag: str,
+    config: RunnerConfig = RunnerConfig(),
+) -> RunResult:
     """`run_tag` must differ between runs against one server, so that no prompt repeats."""
     if not urls:
         raise ValueError("run_workload: no endpoint to send to")
@@ -96,8 +113,14 @@ async def run_workload(urls: Sequence[str], specs: Sequence[RequestSpec], builde
                 await limit.acquire()
             try:
                 prompt, prompt_len = prompts[i]
-                record = RequestRecord(index=i, scheduled_s=spec.arrival_s, sent_s=time.perf_counter() - start,
-                                       url=urls[i % len(urls)], prompt_len=prompt_len, output_len=spec.output_len)
+                record = RequestRecord(
+                    index=i,
+                    scheduled_s=spec.arrival_s,
+                    sent_s=time.perf_counter() - start,
+                    url=urls[i % len(urls)],
+                    prompt_len=prompt_len,
+                    output_len=spec.output_len,
+                )
                 return await send_completion(session, record, model, prompt, config.request_timeout_s)
             finally:
                 if limit is not None:
@@ -120,8 +143,11 @@ async def run_workload(urls: Sequence[str], specs: Sequence[RequestSpec], builde
             if progress is not None:
                 progress.close()
         duration = time.perf_counter() - start
-    mismatches = sum(1 for r in records if r.success and r.usage_reported
-                     and abs(r.prompt_tokens - r.prompt_len) > prompt_len_tolerance(r.prompt_len))
+    mismatches = sum(
+        1
+        for r in records
+        if r.success and r.usage_reported and abs(r.prompt_tokens - r.prompt_len) > prompt_len_tolerance(r.prompt_len)
+    )
     return RunResult(records, duration, model, builder.special_tokens, mismatches)
 
 

@@ -56,8 +56,11 @@ class SLO(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         if not record.success:
             return False
         measured = {"ttft": record.ttft_s, "tpot": record.tpot_s, "e2el": record.e2el_s}
-        return all(bound is None or measured[key] * MS_PER_S <= bound
-                   for key in SLO_KEYS if (bound := getattr(self, f"{key}_ms")) is not None)
+        return all(
+            bound is None or measured[key] * MS_PER_S <= bound
+            for key in SLO_KEYS
+            if (bound := getattr(self, f"{key}_ms")) is not None
+        )
 
     def __str__(self) -> str:
         return " ".join(self.items()) or "none"

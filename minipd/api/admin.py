@@ -76,9 +76,15 @@ class AdminRoutes:
 
     async def instances(self, request: web.Request) -> web.Response:
         handles = sorted(self.router.registry.alive(), key=lambda h: h.instance_id)
-        return _json({"instances": [{"instance": h.instance_id, "role": h.role.value, "epoch": h.epoch,
-                                     "switching": h.draining} for h in handles],
-                      "role_changes": msgspec.to_builtins(self.router.role_changes)})
+        return _json(
+            {
+                "instances": [
+                    {"instance": h.instance_id, "role": h.role.value, "epoch": h.epoch, "switching": h.draining}
+                    for h in handles
+                ],
+                "role_changes": msgspec.to_builtins(self.router.role_changes),
+            }
+        )
 
 
 class RouterCollector(Collector):
@@ -89,23 +95,30 @@ class RouterCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         router = self.router
-        switches = CounterMetricFamily("minipd_role_switches", "Completed in-place role switches",
-                                       labels=["instance", "from_role", "to_role"])
-        for (instance, src, dst), n in Counter((c.instance_id, c.from_role.value, c.to_role.value)
-                                               for c in router.role_changes).items():
+        switches = CounterMetricFamily(
+            "minipd_role_switches", "Completed in-place role switches", labels=["instance", "from_role", "to_role"]
+        )
+        for (instance, src, dst), n in Counter(
+            (c.instance_id, c.from_role.value, c.to_role.value) for c in router.role_changes
+        ).items():
             switches.add_metric([instance, src, dst], n)
-        last = GaugeMetricFamily("minipd_role_switch_seconds", "The last role switch: decision to serving in the "
-                                 "new role", labels=["drain"])
+        last = GaugeMetricFamily(
+            "minipd_role_switch_seconds", "The last role switch: decision to serving in the new role", labels=["drain"]
+        )
         if router.role_changes:
             report = router.role_changes[-1]
             last.add_metric(["included"], report.total_s)
             last.add_metric(["excluded"], report.excluding_drain_s)
-        epochs = GaugeMetricFamily("minipd_instance_role_epoch", "Role epoch of each instance (switches so far)",
-                                   labels=["instance"])
+        epochs = GaugeMetricFamily(
+            "minipd_instance_role_epoch", "Role epoch of each instance (switches so far)", labels=["instance"]
+        )
         for handle in router.registry.alive():
             epochs.add_metric([handle.instance_id], handle.epoch)
-        placements = CounterMetricFamily("minipd_local_prefill_decisions", "Where prompts were prefilled, by the "
-                                         "local-prefill policy's reason", labels=["placement"])
+        placements = CounterMetricFamily(
+            "minipd_local_prefill_decisions",
+            "Where prompts were prefilled, by the local-prefill policy's reason",
+            labels=["placement"],
+        )
         for placement in Placement:
             placements.add_metric([placement.value], router.placements[placement])
         stale = CounterMetricFamily("minipd_stale_epoch_retries", "Tries refused for a stale role epoch and retried")
@@ -115,7 +128,9 @@ class RouterCollector(Collector):
 
 def router_admin(router: Router) -> Callable[[web.Application], None]:
     """An app extension (`build_app(..., extensions=[...])`): the admin routes and the router's series."""
+
     def install(app: web.Application) -> None:
         AdminRoutes(router).install(app)
         app[METRICS_KEY].registry.register(RouterCollector(router))
+
     return install

@@ -34,11 +34,14 @@ class ApiKeyGuard:
         """Raise ApiError(401) unless `request` carries the key as a bearer token."""
         header = request.headers.get("Authorization", "")
         if not header:
-            raise _unauthorized("You didn't provide an API key. You need to provide your API key in an "
-                                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).", None)
-        if not header[:len(BEARER)].lower() == BEARER:
+            raise _unauthorized(
+                "You didn't provide an API key. You need to provide your API key in an "
+                "Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY).",
+                None,
+            )
+        if not header[: len(BEARER)].lower() == BEARER:
             raise _unauthorized("Authorization: expected `Bearer YOUR_API_KEY`.", "invalid_api_key")
-        presented = header[len(BEARER):].strip().encode(errors="surrogatepass")
+        presented = header[len(BEARER) :].strip().encode(errors="surrogatepass")
         if not hmac.compare_digest(presented, self._key):
             raise _unauthorized("Incorrect API key provided.", "invalid_api_key")
 

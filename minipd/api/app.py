@@ -86,8 +86,9 @@ def error_response(error: ApiError) -> web.Response:
     headers = dict(error.headers)
     if error.retry_after_s is not None:
         headers["Retry-After"] = str(error.retry_after_s)
-    response = web.Response(status=error.status, body=_encoder.encode(error.body()), content_type="application/json",
-                            headers=headers)
+    response = web.Response(
+        status=error.status, body=_encoder.encode(error.body()), content_type="application/json", headers=headers
+    )
     if error.close_connection:
         response.force_close()
     return response
@@ -110,8 +111,9 @@ async def _errors_middleware(request: web.Request, handler) -> web.StreamRespons
             message = f"{request.method} {request.path}: {exc.reason}"
         else:
             message = exc.text or exc.reason
-        return error_response(ApiError(exc.status, message, type=NOT_FOUND if exc.status == 404 else
-                                       "invalid_request_error"))
+        return error_response(
+            ApiError(exc.status, message, type=NOT_FOUND if exc.status == 404 else "invalid_request_error")
+        )
     except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception:
@@ -132,8 +134,9 @@ class _Routes:
         except asyncio.TimeoutError:
             ready = False
         if not ready:
-            raise ApiError(503, "not ready: an instance is not reachable", type=OVERLOADED,
-                           retry_after_s=self.retry_after_s)
+            raise ApiError(
+                503, "not ready: an instance is not reachable", type=OVERLOADED, retry_after_s=self.retry_after_s
+            )
         return _json({"status": "ok"})
 
     async def models(self, request: web.Request) -> web.Response:
@@ -158,11 +161,11 @@ def build_app(backend: ServingBackend, config: HttpConfig, extensions: Sequence[
     app[METRICS_KEY] = metrics
     backend.on_transfer_failure(lambda what: metrics.record_transfer_failure())
     app[CONFIG_KEY] = config
-    serving = OpenAIServing(backend, metrics, config.max_waiting_requests, config.retry_after_s,
-                            config.body_timeout_s)
+    serving = OpenAIServing(backend, metrics, config.max_waiting_requests, config.retry_after_s, config.body_timeout_s)
 
     async def close_serving(app: web.Application) -> None:
         serving.close()
+
     app.on_cleanup.append(close_serving)
     routes = _Routes(backend, metrics, config.retry_after_s)
     app.router.add_post("/v1/completions", serving.completions)
@@ -175,27 +178,38 @@ def build_app(backend: ServingBackend, config: HttpConfig, extensions: Sequence[
     return app
 
 
-async def start_http_server(app: web.Application, host: str, port: int,
-                            shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S) -> tuple[web.AppRunner, int]:
+async def start_http_server(
+    app: web.Application, host: str, port: int, shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
+) -> tuple[web.AppRunner, int]:
     """Serve `app` on host:port (0: a free port); returns the runner (call `cleanup()`) and the port."""
     # aiohttp closes a connection that idles `keepalive_timeout` while it waits for a request:
     # from its start, and headers that arrive partly do not count as a request
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout_s,
-                           keepalive_timeout=app[CONFIG_KEY].header_timeout_s)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout_s,
+        keepalive_timeout=app[CONFIG_KEY].header_timeout_s,
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
     return runner, runner.addresses[0][1]
 
 
-async def start_api(backend: ServingBackend, config: HttpConfig, out: TextIO = sys.stdout,
-                    extensions: Sequence[Extension] = ()) -> web.AppRunner:
+async def start_api(
+    backend: ServingBackend, config: HttpConfig, out: TextIO = sys.stdout, extensions: Sequence[Extension] = ()
+) -> web.AppRunner:
     """Serve the OpenAI API over `backend` and announce
     `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT` on `out` once the socket
     listens (a caller that asked for port 0 learns the port). The caller owns the runner
     (`await runner.cleanup()`)."""
-    runner, port = await start_http_server(build_app(backend, config, extensions), config.host, config.port,
-                                           config.shutdown_timeout_s)
-    print(f"minipd: serving the OpenAI API for {backend.model_name!r} on http://{config.host}:{port}", file=out,
-          flush=True)
+    runner, port = await start_http_server(
+        build_app(backend, config, extensions), config.host, config.port, config.shutdown_timeout_s
+    )
+    print(
+        f"minipd: serving the OpenAI API for {backend.model_name!r} on http://{config.host}:{port}",
+        file=out,
+        flush=True,
+    )
     return runner

@@ -62,9 +62,14 @@ class ChatTemplate:
     def render(self, messages: Sequence[ChatMessage], add_generation_prompt: bool = True) -> str:
         """The prompt text; a template that refuses the conversation is a 400 on `messages`."""
         plain: list[dict[str, Any]] = [
-            {"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages]
+            {"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in messages
+        ]
         try:
-            return self._template.render(messages=plain, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.bos_token, eos_token=self.eos_token)
+            return self._template.render(
+                messages=plain,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
         except jinja2.TemplateError as exc:
             raise bad_request("messages", f"the chat template refused them: {exc}") from exc

@@ -20,8 +20,13 @@ NOT_RUNNING_RETRY_AFTER_S = 1  # an engine that is not running yet is usually st
 class EngineBackend:
     """`ServingBackend` over one colocated engine (`--role both`), on the engine's loop."""
 
-    def __init__(self, engine: Engine, model_name: str, instance_name: str = "local",
-                 kv_admission_ratio: float | None = DEFAULT_KV_ADMISSION_RATIO):
+    def __init__(
+        self,
+        engine: Engine,
+        model_name: str,
+        instance_name: str = "local",
+        kv_admission_ratio: float | None = DEFAULT_KV_ADMISSION_RATIO,
+    ):
         validate_ratio(kv_admission_ratio)
         self.engine = engine
         self.kv_limit_blocks = claim_limit(kv_admission_ratio, engine.config.num_blocks)

@@ -42,9 +42,18 @@ class ApiError(Exception):
     not read, so the connection cannot carry another one).
     """
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, type: str = INVALID_REQUEST,
-                 code: str | None = None, retry_after_s: int | None = None, headers: dict[str, str] | None = None,
-                 close_connection: bool = False):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type: str = INVALID_REQUEST,
+        code: str | None = None,
+        retry_after_s: int | None = None,
+        headers: dict[str, str] | None = None,
+        close_connection: bool = False,
+    ):
         super().__init__(message)
         self.close_connection = close_connection
         self.status = status
@@ -71,7 +80,7 @@ def from_decode_error(exc: msgspec.DecodeError) -> ApiError:
     text = str(exc)
     match = _PATH_SUFFIX.search(text)
     path = match.group("path").lstrip(".") if match else ""
-    reason = text[:match.start()] if match else text
+    reason = text[: match.start()] if match else text
     named = _NAMED_FIELD.search(reason)
     if named:  # the message names a field inside the object at `path`
         path = f"{path}.{named.group('field')}" if path else named.group("field")

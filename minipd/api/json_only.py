@@ -18,5 +18,9 @@ def require_json(http_request: web.Request) -> None:
     """Raise ApiError 415 unless the request's Content-Type is application/json."""
     if http_request.content_type != JSON_CONTENT_TYPE:  # aiohttp: lower-cased, without parameters
         given = http_request.headers.get("Content-Type")
-        raise ApiError(415, f"Content-Type: expected {JSON_CONTENT_TYPE}, got {repr(given) if given else 'none'}",
-                       param="Content-Type", code="unsupported_media_type")
+        raise ApiError(
+            415,
+            f"Content-Type: expected {JSON_CONTENT_TYPE}, got {repr(given) if given else 'none'}",
+            param="Content-Type",
+            code="unsupported_media_type",
+        )

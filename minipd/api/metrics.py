@@ -27,8 +27,7 @@ from minipd.engine.request import FinishReason, RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                     120.0)
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.0)
 TRANSFER_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -46,20 +45,33 @@ class InstanceCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         running = GaugeMetricFamily("minipd_requests_running", "Requests running on an instance", labels=["instance"])
         waiting = GaugeMetricFamily("minipd_requests_waiting", "Requests waiting on an instance", labels=["instance"])
-        blocks = {state: GaugeMetricFamily(f"minipd_kv_blocks_{state}", text, labels=["instance"]) for state, text in (
-            ("total", "KV blocks in the instance's pool"),
-            ("free", "KV blocks with no reference (cached ones included)"),
-            ("used", "KV blocks referenced by a request"),
-            ("cached", "KV blocks registered in the prefix cache, used or free"))}
-        role = GaugeMetricFamily("minipd_instance_role", "1 for the role each instance has", labels=["instance", "role"])
-        stale = GaugeMetricFamily("minipd_instance_stats_stale", "1 while an instance's stats did not arrive in time "
-                                  "lately (its other gauges are then old)", labels=["instance"])
+        blocks = {
+            state: GaugeMetricFamily(f"minipd_kv_blocks_{state}", text, labels=["instance"])
+            for state, text in (
+                ("total", "KV blocks in the instance's pool"),
+                ("free", "KV blocks with no reference (cached ones included)"),
+                ("used", "KV blocks referenced by a request"),
+                ("cached", "KV blocks registered in the prefix cache, used or free"),
+            )
+        }
+        role = GaugeMetricFamily(
+            "minipd_instance_role", "1 for the role each instance has", labels=["instance", "role"]
+        )
+        stale = GaugeMetricFamily(
+            "minipd_instance_stats_stale",
+            "1 while an instance's stats did not arrive in time lately (its other gauges are then old)",
+            labels=["instance"],
+        )
         for instance in self._instance_stats():
             name, stats, usage = instance.name, instance.stats, instance.stats.blocks
             running.add_metric([name], stats.num_running)
             waiting.add_metric([name], stats.num_waiting)
-            for state, value in (("total", usage.num_blocks), ("free", usage.num_free), ("used", usage.num_used),
-                                 ("cached", usage.num_cached)):
+            for state, value in (
+                ("total", usage.num_blocks),
+                ("free", usage.num_free),
+                ("used", usage.num_used),
+                ("cached", usage.num_cached),
+            ):
                 blocks[state].add_metric([name], value)
             role.add_metric([name, instance.role.value], 1)
             stale.add_metric([name], int(instance.stale))
@@ -72,21 +84,37 @@ class ServingMetrics:
     def __init__(self, instance_stats: Callable[[], list[InstanceStats]]):
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.ttft = Histogram("minipd_time_to_first_token_seconds", "Arrival to first token", registry=r,
-                              buckets=LATENCY_BUCKETS_S)
-        self.itl = Histogram("minipd_inter_token_latency_seconds", "Gap between streamed token increments",
-                             registry=r, buckets=ITL_BUCKETS_S)
-        self.e2e = Histogram("minipd_e2e_request_latency_seconds", "Arrival to the last token", registry=r,
-                             buckets=LATENCY_BUCKETS_S)
-        self.queue = Histogram("minipd_request_queue_time_seconds", "Arrival to first scheduled, in the engine",
-                               registry=r, buckets=LATENCY_BUCKETS_S)
-        self.transfer = Histogram("minipd_kv_transfer_seconds", "Wall time of one request's KV transfer",
-                                  registry=r, buckets=TRANSFER_BUCKETS_S)
-        self.transfer_exposed = Histogram("minipd_kv_transfer_exposed_seconds",
-                                          "End of prefill compute to the last KV byte acknowledged", registry=r,
-                                          buckets=TRANSFER_BUCKETS_S)
-        self.requests = Counter("minipd_requests", "Finished requests by finish reason", ["finish_reason"],
-                                registry=r)
+        self.ttft = Histogram(
+            "minipd_time_to_first_token_seconds", "Arrival to first token", registry=r, buckets=LATENCY_BUCKETS_S
+        )
+        self.itl = Histogram(
+            "minipd_inter_token_latency_seconds",
+            "Gap between streamed token increments",
+            registry=r,
+            buckets=ITL_BUCKETS_S,
+        )
+        self.e2e = Histogram(
+            "minipd_e2e_request_latency_seconds", "Arrival to the last token", registry=r, buckets=LATENCY_BUCKETS_S
+        )
+        self.queue = Histogram(
+            "minipd_request_queue_time_seconds",
+            "Arrival to first scheduled, in the engine",
+            registry=r,
+            buckets=LATENCY_BUCKETS_S,
+        )
+        self.transfer = Histogram(
+            "minipd_kv_transfer_seconds",
+            "Wall time of one request's KV transfer",
+            registry=r,
+            buckets=TRANSFER_BUCKETS_S,
+        )
+        self.transfer_exposed = Histogram(
+            "minipd_kv_transfer_exposed_seconds",
+            "End of prefill compute to the last KV byte acknowledged",
+            registry=r,
+            buckets=TRANSFER_BUCKETS_S,
+        )
+        self.requests = Counter("minipd_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
         self.prompt_tokens = Counter("minipd_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("minipd_generation_tokens", "Generated tokens", registry=r)
         self.transfer_bytes = Counter("minipd_kv_transfer_bytes", "KV bytes transferred", registry=r)

@@ -28,8 +28,14 @@ DEFAULT_TOP_P = 1.0
 # field -> the neutral value, the only one (besides null) accepted for a known OpenAI
 # option that minipd does not implement
 UNSUPPORTED_AT_DEFAULT: dict[str, Any] = {
-    "presence_penalty": 0.0, "frequency_penalty": 0.0, "logprobs": False, "top_logprobs": 0,
-    "logit_bias": {}, "echo": False, "best_of": 1, "suffix": "",
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logprobs": False,
+    "top_logprobs": 0,
+    "logit_bias": {},
+    "echo": False,
+    "best_of": 1,
+    "suffix": "",
 }
 
 
@@ -81,7 +87,11 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
             max_tokens=max_tokens,
             temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
             top_p=DEFAULT_TOP_P if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0, seed=self.seed, stop=stop, ignore_eos=self.ignore_eos)
+            top_k=self.top_k or 0,
+            seed=self.seed,
+            stop=stop,
+            ignore_eos=self.ignore_eos,
+        )
 
 
 class CompletionRequest(GenerationRequest, kw_only=True):
@@ -129,6 +139,7 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
 
 # ---- responses -------------------------------------------------------------------------
 
+
 class PromptTokensDetails(msgspec.Struct):
     cached_tokens: int
 
@@ -141,8 +152,12 @@ class Usage(msgspec.Struct):
 
 
 def make_usage(num_prompt_tokens: int, num_output_tokens: int, num_cached_tokens: int) -> Usage:
-    return Usage(num_prompt_tokens, num_output_tokens, num_prompt_tokens + num_output_tokens,
-                 PromptTokensDetails(num_cached_tokens))
+    return Usage(
+        num_prompt_tokens,
+        num_output_tokens,
+        num_prompt_tokens + num_output_tokens,
+        PromptTokensDetails(num_cached_tokens),
+    )
 
 
 class CompletionChoice(msgspec.Struct):
@@ -155,6 +170,7 @@ class CompletionChoice(msgspec.Struct):
 # The response bodies carry OpenAI's `object` field as their msgspec tag: a tag is written on
 # every encode, so `omit_defaults` (which keeps `usage` out of stream chunks, as OpenAI's own
 # streams do without `include_usage`) can never drop it; clients reject bodies without it.
+
 
 class CompletionResponse(msgspec.Struct, omit_defaults=True, tag_field="object", tag="text_completion"):
     """A whole completion (`text_completion`) or one streamed chunk of it."""

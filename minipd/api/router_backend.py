@@ -48,10 +48,20 @@ class RouterBackend:
     def instance_stats(self) -> list[InstanceStats]:
         roles = {h.instance_id: h.role for h in self.router.registry.instances.values()}  # current after a switch
         stale = self.router.stale_instances()
-        return [InstanceStats(s.instance_id, roles.get(s.instance_id, s.role), EngineStats(
-            s.num_running, s.num_waiting, 0, BlockUsage(s.num_blocks, s.num_free_blocks, s.num_used_blocks,
-                                                        s.num_cached_blocks)), stale=s.instance_id in stale)
-                for s in self.router.instance_stats()]
+        return [
+            InstanceStats(
+                s.instance_id,
+                roles.get(s.instance_id, s.role),
+                EngineStats(
+                    s.num_running,
+                    s.num_waiting,
+                    0,
+                    BlockUsage(s.num_blocks, s.num_free_blocks, s.num_used_blocks, s.num_cached_blocks),
+                ),
+                stale=s.instance_id in stale,
+            )
+            for s in self.router.instance_stats()
+        ]
 
     def on_transfer_failure(self, callback: Callable[[str], None]) -> None:
         self.router.on_transfer_failure = callback

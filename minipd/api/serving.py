@@ -81,8 +81,9 @@ class CompletionFormat:
         return CompletionResponse(self.request_id, self.created, self.model, [], usage=usage)
 
     def whole(self, text: str, finish_reason: str | None, usage: Usage | None) -> CompletionResponse:
-        return CompletionResponse(self.request_id, self.created, self.model,
-                                  [CompletionChoice(0, text, finish_reason)], usage=usage)
+        return CompletionResponse(
+            self.request_id, self.created, self.model, [CompletionChoice(0, text, finish_reason)], usage=usage
+        )
 
 
 class ChatFormat:
@@ -101,12 +102,14 @@ class ChatFormat:
         return ChatCompletionChunk(self.request_id, self.created, self.model, [], usage=usage)
 
     def whole(self, text: str, finish_reason: str | None, usage: Usage | None) -> ChatCompletionResponse:
-        return ChatCompletionResponse(self.request_id, self.created, self.model,
-                                      [ChatChoice(0, ChatReply(text), finish_reason)], usage=usage)
+        return ChatCompletionResponse(
+            self.request_id, self.created, self.model, [ChatChoice(0, ChatReply(text), finish_reason)], usage=usage
+        )
 
     def _chunk(self, delta: ChatDelta, finish_reason: str | None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(self.request_id, self.created, self.model,
-                                   [ChatChunkChoice(0, delta, finish_reason)])
+        return ChatCompletionChunk(
+            self.request_id, self.created, self.model, [ChatChunkChoice(0, delta, finish_reason)]
+        )
 
 
 def _usage(output: RequestOutput) -> Usage:
@@ -114,15 +117,20 @@ def _usage(output: RequestOutput) -> Usage:
 
 
 def _engine_failure(request_id: str) -> ApiError:
-    return ApiError(500, f"internal error while generating request {request_id}; see the server log",
-                    type=SERVER_ERROR)
+    return ApiError(500, f"internal error while generating request {request_id}; see the server log", type=SERVER_ERROR)
 
 
 class OpenAIServing:
     """The generation handlers of one app, over one backend."""
 
-    def __init__(self, backend: ServingBackend, metrics: ServingMetrics, max_waiting_requests: int | None,
-                 overload_retry_after_s: int, body_timeout_s: float):
+    def __init__(
+        self,
+        backend: ServingBackend,
+        metrics: ServingMetrics,
+        max_waiting_requests: int | None,
+        overload_retry_after_s: int,
+        body_timeout_s: float,
+    ):
         self.backend = backend
         self.metrics = metrics
         self.max_waiting_requests = max_waiting_requests
@@ -141,16 +149,23 @@ class OpenAIServing:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         text = request.prompt
         prompt = (lambda: text) if isinstance(text, str) else text
-        return await self._generate(http_request, request, prompt, "prompt",
-                                    CompletionFormat(request_id, self.backend.model_name), recorder)
+        return await self._generate(
+            http_request, request, prompt, "prompt", CompletionFormat(request_id, self.backend.model_name), recorder
+        )
 
     async def chat_completions(self, http_request: web.Request) -> web.StreamResponse:
         recorder = self.metrics.start_request()
         request = await self._decode(http_request, ChatCompletionRequest)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         messages = request.messages
-        return await self._generate(http_request, request, lambda: self.chat_template.render(messages), "messages",
-                                    ChatFormat(request_id, self.backend.model_name), recorder)
+        return await self._generate(
+            http_request,
+            request,
+            lambda: self.chat_template.render(messages),
+            "messages",
+            ChatFormat(request_id, self.backend.model_name),
+            recorder,
+        )
 
     # ---- steps ----------------------------------------------------------------------
     async def _decode(self, http_request: web.Request, request_type: type[RequestT]) -> RequestT:
@@ -162,8 +177,12 @@ class OpenAIServing:
             raise from_decode_error(exc) from None
         request.check_supported()
         if request.model is not None and request.model != self.backend.model_name:
-            raise ApiError(404, f"model: {request.model!r} is not served here; this server serves "
-                                f"{self.backend.model_name!r}", param="model", code="model_not_found")
+            raise ApiError(
+                404,
+                f"model: {request.model!r} is not served here; this server serves {self.backend.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
         return request
 
     async def _read_body(self, http_request: web.Request) -> bytes:
@@ -172,13 +191,17 @@ class OpenAIServing:
             return await asyncio.wait_for(http_request.read(), self.body_timeout_s)
         except asyncio.TimeoutError:
             http_request.content.feed_eof()  # the rest is never read: the connection closes after the answer
-            raise ApiError(408, f"the request body did not arrive within {self.body_timeout_s:g} s",
-                           close_connection=True) from None
+            raise ApiError(
+                408, f"the request body did not arrive within {self.body_timeout_s:g} s", close_connection=True
+            ) from None
         except web.RequestPayloadError as exc:
             http_request.content.feed_eof()
             encoding = http_request.headers.get("Content-Encoding", "identity")
-            raise ApiError(400, f"Content-Encoding: the request body is not valid {encoding}: "
-                                f"{exc.__cause__ or exc}", close_connection=True) from None
+            raise ApiError(
+                400,
+                f"Content-Encoding: the request body is not valid {encoding}: {exc.__cause__ or exc}",
+                close_connection=True,
+            ) from None
 
     async def _token_ids(self, prompt: Callable[[], str] | list[int], prompt_param: str) -> list[int]:
         """Token ids as they are, or the text `prompt()` makes (a chat template's rendering)
@@ -188,7 +211,8 @@ class OpenAIServing:
         tokenizer, max_model_len = self.backend.tokenizer, self.backend.max_model_len or NO_LENGTH_LIMIT
         try:
             return await self.prompt_encoder.run(
-                lambda: prompt_token_ids(tokenizer, prompt(), tokenizer.vocab_size, max_model_len))
+                lambda: prompt_token_ids(tokenizer, prompt(), tokenizer.vocab_size, max_model_len)
+            )
         except InvalidRequestError as exc:
             raise self._invalid(exc, prompt_param) from None
 
@@ -203,11 +227,16 @@ class OpenAIServing:
             return
         num_waiting = self.backend.num_waiting()
         if num_waiting >= limit:
-            raise ApiError(503, f"overloaded: {num_waiting} requests are waiting (limit {limit}); retry later",
-                           type=OVERLOADED, retry_after_s=self.overload_retry_after_s)
+            raise ApiError(
+                503,
+                f"overloaded: {num_waiting} requests are waiting (limit {limit}); retry later",
+                type=OVERLOADED,
+                retry_after_s=self.overload_retry_after_s,
+            )
 
-    def _submit(self, prompt: Sequence[int], request: GenerationRequest, prompt_param: str,
-                request_id: str) -> OutputStream:
+    def _submit(
+        self, prompt: Sequence[int], request: GenerationRequest, prompt_param: str, request_id: str
+    ) -> OutputStream:
         params = request.sampling_params_for(self.backend.max_model_len)
         try:
             return self.backend.submit(prompt, params, request_id)
@@ -216,12 +245,19 @@ class OpenAIServing:
         except BackendUnavailableError as exc:
             raise ApiError(503, f"unavailable: {exc}", type=OVERLOADED, retry_after_s=exc.retry_after_s) from None
         except NoCapacity as exc:
-            raise ApiError(503, f"overloaded: {exc}; retry later", type=OVERLOADED,
-                           retry_after_s=self.overload_retry_after_s) from None
+            raise ApiError(
+                503, f"overloaded: {exc}; retry later", type=OVERLOADED, retry_after_s=self.overload_retry_after_s
+            ) from None
 
-    async def _generate(self, http_request: web.Request, request: GenerationRequest,
-                        prompt: Callable[[], str] | list[int], prompt_param: str,
-                        fmt: CompletionFormat | ChatFormat, recorder: RequestRecorder) -> web.StreamResponse:
+    async def _generate(
+        self,
+        http_request: web.Request,
+        request: GenerationRequest,
+        prompt: Callable[[], str] | list[int],
+        prompt_param: str,
+        fmt: CompletionFormat | ChatFormat,
+        recorder: RequestRecorder,
+    ) -> web.StreamResponse:
         self._admit()
         token_ids = await self._token_ids(prompt, prompt_param)
         stream = self._submit(token_ids, request, prompt_param, fmt.request_id)
@@ -235,8 +271,9 @@ class OpenAIServing:
             log.info("client of %s went away; request aborted", fmt.request_id)
             raise
 
-    async def _collect(self, stream: OutputStream, fmt: CompletionFormat | ChatFormat,
-                       recorder: RequestRecorder) -> web.Response:
+    async def _collect(
+        self, stream: OutputStream, fmt: CompletionFormat | ChatFormat, recorder: RequestRecorder
+    ) -> web.Response:
         texts: list[str] = []
         async for output in stream:
             recorder.on_output(output)
@@ -249,8 +286,14 @@ class OpenAIServing:
                 return web.Response(body=self._encoder.encode(body), content_type="application/json")
         raise _engine_failure(fmt.request_id)  # the stream ended without a finished increment
 
-    async def _stream(self, http_request: web.Request, stream: OutputStream, fmt: CompletionFormat | ChatFormat,
-                      recorder: RequestRecorder, include_usage: bool) -> web.StreamResponse:
+    async def _stream(
+        self,
+        http_request: web.Request,
+        stream: OutputStream,
+        fmt: CompletionFormat | ChatFormat,
+        recorder: RequestRecorder,
+        include_usage: bool,
+    ) -> web.StreamResponse:
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(http_request)
         for chunk in fmt.opening():
@@ -266,8 +309,14 @@ class OpenAIServing:
         await response.write_eof()
         return response
 
-    async def _relay(self, response: web.StreamResponse, stream: OutputStream, fmt: CompletionFormat | ChatFormat,
-                     recorder: RequestRecorder, include_usage: bool) -> None:
+    async def _relay(
+        self,
+        response: web.StreamResponse,
+        stream: OutputStream,
+        fmt: CompletionFormat | ChatFormat,
+        recorder: RequestRecorder,
+        include_usage: bool,
+    ) -> None:
         async for output in stream:
             recorder.on_output(output)
             if output.error is not None:

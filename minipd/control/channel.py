@@ -62,8 +62,14 @@ class RemoteError(RuntimeError):
 
 
 class Channel:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handler: Handler | None,
-                 name: str, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES):
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        handler: Handler | None,
+        name: str,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ):
         self.name = name
         self._reader, self._writer = reader, writer
         self._handler = handler
@@ -82,8 +88,9 @@ class Channel:
         self._liveness_task: asyncio.Task | None = None
 
     @classmethod
-    async def connect(cls, host: str, port: int, handler: Handler | None, name: str,
-                      timeout: float = DEFAULT_CALL_TIMEOUT_S) -> "Channel":
+    async def connect(
+        cls, host: str, port: int, handler: Handler | None, name: str, timeout: float = DEFAULT_CALL_TIMEOUT_S
+    ) -> "Channel":
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
         channel = cls(reader, writer, handler, name)
         channel.start()
@@ -104,8 +111,10 @@ class Channel:
             return
         payload = self._encoder.encode(message)
         if self.max_send_bytes is not None and len(payload) > self.max_send_bytes:
-            raise FrameTooLarge(f"{type(message).__name__} of {len(payload)} bytes exceeds the "
-                                f"{self.max_send_bytes}-byte frame cap of {self.name}")
+            raise FrameTooLarge(
+                f"{type(message).__name__} of {len(payload)} bytes exceeds the "
+                f"{self.max_send_bytes}-byte frame cap of {self.name}"
+            )
         self._writer.write(HEADER.pack(len(payload)) + payload)
         queued = self._writer.transport.get_write_buffer_size()
         if queued > MAX_WRITE_BUFFER_BYTES:
@@ -142,14 +151,16 @@ class Channel:
                 future.set_exception(ChannelClosed(f"{self.name}: {reason}"))
 
     # ---- liveness -----------------------------------------------------------------------
-    def watch_liveness(self, timeout_s: float, peer_timeout_s: float,
-                       on_silent: Callable[[str], None] | None = None) -> None:
+    def watch_liveness(
+        self, timeout_s: float, peer_timeout_s: float, on_silent: Callable[[str], None] | None = None
+    ) -> None:
         """Heartbeat often enough for both ends' timeouts, and call `on_silent(reason)` once
         (default: close the connection) if nothing arrives for `timeout_s`; then stop both."""
         interval = min(timeout_s, peer_timeout_s or timeout_s) / HEARTBEATS_PER_TIMEOUT
         on_silent = on_silent or self._shutdown
         self._liveness_task = asyncio.get_running_loop().create_task(
-            self._watch(interval, timeout_s, on_silent), name=f"liveness-{self.name}")
+            self._watch(interval, timeout_s, on_silent), name=f"liveness-{self.name}"
+        )
 
     async def _watch(self, interval: float, timeout_s: float, on_silent: Callable[[str], None]) -> None:
         loop = asyncio.get_running_loop()
@@ -254,10 +265,12 @@ class Channel:
 async def serve(host: str, port: int, on_channel: Callable[[Channel], None], name: str) -> asyncio.Server:
     """Accept connections; each becomes a Channel reading handshake-sized frames, handed to
     `on_channel` (which sets its handler, or drops it), then started."""
+
     def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         channel = Channel(reader, writer, None, f"{name}<-{peer}", HANDSHAKE_MAX_FRAME_BYTES)
         on_channel(channel)
         if not channel.closed.is_set():
             channel.start()
+
     return await asyncio.start_server(accepted, host, port)

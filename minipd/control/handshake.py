@@ -24,8 +24,15 @@ from minipd.control.messages import PROTOCOL_VERSION, Challenge, Hello, Message,
 from minipd.control.role import Role
 from minipd.transports.shared_secret import NONCE_BYTES, SharedSecret, new_nonce
 
-__all__ = ["AuthenticationError", "SharedSecret", "client_proof", "client_proof_ok", "handshake", "open_channel",
-           "server_proof"]  # SharedSecret: for layers that may not import transports (the router)
+__all__ = [
+    "AuthenticationError",
+    "SharedSecret",
+    "client_proof",
+    "client_proof_ok",
+    "handshake",
+    "open_channel",
+    "server_proof",
+]  # SharedSecret: for layers that may not import transports (the router)
 
 CLIENT_LABEL = b"minipd control client v2"
 SERVER_LABEL = b"minipd control server v2"
@@ -49,33 +56,45 @@ def server_proof(secret: SharedSecret, role: Role, client_nonce: bytes, server_n
     return secret.proof(SERVER_LABEL, PROTOCOL_VERSION, role.value, client_nonce, server_nonce)
 
 
-async def handshake(channel: Channel, role: Role, secret: SharedSecret | None, timeout: float,
-                    peer: str, liveness_timeout_s: float = 0.0) -> Welcome:
+async def handshake(
+    channel: Channel,
+    role: Role,
+    secret: SharedSecret | None,
+    timeout: float,
+    peer: str,
+    liveness_timeout_s: float = 0.0,
+) -> Welcome:
     """Introduce ourselves as `role` on a freshly connected `channel` to `peer` (for messages)
     and authenticate both ways; returns the server's Welcome. `liveness_timeout_s` > 0 asks
     for heartbeats (`Hello.liveness_timeout_s`). Raises AuthenticationError, or
     ChannelClosed/TimeoutError when the connection fails."""
     nonce = new_nonce()
     try:
-        reply: Message = await channel.call(Hello(protocol_version=PROTOCOL_VERSION, role=role, nonce=nonce,
-                                                  liveness_timeout_s=liveness_timeout_s), timeout)
+        reply: Message = await channel.call(
+            Hello(protocol_version=PROTOCOL_VERSION, role=role, nonce=nonce, liveness_timeout_s=liveness_timeout_s),
+            timeout,
+        )
         if isinstance(reply, Challenge):
             if secret is None:
-                raise AuthenticationError(f"{peer} requires the cluster secret and this process has none; "
-                                          f"{SECRET_HINT}")
+                raise AuthenticationError(
+                    f"{peer} requires the cluster secret and this process has none; {SECRET_HINT}"
+                )
             if len(reply.nonce) != NONCE_BYTES:
                 raise AuthenticationError(f"{peer} sent a challenge of {len(reply.nonce)} bytes, not {NONCE_BYTES}")
             server_nonce = reply.nonce
             reply = await channel.call(Prove(proof=client_proof(secret, role, nonce, server_nonce)), timeout)
             if isinstance(reply, Welcome) and not reply.proof:
                 raise AuthenticationError(f"{peer} sent no proof of the cluster secret")
-            if isinstance(reply, Welcome) and not secret.verify(reply.proof, SERVER_LABEL, PROTOCOL_VERSION,
-                                                                role.value, nonce, server_nonce):
-                raise AuthenticationError(f"{peer} does not know the cluster secret (a process impersonating it?); "
-                                          f"refusing to talk to it")
+            if isinstance(reply, Welcome) and not secret.verify(
+                reply.proof, SERVER_LABEL, PROTOCOL_VERSION, role.value, nonce, server_nonce
+            ):
+                raise AuthenticationError(
+                    f"{peer} does not know the cluster secret (a process impersonating it?); refusing to talk to it"
+                )
         elif isinstance(reply, Welcome) and secret is not None:
-            raise AuthenticationError(f"{peer} has no cluster secret configured and this process has one; "
-                                      f"{SECRET_HINT}")
+            raise AuthenticationError(
+                f"{peer} has no cluster secret configured and this process has one; {SECRET_HINT}"
+            )
     except RemoteError as exc:
         raise AuthenticationError(f"{peer} refused the connection: {exc}") from None
     if not isinstance(reply, Welcome):
@@ -85,8 +104,16 @@ async def handshake(channel: Channel, role: Role, secret: SharedSecret | None, t
     return reply
 
 
-async def open_channel(host: str, port: int, handler, name: str, role: Role, secret: SharedSecret | None,
-                       timeout: float, liveness_timeout_s: float = 0.0) -> tuple[Channel, Welcome]:
+async def open_channel(
+    host: str,
+    port: int,
+    handler,
+    name: str,
+    role: Role,
+    secret: SharedSecret | None,
+    timeout: float,
+    liveness_timeout_s: float = 0.0,
+) -> tuple[Channel, Welcome]:
     """Connect to a control port and handshake as `role` (see `handshake`); the channel is
     closed on failure."""
     channel = await Channel.connect(host, port, handler, name, timeout)

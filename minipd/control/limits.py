@@ -17,8 +17,14 @@ from minipd.engine.sampling_params import MAX_STOP_BYTES, MAX_STOP_TOKEN_IDS
 from minipd.transports.connection_slots import DEFAULT_MAX_CONNECTIONS
 from minipd.transports.messages import MAX_DESCRIPTION_BYTES, MAX_REQUEST_ID_CHARS
 
-__all__ = ["DEFAULT_MAX_CONNECTIONS", "MAX_REQUEST_ID_CHARS", "HANDSHAKE_MAX_FRAME_BYTES", "HANDSHAKE_TIMEOUT_S",
-           "MAX_WRITE_BUFFER_BYTES", "max_frame_bytes"]
+__all__ = [
+    "DEFAULT_MAX_CONNECTIONS",
+    "MAX_REQUEST_ID_CHARS",
+    "HANDSHAKE_MAX_FRAME_BYTES",
+    "HANDSHAKE_TIMEOUT_S",
+    "MAX_WRITE_BUFFER_BYTES",
+    "max_frame_bytes",
+]
 
 HANDSHAKE_MAX_FRAME_BYTES = 4 << 10  # a Hello or a Prove: a role, a nonce or a proof, an id
 HANDSHAKE_TIMEOUT_S = 10.0

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import msgspec
 
-from minipd.models.config import ModelConfig
-
+from minipd.control.role import Role
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
-
-from minipd.control.role import Role
+from minipd.models.config import ModelConfig
 
 PROTOCOL_VERSION = 3  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs
 # TokenOutput.failure_kind, and CallError.kind, of requests that failed for these reasons:
@@ -38,8 +36,11 @@ class Fingerprint(msgspec.Struct, frozen=True):
         for field in self.__struct_fields__:
             ours, theirs = getattr(self, field), getattr(other, field)
             if field == "model" and ours != theirs:
-                out += [f"model.{f}: {getattr(ours, f)!r} != {getattr(theirs, f)!r}"
-                        for f in ours.__struct_fields__ if getattr(ours, f) != getattr(theirs, f)]
+                out += [
+                    f"model.{f}: {getattr(ours, f)!r} != {getattr(theirs, f)!r}"
+                    for f in ours.__struct_fields__
+                    if getattr(ours, f) != getattr(theirs, f)
+                ]
             elif ours != theirs:
                 out.append(f"{field}: {ours!r} != {theirs!r}")
         return out
@@ -283,6 +284,32 @@ class ClusterStats(Reply, tag="cluster_stats"):
     instances: list[Stats]
 
 
-AnyMessage = (Hello | Challenge | Prove | Welcome | CallError | Reserve | Reserved | Prefill | Prefilled | Decode
-              | Generate | KVLanded | Renew | TokenOutput | Abort | PeerLost | GetStats | Stats | Register | Registered
-              | ClientGenerate | ClusterStats | SwitchRole | RoleSwitched | Heartbeat | Evict | Draining)
+AnyMessage = (
+    Hello
+    | Challenge
+    | Prove
+    | Welcome
+    | CallError
+    | Reserve
+    | Reserved
+    | Prefill
+    | Prefilled
+    | Decode
+    | Generate
+    | KVLanded
+    | Renew
+    | TokenOutput
+    | Abort
+    | PeerLost
+    | GetStats
+    | Stats
+    | Register
+    | Registered
+    | ClientGenerate
+    | ClusterStats
+    | SwitchRole
+    | RoleSwitched
+    | Heartbeat
+    | Evict
+    | Draining
+)

@@ -44,8 +44,7 @@ class _Pending(NamedTuple):
 
 
 class ControlServer:
-    def __init__(self, name: str, secret: SharedSecret | None = None,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS):
+    def __init__(self, name: str, secret: SharedSecret | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         self.name = name
         self.secret = secret
         self.port = 0
@@ -179,8 +178,11 @@ class ControlServer:
             self._establish(channel, hello, hello, b"")
             return
         if len(hello.nonce) != NONCE_BYTES:
-            self._fail_handshake(channel, hello, f"{self.name} requires the cluster secret and the peer sent no "
-                                                 f"challenge nonce; {SECRET_HINT}")
+            self._fail_handshake(
+                channel,
+                hello,
+                f"{self.name} requires the cluster secret and the peer sent no challenge nonce; {SECRET_HINT}",
+            )
             return
         nonce = new_nonce()
         self._pending[channel] = _Pending(hello, nonce)
@@ -189,8 +191,11 @@ class ControlServer:
     def _on_prove(self, channel: Channel, prove: Prove, pending: _Pending) -> None:
         hello = pending.hello
         if not client_proof_ok(self.secret, prove.proof, hello.role, hello.nonce, pending.nonce):
-            self._fail_handshake(channel, prove, f"wrong proof of the cluster secret: the secrets of {self.name} and "
-                                                 f"the peer differ; {SECRET_HINT}")
+            self._fail_handshake(
+                channel,
+                prove,
+                f"wrong proof of the cluster secret: the secrets of {self.name} and the peer differ; {SECRET_HINT}",
+            )
             return
         del self._pending[channel]
         self._establish(channel, hello, prove, server_proof(self.secret, hello.role, hello.nonce, pending.nonce))

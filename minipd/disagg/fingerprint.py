@@ -24,7 +24,11 @@ def weights_digest(model: torch.nn.Module) -> str:
 
 
 def engine_fingerprint(engine: Engine) -> Fingerprint:
-    return Fingerprint(protocol_version=PROTOCOL_VERSION, model=engine.model_config,
-                       weights_digest=engine.run_on_compute_thread(weights_digest, engine.model),
-                       dtype=engine.config.dtype,
-                       block_size=engine.config.block_size, kv_layout=KV_LAYOUT)
+    return Fingerprint(
+        protocol_version=PROTOCOL_VERSION,
+        model=engine.model_config,
+        weights_digest=engine.run_on_compute_thread(weights_digest, engine.model),
+        dtype=engine.config.dtype,
+        block_size=engine.config.block_size,
+        kv_layout=KV_LAYOUT,
+    )

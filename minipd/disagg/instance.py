@@ -26,13 +26,33 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from minipd.transports import fault_points
 from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S, Channel
-from minipd.control.messages import (FAILURE_KV_LOAD, FAILURE_SHUTDOWN, Abort, CallError, Decode, Draining, Evict,
-                                     Generate, GetStats, Hello, KVLanded, Message, PeerLost, Prefill, Prefilled, Renew,
-                                     Reserve, Reserved, Stats, SwitchRole, TokenOutput, Welcome)
-from minipd.control.role import Role
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
+from minipd.control.messages import (
+    FAILURE_KV_LOAD,
+    FAILURE_SHUTDOWN,
+    Abort,
+    CallError,
+    Decode,
+    Draining,
+    Evict,
+    Generate,
+    GetStats,
+    Hello,
+    KVLanded,
+    Message,
+    PeerLost,
+    Prefill,
+    Prefilled,
+    Renew,
+    Reserve,
+    Reserved,
+    Stats,
+    SwitchRole,
+    TokenOutput,
+    Welcome,
+)
+from minipd.control.role import Role
 from minipd.control.server import ControlServer
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
@@ -40,13 +60,14 @@ from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressin
 from minipd.disagg.reservations import Reservation, Reservations
 from minipd.disagg.role_switch import RoleGuard
 from minipd.engine.engine import Engine, NoCapacity
-from minipd.transports.shared_secret import SharedSecret
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError
+from minipd.transports import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.errors import TransferError
 from minipd.transports.registry import create_transport
+from minipd.transports.shared_secret import SharedSecret
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +78,18 @@ SETTLE_TIMEOUT_S = 10.0
 
 
 class Instance(ControlServer):
-    def __init__(self, engine: Engine, role: Role, instance_id: str, transport: Transport,
-                 model_name: str, lease_s: float = DEFAULT_LEASE_S, secret: SharedSecret | None = None,
-                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S):
+    def __init__(
+        self,
+        engine: Engine,
+        role: Role,
+        instance_id: str,
+        transport: Transport,
+        model_name: str,
+        lease_s: float = DEFAULT_LEASE_S,
+        secret: SharedSecret | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
+    ):
         super().__init__(instance_id, secret, max_connections)
         if not role.is_instance:
             raise ValueError(f"role: {role.value!r} is not an instance role")
@@ -88,17 +117,28 @@ class Instance(ControlServer):
 
     # ---- lifecycle --------------------------------------------------------------------
     @classmethod
-    async def create(cls, engine: Engine, role: Role, instance_id: str, transport_name: str, model_name: str,
-                     transport_options: dict | None = None, lease_s: float = DEFAULT_LEASE_S,
-                     secret: SharedSecret | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                     liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S) -> "Instance":
+    async def create(
+        cls,
+        engine: Engine,
+        role: Role,
+        instance_id: str,
+        transport_name: str,
+        model_name: str,
+        transport_options: dict | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+        secret: SharedSecret | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
+    ) -> "Instance":
         """`secret` also goes to the transport; `max_connections` caps the control port only."""
-        transport = create_transport(transport_name, engine.kv_pool, instance_id=instance_id, secret=secret,
-                                     **(transport_options or {}))
+        transport = create_transport(
+            transport_name, engine.kv_pool, instance_id=instance_id, secret=secret, **(transport_options or {})
+        )
         await transport.start()
         await engine.start()
-        return cls(engine, role, instance_id, transport, model_name, lease_s, secret, max_connections,
-                   liveness_timeout_s)
+        return cls(
+            engine, role, instance_id, transport, model_name, lease_s, secret, max_connections, liveness_timeout_s
+        )
 
     async def serve(self, host: str, port: int) -> int:
         """Start the control-plane server; returns the bound port."""
@@ -132,19 +172,29 @@ class Instance(ControlServer):
 
     # ---- the handshake ----------------------------------------------------------------
     def welcome(self, hello: Hello) -> Welcome:
-        return Welcome(instance_id=self.instance_id, role=self.role, fingerprint=self.fingerprint,
-                       transport=self.transport.backend, transport_description=self.transport.describe(),
-                       model_name=self.model_name, max_model_len=self.engine.config.max_model_len,
-                       max_num_seqs=self.engine.config.max_num_seqs, epoch=self.guard.epoch,
-                       liveness_timeout_s=self.liveness_timeout_s if hello.liveness_timeout_s > 0 else 0.0)
+        return Welcome(
+            instance_id=self.instance_id,
+            role=self.role,
+            fingerprint=self.fingerprint,
+            transport=self.transport.backend,
+            transport_description=self.transport.describe(),
+            model_name=self.model_name,
+            max_model_len=self.engine.config.max_model_len,
+            max_num_seqs=self.engine.config.max_num_seqs,
+            epoch=self.guard.epoch,
+            liveness_timeout_s=self.liveness_timeout_s if hello.liveness_timeout_s > 0 else 0.0,
+        )
 
     def established(self, channel: Channel, hello: Hello) -> None:
         """A router is connected: it hears of our shutdown, and heartbeats if it asked to."""
         self._routers.add(channel)
         asyncio.get_running_loop().create_task(self._forget_router(channel))
         if hello.liveness_timeout_s > 0 and self.liveness_timeout_s > 0:
-            channel.watch_liveness(self.liveness_timeout_s, hello.liveness_timeout_s, on_silent=lambda reason: (
-                asyncio.get_running_loop().create_task(self.end_channel(channel, reason))))
+            channel.watch_liveness(
+                self.liveness_timeout_s,
+                hello.liveness_timeout_s,
+                on_silent=lambda reason: asyncio.get_running_loop().create_task(self.end_channel(channel, reason)),
+            )
 
     async def _forget_router(self, channel: Channel) -> None:
         await channel.closed.wait()
@@ -177,8 +227,9 @@ class Instance(ControlServer):
                     self.guard.work.release(message.request_id)
             case Generate():
                 if not self.accepting:
-                    self._send_failure(channel, message.request_id, f"{self.instance_id} is shutting down",
-                                       FAILURE_SHUTDOWN)
+                    self._send_failure(
+                        channel, message.request_id, f"{self.instance_id} is shutting down", FAILURE_SHUTDOWN
+                    )
                     return
                 if self.guard.refused(channel, message):
                     return
@@ -193,8 +244,9 @@ class Instance(ControlServer):
                 await self.abort_request(message.request_id)
                 self.untrack(channel, message.request_id)
             case PeerLost():
-                self.transport.peer_lost(self._peer_ids.pop(message.instance_id, message.instance_id),
-                                         message.reason, message.fenced)
+                self.transport.peer_lost(
+                    self._peer_ids.pop(message.instance_id, message.instance_id), message.reason, message.fenced
+                )
                 for request_id in self._prefills_to.pop(message.instance_id, set()):  # no KV can go there
                     await self.abort_request(request_id)
             case Evict():
@@ -220,8 +272,12 @@ class Instance(ControlServer):
         """Answer a call this instance's role does not serve with an error; True if refused."""
         if serves:
             return False
-        channel.reply(message, CallError(message=f"{self.instance_id} is a {self.role.value} instance; it does "
-                                                 f"not serve {what}", kind="invalid"))
+        channel.reply(
+            message,
+            CallError(
+                message=f"{self.instance_id} is a {self.role.value} instance; it does not serve {what}", kind="invalid"
+            ),
+        )
         return True
 
     def _refuse_while_draining(self, channel: Channel, message) -> bool:
@@ -245,7 +301,7 @@ class Instance(ControlServer):
         except InvalidRequestError as exc:
             channel.reply(message, CallError(message=str(exc), kind="invalid"))
             return
-        dst = block_ids[num_cached // self.engine.config.block_size:]
+        dst = block_ids[num_cached // self.engine.config.block_size :]
         try:
             self.transport.expect(request_id, message.prefill_instance, dst)
         except ValueError as exc:
@@ -261,8 +317,12 @@ class Instance(ControlServer):
         request_id = message.request_id
         reservation = self.reservations.take(request_id)
         if reservation is None:
-            self._send_failure(channel, request_id, f"{self.instance_id} holds no reservation for it (its lease "
-                                                    "expired or it was aborted)", FAILURE_KV_LOAD)
+            self._send_failure(
+                channel,
+                request_id,
+                f"{self.instance_id} holds no reservation for it (its lease expired or it was aborted)",
+                FAILURE_KV_LOAD,
+            )
             return
         try:
             landed = await self.transport.wait_landed(request_id, DEFAULT_LAND_TIMEOUT_S)
@@ -273,8 +333,14 @@ class Instance(ControlServer):
             return
         channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at))
         try:
-            stream = self.engine.adopt(reservation.token_ids, reservation.block_ids, reservation.num_cached_tokens,
-                                       message.first_token, message.sampling, request_id)
+            stream = self.engine.adopt(
+                reservation.token_ids,
+                reservation.block_ids,
+                reservation.num_cached_tokens,
+                message.first_token,
+                message.sampling,
+                request_id,
+            )
         except InvalidRequestError as exc:
             self.engine.release_blocks(reservation.block_ids)
             self._send_failure(channel, request_id, f"{type(exc).__name__}: {exc}")
@@ -284,8 +350,12 @@ class Instance(ControlServer):
     def _lease_expired(self, request_id: str, reservation: Reservation) -> None:
         self.guard.work.release(request_id)
         self.untrack(reservation.channel, request_id)
-        reservation.channel.send(KVLanded(request_id=request_id, error=(
-            f"the reservation on {self.instance_id} expired: no prefill progress for {self.lease_s} s")))
+        reservation.channel.send(
+            KVLanded(
+                request_id=request_id,
+                error=(f"the reservation on {self.instance_id} expired: no prefill progress for {self.lease_s} s"),
+            )
+        )
         self.expired_leases.put_nowait(request_id)
 
     # ---- prefill role -----------------------------------------------------------------
@@ -295,41 +365,69 @@ class Instance(ControlServer):
         request_id = message.request_id
         differences = self.fingerprint.differences(message.decode_fingerprint)
         if differences:
-            channel.reply(message, CallError(message=f"{message.decode_instance} is incompatible with "
-                                                     f"{self.instance_id}: {'; '.join(differences)}", kind="invalid"))
+            channel.reply(
+                message,
+                CallError(
+                    message=f"{message.decode_instance} is incompatible with "
+                    f"{self.instance_id}: {'; '.join(differences)}",
+                    kind="invalid",
+                ),
+            )
             self.untrack(channel, request_id)
             return
         renewals = None
         self._prefilling[request_id] = None
         self._prefills_to.setdefault(message.decode_instance, set()).add(request_id)
         try:
-            peer_id = self._prefilling[request_id] = await self._peer(message.decode_instance,
-                                                                      message.decode_description)
+            peer_id = self._prefilling[request_id] = await self._peer(
+                message.decode_instance, message.decode_description
+            )
             if request_id in self._abandoned:
                 await self.transport.abort(request_id, peer_id=peer_id)
                 raise RuntimeError("aborted")
-            sender = LayerwiseKVSender(self.engine, self.transport, peer_id, request_id, message.dst_block_ids,
-                                       message.num_skip_blocks, message.layerwise)
+            sender = LayerwiseKVSender(
+                self.engine,
+                self.transport,
+                peer_id,
+                request_id,
+                message.dst_block_ids,
+                message.num_skip_blocks,
+                message.layerwise,
+            )
             stream = self.engine.submit_prefill(message.token_ids, message.sampling, request_id, sender)
             sender.request = stream.request
             if message.lease_s > 0:
-                renewals = asyncio.get_running_loop().create_task(renew_while_progressing(
-                    channel, request_id, message.lease_s, prefill_progress(self.engine, self.transport,
-                                                                           stream.request)))
+                renewals = asyncio.get_running_loop().create_task(
+                    renew_while_progressing(
+                        channel,
+                        request_id,
+                        message.lease_s,
+                        prefill_progress(self.engine, self.transport, stream.request),
+                    )
+                )
             report = await asyncio.wait_for(sender.result, DEFAULT_PREFILL_TIMEOUT_S)
         except InvalidRequestError as exc:
             channel.reply(message, CallError(message=str(exc), kind="invalid"))
         except TransferError as exc:
-            channel.reply(message, CallError(message=f"prefill of {request_id}: KV transfer failed: {exc}",
-                                             kind="transfer"))
+            channel.reply(
+                message, CallError(message=f"prefill of {request_id}: KV transfer failed: {exc}", kind="transfer")
+            )
         except Exception as exc:
             channel.reply(message, CallError(message=f"prefill of {request_id} failed: {exc}"))
         else:
-            channel.reply(message, Prefilled(
-                first_token=report.first_token, num_cached_tokens=stream.request.num_cached_tokens,
-                num_bytes=report.num_bytes, compute_s=report.compute_s, transfer_s=report.transfer_s,
-                exposed_s=report.exposed_s, compute_end_at=report.compute_end_at,
-                first_write_at=report.first_write_at))
+            channel.reply(
+                message,
+                Prefilled(
+                    first_token=report.first_token,
+                    num_cached_tokens=stream.request.num_cached_tokens,
+                    num_bytes=report.num_bytes,
+                    compute_s=report.compute_s,
+                    transfer_s=report.transfer_s,
+                    exposed_s=report.exposed_s,
+                    compute_end_at=report.compute_end_at,
+                    first_write_at=report.first_write_at,
+                ),
+            )
         finally:  # whatever happened, nothing keeps computing for it (a no-op once it finished)
             self.engine.abort(request_id)
             if renewals is not None:
@@ -376,8 +474,9 @@ class Instance(ControlServer):
 
     def _send_failure(self, channel: Channel, request_id: str, reason: str, kind: str = "") -> None:
         self.untrack(channel, request_id)
-        channel.send(TokenOutput(request_id=request_id, output=RequestOutput.aborted(request_id, reason),
-                                 failure_kind=kind))
+        channel.send(
+            TokenOutput(request_id=request_id, output=RequestOutput.aborted(request_id, reason), failure_kind=kind)
+        )
 
     async def abort_request(self, request_id: str) -> None:
         self.engine.abort(request_id)
@@ -390,8 +489,17 @@ class Instance(ControlServer):
 
     def stats(self) -> Stats:
         s = self.engine.stats()
-        return Stats(instance_id=self.instance_id, role=self.role, num_running=s.num_running,
-                     num_waiting=s.num_waiting, num_free_blocks=s.blocks.num_free, num_used_blocks=s.blocks.num_used,
-                     num_cached_blocks=s.blocks.num_cached, num_blocks=s.blocks.num_blocks,
-                     num_reservations=len(self.reservations.held), epoch=self.guard.epoch,
-                     switching=self.guard.switching, num_fencing_blocks=self.reservations.num_fencing_blocks)
+        return Stats(
+            instance_id=self.instance_id,
+            role=self.role,
+            num_running=s.num_running,
+            num_waiting=s.num_waiting,
+            num_free_blocks=s.blocks.num_free,
+            num_used_blocks=s.blocks.num_used,
+            num_cached_blocks=s.blocks.num_cached,
+            num_blocks=s.blocks.num_blocks,
+            num_reservations=len(self.reservations.held),
+            epoch=self.guard.epoch,
+            switching=self.guard.switching,
+            num_fencing_blocks=self.reservations.num_fencing_blocks,
+        )

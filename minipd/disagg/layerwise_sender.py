@@ -18,13 +18,12 @@ import logging
 import time
 from typing import NamedTuple
 
+from minipd.engine.engine import Engine
+from minipd.engine.request import Request
 from minipd.transports import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.errors import TransferError
-
-from minipd.engine.engine import Engine
-from minipd.engine.request import Request
 
 
 class SendReport(NamedTuple):
@@ -49,8 +48,16 @@ class LayerwiseKVSender:
     fails (the peer is gone), the transfer is over: `result` raises that TransferError and
     later layers are not sent."""
 
-    def __init__(self, engine: Engine, transport: Transport, peer_id: str, request_id: str,
-                 dst_block_ids: list[int], num_skip_blocks: int, layerwise: bool = True):
+    def __init__(
+        self,
+        engine: Engine,
+        transport: Transport,
+        peer_id: str,
+        request_id: str,
+        dst_block_ids: list[int],
+        num_skip_blocks: int,
+        layerwise: bool = True,
+    ):
         self.engine, self.transport = engine, transport
         self.peer_id, self.request_id = peer_id, request_id
         self.dst_block_ids, self.num_skip_blocks = dst_block_ids, num_skip_blocks
@@ -89,8 +96,9 @@ class LayerwiseKVSender:
         prompt is final)."""
         if self._first_write_time is None:
             if len(block_ids) - self.num_skip_blocks != len(self.dst_block_ids):
-                raise ValueError(f"{len(block_ids) - self.num_skip_blocks} blocks to send but "
-                                 f"{len(self.dst_block_ids)} reserved")
+                raise ValueError(
+                    f"{len(block_ids) - self.num_skip_blocks} blocks to send but {len(self.dst_block_ids)} reserved"
+                )
             self._first_write_time = time.perf_counter()
         whole_prompt = num_final_tokens >= self.request.num_prompt_tokens
         end = len(block_ids) if whole_prompt else num_final_tokens // self.block_size
@@ -99,7 +107,7 @@ class LayerwiseKVSender:
             return
         self._num_sent[layer] = end
         skip = self.num_skip_blocks
-        runs = coalesce_runs(block_ids[start:end], self.dst_block_ids[start - skip:end - skip])
+        runs = coalesce_runs(block_ids[start:end], self.dst_block_ids[start - skip : end - skip])
         self.transport.write_layer(self.peer_id, self.request_id, layer, runs)
 
     async def _finish(self, first_token: int, block_ids: list[int], compute: tuple[float, float]) -> None:
@@ -109,9 +117,17 @@ class LayerwiseKVSender:
             if not self.result.done():
                 first_write = self._first_write_time or compute[1]
                 to_wall = time.time() - time.perf_counter()
-                self.result.set_result(SendReport(first_token, sent.num_bytes, compute[1] - compute[0],
-                                                  done - first_write, max(0.0, done - compute[1]),
-                                                  compute[1] + to_wall, first_write + to_wall))
+                self.result.set_result(
+                    SendReport(
+                        first_token,
+                        sent.num_bytes,
+                        compute[1] - compute[0],
+                        done - first_write,
+                        max(0.0, done - compute[1]),
+                        compute[1] + to_wall,
+                        first_write + to_wall,
+                    )
+                )
         except Exception as exc:
             if not self.result.done():
                 self.result.set_exception(exc)

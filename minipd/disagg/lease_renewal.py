@@ -24,15 +24,21 @@ RENEWALS_PER_LEASE = 3  # progress is looked at, and renewed, this often per lea
 
 def prefill_progress(engine: Engine, transport: Transport, request: Request) -> Callable[[], Hashable]:
     """A snapshot of how far the prefill of `request` got; it changes whenever it progresses."""
+
     def snapshot() -> Hashable:
         queued = request.status is RequestStatus.WAITING
-        return request.num_computed_tokens, transport.num_writes_done(request.request_id), \
-            engine.num_steps if queued else 0
+        return (
+            request.num_computed_tokens,
+            transport.num_writes_done(request.request_id),
+            engine.num_steps if queued else 0,
+        )
+
     return snapshot
 
 
-async def renew_while_progressing(channel: Channel, request_id: str, lease_s: float,
-                                  progress: Callable[[], Hashable]) -> None:
+async def renew_while_progressing(
+    channel: Channel, request_id: str, lease_s: float, progress: Callable[[], Hashable]
+) -> None:
     """Send `Renew(request_id)` on `channel` once per period in which `progress()` changed.
     Runs until cancelled (when the prefill call ends)."""
     last = progress()

@@ -36,8 +36,14 @@ class Reservation(NamedTuple):
 
 
 class Reservations:
-    def __init__(self, engine: Engine, transport: Transport, lease_s: float, instance_id: str,
-                 on_expired: Callable[[str, Reservation], None]):
+    def __init__(
+        self,
+        engine: Engine,
+        transport: Transport,
+        lease_s: float,
+        instance_id: str,
+        on_expired: Callable[[str, Reservation], None],
+    ):
         self.engine, self.transport, self.lease_s, self.instance_id = engine, transport, lease_s, instance_id
         self.held: dict[str, Reservation] = {}
         self.fencing: dict[str, list[int]] = {}  # request id -> blocks waiting for their fence
@@ -54,10 +60,12 @@ class Reservations:
         for request_id in list(self.held):
             await self.drop(request_id)
 
-    def add(self, request_id: str, token_ids: list[int], block_ids: list[int], num_cached_tokens: int,
-            channel: Channel) -> None:
-        self.held[request_id] = Reservation(token_ids, block_ids, num_cached_tokens,
-                                            time.monotonic() + self.lease_s, channel)
+    def add(
+        self, request_id: str, token_ids: list[int], block_ids: list[int], num_cached_tokens: int, channel: Channel
+    ) -> None:
+        self.held[request_id] = Reservation(
+            token_ids, block_ids, num_cached_tokens, time.monotonic() + self.lease_s, channel
+        )
 
     def take(self, request_id: str) -> Reservation | None:
         return self.held.pop(request_id, None)

@@ -115,13 +115,21 @@ class RoleGuard:
         """Why new work sent under `epoch` must be refused now (None: take it). An epoch of
         None is not checked (a sender without epochs), but still refused during a switch."""
         if self.switching_to is not None:
-            return CallError(kind=STALE_EPOCH, message=(
-                f"{self.instance_id} is switching from {self.role.value} to {self.switching_to.value} "
-                f"(epoch {self.epoch}); it takes no new work"))
+            return CallError(
+                kind=STALE_EPOCH,
+                message=(
+                    f"{self.instance_id} is switching from {self.role.value} to {self.switching_to.value} "
+                    f"(epoch {self.epoch}); it takes no new work"
+                ),
+            )
         if epoch is not None and epoch != self.epoch:
-            return CallError(kind=STALE_EPOCH, message=(
-                f"{self.instance_id}: role epoch {epoch} is stale; it is a {self.role.value} instance at epoch "
-                f"{self.epoch}"))
+            return CallError(
+                kind=STALE_EPOCH,
+                message=(
+                    f"{self.instance_id}: role epoch {epoch} is stale; it is a {self.role.value} instance at epoch "
+                    f"{self.epoch}"
+                ),
+            )
         return None
 
     def refused(self, channel: Channel, message: Reserve | Prefill | Generate) -> bool:
@@ -137,8 +145,7 @@ class RoleGuard:
             channel.reply(message, error)
         return True
 
-    async def handle_switch(self, channel: Channel, message: SwitchRole,
-                            reset: Callable[[], Awaitable[None]]) -> None:
+    async def handle_switch(self, channel: Channel, message: SwitchRole, reset: Callable[[], Awaitable[None]]) -> None:
         """Answer `SwitchRole`: `RoleSwitched` once done, or the refusal."""
         try:
             switched = await self.switch(message.role, message.epoch, message.drain_timeout_s, reset)
@@ -146,22 +153,34 @@ class RoleGuard:
             log.warning("%s: role switch to %s refused: %s", self.instance_id, message.role.value, exc)
             channel.reply(message, CallError(message=str(exc), kind=exc.kind))
             return
-        log.info("%s: now a %s instance (epoch %d; drained in %.3f s, reset in %.3f s)", self.instance_id,
-                 switched.role.value, switched.epoch, switched.drain_s, switched.reset_s)
+        log.info(
+            "%s: now a %s instance (epoch %d; drained in %.3f s, reset in %.3f s)",
+            self.instance_id,
+            switched.role.value,
+            switched.epoch,
+            switched.drain_s,
+            switched.reset_s,
+        )
         channel.reply(message, switched)
 
-    async def switch(self, target: Role, sender_epoch: int, drain_timeout_s: float,
-                     reset: Callable[[], Awaitable[None]]) -> RoleSwitched:
+    async def switch(
+        self, target: Role, sender_epoch: int, drain_timeout_s: float, reset: Callable[[], Awaitable[None]]
+    ) -> RoleSwitched:
         """Steps 1-5 of the module docstring; `reset` empties the pool (step 4) and raises if
         it cannot. Raises SwitchRefused (the instance then serves on as before)."""
         if not isinstance(target, Role) or not target.is_instance:
-            raise SwitchRefused(f"role: {getattr(target, 'value', target)!r} is not an instance role; choose one "
-                                f"of {', '.join(r.value for r in INSTANCE_ROLES)}")
+            raise SwitchRefused(
+                f"role: {getattr(target, 'value', target)!r} is not an instance role; choose one "
+                f"of {', '.join(r.value for r in INSTANCE_ROLES)}"
+            )
         if self.switching_to is not None:
             raise SwitchRefused(f"{self.instance_id} is already switching to {self.switching_to.value}")
         if sender_epoch != self.epoch:
-            raise SwitchRefused(f"{self.instance_id}: role epoch {sender_epoch} is stale (now {self.epoch}, a "
-                                f"{self.role.value} instance)", kind=STALE_EPOCH)
+            raise SwitchRefused(
+                f"{self.instance_id}: role epoch {sender_epoch} is stale (now {self.epoch}, a "
+                f"{self.role.value} instance)",
+                kind=STALE_EPOCH,
+            )
         if not drain_timeout_s > 0:
             raise SwitchRefused(f"drain_timeout_s: must be positive, got {drain_timeout_s}")
         previous = self.role
@@ -171,9 +190,11 @@ class RoleGuard:
         self.draining.set()
         try:
             if not await self.work.wait_none(drain_timeout_s):
-                raise SwitchRefused(f"{self.instance_id}: {len(self.work)} requests still in flight after the "
-                                    f"{drain_timeout_s:g} s drain timeout; it stays a {previous.value} instance",
-                                    kind=DRAIN_TIMEOUT)
+                raise SwitchRefused(
+                    f"{self.instance_id}: {len(self.work)} requests still in flight after the "
+                    f"{drain_timeout_s:g} s drain timeout; it stays a {previous.value} instance",
+                    kind=DRAIN_TIMEOUT,
+                )
             drained = time.perf_counter()
             try:
                 await reset()
@@ -183,5 +204,11 @@ class RoleGuard:
         finally:
             self.switching_to = None
             self.draining.clear()
-        return RoleSwitched(role=target, epoch=self.epoch, previous_role=previous, drain_s=drained - start,
-                            reset_s=time.perf_counter() - drained, num_drained=num_drained)
+        return RoleSwitched(
+            role=target,
+            epoch=self.epoch,
+            previous_role=previous,
+            drain_s=drained - start,
+            reset_s=time.perf_counter() - drained,
+            num_drained=num_drained,
+        )

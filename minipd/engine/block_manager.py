@@ -43,7 +43,7 @@ def chain_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     """Chained hashes of every full block of `token_ids`."""
     hashes, parent = [], ROOT_HASH
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = hash((parent, tuple(token_ids[start:start + block_size])))
+        parent = hash((parent, tuple(token_ids[start : start + block_size])))
         hashes.append(parent)
     return hashes
 
@@ -93,7 +93,7 @@ class BlockManager:
         block_ids = []
         for i, h in enumerate(chain_hashes(token_ids, bs)):
             block_id = self._hash_to_block.get(h)
-            if block_id is None or self._block_tokens[block_id] != tuple(token_ids[i * bs:(i + 1) * bs]):
+            if block_id is None or self._block_tokens[block_id] != tuple(token_ids[i * bs : (i + 1) * bs]):
                 break
             block_ids.append(block_id)
         if block_ids and len(block_ids) * bs >= len(token_ids):
@@ -115,7 +115,7 @@ class BlockManager:
             if h in self._hash_to_block:  # same content already cached in another block
                 continue
             self._block_hash[block_id] = h
-            self._block_tokens[block_id] = tuple(token_ids[i * bs:(i + 1) * bs])
+            self._block_tokens[block_id] = tuple(token_ids[i * bs : (i + 1) * bs])
             self._hash_to_block[h] = block_id
 
     # ---- allocation -------------------------------------------------------------------

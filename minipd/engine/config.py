@@ -33,16 +33,22 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     cpu_placement: bool = True
 
     def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
-                               max_model_len=self.max_model_len, enable_chunked_prefill=self.enable_chunked_prefill)
+        return SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+        )
 
     def validate(self) -> None:
         for field in ("block_size", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field}: must be positive, got {getattr(self, field)}")
         if self.num_blocks * self.block_size < self.max_model_len:
-            raise ValueError(f"num_blocks * block_size ({self.num_blocks * self.block_size} tokens) must hold "
-                             f"max_model_len ({self.max_model_len}) tokens")
+            raise ValueError(
+                f"num_blocks * block_size ({self.num_blocks * self.block_size} tokens) must hold "
+                f"max_model_len ({self.max_model_len}) tokens"
+            )
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
         if self.dtype not in DTYPE_CHOICES:

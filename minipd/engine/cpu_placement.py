@@ -36,8 +36,11 @@ class CpuPlacement(msgspec.Struct, frozen=True):
             threads = f"torch's default threads ({torch.get_num_threads()})"
         else:
             threads = f"{self.torch_threads} torch thread{'s' if self.torch_threads != 1 else ''}"
-        where = (f"pinned to {cpus_text(self.cpus)}" if self.cpus is not None
-                 else f"on {cpus_text(available_cpus())} (not pinned)")
+        where = (
+            f"pinned to {cpus_text(self.cpus)}"
+            if self.cpus is not None
+            else f"on {cpus_text(available_cpus())} (not pinned)"
+        )
         return f"{threads}, {where}"
 
 
@@ -84,8 +87,10 @@ def check_cpus(cpus: tuple[int, ...]) -> None:
     allowed = available_cpus()
     outside = tuple(c for c in cpus if c not in allowed)
     if not cpus or outside:
-        raise ValueError(f"cpus: {format_cpu_list(outside) if outside else 'an empty list'}: not among the CPUs "
-                         f"this process may use ({format_cpu_list(allowed)})")
+        raise ValueError(
+            f"cpus: {format_cpu_list(outside) if outside else 'an empty list'}: not among the CPUs "
+            f"this process may use ({format_cpu_list(allowed)})"
+        )
 
 
 def default_torch_threads(num_cpus: int) -> int:

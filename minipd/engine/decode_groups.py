@@ -20,8 +20,9 @@ MAX_GROUPS = 4
 GROUP_OVERHEAD_BLOCKS = 8  # a group is worth making when it saves more padded blocks than this
 
 
-def split_by_length(block_counts: Sequence[int], max_groups: int = MAX_GROUPS,
-                    overhead_blocks: int = GROUP_OVERHEAD_BLOCKS) -> list[tuple[int, int]]:
+def split_by_length(
+    block_counts: Sequence[int], max_groups: int = MAX_GROUPS, overhead_blocks: int = GROUP_OVERHEAD_BLOCKS
+) -> list[tuple[int, int]]:
     """Cut `block_counts` (sorted ascending: each decode's context blocks) into at most
     `max_groups` contiguous [start, end) groups, splitting greedily wherever one cut saves
     the most padded blocks, as long as it saves more than `overhead_blocks`."""
@@ -40,5 +41,5 @@ def split_by_length(block_counts: Sequence[int], max_groups: int = MAX_GROUPS,
             break
         index, cut = best
         start, end = groups[index]
-        groups[index:index + 1] = [(start, cut), (cut, end)]
+        groups[index : index + 1] = [(start, cut), (cut, end)]
     return groups

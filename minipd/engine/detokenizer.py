@@ -8,9 +8,8 @@ taken back.
 
 from __future__ import annotations
 
-from minipd.models.tokenizer import Tokenizer
-
 from minipd.engine.request import FinishReason, Request
+from minipd.models.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -31,7 +30,7 @@ class Detokenizer:
         search_from = max(0, previous_len - max(map(len, stops)) + 1)
         hits = [i for i in (request.output_text.find(s, search_from) for s in stops) if i >= 0]
         if hits:
-            request.output_text = request.output_text[:min(hits)]
+            request.output_text = request.output_text[: min(hits)]
             return FinishReason.STOP
         return None
 
@@ -47,6 +46,6 @@ class Detokenizer:
                 limit -= 1
         if limit <= request.num_text_sent:
             return ""
-        out = text[request.num_text_sent:limit]
+        out = text[request.num_text_sent : limit]
         request.num_text_sent = limit
         return out

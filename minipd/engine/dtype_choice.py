@@ -51,15 +51,20 @@ def read_cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
     return None
 
 
-def choose_auto_dtype(device_type: str, cpu_flags: Iterable[str] | None,
-                      cuda_capability: tuple[int, int] | None = None) -> DtypeChoice:
+def choose_auto_dtype(
+    device_type: str, cpu_flags: Iterable[str] | None, cuda_capability: tuple[int, int] | None = None
+) -> DtypeChoice:
     """The "auto" choice from the facts alone (pure, so it can be tested with fake flags)."""
     if device_type == "cuda":
         if cuda_capability is not None and tuple(cuda_capability) >= MIN_CUDA_BF16_CAPABILITY:
-            return DtypeChoice(BF16, f"auto: CUDA compute capability {cuda_capability[0]}.{cuda_capability[1]} "
-                                     "has native bf16 matmuls")
-        return DtypeChoice(FP32, f"auto: CUDA compute capability {cuda_capability} is below "
-                                 f"{MIN_CUDA_BF16_CAPABILITY[0]}.{MIN_CUDA_BF16_CAPABILITY[1]}, no native bf16")
+            return DtypeChoice(
+                BF16, f"auto: CUDA compute capability {cuda_capability[0]}.{cuda_capability[1]} has native bf16 matmuls"
+            )
+        return DtypeChoice(
+            FP32,
+            f"auto: CUDA compute capability {cuda_capability} is below "
+            f"{MIN_CUDA_BF16_CAPABILITY[0]}.{MIN_CUDA_BF16_CAPABILITY[1]}, no native bf16",
+        )
     if device_type != "cpu":
         return DtypeChoice(FP32, f"auto: no bf16 rule for device type {device_type!r}")
     if cpu_flags is None:

@@ -68,10 +68,13 @@ class Engine:
             self.model, self.tokenizer = self.run_on_compute_thread(load_model, config.model, self.device, self.dtype)
             self.model_config = self.model.config
             if config.max_model_len > self.model_config.max_position_embeddings:
-                raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's "
-                                 f"max_position_embeddings ({self.model_config.max_position_embeddings})")
-            self.kv_pool = self.run_on_compute_thread(allocate_kv_pool, self.model_config, config.num_blocks,
-                                                      config.block_size, self.dtype, self.device)
+                raise ValueError(
+                    f"max_model_len ({config.max_model_len}) exceeds the model's "
+                    f"max_position_embeddings ({self.model_config.max_position_embeddings})"
+                )
+            self.kv_pool = self.run_on_compute_thread(
+                allocate_kv_pool, self.model_config, config.num_blocks, config.block_size, self.dtype, self.device
+            )
         except BaseException:
             self._executor.shutdown(wait=False)
             raise
@@ -127,8 +130,9 @@ class Engine:
         await self.close()
 
     # ---- requests ---------------------------------------------------------------------
-    def make_request(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                     request_id: str | None = None) -> Request:
+    def make_request(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> Request:
         """Validate and tokenize; raises InvalidRequestError naming the bad field."""
         params = (params or SamplingParams()).with_seed()
         params.validate(self.model_config.vocab_size)
@@ -138,16 +142,22 @@ class Engine:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         return Request(request_id, token_ids, params)
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               request_id: str | None = None, kv_limit_blocks: int | None = None) -> RequestStream:
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        kv_limit_blocks: int | None = None,
+    ) -> RequestStream:
         """Validate, enqueue and return the request's output stream. With `kv_limit_blocks`,
         raise NoCapacity instead when the KV claims of the live requests and this one would
         exceed it (kv_admission.py)."""
         request = self.make_request(prompt, params, request_id)
         return self._enqueue(request, kv_limit_blocks)
 
-    def submit_prefill(self, token_ids: Sequence[int], params: SamplingParams, request_id: str,
-                       sink: KVSink) -> RequestStream:
+    def submit_prefill(
+        self, token_ids: Sequence[int], params: SamplingParams, request_id: str, sink: KVSink
+    ) -> RequestStream:
         """Prefill only: compute the prompt's KV (in chunks, like any prompt), sample the first
         token, and hand the KV to `sink` (see kv_sink.py). The stream yields that one token."""
         request = self.make_request(token_ids, msgspec.structs.replace(params, max_tokens=1), request_id)
@@ -163,20 +173,31 @@ class Engine:
         their next step: a reservation is the newest request, so it may not take those.
         """
         if len(token_ids) >= self.config.max_model_len:
-            raise InvalidRequestError("prompt", f"{len(token_ids)} tokens; max_model_len is "
-                                                f"{self.config.max_model_len}")
+            raise InvalidRequestError(
+                "prompt", f"{len(token_ids)} tokens; max_model_len is {self.config.max_model_len}"
+            )
         bm = self.block_manager
         if bm.blocks_for(len(token_ids)) > bm.num_blocks:
-            raise InvalidRequestError("prompt", f"{len(token_ids)} tokens need more blocks than this instance's "
-                                                f"whole pool ({bm.num_blocks})")
+            raise InvalidRequestError(
+                "prompt", f"{len(token_ids)} tokens need more blocks than this instance's whole pool ({bm.num_blocks})"
+            )
         needed, spare = bm.num_new_blocks_for(token_ids), self.scheduler.spare_blocks()
         if needed > spare:
-            raise NoCapacity(f"{needed} blocks needed, {bm.num_free_blocks} free of which queued requests need "
-                             f"{bm.num_free_blocks - spare}")
+            raise NoCapacity(
+                f"{needed} blocks needed, {bm.num_free_blocks} free of which queued requests need "
+                f"{bm.num_free_blocks - spare}"
+            )
         return bm.allocate(token_ids)
 
-    def adopt(self, token_ids: Sequence[int], block_ids: list[int], num_cached_tokens: int, first_token: int,
-              params: SamplingParams, request_id: str) -> RequestStream:
+    def adopt(
+        self,
+        token_ids: Sequence[int],
+        block_ids: list[int],
+        num_cached_tokens: int,
+        first_token: int,
+        params: SamplingParams,
+        request_id: str,
+    ) -> RequestStream:
         """Continue a request whose prompt KV is in `block_ids` (received) and whose first token
         was sampled elsewhere; takes ownership of the blocks. The stream starts with `first_token`."""
         request = self.make_request(token_ids, params, request_id)
@@ -199,8 +220,9 @@ class Engine:
     def _enqueue(self, request: Request, kv_limit_blocks: int | None = None) -> RequestStream:
         if self._loop_task is None:
             raise RuntimeError("engine not started: use `async with Engine(...)` or `await engine.start()`")
-        claim = claim_blocks(request.num_prompt_tokens, request.sampling.max_tokens, self.config.max_model_len,
-                             self.config.block_size)
+        claim = claim_blocks(
+            request.num_prompt_tokens, request.sampling.max_tokens, self.config.max_model_len, self.config.block_size
+        )
         self.kv_claims.admit(request.request_id, claim, kv_limit_blocks)
         stream = RequestStream(request.request_id, self.abort, request)
         self._streams[request.request_id] = stream
@@ -209,8 +231,9 @@ class Engine:
         self._wakeup.set()
         return stream
 
-    async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; leaving the loop early aborts the request."""
         async with self.submit(prompt, params, request_id) as stream:
             async for output in stream:
@@ -244,8 +267,12 @@ class Engine:
         self.block_manager.reset()
 
     def stats(self) -> EngineStats:
-        return EngineStats(len(self.scheduler.running), len(self.scheduler.waiting), self.scheduler.num_preemptions,
-                           self.block_manager.usage())
+        return EngineStats(
+            len(self.scheduler.running),
+            len(self.scheduler.waiting),
+            self.scheduler.num_preemptions,
+            self.block_manager.usage(),
+        )
 
     # ---- the loop ---------------------------------------------------------------------
     async def _run(self) -> None:
@@ -300,8 +327,9 @@ class Engine:
         request.token_ids.append(token)
         is_stop_token = token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
         finish = self.detokenizer.update(request, token, is_stop_token)
-        if finish is None and (request.num_output_tokens >= params.max_tokens
-                               or request.num_tokens >= self.config.max_model_len):
+        if finish is None and (
+            request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len
+        ):
             finish = FinishReason.LENGTH
         self._emit(request, finish)
 
@@ -313,16 +341,25 @@ class Engine:
             self.kv_claims.release(request.request_id)
         if stream is None:
             return
-        new_tokens = request.output_token_ids[request.num_tokens_sent:]
+        new_tokens = request.output_token_ids[request.num_tokens_sent :]
         request.num_tokens_sent = request.num_output_tokens
         text = self.detokenizer.take_text(request, finished=finish is not None)
         if not new_tokens and not text and finish is None:
             return
-        stream.put(RequestOutput(
-            request_id=request.request_id, token_ids=new_tokens, text=text, finished=finish is not None,
-            finish_reason=None if finish is None else finish.value, num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=request.num_output_tokens, num_cached_tokens=request.num_cached_tokens,
-            error=error, queue_time_s=request.queue_time_s))
+        stream.put(
+            RequestOutput(
+                request_id=request.request_id,
+                token_ids=new_tokens,
+                text=text,
+                finished=finish is not None,
+                finish_reason=None if finish is None else finish.value,
+                num_prompt_tokens=request.num_prompt_tokens,
+                num_output_tokens=request.num_output_tokens,
+                num_cached_tokens=request.num_cached_tokens,
+                error=error,
+                queue_time_s=request.queue_time_s,
+            )
+        )
 
     def _finish(self, request: Request, finish: FinishReason, error: str | None) -> None:
         if request.kv_sink is None:
@@ -338,4 +375,3 @@ class Engine:
             if stream is not None:
                 self._emit(stream.request, FinishReason.ABORT)
         self._pending_aborts.clear()
-

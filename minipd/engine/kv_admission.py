@@ -49,8 +49,9 @@ class KVClaims:
     def admit(self, request_id: str, blocks: int, limit: int | None) -> None:
         """Record the claim, or raise NoCapacity when it would take the total past `limit`."""
         if limit is not None and self._claims and self.total + blocks > limit:
-            raise NoCapacity(f"KV capacity exhausted: live requests claim {self.total} of {limit} blocks and this "
-                             f"one needs {blocks}")
+            raise NoCapacity(
+                f"KV capacity exhausted: live requests claim {self.total} of {limit} blocks and this one needs {blocks}"
+            )
         self.total += blocks - self._claims.get(request_id, 0)
         self._claims[request_id] = blocks
 

@@ -29,8 +29,9 @@ def kv_pool_shape(config: ModelConfig, num_blocks: int, block_size: int) -> tupl
 HUGE_PAGE_BYTES = 2 << 20
 
 
-def allocate_kv_pool(config: ModelConfig, num_blocks: int, block_size: int,
-                     dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def allocate_kv_pool(
+    config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """Zero-filled so every page is touched now rather than during the first transfers."""
     shape = kv_pool_shape(config, num_blocks, block_size)
     if torch.device(device).type == "cpu":
@@ -47,7 +48,7 @@ def allocate_host_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Te
     num_bytes = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
     backing = np.empty(num_bytes + HUGE_PAGE_BYTES, dtype=np.uint8)
     start = -backing.ctypes.data % HUGE_PAGE_BYTES
-    flat = torch.from_numpy(backing[start:start + num_bytes])  # keeps `backing` alive
+    flat = torch.from_numpy(backing[start : start + num_bytes])  # keeps `backing` alive
     flat.zero_()
     return flat.view(dtype).view(shape)
 

@@ -44,18 +44,24 @@ LayerCall = tuple[KVSink, int]  # a sink and the prompt tokens final after this 
 
 def sink_calls(chunks: Sequence[ScheduledChunk]) -> list[LayerCall]:
     """The sinks of a step's chunks, each with the prompt tokens whose KV the step makes final."""
-    return [(c.request.kv_sink, c.request.num_computed_tokens + c.num_new_tokens)
-            for c in chunks if c.request.kv_sink is not None]
+    return [
+        (c.request.kv_sink, c.request.num_computed_tokens + c.num_new_tokens)
+        for c in chunks
+        if c.request.kv_sink is not None
+    ]
 
 
-def layer_notifier(loop: asyncio.AbstractEventLoop, calls: list[LayerCall],
-                   wait_for_device: Callable[[], None] | None) -> Callable[[int], None]:
+def layer_notifier(
+    loop: asyncio.AbstractEventLoop, calls: list[LayerCall], wait_for_device: Callable[[], None] | None
+) -> Callable[[int], None]:
     """A model layer hook (runs on the compute thread) that tells the sinks on the loop;
     `wait_for_device` first makes the write visible to other streams (CUDA)."""
+
     def layer_done(layer: int) -> None:
         if wait_for_device is not None:
             wait_for_device()
         loop.call_soon_threadsafe(_notify, calls, layer)
+
     return layer_done
 
 

@@ -29,8 +29,10 @@ def _gguf_path(name_or_path: str) -> Path | None:
 
 
 def _unknown(name_or_path: str) -> ValueError:
-    return ValueError(f"model: {name_or_path!r} is neither a preset ({sorted(PRESETS)}), a packaged model "
-                      f"({sorted(PACKAGED_MODELS)}), a {GGUF_SUFFIX} file nor a directory")
+    return ValueError(
+        f"model: {name_or_path!r} is neither a preset ({sorted(PRESETS)}), a packaged model "
+        f"({sorted(PACKAGED_MODELS)}), a {GGUF_SUFFIX} file nor a directory"
+    )
 
 
 def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype) -> tuple[LlamaForCausalLM, Tokenizer]:

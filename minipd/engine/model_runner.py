@@ -11,12 +11,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from minipd.models.llama import LayerHook, LlamaForCausalLM
-from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan
-
 from minipd.engine.decode_groups import split_by_length
 from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
+from minipd.models.llama import LayerHook, LlamaForCausalLM
+from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +107,10 @@ class ModelRunner:
 
     def _metadata(self, slot_blocks, slot_offsets, decode_tables, decode_lens, prefill_specs) -> AttentionMetadata:
         as_tensor = _long_tensor_factory(self.device)
-        groups = tuple(self._decode_group(start, decode_tables[start:end], decode_lens[start:end])
-                       for start, end in split_by_length([len(t) for t in decode_tables]))
+        groups = tuple(
+            self._decode_group(start, decode_tables[start:end], decode_lens[start:end])
+            for start, end in split_by_length([len(t) for t in decode_tables])
+        )
         prefills = tuple(
             PrefillSpan(q_start, q_len, ctx_len, as_tensor(blocks), _chunk_mask(q_len, ctx_len, self.device))
             for q_start, q_len, ctx_len, blocks in prefill_specs
@@ -148,4 +149,5 @@ def _chunk_mask(query_len: int, context_len: int, device: torch.device) -> torch
 def _long_tensor_factory(device: torch.device) -> Callable[[list[int]], torch.Tensor]:
     def as_tensor(values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+
     return as_tensor

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from minipd.engine.sampling_params import MAX_INT, InvalidRequestError
 from minipd.models.tokenizer import Tokenizer
 
-from minipd.engine.sampling_params import MAX_INT, InvalidRequestError
 
-
-def prompt_token_ids(tokenizer: Tokenizer, prompt: str | Sequence[int], vocab_size: int,
-                     max_model_len: int) -> list[int]:
+def prompt_token_ids(
+    tokenizer: Tokenizer, prompt: str | Sequence[int], vocab_size: int, max_model_len: int
+) -> list[int]:
     """Raises InvalidRequestError naming `prompt` or `prompt_token_ids`."""
     if isinstance(prompt, str):
         if not prompt:
@@ -22,8 +22,11 @@ def prompt_token_ids(tokenizer: Tokenizer, prompt: str | Sequence[int], vocab_si
         bound = tokenizer.max_token_chars
         at_least = -(-len(prompt) // bound) if bound else 0
         if at_least >= max_model_len:  # refused without tokenizing (megabytes take seconds)
-            raise InvalidRequestError("prompt", f"at least {at_least} tokens; max_model_len is {max_model_len} "
-                                                f"(the prompt must leave room for at least one output token)")
+            raise InvalidRequestError(
+                "prompt",
+                f"at least {at_least} tokens; max_model_len is {max_model_len} "
+                f"(the prompt must leave room for at least one output token)",
+            )
         token_ids = tokenizer.encode(prompt)
     else:
         token_ids = list(prompt)
@@ -32,8 +35,11 @@ def prompt_token_ids(tokenizer: Tokenizer, prompt: str | Sequence[int], vocab_si
         if len(token_ids) < max_model_len:  # a longer one is refused below, without scanning it
             _check_vocabulary(token_ids, vocab_size)
     if len(token_ids) >= max_model_len:
-        raise InvalidRequestError("prompt", f"{len(token_ids)} tokens; max_model_len is {max_model_len} "
-                                            f"(the prompt must leave room for at least one output token)")
+        raise InvalidRequestError(
+            "prompt",
+            f"{len(token_ids)} tokens; max_model_len is {max_model_len} "
+            f"(the prompt must leave room for at least one output token)",
+        )
     return token_ids
 
 

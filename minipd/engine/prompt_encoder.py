@@ -26,8 +26,9 @@ T = TypeVar("T")
 class PromptEncoder:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
-        self._executor = concurrent.futures.ThreadPoolExecutor(NUM_TOKENIZER_THREADS,
-                                                               thread_name_prefix="minipd-tokenize")
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            NUM_TOKENIZER_THREADS, thread_name_prefix="minipd-tokenize"
+        )
 
     async def run(self, fn: Callable[..., T], *args) -> T:
         """`fn(*args)` on a tokenizer thread (for work that renders and encodes at once)."""

@@ -54,15 +54,23 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     def aborted(cls, request_id: str, error: str | None, num_prompt_tokens: int = 0) -> "RequestOutput":
         """The final output of a request that ended without (more) tokens: aborted, or failed
         with `error`."""
-        return cls(request_id=request_id, token_ids=[], text="", finished=True,
-                   finish_reason=FinishReason.ABORT.value, num_prompt_tokens=num_prompt_tokens, error=error)
+        return cls(
+            request_id=request_id,
+            token_ids=[],
+            text="",
+            finished=True,
+            finish_reason=FinishReason.ABORT.value,
+            num_prompt_tokens=num_prompt_tokens,
+            error=error,
+        )
 
 
 class Request:
     """Token ids (prompt then output), the blocks holding their KV, and progress counters."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams,
-                 arrival_time: float | None = None):
+    def __init__(
+        self, request_id: str, prompt_token_ids: list[int], sampling: SamplingParams, arrival_time: float | None = None
+    ):
         self.request_id = request_id
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -106,8 +114,10 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     def __repr__(self) -> str:
-        return (f"Request({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
-                f"status={self.status.value})")
+        return (
+            f"Request({self.request_id!r}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+            f"status={self.status.value})"
+        )

@@ -49,7 +49,8 @@ class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
-                f"({self.max_model_len}) without chunked prefill, or a long prompt could never run")
+                f"({self.max_model_len}) without chunked prefill, or a long prompt could never run"
+            )
 
 
 class ScheduledChunk(NamedTuple):
@@ -111,8 +112,9 @@ class Scheduler:
         """Advance progress after the step ran; newly full blocks become prefix-cache entries."""
         for request, num_new, _ in output.chunks:
             request.num_computed_tokens += num_new
-            self.block_manager.register_computed(request.block_ids, request.token_ids,
-                                                 min(request.num_computed_tokens, request.num_prompt_tokens))
+            self.block_manager.register_computed(
+                request.block_ids, request.token_ids, min(request.num_computed_tokens, request.num_prompt_tokens)
+            )
 
     def finish(self, request: Request, free_blocks: bool = True) -> list[int]:
         """Remove a request from the queues; its blocks are freed, or returned to the caller
@@ -136,8 +138,9 @@ class Scheduler:
         hits are not subtracted), and the next block of every request about to cross into
         one. Anything newer (a reservation) must leave these free."""
         bm = self.block_manager
-        return sum(max(0, bm.blocks_for(r.num_tokens) - len(r.block_ids))
-                   for r in itertools.chain(self.running, self.waiting))
+        return sum(
+            max(0, bm.blocks_for(r.num_tokens) - len(r.block_ids)) for r in itertools.chain(self.running, self.waiting)
+        )
 
     def spare_blocks(self) -> int:
         """Free blocks that no queued request needs for its next step: what a reservation (the
@@ -161,13 +164,20 @@ class Scheduler:
 
         def shortfall() -> int:
             return bm.blocks_for(request.num_computed_tokens + num_new) - len(request.block_ids) - bm.num_free_blocks
+
         if not self._reclaim(request, shortfall, preempted, take_from_running):
             return False
         bm.allocate_slots(request.block_ids, request.num_computed_tokens + num_new)
         return True
 
-    def _reclaim(self, request: Request, shortfall: Callable[[], int], preempted: list[Request],
-                 take_from_running: bool, keep: Sequence[int] = ()) -> bool:
+    def _reclaim(
+        self,
+        request: Request,
+        shortfall: Callable[[], int],
+        preempted: list[Request],
+        take_from_running: bool,
+        keep: Sequence[int] = (),
+    ) -> bool:
         """Preempt requests newer than `request`, newest first, until `shortfall()` <= 0; only
         if together they can free enough (their KV is not thrown away for nothing). `keep`:
         blocks `request` would reuse (its prefix-cache hits), which freeing does not gain."""
@@ -204,6 +214,7 @@ class Scheduler:
 
             def shortfall(request: Request = request) -> int:
                 return bm.num_new_blocks_for(request.token_ids) - bm.num_free_blocks
+
             if not self._reclaim(request, shortfall, preempted, take_from_running=False, keep=match.block_ids):
                 break
             request.block_ids, request.num_computed_tokens = bm.allocate(request.token_ids)

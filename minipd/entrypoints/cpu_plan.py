@@ -36,12 +36,12 @@ class ChildPlacement(NamedTuple):
         return f"{self.torch_threads} torch thread{'s' if self.torch_threads != 1 else ''} on {where}"
 
 
-def plan_cluster(instances: list[str], cpus: tuple[int, ...] | None = None, torch_threads: int | None = None,
-                 enabled: bool = True) -> dict[str, ChildPlacement]:
+def plan_cluster(
+    instances: list[str], cpus: tuple[int, ...] | None = None, torch_threads: int | None = None, enabled: bool = True
+) -> dict[str, ChildPlacement]:
     """Each instance's placement and the router's (under `ROUTER`), in the order given."""
     if not enabled:
-        return {name: ChildPlacement(cpus, torch_threads) for name in instances} | {
-            ROUTER: ChildPlacement(cpus, None)}
+        return {name: ChildPlacement(cpus, torch_threads) for name in instances} | {ROUTER: ChildPlacement(cpus, None)}
     cores = cpus if cpus is not None else available_cpus()
     n, k = len(cores), len(instances)
     if n > k:
@@ -50,8 +50,10 @@ def plan_cluster(instances: list[str], cpus: tuple[int, ...] | None = None, torc
     else:
         shares = [(cores[i % n],) for i in range(k)]
         router = cores
-    plan = {name: ChildPlacement(share, torch_threads or default_torch_threads(len(share)))
-            for name, share in zip(instances, shares)}
+    plan = {
+        name: ChildPlacement(share, torch_threads or default_torch_threads(len(share)))
+        for name, share in zip(instances, shares)
+    }
     plan[ROUTER] = ChildPlacement(router, None)
     return plan
 
@@ -62,6 +64,6 @@ def _split(cores: tuple[int, ...], parts: int) -> list[tuple[int, ...]]:
     runs, start = [], 0
     for i in range(parts):
         size = base + (1 if i < extra else 0)
-        runs.append(cores[start:start + size])
+        runs.append(cores[start : start + size])
         start += size
     return runs

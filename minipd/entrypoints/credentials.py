@@ -42,12 +42,19 @@ def is_loopback(host: str) -> bool:
 def warn_if_exposed(what: str, host: str, secret: SharedSecret | None) -> None:
     """Log a warning when `what` listens on a non-loopback `host` without a cluster secret."""
     if secret is None and not is_loopback(host):
-        log.warning("%s listens on %s without a cluster secret: anyone who can reach it can reserve KV blocks, "
-                    "write KV into them (poisoning the prefix cache), register as an instance and receive prompts. "
-                    "Set --cluster-secret (or MINIPD_CLUSTER_SECRET) on every process of the cluster.", what, host)
+        log.warning(
+            "%s listens on %s without a cluster secret: anyone who can reach it can reserve KV blocks, "
+            "write KV into them (poisoning the prefix cache), register as an instance and receive prompts. "
+            "Set --cluster-secret (or MINIPD_CLUSTER_SECRET) on every process of the cluster.",
+            what,
+            host,
+        )
 
 
 def warn_if_open_api(host: str, api_key: str | None) -> None:
     if api_key is None and not is_loopback(host):
-        log.warning("the OpenAI API listens on %s without an API key: anyone who can reach it can use it. "
-                    "Set --api-key (or MINIPD_API_KEY).", host)
+        log.warning(
+            "the OpenAI API listens on %s without an API key: anyone who can reach it can use it. "
+            "Set --api-key (or MINIPD_API_KEY).",
+            host,
+        )

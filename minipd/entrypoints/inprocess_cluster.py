@@ -11,14 +11,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from minipd.control.role import Role
-from minipd.transports.loopback_hub import LoopbackHub
-
-from minipd.engine.engine import Engine, EngineConfig
 from minipd.disagg.instance import Instance
+from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.request_stream import RequestStream
+from minipd.engine.sampling_params import SamplingParams
 from minipd.router.role_switch import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport
 from minipd.router.router import Router, RouterConfig
-from minipd.engine.sampling_params import SamplingParams
+from minipd.transports.loopback_hub import LoopbackHub
 from minipd.transports.shared_secret import SharedSecret
 
 LOCALHOST = "127.0.0.1"
@@ -30,9 +29,16 @@ class InProcessCluster:
         self.instances = instances
 
     @classmethod
-    async def start(cls, config: EngineConfig = EngineConfig(), num_prefill: int = 1, num_decode: int = 1,
-                    router_config: RouterConfig = RouterConfig(), lease_s: float | None = None,
-                    secret: SharedSecret | None = None, transport_options: dict | None = None) -> "InProcessCluster":
+    async def start(
+        cls,
+        config: EngineConfig = EngineConfig(),
+        num_prefill: int = 1,
+        num_decode: int = 1,
+        router_config: RouterConfig = RouterConfig(),
+        lease_s: float | None = None,
+        secret: SharedSecret | None = None,
+        transport_options: dict | None = None,
+    ) -> "InProcessCluster":
         """`transport_options`: passed to every instance's loopback transport (e.g. `link_gbps`)."""
         hub = LoopbackHub()
         instances: list[Instance] = []
@@ -40,9 +46,16 @@ class InProcessCluster:
         try:
             for role, count in ((Role.PREFILL, num_prefill), (Role.DECODE, num_decode)):
                 for i in range(count):
-                    instance = await Instance.create(Engine(config), role, f"{role.value}-{i}", "loopback",
-                                                     config.model, {"hub": hub, **(transport_options or {})},
-                                                     secret=secret, **extra)
+                    instance = await Instance.create(
+                        Engine(config),
+                        role,
+                        f"{role.value}-{i}",
+                        "loopback",
+                        config.model,
+                        {"hub": hub, **(transport_options or {})},
+                        secret=secret,
+                        **extra,
+                    )
                     instances.append(instance)
                     await instance.serve(LOCALHOST, 0)
             router = Router(instances[0].engine.tokenizer, router_config, model_name=config.model, secret=secret)
@@ -54,17 +67,24 @@ class InProcessCluster:
             raise
         return cls(router, instances)
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               request_id: str | None = None, layerwise: bool | None = None) -> RequestStream:
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        layerwise: bool | None = None,
+    ) -> RequestStream:
         return self.router.submit(prompt, params, request_id, layerwise)
 
-    async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-                       layerwise: bool | None = None):
+    async def generate(
+        self, prompt, params: SamplingParams | None = None, request_id: str | None = None, layerwise: bool | None = None
+    ):
         async for output in self.router.generate(prompt, params, request_id, layerwise):
             yield output
 
-    async def switch_role(self, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
-                          ) -> SwitchReport:
+    async def switch_role(
+        self, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    ) -> SwitchReport:
         """Switch one instance's role in place, through the router (`Router.switch_role`)."""
         return await self.router.switch_role(instance_id, role, drain_timeout_s)
 

@@ -30,7 +30,6 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import NamedTuple
 
-from minipd.transports import fault_points
 from minipd.control.handshake import open_channel
 from minipd.control.messages import Register
 from minipd.control.role import Role
@@ -41,10 +40,16 @@ from minipd.entrypoints.credentials import cluster_secret_from_args
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.openmp_env import passive_env
 from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
-from minipd.entrypoints.roles import (controller_from_args, demo_params, engine_config_from_args, http_config,
-                                      router_config_from_args)
+from minipd.entrypoints.roles import (
+    controller_from_args,
+    demo_params,
+    engine_config_from_args,
+    http_config,
+    router_config_from_args,
+)
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.client import ClusterClient
+from minipd.transports import fault_points
 from minipd.transports.shared_secret import SharedSecret, generate_secret_text
 
 log = logging.getLogger(__name__)
@@ -87,8 +92,9 @@ class ProcessCluster:
         self.cluster_secret: SharedSecret = cluster_secret_from_args(args)
         self.children: list[Child] = []
         self.router_address: tuple[str, int] | None = None
-        self.placement = plan_cluster([name for name, _ in self._instances()], args.cpus, args.torch_threads,
-                                      args.cpu_placement)
+        self.placement = plan_cluster(
+            [name for name, _ in self._instances()], args.cpus, args.torch_threads, args.cpu_placement
+        )
         self.fault_dir = fault_dir
 
     @classmethod
@@ -101,9 +107,11 @@ class ProcessCluster:
 
     def _instances(self) -> list[tuple[str, Role]]:
         args = self.args
-        return ([(f"{_NAMES[Role.PREFILL]}-{i}", Role.PREFILL) for i in range(args.num_prefill)]
-                + [(f"{_NAMES[Role.DECODE]}-{i}", Role.DECODE) for i in range(args.num_decode)]
-                + [(f"{_NAMES[Role.BOTH]}-{i}", Role.BOTH) for i in range(args.num_colocated)])
+        return (
+            [(f"{_NAMES[Role.PREFILL]}-{i}", Role.PREFILL) for i in range(args.num_prefill)]
+            + [(f"{_NAMES[Role.DECODE]}-{i}", Role.DECODE) for i in range(args.num_decode)]
+            + [(f"{_NAMES[Role.BOTH]}-{i}", Role.BOTH) for i in range(args.num_colocated)]
+        )
 
     def _child_argv(self, name: str, role: Role) -> list[str]:
         """The flags `role` inherits, with this child's share of the cores in place of the
@@ -115,13 +123,23 @@ class ProcessCluster:
     async def start(self) -> None:
         instances = self._instances()
         try:
-            await asyncio.gather(*(self._spawn(name, role, [
-                "--instance-id", name, _CONTROL_PORT_FLAG[role], "0", *self._child_argv(name, role)])
-                for name, role in instances))
+            await asyncio.gather(
+                *(
+                    self._spawn(
+                        name,
+                        role,
+                        ["--instance-id", name, _CONTROL_PORT_FLAG[role], "0", *self._child_argv(name, role)],
+                    )
+                    for name, role in instances
+                )
+            )
             order = [name for name, _ in instances]
             self.children.sort(key=lambda c: order.index(c.name))  # as listed, however they came up
-            addresses = [item for child in self.children
-                         for item in (_ROUTER_FLAG[child.role], f"{child.address[0]}:{child.address[1]}")]
+            addresses = [
+                item
+                for child in self.children
+                for item in (_ROUTER_FLAG[child.role], f"{child.address[0]}:{child.address[1]}")
+            ]
             router = await self._spawn(ROUTER, Role.ROUTER, [*self._child_argv(ROUTER, Role.ROUTER), *addresses])
         except BaseException:
             await self.stop()
@@ -167,8 +185,9 @@ class ProcessCluster:
     async def rejoin(self, name: str) -> None:
         """Have the router register child `name` (running, but no longer registered)."""
         host, port = self.child(name).address
-        channel, _ = await open_channel(*self.router_address, None, f"rejoin-{name}", self.child(name).role,
-                                        self.cluster_secret, REGISTER_TIMEOUT_S)
+        channel, _ = await open_channel(
+            *self.router_address, None, f"rejoin-{name}", self.child(name).role, self.cluster_secret, REGISTER_TIMEOUT_S
+        )
         try:
             await channel.call(Register(host=host, port=port), REGISTER_TIMEOUT_S)
         finally:
@@ -185,8 +204,9 @@ class ProcessCluster:
                 env.pop(variable, None)
             else:
                 env[variable] = value
-        process = await asyncio.create_subprocess_exec(sys.executable, "-m", "minipd", "--role", role.value, *argv,
-                                                       stdout=asyncio.subprocess.PIPE, env=env)
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "minipd", "--role", role.value, *argv, stdout=asyncio.subprocess.PIPE, env=env
+        )
         announcements: list[str] = []
         try:
             address = await asyncio.wait_for(self._wait_ready(name, process, announcements), READY_TIMEOUT_S)
@@ -200,13 +220,13 @@ class ProcessCluster:
         return child
 
     @staticmethod
-    async def _wait_ready(name: str, process: asyncio.subprocess.Process, announcements: list[str]
-                          ) -> tuple[str, int]:
+    async def _wait_ready(name: str, process: asyncio.subprocess.Process, announcements: list[str]) -> tuple[str, int]:
         while True:
             line = (await process.stdout.readline()).decode()
             if not line:
-                raise RuntimeError(f"{name} exited with status {await process.wait()} before it was ready "
-                                   "(its error is above)")
+                raise RuntimeError(
+                    f"{name} exited with status {await process.wait()} before it was ready (its error is above)"
+                )
             if line.startswith("READY "):
                 host, _, port = line.split()[-1].rpartition(":")
                 return host, int(port)
@@ -248,12 +268,14 @@ def prepare_cluster(args: argparse.Namespace) -> Coroutine:
     router_config_from_args(args)
     controller_from_args(args)
     http_config(args.http_host, args.http_port, args)
-    return run_cluster(ProcessCluster(args), args.prompt, demo_params(args),
-                       chat_wrapper(tokenizer) if args.chat else None)
+    return run_cluster(
+        ProcessCluster(args), args.prompt, demo_params(args), chat_wrapper(tokenizer) if args.chat else None
+    )
 
 
-async def run_cluster(cluster: ProcessCluster, prompts: list[str], params: SamplingParams,
-                      wrap: Callable[[str], str] | None = None) -> int:
+async def run_cluster(
+    cluster: ProcessCluster, prompts: list[str], params: SamplingParams, wrap: Callable[[str], str] | None = None
+) -> int:
     """Start the cluster, print where it serves, answer `prompts` (each passed through `wrap`
     first, when given) or serve until Ctrl-C, then stop every process."""
     stop = asyncio.create_task(wait_for_stop_signal())
@@ -264,11 +286,17 @@ async def run_cluster(cluster: ProcessCluster, prompts: list[str], params: Sampl
         host, port = cluster.router_address
         roles = ", ".join(f"{c.name} at {c.address[0]}:{c.address[1]}" for c in cluster.children[:-1])
         print(f"cluster ready ({cluster.args.transport} KV transport): {roles}", flush=True)
-        print(f"router: {host}:{port}  (Python: await minipd.ClusterClient.connect({host!r}, {port}, "
-              f"secret=os.environ['MINIPD_CLUSTER_SECRET']))", flush=True)
+        print(
+            f"router: {host}:{port}  (Python: await minipd.ClusterClient.connect({host!r}, {port}, "
+            f"secret=os.environ['MINIPD_CLUSTER_SECRET']))",
+            flush=True,
+        )
         if cluster.secret_generated:
-            print("the cluster secret was generated for this run and is known only to its processes; to connect "
-                  "clients of your own, start the cluster with MINIPD_CLUSTER_SECRET set", flush=True)
+            print(
+                "the cluster secret was generated for this run and is known only to its processes; to connect "
+                "clients of your own, start the cluster with MINIPD_CLUSTER_SECRET set",
+                flush=True,
+            )
         for line in cluster.child("router").announcements:
             print(line, flush=True)
         if prompts:

@@ -62,16 +62,25 @@ def format_result(prompt: str, r: DemoResult) -> str:
     if r.error and not r.token_ids:
         return f"prompt: {prompt!r}\n  error: {r.error}"
     itl_ms = [x * MS for x in r.timing.itl_s]
-    itl = (f"ITL mean {statistics.fmean(itl_ms):.1f} ms, p50 {statistics.median(itl_ms):.1f} ms, "
-           f"max {max(itl_ms):.1f} ms" if itl_ms else "ITL n/a")
-    lines = [f"prompt: {prompt!r}", f"  output ({len(r.token_ids)} tokens, finish={r.finish_reason}): {r.text!r}",
-             f"  token ids: {r.token_ids}", f"  TTFT {r.timing.ttft_s * MS:.1f} ms, {itl}"]
+    itl = (
+        f"ITL mean {statistics.fmean(itl_ms):.1f} ms, p50 {statistics.median(itl_ms):.1f} ms, max {max(itl_ms):.1f} ms"
+        if itl_ms
+        else "ITL n/a"
+    )
+    lines = [
+        f"prompt: {prompt!r}",
+        f"  output ({len(r.token_ids)} tokens, finish={r.finish_reason}): {r.text!r}",
+        f"  token ids: {r.token_ids}",
+        f"  TTFT {r.timing.ttft_s * MS:.1f} ms, {itl}",
+    ]
     if r.transfer is not None:
         t = r.transfer
         hidden = 1 - t.exposed_s / t.transfer_s if t.transfer_s > 0 else 0.0
-        lines.append(f"  KV {t.prefill_instance} -> {t.decode_instance}: {t.num_bytes / 2**10:.1f} KiB, "
-                     f"prefill compute {t.compute_s * MS:.1f} ms, transfer {t.transfer_s * MS:.2f} ms, "
-                     f"exposed {t.exposed_s * MS:.2f} ms (hidden {hidden:.0%})")
+        lines.append(
+            f"  KV {t.prefill_instance} -> {t.decode_instance}: {t.num_bytes / 2**10:.1f} KiB, "
+            f"prefill compute {t.compute_s * MS:.1f} ms, transfer {t.transfer_s * MS:.2f} ms, "
+            f"exposed {t.exposed_s * MS:.2f} ms (hidden {hidden:.0%})"
+        )
     elif r.error:
         lines.append(f"  error: {r.error}")
     return "\n".join(lines)
@@ -84,8 +93,13 @@ def chat_wrapper(tokenizer: Tokenizer) -> Callable[[str], str]:
     return lambda prompt: template.render([ChatMessage("user", prompt)], add_generation_prompt=True)
 
 
-async def answer_prompts(server, prompts: list[str], params: SamplingParams, out: TextIO = sys.stdout,
-                         wrap: Callable[[str], str] | None = None) -> int:
+async def answer_prompts(
+    server,
+    prompts: list[str],
+    params: SamplingParams,
+    out: TextIO = sys.stdout,
+    wrap: Callable[[str], str] | None = None,
+) -> int:
     """Answer `prompts` together (or stdin lines one by one), each passed through `wrap` first
     when given; returns 2 if any was refused."""
     status = 0
@@ -111,7 +125,8 @@ async def answer_prompts(server, prompts: list[str], params: SamplingParams, out
     return status
 
 
-async def run_demo(engine: Engine, prompts: list[str], params: SamplingParams, out: TextIO = sys.stdout,
-                   chat: bool = False) -> int:
+async def run_demo(
+    engine: Engine, prompts: list[str], params: SamplingParams, out: TextIO = sys.stdout, chat: bool = False
+) -> int:
     async with engine:
         return await answer_prompts(engine, prompts, params, out, chat_wrapper(engine.tokenizer) if chat else None)

@@ -59,8 +59,9 @@ def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
         secret = cluster_secret_from_args(args)
         http = http_config(args.http_host, args.http_port, args)
         print(f"minipd router: placement: {_router_cpus(args)}, {openmp_env.describe()}", file=sys.stderr, flush=True)
-        router = Router(load_tokenizer_only(args.model), router_config_from_args(args), model_name=args.model,
-                        secret=secret)
+        router = Router(
+            load_tokenizer_only(args.model), router_config_from_args(args), model_name=args.model, secret=secret
+        )
         return run_router(router, args, http, controller_from_args(args))
     if role is Role.CLUSTER:
         from minipd.entrypoints.process_cluster import prepare_cluster
@@ -81,10 +82,17 @@ def load_engine(role: Role, config: EngineConfig) -> Engine:
     """Build the engine and say on stderr which model and dtype it serves, and why that dtype."""
     start = time.perf_counter()
     engine = Engine(config)
-    print(f"minipd {role.value}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
-          f"{engine.dtype_choice.describe()}", file=sys.stderr, flush=True)
-    print(f"minipd {role.value}: placement: {engine.placement.describe()}, {openmp_env.describe()}",
-          file=sys.stderr, flush=True)
+    print(
+        f"minipd {role.value}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
+        f"{engine.dtype_choice.describe()}",
+        file=sys.stderr,
+        flush=True,
+    )
+    print(
+        f"minipd {role.value}: placement: {engine.placement.describe()}, {openmp_env.describe()}",
+        file=sys.stderr,
+        flush=True,
+    )
     return engine
 
 
@@ -113,11 +121,17 @@ def controller_from_args(args: argparse.Namespace) -> tuple[ControllerConfig, Li
         slo = SLO.parse(args.controller_slo)
     except ValueError as exc:
         raise ValueError(f"controller_slo: {exc}") from None
-    policy = ControllerConfig(slo=slo, target=args.controller_target, hysteresis=args.controller_hysteresis,
-                              window_s=args.controller_window_s, cooldown_s=args.controller_cooldown_s,
-                              min_samples=args.controller_min_samples)  # ValueError names the field
-    return policy, LiveControllerOptions(interval_s=args.controller_interval_s,
-                                         drain_timeout_s=args.controller_drain_timeout_s)
+    policy = ControllerConfig(
+        slo=slo,
+        target=args.controller_target,
+        hysteresis=args.controller_hysteresis,
+        window_s=args.controller_window_s,
+        cooldown_s=args.controller_cooldown_s,
+        min_samples=args.controller_min_samples,
+    )  # ValueError names the field
+    return policy, LiveControllerOptions(
+        interval_s=args.controller_interval_s, drain_timeout_s=args.controller_drain_timeout_s
+    )
 
 
 def http_config(host: str, port: int | None, args: argparse.Namespace) -> HttpConfig | None:
@@ -125,16 +139,28 @@ def http_config(host: str, port: int | None, args: argparse.Namespace) -> HttpCo
     if port is None:
         return None
     validate_ratio(args.kv_admission_ratio)
-    config = HttpConfig(host=host, port=port, max_waiting_requests=args.max_waiting_requests,
-                        header_timeout_s=args.http_header_timeout_s, body_timeout_s=args.http_body_timeout_s,
-                        api_key=api_key_from_args(args), shutdown_timeout_s=args.shutdown_timeout_s)
+    config = HttpConfig(
+        host=host,
+        port=port,
+        max_waiting_requests=args.max_waiting_requests,
+        header_timeout_s=args.http_header_timeout_s,
+        body_timeout_s=args.http_body_timeout_s,
+        api_key=api_key_from_args(args),
+        shutdown_timeout_s=args.shutdown_timeout_s,
+    )
     config.validate()
     return config
 
 
 def demo_params(args: argparse.Namespace) -> SamplingParams:
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos)
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        ignore_eos=args.ignore_eos,
+    )
     params.validate(vocab_size=2**31)  # token-id fields are checked against the model later
     return params
 
@@ -156,15 +182,25 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
             await engine.start()
         else:
             warn_if_exposed(f"{role.value} instance {instance_id}", args.host, secret)
-            instance = await Instance.create(engine, role, instance_id, args.transport, args.model, options,
-                                             lease_s=args.lease_s, secret=secret,
-                                             max_connections=args.max_connections,
-                                             liveness_timeout_s=args.liveness_timeout_s)
+            instance = await Instance.create(
+                engine,
+                role,
+                instance_id,
+                args.transport,
+                args.model,
+                options,
+                lease_s=args.lease_s,
+                secret=secret,
+                max_connections=args.max_connections,
+                liveness_timeout_s=args.liveness_timeout_s,
+            )
             port = await instance.serve(args.host, control_port)
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
-            api = await start_api(EngineBackend(engine, args.served_model_name or args.model,
-                                                kv_admission_ratio=args.kv_admission_ratio), http)
+            api = await start_api(
+                EngineBackend(engine, args.served_model_name or args.model, kv_admission_ratio=args.kv_admission_ratio),
+                http,
+            )
         if instance is not None:
             print(f"READY {role.value} {instance.instance_id} {args.host}:{port}", flush=True)
             if args.router is not None:
@@ -197,23 +233,29 @@ async def _register(router: tuple[str, int], role: Role, host: str, port: int, s
         await channel.close()
 
 
-async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig | None,
-                     controller: tuple[ControllerConfig, LiveControllerOptions] | None = None) -> int:
+async def run_router(
+    router: Router,
+    args: argparse.Namespace,
+    http: HttpConfig | None,
+    controller: tuple[ControllerConfig, LiveControllerOptions] | None = None,
+) -> int:
     server = RouterControlPort(router, args.max_connections)
     api = live_controller = None
     try:
         warn_if_exposed("the router", args.host, router.secret)
         deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
-        for role, addresses in ((Role.PREFILL, args.prefill), (Role.DECODE, args.decode),
-                                (Role.BOTH, args.colocated)):
+        for role, addresses in ((Role.PREFILL, args.prefill), (Role.DECODE, args.decode), (Role.BOTH, args.colocated)):
             for host, port in addresses:
                 await _add_with_retry(router, host, port, role, deadline)
         port = await server.serve(args.host, args.port)
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
             # the API key middleware guards the admin routes as it guards the rest of the API
-            api = await start_api(RouterBackend(router, args.served_model_name or router.model_name), http,
-                                  extensions=[router_admin(router)])
+            api = await start_api(
+                RouterBackend(router, args.served_model_name or router.model_name),
+                http,
+                extensions=[router_admin(router)],
+            )
         if controller is not None:
             live_controller = LiveRatioController(router, *controller)
             live_controller.start()
@@ -224,8 +266,10 @@ async def run_router(router: Router, args: argparse.Namespace, http: HttpConfig 
         router.accepting = False  # new requests are refused from now on
         await server.drain(args.shutdown_timeout_s)  # clients' requests, relayed to their very last output
         if not await router.drain(max(0.0, deadline - loop.time())):  # those of the HTTP API
-            router.abort_all(f"the router shut down before the request finished (its {args.shutdown_timeout_s} s "
-                             "shutdown deadline passed)")
+            router.abort_all(
+                f"the router shut down before the request finished (its {args.shutdown_timeout_s} s "
+                "shutdown deadline passed)"
+            )
             await server.drain(RELAY_LAST_OUTPUTS_S)
         return 0
     except Exception as exc:

@@ -30,8 +30,9 @@ def _scaled(model, factor: float):
     return type(model)(model.a * factor, model.b * factor, model.c * factor)
 
 
-def pool_goodput(profile: LatencyProfile, role: str, workload: WorkloadSpec, slo: SLO, target: float = 0.9,
-                 rel_tol: float = 0.01) -> float:
+def pool_goodput(
+    profile: LatencyProfile, role: str, workload: WorkloadSpec, slo: SLO, target: float = 0.9, rel_tol: float = 0.01
+) -> float:
     """Goodput (rps) of one instance of `role` ("prefill" or "decode") on its own."""
     if role == "prefill":
         lone = profile.replace(decode=FREE_DECODE, kv_capacity_tokens=UNLIMITED_KV)
@@ -44,8 +45,9 @@ def pool_goodput(profile: LatencyProfile, role: str, workload: WorkloadSpec, slo
         start = 1.0
     else:
         raise ValueError(f"role: expected 'prefill' or 'decode', got {role!r}")
-    options = SimOptions(link=KVLink(math.inf, 0.0, True, profile.num_layers),
-                         local_prefill=LocalPrefillThresholds(max_local_tokens=0))
+    options = SimOptions(
+        link=KVLink(math.inf, 0.0, True, profile.num_layers), local_prefill=LocalPrefillThresholds(max_local_tokens=0)
+    )
     sim = Simulator(lone, ClusterSpec.split(1, 1), options)
 
     def specs(rate: float):
@@ -54,15 +56,18 @@ def pool_goodput(profile: LatencyProfile, role: str, workload: WorkloadSpec, slo
         # each spares the simulator every (free) decode step.
         return [s._replace(output_len=1) for s in made] if role == "prefill" else made
 
-    return find_goodput(lambda rate: summarize(sim.run(specs(rate)), lone_slo).attainment,
-                        start, target, rel_tol).rate_rps
+    return find_goodput(
+        lambda rate: summarize(sim.run(specs(rate)), lone_slo).attainment, start, target, rel_tol
+    ).rate_rps
 
 
-def calibrate_phase(profile: LatencyProfile, role: str, target_rps: float, workload: WorkloadSpec, slo: SLO,
-                    rel_tol: float = 0.005) -> tuple[LatencyProfile, float]:
+def calibrate_phase(
+    profile: LatencyProfile, role: str, target_rps: float, workload: WorkloadSpec, slo: SLO, rel_tol: float = 0.005
+) -> tuple[LatencyProfile, float]:
     """Scale `role`'s three coefficients by one factor so that its lone-instance goodput is
     `target_rps`; returns the scaled profile and the factor (bisection on log(factor),
     goodput falling as the factor grows)."""
+
     def with_factor(factor: float) -> LatencyProfile:
         return profile.replace(**{role: _scaled(getattr(profile, role), factor)})
 
@@ -83,5 +88,6 @@ def calibrate_phase(profile: LatencyProfile, role: str, target_rps: float, workl
 
 def scale_phases(profile: LatencyProfile, prefill_factor: float, decode_factor: float) -> LatencyProfile:
     """Every prefill coefficient times `prefill_factor`, every decode one times `decode_factor`."""
-    return profile.replace(prefill=_scaled(profile.prefill, prefill_factor),
-                           decode=_scaled(profile.decode, decode_factor))
+    return profile.replace(
+        prefill=_scaled(profile.prefill, prefill_factor), decode=_scaled(profile.decode, decode_factor)
+    )

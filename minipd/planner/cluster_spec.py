@@ -65,8 +65,9 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
             if value is not None and value < 1:
                 raise ValueError(f"{field}: must be >= 1, got {value}")
         if self.colocated_scheduling not in COLOCATED_SCHEDULING:
-            raise ValueError(f"colocated_scheduling: expected one of {COLOCATED_SCHEDULING}, "
-                             f"got {self.colocated_scheduling!r}")
+            raise ValueError(
+                f"colocated_scheduling: expected one of {COLOCATED_SCHEDULING}, got {self.colocated_scheduling!r}"
+            )
         if self.switch_delay_s < 0:
             raise ValueError(f"switch_delay_s: must be >= 0, got {self.switch_delay_s}")
         if not self.control_interval_s > 0:

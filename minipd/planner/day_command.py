@@ -47,28 +47,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def print_day(result: DayResult) -> None:
-    print(f"{result.profile} x{result.num_instances}, SLO {result.slo}, {result.num_requests} requests, "
-          f"each hour simulated for {result.seconds_per_hour:g} s")
+    print(
+        f"{result.profile} x{result.num_instances}, SLO {result.slo}, {result.num_requests} requests, "
+        f"each hour simulated for {result.seconds_per_hour:g} s"
+    )
     for s in result.shapes:
         print(f"  shape {s.shape:<10} alone: best {s.best_split}, {s.goodput_per_instance:.2f} rps per instance")
     print(f"  {'hour':>4} {'shape':<10} {'rps':>7} {'fixed':>7} {'controller':>10} {'ctl prefill':>11}")
     for h in result.hours:
-        print(f"  {h.hour:>4} {h.shape:<10} {h.rate_rps:>7.1f} {h.fixed_attainment:>7.1%} "
-              f"{h.controller_attainment:>10.1%} {h.controller_prefill:>11}")
-    print(f"attainment over the day: fixed {result.fixed_prefill}P:{result.num_instances - result.fixed_prefill}D "
-          f"{result.fixed_attainment:.1%}, controller {result.controller_attainment:.1%} ({len(result.moves)} moves)")
+        print(
+            f"  {h.hour:>4} {h.shape:<10} {h.rate_rps:>7.1f} {h.fixed_attainment:>7.1%} "
+            f"{h.controller_attainment:>10.1%} {h.controller_prefill:>11}"
+        )
+    print(
+        f"attainment over the day: fixed {result.fixed_prefill}P:{result.num_instances - result.fixed_prefill}D "
+        f"{result.fixed_attainment:.1%}, controller {result.controller_attainment:.1%} ({len(result.moves)} moves)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        profile = LatencyProfile.load(args.profile) if args.profile else builtin_profile(args.builtin or DEFAULT_BUILTIN)
+        profile = (
+            LatencyProfile.load(args.profile) if args.profile else builtin_profile(args.builtin or DEFAULT_BUILTIN)
+        )
         slo = SLO.parse(args.slo or list(DEFAULT_SLO))
         link = KVLink(args.link_gbps or profile.link_gbps, profile.link_setup_s, True, profile.num_layers)
-        controller = ControllerConfig(slo=slo, window_s=args.window_s, cooldown_s=args.cooldown_s,
-                                      hysteresis=args.hysteresis, max_in_flight=args.max_in_flight)
-        result = run_day(profile, num_instances=args.num_instances, seconds_per_hour=args.seconds_per_hour, slo=slo,
-                         link=link, controller=controller, plan_instances=args.plan_instances,
-                         fixed_prefill=args.fixed_prefill, seed=args.seed)
+        controller = ControllerConfig(
+            slo=slo,
+            window_s=args.window_s,
+            cooldown_s=args.cooldown_s,
+            hysteresis=args.hysteresis,
+            max_in_flight=args.max_in_flight,
+        )
+        result = run_day(
+            profile,
+            num_instances=args.num_instances,
+            seconds_per_hour=args.seconds_per_hour,
+            slo=slo,
+            link=link,
+            controller=controller,
+            plan_instances=args.plan_instances,
+            fixed_prefill=args.fixed_prefill,
+            seed=args.seed,
+        )
     except ValueError as exc:
         print(f"minipd plan day: {exc}", file=sys.stderr)
         return 2

@@ -67,12 +67,19 @@ class DayResult(msgspec.Struct, frozen=True):
     moves: list[tuple[float, str, str]]  # (time, move, reason)
 
 
-def plan_shapes(profile: LatencyProfile, slo: SLO, link: KVLink, plan_instances: int,
-                shapes: list[Shape]) -> list[ShapePlan]:
+def plan_shapes(
+    profile: LatencyProfile, slo: SLO, link: KVLink, plan_instances: int, shapes: list[Shape]
+) -> list[ShapePlan]:
     plans = []
     for shape in shapes:
-        config = PlanConfig(profile=profile, num_instances=plan_instances, workload=shape_workload(shape, 1),
-                            slo=slo, link=link, requests_per_instance=PLAN_REQUESTS_PER_INSTANCE)
+        config = PlanConfig(
+            profile=profile,
+            num_instances=plan_instances,
+            workload=shape_workload(shape, 1),
+            slo=slo,
+            link=link,
+            requests_per_instance=PLAN_REQUESTS_PER_INSTANCE,
+        )
         result = plan(config, [ClusterSpec.split(p, plan_instances - p) for p in range(1, plan_instances)])
         best = next(s for s in result.splits if s.label == result.best)
         plans.append(ShapePlan(shape.name, best.label, best.num_prefill / plan_instances, best.goodput_per_instance))
@@ -91,19 +98,36 @@ def _windows(result: SimResult, slo: SLO, window_s: float, end_s: float) -> list
     out = []
     for start in np.arange(0.0, end_s, window_s):
         mask = (result.arrival_s >= start) & (result.arrival_s < start + window_s)
-        out.append(WindowStats(float(start), float(ttft_ok[mask].mean()) if mask.any() else float("nan"),
-                               float(decode_ok[mask].mean()) if mask.any() else float("nan")))
+        out.append(
+            WindowStats(
+                float(start),
+                float(ttft_ok[mask].mean()) if mask.any() else float("nan"),
+                float(decode_ok[mask].mean()) if mask.any() else float("nan"),
+            )
+        )
     return out
 
 
-def run_day(profile: LatencyProfile, *, num_instances: int, seconds_per_hour: float, slo: SLO, link: KVLink,
-            controller: ControllerConfig, plan_instances: int = 8, fixed_prefill: int | None = None,
-            control_interval_s: float = 1.0, seed: int = 0, hours: tuple = HOURS) -> DayResult:
+def run_day(
+    profile: LatencyProfile,
+    *,
+    num_instances: int,
+    seconds_per_hour: float,
+    slo: SLO,
+    link: KVLink,
+    controller: ControllerConfig,
+    plan_instances: int = 8,
+    fixed_prefill: int | None = None,
+    control_interval_s: float = 1.0,
+    seed: int = 0,
+    hours: tuple = HOURS,
+) -> DayResult:
     shapes = list({shape.name: shape for _, shape in hours}.values())
     plans = plan_shapes(profile, slo, link, plan_instances, shapes)
     by_name = {p.shape: p for p in plans}
-    day: list[Hour] = day_hours({p.shape: p.goodput_per_instance for p in plans}, num_instances, seconds_per_hour,
-                                hours)
+    day: list[Hour] = day_hours(
+        {p.shape: p.goodput_per_instance for p in plans}, num_instances, seconds_per_hour, hours
+    )
     specs = make_day(day, seconds_per_hour, seed)
     if fixed_prefill is None:
         weight = sum(h.rate_rps for h in day)
@@ -121,14 +145,32 @@ def run_day(profile: LatencyProfile, *, num_instances: int, seconds_per_hour: fl
         mask = hour_of == i
         end = (i + 1) * seconds_per_hour
         prefill_then = [p for t, p, _, _ in roles if t <= end][-1]
-        hour_stats.append(HourStats(i, h.shape.name, h.rate_rps, _attainment(fixed, slo, mask),
-                                    _attainment(controlled, slo, mask), prefill_then))
+        hour_stats.append(
+            HourStats(
+                i,
+                h.shape.name,
+                h.rate_rps,
+                _attainment(fixed, slo, mask),
+                _attainment(controlled, slo, mask),
+                prefill_then,
+            )
+        )
     window = controller.window_s
     end_s = len(day) * seconds_per_hour
     return DayResult(
-        profile=profile.name, num_instances=num_instances, seconds_per_hour=seconds_per_hour, slo=slo.describe(),
-        shapes=plans, fixed_prefill=fixed_prefill, num_requests=len(specs),
-        fixed_attainment=float(slo.good(fixed).mean()), controller_attainment=float(slo.good(controlled).mean()),
-        hours=hour_stats, window_s=window, fixed_windows=_windows(fixed, slo, window, end_s),
-        controller_windows=_windows(controlled, slo, window, end_s), controller_roles=roles,
-        moves=[(d.time_s, d.move.value, d.reason) for d in controlled.moves])
+        profile=profile.name,
+        num_instances=num_instances,
+        seconds_per_hour=seconds_per_hour,
+        slo=slo.describe(),
+        shapes=plans,
+        fixed_prefill=fixed_prefill,
+        num_requests=len(specs),
+        fixed_attainment=float(slo.good(fixed).mean()),
+        controller_attainment=float(slo.good(controlled).mean()),
+        hours=hour_stats,
+        window_s=window,
+        fixed_windows=_windows(fixed, slo, window, end_s),
+        controller_windows=_windows(controlled, slo, window, end_s),
+        controller_roles=roles,
+        moves=[(d.time_s, d.move.value, d.reason) for d in controlled.moves],
+    )

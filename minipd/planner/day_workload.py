@@ -34,10 +34,30 @@ AGENT = Shape("agent", "lognormal:1200:0.5:64:8000", "lognormal:1200:0.5:64:4096
 
 # (load, shape) per hour, 0:00 to 23:00: quiet nights, busy days, an evening of agents.
 HOURS: tuple[tuple[float, Shape], ...] = (
-    (0.45, SUMMARISE), (0.40, SUMMARISE), (0.40, SUMMARISE), (0.35, SUMMARISE), (0.40, SUMMARISE),
-    (0.45, SUMMARISE), (0.55, CHAT), (0.65, CHAT), (0.75, CHAT), (0.80, CHAT), (0.80, CHAT), (0.80, CHAT),
-    (0.75, RAG), (0.80, RAG), (0.80, RAG), (0.80, RAG), (0.75, RAG), (0.75, RAG),
-    (0.75, AGENT), (0.75, AGENT), (0.70, AGENT), (0.65, AGENT), (0.60, AGENT), (0.50, AGENT),
+    (0.45, SUMMARISE),
+    (0.40, SUMMARISE),
+    (0.40, SUMMARISE),
+    (0.35, SUMMARISE),
+    (0.40, SUMMARISE),
+    (0.45, SUMMARISE),
+    (0.55, CHAT),
+    (0.65, CHAT),
+    (0.75, CHAT),
+    (0.80, CHAT),
+    (0.80, CHAT),
+    (0.80, CHAT),
+    (0.75, RAG),
+    (0.80, RAG),
+    (0.80, RAG),
+    (0.80, RAG),
+    (0.75, RAG),
+    (0.75, RAG),
+    (0.75, AGENT),
+    (0.75, AGENT),
+    (0.70, AGENT),
+    (0.65, AGENT),
+    (0.60, AGENT),
+    (0.50, AGENT),
 )
 
 
@@ -50,19 +70,30 @@ class Hour(NamedTuple):
     shape: Shape
 
 
-def day_hours(goodput_per_instance: dict[str, float], num_instances: int, seconds_per_hour: float,
-              hours: tuple[tuple[float, Shape], ...] = HOURS) -> list[Hour]:
+def day_hours(
+    goodput_per_instance: dict[str, float],
+    num_instances: int,
+    seconds_per_hour: float,
+    hours: tuple[tuple[float, Shape], ...] = HOURS,
+) -> list[Hour]:
     """The hours with their rates: load x the shape's goodput per instance (as planned for
     that shape alone) x the number of instances."""
     if not seconds_per_hour > 0:
         raise ValueError(f"seconds_per_hour: must be positive, got {seconds_per_hour}")
-    return [Hour(i * seconds_per_hour, load * goodput_per_instance[shape.name] * num_instances, shape)
-            for i, (load, shape) in enumerate(hours)]
+    return [
+        Hour(i * seconds_per_hour, load * goodput_per_instance[shape.name] * num_instances, shape)
+        for i, (load, shape) in enumerate(hours)
+    ]
 
 
 def shape_workload(shape: Shape, num_requests: int, seed: int = 0) -> WorkloadSpec:
-    return WorkloadSpec(name="prefill-heavy", prompt_len=shape.prompt_len, output_len=shape.output_len,
-                        num_requests=num_requests, seed=seed)
+    return WorkloadSpec(
+        name="prefill-heavy",
+        prompt_len=shape.prompt_len,
+        output_len=shape.output_len,
+        num_requests=num_requests,
+        seed=seed,
+    )
 
 
 def make_day(hours: list[Hour], seconds_per_hour: float, seed: int = 0) -> list[RequestSpec]:
@@ -72,8 +103,13 @@ def make_day(hours: list[Hour], seconds_per_hour: float, seed: int = 0) -> list[
         expected = hour.rate_rps * seconds_per_hour
         # Draw more than the hour can hold (the Poisson count exceeds its mean by 20% + 50 with
         # negligible probability), then keep those inside the hour.
-        drawn = make_workload("prefill-heavy", int(expected * OVERDRAW + OVERDRAW_MIN), ArrivalProcess.poisson(hour.rate_rps),
-                              seed=seed * 1000 + i, prompt_len=LengthDist.parse(hour.shape.prompt_len),
-                              output_len=LengthDist.parse(hour.shape.output_len))
+        drawn = make_workload(
+            "prefill-heavy",
+            int(expected * OVERDRAW + OVERDRAW_MIN),
+            ArrivalProcess.poisson(hour.rate_rps),
+            seed=seed * 1000 + i,
+            prompt_len=LengthDist.parse(hour.shape.prompt_len),
+            output_len=LengthDist.parse(hour.shape.output_len),
+        )
         specs.extend(s._replace(arrival_s=hour.start_s + s.arrival_s) for s in drawn if s.arrival_s < seconds_per_hour)
     return specs

@@ -40,8 +40,9 @@ CALIBRATION_REQUESTS = 4000
 
 
 def workload(num_requests: int, seed: int = 0) -> WorkloadSpec:
-    return WorkloadSpec(name="prefill-heavy", prompt_len="fixed:512", output_len="fixed:64",
-                        num_requests=num_requests, seed=seed)
+    return WorkloadSpec(
+        name="prefill-heavy", prompt_len="fixed:512", output_len="fixed:64", num_requests=num_requests, seed=seed
+    )
 
 
 def base_profile() -> LatencyProfile:
@@ -52,15 +53,17 @@ def base_profile() -> LatencyProfile:
     )
 
     return roofline_profile("distserve-13b-a100", OPT_13B, A100, dtype="float16", max_batched_tokens=512).replace(
-        link_gbps=NVLINK_GBPS, link_setup_s=0.0)
+        link_gbps=NVLINK_GBPS, link_setup_s=0.0
+    )
 
 
 def profile() -> LatencyProfile:
     return scale_phases(base_profile(), PREFILL_FACTOR, DECODE_FACTOR).replace(
         source="calibrated",
         notes=f"OPT-13B roofline on A100 with prefill x{PREFILL_FACTOR} and decode x{DECODE_FACTOR}, calibrated "
-              f"to DistServe Figure 1 ({PREFILL_RPS} rps prefill-only, {DECODE_RPS} rps decode-only); "
-              "see minipd.planner.distserve_example")
+        f"to DistServe Figure 1 ({PREFILL_RPS} rps prefill-only, {DECODE_RPS} rps decode-only); "
+        "see minipd.planner.distserve_example",
+    )
 
 
 def calibrate(num_requests: int = CALIBRATION_REQUESTS) -> tuple[float, float]:

@@ -23,8 +23,13 @@ class GoodputResult(msgspec.Struct, frozen=True):
     evaluations: list[tuple[float, float]]  # (rate, attainment) in the order tried
 
 
-def find_goodput(attainment_at: Callable[[float], float], start_rps: float, target: float = 0.9,
-                 rel_tol: float = 0.02, min_rps: float = 1e-6) -> GoodputResult:
+def find_goodput(
+    attainment_at: Callable[[float], float],
+    start_rps: float,
+    target: float = 0.9,
+    rel_tol: float = 0.02,
+    min_rps: float = 1e-6,
+) -> GoodputResult:
     if not (start_rps > 0 and math.isfinite(start_rps)):
         raise ValueError(f"goodput: start rate must be positive, got {start_rps}")
     if not rel_tol > 0:

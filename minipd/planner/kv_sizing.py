@@ -22,13 +22,14 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes(dtype)
 
 
-def kv_capacity_tokens(memory_bytes: float, weights_bytes: float, reserved_bytes: float,
-                       bytes_per_token: int) -> int:
+def kv_capacity_tokens(memory_bytes: float, weights_bytes: float, reserved_bytes: float, bytes_per_token: int) -> int:
     """Tokens of KV that fit in what is left of `memory_bytes` (all GPUs of the instance,
     already scaled by the fraction the engine may use) after the weights and a reserve for
     activations and workspace."""
     free = memory_bytes - weights_bytes - reserved_bytes
     if free <= 0:
-        raise ValueError(f"KV capacity: weights ({weights_bytes / 2**30:.1f} GiB) and reserve "
-                         f"({reserved_bytes / 2**30:.1f} GiB) do not fit in {memory_bytes / 2**30:.1f} GiB")
+        raise ValueError(
+            f"KV capacity: weights ({weights_bytes / 2**30:.1f} GiB) and reserve "
+            f"({reserved_bytes / 2**30:.1f} GiB) do not fit in {memory_bytes / 2**30:.1f} GiB"
+        )
     return int(free // bytes_per_token)

@@ -47,13 +47,24 @@ class DecodeModel(msgspec.Struct, frozen=True):
         return self.a + self.b * sum_context + self.c * batch
 
 
-def mixed_step_s(prefill: PrefillModel, decode: DecodeModel, num_prefill_tokens: int, sum_qk: float,
-                 sum_context: int, num_decodes: int) -> float:
+def mixed_step_s(
+    prefill: PrefillModel,
+    decode: DecodeModel,
+    num_prefill_tokens: int,
+    sum_qk: float,
+    sum_context: int,
+    num_decodes: int,
+) -> float:
     """A chunked-prefill step: `num_decodes` decodes over `sum_context` tokens plus a prefill
     chunk; either part may be empty (a step with neither costs nothing)."""
     if num_prefill_tokens and num_decodes:
-        return (max(prefill.a, decode.a) + prefill.b * num_prefill_tokens + prefill.c * sum_qk
-                + decode.b * sum_context + decode.c * num_decodes)
+        return (
+            max(prefill.a, decode.a)
+            + prefill.b * num_prefill_tokens
+            + prefill.c * sum_qk
+            + decode.b * sum_context
+            + decode.c * num_decodes
+        )
     if num_prefill_tokens:
         return prefill.step_s(num_prefill_tokens, sum_qk)
     if num_decodes:
@@ -120,10 +131,12 @@ def _fit(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, FitStat
     predicted = features @ coef
     residual = predicted - seconds
     total = float(np.sum((seconds - seconds.mean()) ** 2))
-    stats = FitStats(num_samples=len(seconds),
-                     r2=1.0 - float(residual @ residual) / total if total > 0 else math.nan,
-                     rmse_s=float(np.sqrt(np.mean(residual ** 2))),
-                     max_rel_error=float(np.max(np.abs(residual) / seconds)))
+    stats = FitStats(
+        num_samples=len(seconds),
+        r2=1.0 - float(residual @ residual) / total if total > 0 else math.nan,
+        rmse_s=float(np.sqrt(np.mean(residual**2))),
+        max_rel_error=float(np.max(np.abs(residual) / seconds)),
+    )
     return coef, stats
 
 

@@ -51,8 +51,14 @@ class LatencyProfile(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 value = getattr(model, coef)
                 if not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"{part}.{coef}: must be finite and >= 0, got {value}")
-        for field in ("num_layers", "kv_bytes_per_token", "kv_capacity_tokens", "max_batched_tokens",
-                      "max_num_seqs", "tensor_parallel"):
+        for field in (
+            "num_layers",
+            "kv_bytes_per_token",
+            "kv_capacity_tokens",
+            "max_batched_tokens",
+            "max_num_seqs",
+            "tensor_parallel",
+        ):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field}: must be >= 1, got {getattr(self, field)}")
         if not self.link_gbps > 0:

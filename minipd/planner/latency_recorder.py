@@ -43,7 +43,15 @@ class LatencyRecorder:
     def result(self, requests: list[SimRequest], **history) -> SimResult:
         """`history`: the SimResult fields about the cluster (roles, moves, peak_kv_used, ...)."""
         return SimResult(
-            arrival_s=np.array([r.arrival_s for r in requests]), prompt_len=np.array([r.prompt_len for r in requests]),
-            output_len=np.array([r.output_len for r in requests]), ttft_s=np.array(self.ttft),
-            tpot_s=np.array(self.tpot), itl_p90_s=np.array(self.itl), itl_max_s=np.array(self.itl_max),
-            e2e_s=np.array(self.e2e), mode=np.array([int(r.mode) for r in requests]), itl_gaps=self.gaps, **history)
+            arrival_s=np.array([r.arrival_s for r in requests]),
+            prompt_len=np.array([r.prompt_len for r in requests]),
+            output_len=np.array([r.output_len for r in requests]),
+            ttft_s=np.array(self.ttft),
+            tpot_s=np.array(self.tpot),
+            itl_p90_s=np.array(self.itl),
+            itl_max_s=np.array(self.itl_max),
+            e2e_s=np.array(self.e2e),
+            mode=np.array([int(r.mode) for r in requests]),
+            itl_gaps=self.gaps,
+            **history,
+        )

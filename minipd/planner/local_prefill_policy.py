@@ -69,15 +69,19 @@ def place_prefill(state: PlacementInput, thresholds: LocalPrefillThresholds) -> 
         return Placement.LOCAL_NO_PREFILL
     if state.uncached_tokens <= thresholds.max_local_tokens:
         return Placement.LOCAL_SHORT
-    busy = ((thresholds.prefill_busy_tokens is not None and state.prefill_queue_tokens > thresholds.prefill_busy_tokens)
-            or (thresholds.prefill_busy_requests is not None
-                and state.prefill_queue_requests > thresholds.prefill_busy_requests))
+    busy = (
+        thresholds.prefill_busy_tokens is not None and state.prefill_queue_tokens > thresholds.prefill_busy_tokens
+    ) or (
+        thresholds.prefill_busy_requests is not None and state.prefill_queue_requests > thresholds.prefill_busy_requests
+    )
     if busy:
         used_after = state.decode_kv_capacity_tokens - state.decode_kv_free_tokens + state.request_kv_tokens
         max_running = thresholds.decode_max_running
         if max_running is None:
             max_running = state.decode_max_num_seqs
-        if (used_after <= thresholds.decode_max_kv_fraction * state.decode_kv_capacity_tokens
-                and state.decode_running < max_running):
+        if (
+            used_after <= thresholds.decode_max_kv_fraction * state.decode_kv_capacity_tokens
+            and state.decode_running < max_running
+        ):
             return Placement.LOCAL_PREFILL_BUSY
     return Placement.REMOTE

@@ -57,10 +57,17 @@ def summarize(result: SimResult, slo: SLO) -> RunSummary:
     disaggregated = result.mode != Mode.COLOCATED
     local = float(np.mean(result.mode[disaggregated] == Mode.LOCAL)) if disaggregated.any() else 0.0
     return RunSummary(
-        num_requests=n, offered_rps=(n - 1) / span if span > 0 else math.inf, duration_s=duration,
+        num_requests=n,
+        offered_rps=(n - 1) / span if span > 0 else math.inf,
+        duration_s=duration,
         throughput_rps=n / duration if duration > 0 else math.inf,
         output_tokens_per_s=float(result.output_len.sum()) / duration if duration > 0 else math.inf,
-        ttft_s=LatencyStats.of(result.ttft_s), tpot_s=LatencyStats.of(result.tpot_s), itl_s=itl,
+        ttft_s=LatencyStats.of(result.ttft_s),
+        tpot_s=LatencyStats.of(result.tpot_s),
+        itl_s=itl,
         request_itl_s=LatencyStats.of(result.itl_p90_s),
-        e2e_s=LatencyStats.of(result.e2e_s), attainment=float(good.mean()),
-        good_rps=float(good.sum()) / duration if duration > 0 else math.inf, local_prefill_fraction=local)
+        e2e_s=LatencyStats.of(result.e2e_s),
+        attainment=float(good.mean()),
+        good_rps=float(good.sum()) / duration if duration > 0 else math.inf,
+        local_prefill_fraction=local,
+    )

@@ -31,8 +31,9 @@ COLOCATED = "colocated"
 
 
 class MixedWorker:
-    def __init__(self, index: int, role: str, profile: LatencyProfile, max_batched_tokens: int,
-                 prefill_first: bool = False):
+    def __init__(
+        self, index: int, role: str, profile: LatencyProfile, max_batched_tokens: int, prefill_first: bool = False
+    ):
         if role not in (DECODE, COLOCATED):
             raise ValueError(f"role: expected {DECODE!r} or {COLOCATED!r}, got {role!r}")
         self.index = index
@@ -88,12 +89,14 @@ class MixedWorker:
             self.sum_context += request.prompt_len + 1
         num_decodes = self.num_running
         if self.prefill_first and self.waiting and len(self.joins) + num_decodes < self.max_num_seqs:
-            chunks, tokens, sum_qk = whole_prompts(self.waiting, self.max_batched_tokens,
-                                                   self.max_num_seqs - num_decodes - len(self.joins))
+            chunks, tokens, sum_qk = whole_prompts(
+                self.waiting, self.max_batched_tokens, self.max_num_seqs - num_decodes - len(self.joins)
+            )
             num_decodes = 0
         else:
-            chunks, tokens, sum_qk = chunked(self.waiting, self.max_batched_tokens - num_decodes,
-                                             self.max_num_seqs - num_decodes - len(self.joins))
+            chunks, tokens, sum_qk = chunked(
+                self.waiting, self.max_batched_tokens - num_decodes, self.max_num_seqs - num_decodes - len(self.joins)
+            )
         if not chunks and not num_decodes:
             return None
         self._chunks = chunks

@@ -41,29 +41,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--builtin", choices=sorted(BUILTIN), help=f"a built-in profile (default: {DEFAULT_BUILTIN})")
     g = parser.add_argument_group("cluster")
     g.add_argument("--num-instances", type=int, default=4, help="N: every split with P + D = N (default: %(default)s)")
-    g.add_argument("--link-gbps", type=float, help="KV link out of each prefill instance, Gbit/s (default: the profile's)")
+    g.add_argument(
+        "--link-gbps", type=float, help="KV link out of each prefill instance, Gbit/s (default: the profile's)"
+    )
     g.add_argument("--link-setup-ms", type=float, help="fixed cost per KV transfer (default: the profile's)")
     g.add_argument("--no-layerwise", action="store_true", help="send the KV after prefill instead of layer by layer")
-    g.add_argument("--local-prefill-max-tokens", type=int, nargs="+", default=[16], metavar="T",
-                   help="prefill prompts of at most T uncached tokens on decode; several values: the planner picks")
+    g.add_argument(
+        "--local-prefill-max-tokens",
+        type=int,
+        nargs="+",
+        default=[16],
+        metavar="T",
+        help="prefill prompts of at most T uncached tokens on decode; several values: the planner picks",
+    )
     g.add_argument("--prefill-busy-tokens", type=int, help="also prefill locally while the prefill queue holds more")
-    g.add_argument("--colocated-budgets", type=int, nargs="+", metavar="TOKENS",
-                   help="chunk budgets to try for colocated instances (default: 512, 2048 and the profile's)")
-    g.add_argument("--colocated-scheduling", choices=COLOCATED_SCHEDULING, default="chunked",
-                   help="colocated steps: minipd's chunked prefill, or whole prompts first (vLLM's original)")
+    g.add_argument(
+        "--colocated-budgets",
+        type=int,
+        nargs="+",
+        metavar="TOKENS",
+        help="chunk budgets to try for colocated instances (default: 512, 2048 and the profile's)",
+    )
+    g.add_argument(
+        "--colocated-scheduling",
+        choices=COLOCATED_SCHEDULING,
+        default="chunked",
+        help="colocated steps: minipd's chunked prefill, or whole prompts first (vLLM's original)",
+    )
     g = parser.add_argument_group("workload")
     g.add_argument("--workload", choices=WORKLOADS, default="mixed")
     g.add_argument("--prompt-len", help="LengthDist, e.g. fixed:512, uniform:32:512, lognormal:1024:0.6:64:8192")
     g.add_argument("--output-len", help="LengthDist for the output tokens")
-    g.add_argument("--rate", type=float, help=f"evaluate every split at this total rps "
-                   f"(default: {EVAL_FRACTION} of the winner's goodput)")
-    g.add_argument("--num-requests", type=int, help="requests per simulated run "
-                   f"(default: {DEFAULT_REQUESTS_PER_INSTANCE} per instance)")
+    g.add_argument(
+        "--rate",
+        type=float,
+        help=f"evaluate every split at this total rps (default: {EVAL_FRACTION} of the winner's goodput)",
+    )
+    g.add_argument(
+        "--num-requests",
+        type=int,
+        help=f"requests per simulated run (default: {DEFAULT_REQUESTS_PER_INSTANCE} per instance)",
+    )
     g.add_argument("--burstiness", type=float, default=1.0, help="gamma arrivals (1: Poisson)")
     g.add_argument("--seed", type=int, default=0)
     g = parser.add_argument_group("objectives")
-    g.add_argument("--slo", nargs="+", metavar="KEY:MS", help="ttft, tpot, itl, e2el objectives in milliseconds "
-                   f"(default: {' '.join(DEFAULT_SLO)})")
+    g.add_argument(
+        "--slo",
+        nargs="+",
+        metavar="KEY:MS",
+        help=f"ttft, tpot, itl, e2el objectives in milliseconds (default: {' '.join(DEFAULT_SLO)})",
+    )
     g.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="the same, in vllm bench serve's spelling")
     g.add_argument("--target", type=float, default=0.9, help="SLO attainment that counts as good (default: 0.9)")
     g = parser.add_argument_group("output")
@@ -77,18 +104,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _config(args: argparse.Namespace) -> PlanConfig:
     profile = LatencyProfile.load(args.profile) if args.profile else builtin_profile(args.builtin or DEFAULT_BUILTIN)
     slo = SLO.parse((args.slo or []) + (args.goodput or []) or list(DEFAULT_SLO))
-    link = KVLink(args.link_gbps if args.link_gbps is not None else profile.link_gbps,
-                  args.link_setup_ms / 1000 if args.link_setup_ms is not None else profile.link_setup_s,
-                  not args.no_layerwise, profile.num_layers)
-    workload = WorkloadSpec(name=args.workload, prompt_len=args.prompt_len, output_len=args.output_len,
-                            num_requests=args.num_requests or 1, seed=args.seed, burstiness=args.burstiness)
-    thresholds = tuple(LocalPrefillThresholds(max_local_tokens=t, prefill_busy_tokens=args.prefill_busy_tokens)
-                       for t in args.local_prefill_max_tokens)
-    return PlanConfig(profile=profile, num_instances=args.num_instances, workload=workload, slo=slo, link=link,
-                      local_prefill=thresholds, colocated_budgets=tuple(args.colocated_budgets or ()),
-                      colocated_scheduling=args.colocated_scheduling,
-                      requests_per_instance=None if args.num_requests else DEFAULT_REQUESTS_PER_INSTANCE,
-                      eval_rate_rps=args.rate, target=args.target)
+    link = KVLink(
+        args.link_gbps if args.link_gbps is not None else profile.link_gbps,
+        args.link_setup_ms / 1000 if args.link_setup_ms is not None else profile.link_setup_s,
+        not args.no_layerwise,
+        profile.num_layers,
+    )
+    workload = WorkloadSpec(
+        name=args.workload,
+        prompt_len=args.prompt_len,
+        output_len=args.output_len,
+        num_requests=args.num_requests or 1,
+        seed=args.seed,
+        burstiness=args.burstiness,
+    )
+    thresholds = tuple(
+        LocalPrefillThresholds(max_local_tokens=t, prefill_busy_tokens=args.prefill_busy_tokens)
+        for t in args.local_prefill_max_tokens
+    )
+    return PlanConfig(
+        profile=profile,
+        num_instances=args.num_instances,
+        workload=workload,
+        slo=slo,
+        link=link,
+        local_prefill=thresholds,
+        colocated_budgets=tuple(args.colocated_budgets or ()),
+        colocated_scheduling=args.colocated_scheduling,
+        requests_per_instance=None if args.num_requests else DEFAULT_REQUESTS_PER_INSTANCE,
+        eval_rate_rps=args.rate,
+        target=args.target,
+    )
 
 
 def _ms(seconds: float) -> str:
@@ -97,23 +143,34 @@ def _ms(seconds: float) -> str:
 
 def print_plan(result: Plan, config: PlanConfig) -> None:
     p = config.profile
-    print(f"profile {p.name} ({p.source}: {p.model} on {p.device}), {result.num_instances} instances, "
-          f"SLO {result.slo} at {result.target:.0%}, link {link_label(result.link_gbps)}"
-          f"{'' if config.link.layerwise else ' (after prefill)'}")
-    print(f"workload {result.workload.name} prompt {result.workload.prompt_len or 'default'} "
-          f"output {result.workload.output_len or 'default'}; every split evaluated at {result.eval_rate_rps:.2f} rps")
-    print(f"  {'split':<14} {'setting':<16} {'P90 TTFT ms':>11} {'P90 ITL ms':>10} {'P90 TPOT ms':>11} "
-          f"{'attain':>7} {'SLO':>4} {'goodput rps':>11} {'per inst':>8}")
+    print(
+        f"profile {p.name} ({p.source}: {p.model} on {p.device}), {result.num_instances} instances, "
+        f"SLO {result.slo} at {result.target:.0%}, link {link_label(result.link_gbps)}"
+        f"{'' if config.link.layerwise else ' (after prefill)'}"
+    )
+    print(
+        f"workload {result.workload.name} prompt {result.workload.prompt_len or 'default'} "
+        f"output {result.workload.output_len or 'default'}; every split evaluated at {result.eval_rate_rps:.2f} rps"
+    )
+    print(
+        f"  {'split':<14} {'setting':<16} {'P90 TTFT ms':>11} {'P90 ITL ms':>10} {'P90 TPOT ms':>11} "
+        f"{'attain':>7} {'SLO':>4} {'goodput rps':>11} {'per inst':>8}"
+    )
     for s in result.splits:
         mark = "*" if s.label == result.best else " "
         zone = "ok" if s.meets_slo else "miss"
-        print(f"{mark} {s.label:<14} {s.setting:<16} {_ms(s.eval.ttft_s.p90):>11} {_ms(s.eval.itl_s.p90):>10} "
-              f"{_ms(s.eval.tpot_s.p90):>11} {s.eval.attainment:>7.1%} {zone:>4} "
-              f"{s.goodput_rps:>11.2f} {s.goodput_per_instance:>8.2f}")
+        print(
+            f"{mark} {s.label:<14} {s.setting:<16} {_ms(s.eval.ttft_s.p90):>11} {_ms(s.eval.itl_s.p90):>10} "
+            f"{_ms(s.eval.tpot_s.p90):>11} {s.eval.attainment:>7.1%} {zone:>4} "
+            f"{s.goodput_rps:>11.2f} {s.goodput_per_instance:>8.2f}"
+        )
     colocated = next((s for s in result.splits if s.num_colocated), None)
     best = next(s for s in result.splits if s.label == result.best)
-    versus = (f" ({best.goodput_per_instance / colocated.goodput_per_instance:.2f}x colocated)"
-              if colocated and colocated.goodput_per_instance > 0 else "")
+    versus = (
+        f" ({best.goodput_per_instance / colocated.goodput_per_instance:.2f}x colocated)"
+        if colocated and colocated.goodput_per_instance > 0
+        else ""
+    )
     print(f"winner: {best.label} ({best.setting}), {best.goodput_per_instance:.2f} rps per instance{versus}")
 
 
@@ -121,11 +178,17 @@ def print_sweep(sweep: SizeSweep) -> None:
     print("where splitting stops paying (goodput per instance, rps):")
     print(f"  {'link':<16} {'N':>4} {'colocated':>10} {'best split':>12} {'split':>8}  winner")
     for p in sweep.points:
-        print(f"  {link_label(p.link_gbps):<16} {p.num_instances:>4} {p.colocated_per_instance:>10.2f} "
-              f"{p.best_split or '-':>12} {p.best_split_per_instance:>8.2f}  {'split' if p.splitting_pays else 'colocated'}")
+        print(
+            f"  {link_label(p.link_gbps):<16} {p.num_instances:>4} {p.colocated_per_instance:>10.2f} "
+            f"{p.best_split or '-':>12} {p.best_split_per_instance:>8.2f}  "
+            f"{'split' if p.splitting_pays else 'colocated'}"
+        )
     for label, size in sweep.colocated_wins_below.items():
-        verdict = (f"colocated chunked prefill wins below {size} instances" if size is not None
-                   else "no split beats colocated at the largest size swept")
+        verdict = (
+            f"colocated chunked prefill wins below {size} instances"
+            if size is not None
+            else "no split beats colocated at the largest size swept"
+        )
         print(f"  link {label}: {verdict}")
 
 

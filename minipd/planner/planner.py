@@ -101,8 +101,15 @@ def options_for(config: PlanConfig, cluster: ClusterSpec) -> list[tuple[str, Sim
     """The settings a candidate is tried with, each with a label."""
     if cluster.num_colocated:
         budgets = config.colocated_budgets or sorted({*COLOCATED_BUDGETS, config.profile.max_batched_tokens})
-        return [(f"chunk {b}", SimOptions(link=config.link, colocated_batched_tokens=b,
-                                          colocated_scheduling=config.colocated_scheduling)) for b in budgets]
+        return [
+            (
+                f"chunk {b}",
+                SimOptions(
+                    link=config.link, colocated_batched_tokens=b, colocated_scheduling=config.colocated_scheduling
+                ),
+            )
+            for b in budgets
+        ]
     return [(_threshold_label(t), SimOptions(link=config.link, local_prefill=t)) for t in config.local_prefill]
 
 
@@ -162,8 +169,9 @@ def best_goodput(config: PlanConfig, cluster: ClusterSpec) -> tuple[str, SimOpti
     start = START_FRACTION * capacity_estimate(config.profile, config.workload_for(cluster), cluster)
     best = None
     for label, options in options_for(config, cluster):
-        found = find_goodput(lambda r, o=options: run_at(config, cluster, o, r).attainment, start,
-                             config.target, config.rel_tol)
+        found = find_goodput(
+            lambda r, o=options: run_at(config, cluster, o, r).attainment, start, config.target, config.rel_tol
+        )
         if best is None or found.rate_rps > best[2]:
             best = (label, options, found.rate_rps)
     return best
@@ -179,13 +187,30 @@ def plan(config: PlanConfig, clusters: Sequence[ClusterSpec] | None = None) -> P
     splits = []
     for cluster, label, options, goodput in found:
         summary = run_at(config, cluster, options, eval_rate)
-        splits.append(SplitResult(
-            label=cluster.label, num_prefill=cluster.num_prefill, num_decode=cluster.num_decode,
-            num_colocated=cluster.num_colocated, setting=label, goodput_rps=goodput,
-            goodput_per_instance=goodput / cluster.size, eval_rate_rps=eval_rate, eval=summary,
-            meets_slo=summary.attainment >= config.target))
+        splits.append(
+            SplitResult(
+                label=cluster.label,
+                num_prefill=cluster.num_prefill,
+                num_decode=cluster.num_decode,
+                num_colocated=cluster.num_colocated,
+                setting=label,
+                goodput_rps=goodput,
+                goodput_per_instance=goodput / cluster.size,
+                eval_rate_rps=eval_rate,
+                eval=summary,
+                meets_slo=summary.attainment >= config.target,
+            )
+        )
     best = max(splits, key=lambda s: s.goodput_rps)
-    return Plan(profile=config.profile.name, num_instances=config.num_instances, slo=config.slo.describe(),
-                link_gbps=None if math.isinf(config.link.gbps) else config.link.gbps, workload=config.workload,
-                target=config.target, eval_rate_rps=eval_rate, splits=splits, best=best.label,
-                best_goodput_per_instance=best.goodput_per_instance)
+    return Plan(
+        profile=config.profile.name,
+        num_instances=config.num_instances,
+        slo=config.slo.describe(),
+        link_gbps=None if math.isinf(config.link.gbps) else config.link.gbps,
+        workload=config.workload,
+        target=config.target,
+        eval_rate_rps=eval_rate,
+        splits=splits,
+        best=best.label,
+        best_goodput_per_instance=best.goodput_per_instance,
+    )

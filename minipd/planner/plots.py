@@ -34,16 +34,20 @@ def green_zone(plan: Plan, slo_ttft_s: float | None, slo_decode: tuple[str, floa
         top.legend(loc="upper right")
     top.set_yscale("log")
     top.set_ylabel("P90 TTFT (ms)")
-    top.set_title(f"{plan.profile}, {plan.num_instances} instances, at {plan.eval_rate_rps:.1f} rps\n"
-                  f"green: SLO attainment >= {plan.target:.0%}; * best goodput", fontsize=10)
+    top.set_title(
+        f"{plan.profile}, {plan.num_instances} instances, at {plan.eval_rate_rps:.1f} rps\n"
+        f"green: SLO attainment >= {plan.target:.0%}; * best goodput",
+        fontsize=10,
+    )
     kind = slo_decode[0] if slo_decode else "itl"
     # The per-request metric the SLO checks, at its P90 over requests: under the line means at
     # least 90% of requests meet it, as the TTFT bar does for TTFT.
     decode = [(s.eval.tpot_s.p90 if kind == "tpot" else s.eval.request_itl_s.p90) * 1000 for s in plan.splits]
     bottom.bar(x, decode, color=colors)
     if slo_decode is not None:
-        bottom.axhline(slo_decode[1] * 1000, color="black", linestyle="--",
-                       label=f"{kind.upper()} SLO {slo_decode[1] * 1000:g} ms")
+        bottom.axhline(
+            slo_decode[1] * 1000, color="black", linestyle="--", label=f"{kind.upper()} SLO {slo_decode[1] * 1000:g} ms"
+        )
         bottom.legend(loc="upper right")
     bottom.set_ylabel("P90 TPOT (ms)" if kind == "tpot" else "P90 over requests of\ntheir own P90 ITL (ms)")
     for i, s in enumerate(plan.splits):
@@ -65,8 +69,12 @@ def size_sweep(sweep: SizeSweep, path: str) -> None:
     for gbps in sweep.link_gbps:
         row = [p for p in sweep.points if p.link_gbps == gbps and p.best_split is not None]
         label = link_label(gbps)
-        line, = ax.plot([p.num_instances for p in row], [p.best_split_per_instance for p in row], "s-",
-                        label=f"best P:D split, link {label}")
+        (line,) = ax.plot(
+            [p.num_instances for p in row],
+            [p.best_split_per_instance for p in row],
+            "s-",
+            label=f"best P:D split, link {label}",
+        )
         wins_from = sweep.colocated_wins_below[label]
         if wins_from is not None:
             ax.axvline(wins_from, color=line.get_color(), linestyle=":", alpha=0.8)
@@ -92,21 +100,38 @@ def day(result, path: str) -> None:
     roles.axhline(result.fixed_prefill, color=GREY, linestyle="--", label=f"fixed: {result.fixed_prefill} prefill")
     roles.set_ylabel(f"prefill of {result.num_instances}")
     rate = roles.twinx()
-    rate.step([h.hour for h in result.hours] + [len(result.hours)],
-              [h.rate_rps for h in result.hours] + [result.hours[-1].rate_rps], where="post", color="tab:orange",
-              alpha=0.6)
+    rate.step(
+        [h.hour for h in result.hours] + [len(result.hours)],
+        [h.rate_rps for h in result.hours] + [result.hours[-1].rate_rps],
+        where="post",
+        color="tab:orange",
+        alpha=0.6,
+    )
     rate.set_ylabel("request rate (rps)", color="tab:orange")
     for h in result.hours:
         if h.hour == 0 or result.hours[h.hour - 1].shape != h.shape:
-            roles.annotate(h.shape, (h.hour, 1), xycoords=("data", "axes fraction"), xytext=(2, -2),
-                           textcoords="offset points", va="top", fontsize=8)
+            roles.annotate(
+                h.shape,
+                (h.hour, 1),
+                xycoords=("data", "axes fraction"),
+                xytext=(2, -2),
+                textcoords="offset points",
+                va="top",
+                fontsize=8,
+            )
     roles.legend(loc="center left", fontsize=8)
-    roles.set_title(f"{result.profile} x{result.num_instances}, SLO {result.slo}: attainment fixed "
-                    f"{result.fixed_attainment:.1%}, controller {result.controller_attainment:.1%}")
-    for ax, field, label in ((ttft, "ttft_attainment", "TTFT attainment"),
-                             (decode, "decode_attainment", "ITL/TPOT attainment")):
-        for windows, color, name in ((result.fixed_windows, GREY, "fixed"),
-                                     (result.controller_windows, "tab:blue", "controller")):
+    roles.set_title(
+        f"{result.profile} x{result.num_instances}, SLO {result.slo}: attainment fixed "
+        f"{result.fixed_attainment:.1%}, controller {result.controller_attainment:.1%}"
+    )
+    for ax, field, label in (
+        (ttft, "ttft_attainment", "TTFT attainment"),
+        (decode, "decode_attainment", "ITL/TPOT attainment"),
+    ):
+        for windows, color, name in (
+            (result.fixed_windows, GREY, "fixed"),
+            (result.controller_windows, "tab:blue", "controller"),
+        ):
             ax.plot([w.start_s / hour for w in windows], [getattr(w, field) for w in windows], color=color, label=name)
         ax.axhline(0.9, color="black", linestyle=":", linewidth=1)
         ax.set_ylim(-0.02, 1.02)

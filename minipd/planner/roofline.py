@@ -17,7 +17,7 @@ from .kv_sizing import dtype_bytes, kv_bytes_per_token, kv_capacity_tokens
 from .latency_model import DecodeSample, PrefillSample, fit_decode, fit_prefill
 from .latency_profile import LatencyProfile
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 class Accelerator(msgspec.Struct, frozen=True):
@@ -88,15 +88,20 @@ def _times(model: ModelShape, accel: Accelerator, tp: int, dtype: str, eff: Effi
 
     def prefill_s(lens: list[int]) -> float:
         tokens = sum(lens)
-        compute = (2 * model.matmul_params * tokens + attn_flops_per_pair * sum(n * n / 2 for n in lens)
-                   + 2 * model.vocab_size * model.hidden_size * len(lens)) / (flops * eff.prefill_mfu)
+        compute = (
+            2 * model.matmul_params * tokens
+            + attn_flops_per_pair * sum(n * n / 2 for n in lens)
+            + 2 * model.vocab_size * model.hidden_size * len(lens)
+        ) / (flops * eff.prefill_mfu)
         memory = (weights + kvb * tokens) / bandwidth
         return eff.step_overhead_s + ar_fixed + ar_per_token * tokens + max(compute, memory)
 
     def decode_s(contexts: list[int]) -> float:
         batch = len(contexts)
-        compute = (2 * (model.matmul_params + model.vocab_size * model.hidden_size) * batch
-                   + attn_flops_per_pair * sum(contexts)) / (flops * eff.decode_mfu)
+        compute = (
+            2 * (model.matmul_params + model.vocab_size * model.hidden_size) * batch
+            + attn_flops_per_pair * sum(contexts)
+        ) / (flops * eff.decode_mfu)
         memory = (weights + kvb * sum(contexts)) / bandwidth
         return eff.step_overhead_s + ar_fixed + ar_per_token * batch + max(compute, memory)
 
@@ -109,9 +114,18 @@ DECODE_GRID_BATCHES = (1, 4, 16, 32, 64, 128, 256)
 DECODE_GRID_CONTEXTS = (256, 1024, 4096)
 
 
-def roofline_profile(name: str, model: ModelShape, accel: Accelerator, *, tensor_parallel: int = 1,
-                     dtype: str = "bfloat16", efficiency: Efficiency = DEFAULT_EFFICIENCY,
-                     max_batched_tokens: int = 8192, max_num_seqs: int = 256, notes: str = "") -> LatencyProfile:
+def roofline_profile(
+    name: str,
+    model: ModelShape,
+    accel: Accelerator,
+    *,
+    tensor_parallel: int = 1,
+    dtype: str = "bfloat16",
+    efficiency: Efficiency = DEFAULT_EFFICIENCY,
+    max_batched_tokens: int = 8192,
+    max_num_seqs: int = 256,
+    notes: str = "",
+) -> LatencyProfile:
     """A profile of `model` on `tensor_parallel` GPUs of `accel`, fitted to the roofline over
     the instance's operating range."""
     if tensor_parallel < 1:
@@ -122,16 +136,37 @@ def roofline_profile(name: str, model: ModelShape, accel: Accelerator, *, tensor
         for count in (1, 2, 4, 8):
             if n * count <= max(max_batched_tokens, n):
                 prefill_samples.append(PrefillSample([n] * count, prefill_s([n] * count)))
-    decode_samples = [DecodeSample([ctx] * b, decode_s([ctx] * b))
-                      for b in DECODE_GRID_BATCHES if b <= max_num_seqs for ctx in DECODE_GRID_CONTEXTS]
+    decode_samples = [
+        DecodeSample([ctx] * b, decode_s([ctx] * b))
+        for b in DECODE_GRID_BATCHES
+        if b <= max_num_seqs
+        for ctx in DECODE_GRID_CONTEXTS
+    ]
     prefill, prefill_fit = fit_prefill(prefill_samples)
     decode, decode_fit = fit_decode(decode_samples)
-    capacity = kv_capacity_tokens(tensor_parallel * accel.memory_bytes * efficiency.memory_utilization, weights,
-                                  tensor_parallel * efficiency.reserve_bytes_per_gpu, kvb)
+    capacity = kv_capacity_tokens(
+        tensor_parallel * accel.memory_bytes * efficiency.memory_utilization,
+        weights,
+        tensor_parallel * efficiency.reserve_bytes_per_gpu,
+        kvb,
+    )
     return LatencyProfile(
-        name=name, model=model.name, dtype=dtype, device=f"{tensor_parallel}x {accel.name}",
-        tensor_parallel=tensor_parallel, num_layers=model.num_layers, kv_bytes_per_token=kvb,
-        kv_capacity_tokens=capacity, max_batched_tokens=max_batched_tokens, max_num_seqs=max_num_seqs,
-        prefill=prefill, decode=decode, prefill_fit=prefill_fit, decode_fit=decode_fit,
-        link_gbps=tensor_parallel * accel.nic_gbps * efficiency.link, link_setup_s=efficiency.link_setup_s,
-        source="roofline", notes=notes or f"roofline of {accel.source}; {efficiency}")
+        name=name,
+        model=model.name,
+        dtype=dtype,
+        device=f"{tensor_parallel}x {accel.name}",
+        tensor_parallel=tensor_parallel,
+        num_layers=model.num_layers,
+        kv_bytes_per_token=kvb,
+        kv_capacity_tokens=capacity,
+        max_batched_tokens=max_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        prefill=prefill,
+        decode=decode,
+        prefill_fit=prefill_fit,
+        decode_fit=decode_fit,
+        link_gbps=tensor_parallel * accel.nic_gbps * efficiency.link,
+        link_setup_s=efficiency.link_setup_s,
+        source="roofline",
+        notes=notes or f"roofline of {accel.source}; {efficiency}",
+    )

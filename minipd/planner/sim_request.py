@@ -42,8 +42,7 @@ class SimRequest:
 
     def __init__(self, index: int, arrival_s: float, prompt_len: int, output_len: int):
         if prompt_len < 1 or output_len < 1:
-            raise ValueError(f"request {index}: prompt_len and output_len must be >= 1, "
-                             f"got {prompt_len}, {output_len}")
+            raise ValueError(f"request {index}: prompt_len and output_len must be >= 1, got {prompt_len}, {output_len}")
         self.index = index
         self.arrival_s = arrival_s
         self.prompt_len = prompt_len

@@ -61,8 +61,10 @@ class _Run:
                 raise ValueError(f"workload: request {b.index} arrives before request {a.index}; sort by arrival_s")
         for r in self.requests:
             if r.kv_tokens > self.profile.kv_capacity_tokens:
-                raise ValueError(f"workload: request {r.index} needs {r.kv_tokens} tokens of KV, more than an "
-                                 f"instance holds ({self.profile.kv_capacity_tokens})")
+                raise ValueError(
+                    f"workload: request {r.index} needs {r.kv_tokens} tokens of KV, more than an "
+                    f"instance holds ({self.profile.kv_capacity_tokens})"
+                )
         cluster = sim.cluster
         self.prefill = [self._new_worker(i, PREFILL) for i in range(cluster.num_prefill)]
         self.decode = [self._new_worker(cluster.num_prefill + i, DECODE) for i in range(cluster.num_decode)]
@@ -85,8 +87,13 @@ class _Run:
             return PrefillWorker(index, self.profile, self.link, self.budget)
         if role == DECODE:
             return MixedWorker(index, role, self.profile, self.budget)
-        return MixedWorker(index, role, self.profile, self.options.colocated_batched_tokens or self.budget,
-                           prefill_first=self.options.colocated_scheduling == "prefill-first")
+        return MixedWorker(
+            index,
+            role,
+            self.profile,
+            self.options.colocated_batched_tokens or self.budget,
+            prefill_first=self.options.colocated_scheduling == "prefill-first",
+        )
 
     # ---- the event loop --------------------------------------------------------------
     def _push(self, t: float, kind: int, payload) -> None:
@@ -163,15 +170,20 @@ class _Run:
             self._kick(worker)
             return
         prefill = min(self.prefill, key=_queued_tokens) if self.prefill else None
-        placement = place_prefill(PlacementInput(
-            uncached_tokens=request.prompt_len,
-            prefill_queue_tokens=prefill.queued_tokens if prefill else 0,
-            prefill_queue_requests=len(prefill.queue) if prefill else 0,
-            num_prefill_instances=len(self.prefill),
-            decode_kv_free_tokens=worker.kv_free + request.kv_tokens,  # as it was before this reservation
-            decode_kv_capacity_tokens=worker.kv_capacity, request_kv_tokens=request.kv_tokens,
-            decode_running=worker.num_assigned - 1, decode_max_num_seqs=worker.max_num_seqs),
-            self.options.local_prefill)
+        placement = place_prefill(
+            PlacementInput(
+                uncached_tokens=request.prompt_len,
+                prefill_queue_tokens=prefill.queued_tokens if prefill else 0,
+                prefill_queue_requests=len(prefill.queue) if prefill else 0,
+                num_prefill_instances=len(self.prefill),
+                decode_kv_free_tokens=worker.kv_free + request.kv_tokens,  # as it was before this reservation
+                decode_kv_capacity_tokens=worker.kv_capacity,
+                request_kv_tokens=request.kv_tokens,
+                decode_running=worker.num_assigned - 1,
+                decode_max_num_seqs=worker.max_num_seqs,
+            ),
+            self.options.local_prefill,
+        )
         if placement.is_local:
             request.mode = Mode.LOCAL
             worker.enqueue_prefill(request)
@@ -259,8 +271,11 @@ class _Run:
             self.draining.remove(worker)
             if worker.role != PREFILL:
                 self.peak_kv[worker.index] = max(self.peak_kv.get(worker.index, 0), worker.peak_kv_used)
-            self._push(self.now + self.options.switch_delay_s, ROLE_READY,
-                       (worker.index, DECODE if worker.role == PREFILL else PREFILL))
+            self._push(
+                self.now + self.options.switch_delay_s,
+                ROLE_READY,
+                (worker.index, DECODE if worker.role == PREFILL else PREFILL),
+            )
 
     def _role_ready(self, index: int, role: str) -> None:
         (self.prefill if role == PREFILL else self.decode).append(self._new_worker(index, role))
@@ -270,9 +285,14 @@ class _Run:
             self._admit()
 
     def _result(self) -> SimResult:
-        return self.recorder.result(self.requests, roles=self.roles, moves=self.moves, peak_kv_used=self.peak_kv,
-                                    kv_capacity=self.profile.kv_capacity_tokens,
-                                    num_admission_waits=self.num_admission_waits)
+        return self.recorder.result(
+            self.requests,
+            roles=self.roles,
+            moves=self.moves,
+            peak_kv_used=self.peak_kv,
+            kv_capacity=self.profile.kv_capacity_tokens,
+            num_admission_waits=self.num_admission_waits,
+        )
 
 
 def _queued_tokens(worker: PrefillWorker) -> int:

@@ -93,5 +93,9 @@ def sweep_sizes(config: PlanConfig, sizes: Sequence[int], links: Sequence[KVLink
                 break
             wins_from = point.num_instances
         crossover[link_label(gbps)] = wins_from
-    return SizeSweep(sizes=list(sizes), link_gbps=[None if lk.gbps == float("inf") else lk.gbps for lk in links],
-                     points=points, colocated_wins_below=crossover)
+    return SizeSweep(
+        sizes=list(sizes),
+        link_gbps=[None if lk.gbps == float("inf") else lk.gbps for lk in links],
+        points=points,
+        colocated_wins_below=crossover,
+    )

@@ -41,7 +41,9 @@ class SLO(msgspec.Struct, frozen=True):
         for item in items:
             key, sep, ms = item.partition(":")
             if not sep or key not in KEYS:
-                raise ValueError(f"slo {item!r}: expected KEY:MILLISECONDS with KEY one of {sorted(set(KEYS) - {'e2e'})}")
+                raise ValueError(
+                    f"slo {item!r}: expected KEY:MILLISECONDS with KEY one of {sorted(set(KEYS) - {'e2e'})}"
+                )
             try:
                 seconds = float(ms) / 1000
             except ValueError:
@@ -71,8 +73,12 @@ class SLO(msgspec.Struct, frozen=True):
     def good(self, result: SimResult) -> np.ndarray:
         """Per request: does it meet every objective? (All True when there are none.)"""
         ok = np.ones(result.num_requests, dtype=bool)
-        for field, values in (("ttft_s", result.ttft_s), ("tpot_s", result.tpot_s), ("itl_s", result.itl_p90_s),
-                              ("e2e_s", result.e2e_s)):
+        for field, values in (
+            ("ttft_s", result.ttft_s),
+            ("tpot_s", result.tpot_s),
+            ("itl_s", result.itl_p90_s),
+            ("e2e_s", result.e2e_s),
+        ):
             bound = getattr(self, field)
             if bound is not None:
                 ok &= np.nan_to_num(values, nan=0.0) <= bound

@@ -20,7 +20,7 @@ class StepTimes:
     def append(self, t: float) -> None:
         if self.n == len(self._data):
             grown = np.empty(2 * len(self._data))
-            grown[:self.n] = self._data
+            grown[: self.n] = self._data
             self._data = grown
         self._data[self.n] = t
         self.n += 1

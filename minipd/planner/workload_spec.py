@@ -42,9 +42,14 @@ class WorkloadSpec(msgspec.Struct, frozen=True, kw_only=True):
 
     def make(self, rate_rps: float) -> list[RequestSpec]:
         parse = LengthDist.parse
-        return make_workload(self.name, self.num_requests, self.arrivals(rate_rps), self.seed,
-                             prompt_len=parse(self.prompt_len) if self.prompt_len else None,
-                             output_len=parse(self.output_len) if self.output_len else None)
+        return make_workload(
+            self.name,
+            self.num_requests,
+            self.arrivals(rate_rps),
+            self.seed,
+            prompt_len=parse(self.prompt_len) if self.prompt_len else None,
+            output_len=parse(self.output_len) if self.output_len else None,
+        )
 
     def mean_lengths(self) -> tuple[float, float]:
         """Mean prompt and output length, from a draw of the workload itself."""

@@ -25,8 +25,20 @@ import logging
 from typing import TYPE_CHECKING, Iterator
 
 from minipd.control.channel import ChannelClosed, RemoteError
-from minipd.control.messages import (FAILURE_KV_LOAD, STALE_EPOCH, Abort, CallError, Decode, Generate, Message,
-                                     Prefill, Prefilled, Reserve, Reserved, TokenOutput)
+from minipd.control.messages import (
+    FAILURE_KV_LOAD,
+    STALE_EPOCH,
+    Abort,
+    CallError,
+    Decode,
+    Generate,
+    Message,
+    Prefill,
+    Prefilled,
+    Reserve,
+    Reserved,
+    TokenOutput,
+)
 from minipd.engine.request import TransferInfo
 from minipd.router.latency_observer import relay_tokens
 from minipd.router.placement import decide_placement
@@ -85,9 +97,15 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
     prefill, expected_cached = registry.pick_prefill(hashes, exclude=excluded)
     decode_epoch, prefill_epoch = decode.epoch, prefill.epoch if prefill is not None else None
     uncached_on_decode = len(routed.token_ids) - decode.prefix_overlap(hashes) * registry.block_size
-    placement = decide_placement(decode, registry.prefill_candidates(excluded), len(routed.token_ids),
-                                 uncached_on_decode, routed.params.max_tokens, registry.block_size,
-                                 config.local_prefill)
+    placement = decide_placement(
+        decode,
+        registry.prefill_candidates(excluded),
+        len(routed.token_ids),
+        uncached_on_decode,
+        routed.params.max_tokens,
+        registry.block_size,
+        config.local_prefill,
+    )
     router.placements[placement] += 1
     routed.prefilled_locally = prefill is None or placement.is_local
     routed.instances = {decode.instance_id}
@@ -106,20 +124,34 @@ async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str])
             routed.instances.discard(prefill.instance_id)
             prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
             with blame(decode):
-                await stream_from(router, decode, routed, Decode(
-                    request_id=routed.wire_id, first_token=first_token, sampling=routed.params))
+                await stream_from(
+                    router,
+                    decode,
+                    routed,
+                    Decode(request_id=routed.wire_id, first_token=first_token, sampling=routed.params),
+                )
         except KVLoadFailed as failure:
             await kv_load_failed(router, prefill, decode, routed, str(failure), decode_epoch)
 
 
 async def prefill_locally(router: Router, decode: InstanceHandle, routed: RoutedRequest, epoch: int | None) -> None:
     with blame(decode):
-        await stream_from(router, decode, routed, Generate(
-            request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params, epoch=epoch))
+        await stream_from(
+            router,
+            decode,
+            routed,
+            Generate(request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params, epoch=epoch),
+        )
 
 
-async def kv_load_failed(router: Router, prefill: InstanceHandle, decode: InstanceHandle, routed: RoutedRequest,
-                         error: str, decode_epoch: int | None) -> None:
+async def kv_load_failed(
+    router: Router,
+    prefill: InstanceHandle,
+    decode: InstanceHandle,
+    routed: RoutedRequest,
+    error: str,
+    decode_epoch: int | None,
+) -> None:
     """The `kv_load_failure` policy: end the request saying why, or have the decode instance
     prefill the prompt itself (its reservation dropped first; both instances are told)."""
     what = f"the KV from {prefill.instance_id} did not load into {decode.instance_id}: {error}"
@@ -136,8 +168,9 @@ async def kv_load_failed(router: Router, prefill: InstanceHandle, decode: Instan
     await prefill_locally(router, decode, routed, decode_epoch)
 
 
-async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest, prefill_id: str,
-                  epoch: int | None = None) -> Reserved:
+async def reserve(
+    router: Router, decode: InstanceHandle, routed: RoutedRequest, prefill_id: str, epoch: int | None = None
+) -> Reserved:
     """Reserve blocks on `decode`; while its pool is full ("busy"), wait for running requests
     to free blocks, backing off, up to `kv_wait_s`. Past that the request fails as overloaded,
     blaming no instance and not tried again: the cluster is out of KV capacity, which another
@@ -149,34 +182,61 @@ async def reserve(router: Router, decode: InstanceHandle, routed: RoutedRequest,
     wait_s = BUSY_RETRY_MIN_S
     while True:
         try:
-            return await decode.channel.call(Reserve(request_id=routed.wire_id, token_ids=routed.token_ids,
-                                                     prefill_instance=prefill_id, epoch=epoch), timeout)
+            return await decode.channel.call(
+                Reserve(
+                    request_id=routed.wire_id, token_ids=routed.token_ids, prefill_instance=prefill_id, epoch=epoch
+                ),
+                timeout,
+            )
         except RemoteError as exc:
             if exc.kind != "busy":
                 raise
             if loop.time() + wait_s > deadline:
-                raise AttemptFailed(RuntimeError(f"overloaded: {decode.instance_id} had no room for the prompt's KV "
-                                                 f"within {router.config.kv_wait_s:g} s ({exc})"), None,
-                                    retry=False) from exc
+                raise AttemptFailed(
+                    RuntimeError(
+                        f"overloaded: {decode.instance_id} had no room for the prompt's KV "
+                        f"within {router.config.kv_wait_s:g} s ({exc})"
+                    ),
+                    None,
+                    retry=False,
+                ) from exc
         router.num_busy_waits += 1
         await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation
         routed.decode_wait_s += wait_s
         wait_s = min(BUSY_RETRY_MAX_S, 2 * wait_s)
 
 
-async def prefill_on(router: Router, prefill: InstanceHandle, decode: InstanceHandle, reserved: Reserved,
-                     routed: RoutedRequest, epoch: int | None = None) -> int:
+async def prefill_on(
+    router: Router,
+    prefill: InstanceHandle,
+    decode: InstanceHandle,
+    reserved: Reserved,
+    routed: RoutedRequest,
+    epoch: int | None = None,
+) -> int:
     """Prefill with the KV streamed into the reservation (the prefill instance renews its lease
     through us while it progresses); returns the first token and records the transfer. Raises
     KVLoadFailed when the transfer fails or the decode side gives the reservation up."""
     loop = asyncio.get_running_loop()
     routed.decode, routed.prefill, routed.kv_failure = decode, prefill, loop.create_future()
-    call = asyncio.ensure_future(prefill.channel.call(Prefill(
-        request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params,
-        decode_instance=decode.instance_id, decode_description=decode.welcome.transport_description,
-        decode_fingerprint=decode.welcome.fingerprint, dst_block_ids=reserved.dst_block_ids,
-        num_skip_blocks=reserved.num_cached_tokens // router.registry.block_size,
-        layerwise=routed.layerwise, epoch=epoch, lease_s=reserved.lease_s), router.config.call_timeout_s))
+    call = asyncio.ensure_future(
+        prefill.channel.call(
+            Prefill(
+                request_id=routed.wire_id,
+                token_ids=routed.token_ids,
+                sampling=routed.params,
+                decode_instance=decode.instance_id,
+                decode_description=decode.welcome.transport_description,
+                decode_fingerprint=decode.welcome.fingerprint,
+                dst_block_ids=reserved.dst_block_ids,
+                num_skip_blocks=reserved.num_cached_tokens // router.registry.block_size,
+                layerwise=routed.layerwise,
+                epoch=epoch,
+                lease_s=reserved.lease_s,
+            ),
+            router.config.call_timeout_s,
+        )
+    )
     try:
         await asyncio.wait({call, routed.kv_failure}, return_when=asyncio.FIRST_COMPLETED)
         if not call.done():
@@ -192,9 +252,16 @@ async def prefill_on(router: Router, prefill: InstanceHandle, decode: InstanceHa
     finally:
         call.cancel()
         routed.prefill, routed.kv_failure = None, None
-    routed.transfer = TransferInfo(prefill.instance_id, decode.instance_id, prefilled.num_bytes,
-                                   prefilled.num_cached_tokens, reserved.num_cached_tokens,
-                                   prefilled.compute_s, prefilled.transfer_s, prefilled.exposed_s)
+    routed.transfer = TransferInfo(
+        prefill.instance_id,
+        decode.instance_id,
+        prefilled.num_bytes,
+        prefilled.num_cached_tokens,
+        reserved.num_cached_tokens,
+        prefilled.compute_s,
+        prefilled.transfer_s,
+        prefilled.exposed_s,
+    )
     routed.timestamps = (prefilled.compute_end_at, prefilled.first_write_at)
     return prefilled.first_token
 

@@ -17,8 +17,8 @@ from typing import AsyncIterator, Sequence
 
 from minipd.control.channel import Channel, FrameTooLarge
 from minipd.control.handshake import SharedSecret, open_channel
-from minipd.control.role import Role
 from minipd.control.messages import Abort, ClientGenerate, ClusterStats, GetStats, Message, Stats, TokenOutput, Welcome
+from minipd.control.role import Role
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -32,21 +32,22 @@ class ClusterClient:
         self._ids = itertools.count()
 
     @classmethod
-    async def connect(cls, host: str, port: int, timeout: float = 30.0,
-                      secret: SharedSecret | str | None = None) -> "ClusterClient":
+    async def connect(
+        cls, host: str, port: int, timeout: float = 30.0, secret: SharedSecret | str | None = None
+    ) -> "ClusterClient":
         """Connect and handshake; `secret` is the cluster secret (text or a SharedSecret) when
         the router has one. Raises AuthenticationError when the secrets do not match."""
         if isinstance(secret, str):
             secret = SharedSecret.from_text(secret)
-        channel, welcome = await open_channel(host, port, None, f"client->{host}:{port}", Role.CLIENT, secret,
-                                              timeout)
+        channel, welcome = await open_channel(host, port, None, f"client->{host}:{port}", Role.CLIENT, secret, timeout)
         client = cls(channel, welcome)
         channel.set_handler(client._on_message)
         asyncio.get_running_loop().create_task(client._fail_when_closed())
         return client
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               layerwise: bool | None = None) -> RequestStream:
+    def submit(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, layerwise: bool | None = None
+    ) -> RequestStream:
         """Send a request; the stream yields its outputs (errors arrive as a finished output with `error`).
         `layerwise` overrides the router's KV streaming mode for this request."""
         request_id = f"c{next(self._ids)}"
@@ -54,15 +55,23 @@ class ClusterClient:
         self._streams[request_id] = stream
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
         try:
-            self.channel.send(ClientGenerate(request_id=request_id, prompt=text, token_ids=ids,
-                                             sampling=params or SamplingParams(), layerwise=layerwise))
+            self.channel.send(
+                ClientGenerate(
+                    request_id=request_id,
+                    prompt=text,
+                    token_ids=ids,
+                    sampling=params or SamplingParams(),
+                    layerwise=layerwise,
+                )
+            )
         except FrameTooLarge as exc:
             del self._streams[request_id]
             raise InvalidRequestError("prompt", f"too large to send: {exc}") from None
         return stream
 
-    async def generate(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-                       layerwise: bool | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self, prompt: str | Sequence[int], params: SamplingParams | None = None, layerwise: bool | None = None
+    ) -> AsyncIterator[RequestOutput]:
         async with self.submit(prompt, params, layerwise) as stream:
             async for output in stream:
                 yield output

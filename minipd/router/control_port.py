@@ -20,14 +20,25 @@ import logging
 from minipd.control.channel import Channel
 from minipd.control.handshake import AuthenticationError
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
-from minipd.control.messages import (Abort, CallError, ClientGenerate, ClusterStats, GetStats,
-                                     Hello, Message, Register, Registered, TokenOutput, Welcome)
+from minipd.control.messages import (
+    Abort,
+    CallError,
+    ClientGenerate,
+    ClusterStats,
+    GetStats,
+    Hello,
+    Message,
+    Register,
+    Registered,
+    TokenOutput,
+    Welcome,
+)
 from minipd.control.role import Role
 from minipd.control.server import ControlServer
-from minipd.router.registry import IncompatibleInstance
 from minipd.engine.request import RequestOutput
-from minipd.router.router import Router
 from minipd.engine.sampling_params import InvalidRequestError
+from minipd.router.registry import IncompatibleInstance
+from minipd.router.router import Router
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +61,13 @@ class RouterControlPort(ControlServer):
         self.router.abort(request_id)
 
     def welcome(self, hello: Hello) -> Welcome:
-        return Welcome(instance_id="router", role=Role.ROUTER, fingerprint=self.router.registry.fingerprint,
-                       model_name=self.router.model_name, max_model_len=self.router.max_model_len)
+        return Welcome(
+            instance_id="router",
+            role=Role.ROUTER,
+            fingerprint=self.router.registry.fingerprint,
+            model_name=self.router.model_name,
+            max_model_len=self.router.max_model_len,
+        )
 
     def refuses_role(self, role: Role) -> str | None:
         if role is Role.CLIENT or role.is_instance:
@@ -108,19 +124,22 @@ class RouterControlPort(ControlServer):
         self._tokenizing[request_id] = False
         try:
             if self.router.registry.instances:  # else submit says there is none
-                prompt = await self.router.prompt_encoder.token_ids(prompt, self.router.vocab_size,
-                                                                    self.router.max_model_len)
+                prompt = await self.router.prompt_encoder.token_ids(
+                    prompt, self.router.vocab_size, self.router.max_model_len
+                )
             aborted = self._tokenizing.get(request_id, False)
             stream = None if aborted else self.router.submit(prompt, message.sampling, request_id, message.layerwise)
         except (InvalidRequestError, RuntimeError) as exc:  # NoCapacity included
-            channel.send(TokenOutput(request_id=message.request_id,
-                                     output=RequestOutput.aborted(message.request_id, str(exc))))
+            channel.send(
+                TokenOutput(request_id=message.request_id, output=RequestOutput.aborted(message.request_id, str(exc)))
+            )
             return
         finally:
             self._tokenizing.pop(request_id, None)
         if stream is None:  # the client aborted it while it was being tokenized
-            channel.send(TokenOutput(request_id=message.request_id,
-                                     output=RequestOutput.aborted(message.request_id, None)))
+            channel.send(
+                TokenOutput(request_id=message.request_id, output=RequestOutput.aborted(message.request_id, None))
+            )
             return
         self.track(channel, request_id)
         try:

@@ -33,6 +33,7 @@ def relay_tokens(observer: LatencyObserver | None, routed: RoutedRequest, count:
     else:
         routed.num_later_tokens += count
         if observer is not None:
-            observer.tokens(now, now - routed.last_token_s, count,
-                            (now - routed.first_token_s) / routed.num_later_tokens)
+            observer.tokens(
+                now, now - routed.last_token_s, count, (now - routed.first_token_s) / routed.num_later_tokens
+            )
     routed.last_token_s = now

@@ -72,9 +72,13 @@ class MoveRecord(msgspec.Struct, kw_only=True):
 
 
 class LiveRatioController:
-    def __init__(self, router: Router, config: ControllerConfig,
-                 options: LiveControllerOptions = DEFAULT_OPTIONS,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        router: Router,
+        config: ControllerConfig,
+        options: LiveControllerOptions = DEFAULT_OPTIONS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.router, self.options, self.clock = router, options, clock
         self.policy = RatioController(config)
         self._per_request_tpot = config.slo.decode_bound[0] == "tpot"
@@ -109,8 +113,15 @@ class LiveRatioController:
         prefill = [h for h in serving if h.role is Role.PREFILL]
         decode = [h for h in serving if h.role is Role.DECODE]
         decision = self.policy.decide(now, len(prefill), len(decode), self._in_flight)
-        log.debug("ratio controller: %s (%s); ttft attainment %.2f, decode %.2f; %dP:%dD", decision.move.value,
-                  decision.reason, decision.ttft_attainment, decision.decode_attainment, len(prefill), len(decode))
+        log.debug(
+            "ratio controller: %s (%s); ttft attainment %.2f, decode %.2f; %dP:%dD",
+            decision.move.value,
+            decision.reason,
+            decision.ttft_attainment,
+            decision.decode_attainment,
+            len(prefill),
+            len(decode),
+        )
         if decision.move is Move.TO_PREFILL:
             self._start(min(decode, key=InstanceHandle.running), Role.PREFILL, decision)
         elif decision.move is Move.TO_DECODE:
@@ -118,12 +129,23 @@ class LiveRatioController:
         return decision
 
     def _start(self, handle: InstanceHandle, target: Role, decision: Decision) -> None:
-        record = MoveRecord(decided_at=time.time(), instance_id=handle.instance_id, from_role=handle.role,
-                            to_role=target, reason=decision.reason, ttft_attainment=decision.ttft_attainment,
-                            decode_attainment=decision.decode_attainment)
+        record = MoveRecord(
+            decided_at=time.time(),
+            instance_id=handle.instance_id,
+            from_role=handle.role,
+            to_role=target,
+            reason=decision.reason,
+            ttft_attainment=decision.ttft_attainment,
+            decode_attainment=decision.decode_attainment,
+        )
         self.moves.append(record)
-        log.warning("ratio controller: moving %s from %s to %s (%s)", handle.instance_id, handle.role.value,
-                    target.value, decision.reason)
+        log.warning(
+            "ratio controller: moving %s from %s to %s (%s)",
+            handle.instance_id,
+            handle.role.value,
+            target.value,
+            decision.reason,
+        )
         self._in_flight += 1
         task = asyncio.get_running_loop().create_task(self._switch(record))
         self._moving.add(task)
@@ -134,12 +156,16 @@ class LiveRatioController:
             report = await self.router.switch_role(record.instance_id, record.to_role, self.options.drain_timeout_s)
         except (SwitchConflict, SwitchFailed, UnknownInstance) as exc:
             record.outcome = f"failed: {exc}"
-            log.warning("ratio controller: %s stays a %s instance: %s", record.instance_id, record.from_role.value,
-                        exc)
+            log.warning("ratio controller: %s stays a %s instance: %s", record.instance_id, record.from_role.value, exc)
         else:
             record.outcome, record.total_s, record.drain_s = "switched", report.total_s, report.drain_s
-            log.warning("ratio controller: %s is a %s instance now (%.2f s, %.2f s of it draining)",
-                        record.instance_id, record.to_role.value, report.total_s, report.drain_s)
+            log.warning(
+                "ratio controller: %s is a %s instance now (%.2f s, %.2f s of it draining)",
+                record.instance_id,
+                record.to_role.value,
+                report.total_s,
+                report.drain_s,
+            )
         finally:
             self._in_flight -= 1
 

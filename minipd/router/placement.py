@@ -20,8 +20,14 @@ from minipd.planner.local_prefill_policy import LocalPrefillThresholds, Placemen
 from minipd.router.registry import InstanceHandle
 
 
-def placement_input(decode: InstanceHandle, prefill_pool: list[InstanceHandle], prompt_len: int,
-                    uncached_on_decode: int, max_tokens: int, block_size: int) -> PlacementInput:
+def placement_input(
+    decode: InstanceHandle,
+    prefill_pool: list[InstanceHandle],
+    prompt_len: int,
+    uncached_on_decode: int,
+    max_tokens: int,
+    block_size: int,
+) -> PlacementInput:
     """The policy's view of one request about to run on `decode`, with `prefill_pool` the
     prefill instances it could be sent to instead."""
     stats = decode.stats
@@ -38,11 +44,19 @@ def placement_input(decode: InstanceHandle, prefill_pool: list[InstanceHandle], 
         decode_kv_capacity_tokens=num_blocks * block_size,
         request_kv_tokens=prompt_len + max_tokens,
         decode_running=max(reported_running, decode.num_inflight),
-        decode_max_num_seqs=decode.welcome.max_num_seqs)  # 0 (unknown) vetoes the prefill-busy rule
+        decode_max_num_seqs=decode.welcome.max_num_seqs,
+    )  # 0 (unknown) vetoes the prefill-busy rule
 
 
-def decide_placement(decode: InstanceHandle, prefill_pool: list[InstanceHandle], prompt_len: int,
-                     uncached_on_decode: int, max_tokens: int, block_size: int,
-                     thresholds: LocalPrefillThresholds) -> Placement:
-    return place_prefill(placement_input(decode, prefill_pool, prompt_len, uncached_on_decode, max_tokens,
-                                         block_size), thresholds)
+def decide_placement(
+    decode: InstanceHandle,
+    prefill_pool: list[InstanceHandle],
+    prompt_len: int,
+    uncached_on_decode: int,
+    max_tokens: int,
+    block_size: int,
+    thresholds: LocalPrefillThresholds,
+) -> Placement:
+    return place_prefill(
+        placement_input(decode, prefill_pool, prompt_len, uncached_on_decode, max_tokens, block_size), thresholds
+    )

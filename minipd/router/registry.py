@@ -21,10 +21,10 @@ from typing import Iterable, Iterator, NamedTuple
 
 import msgspec
 
-from minipd.engine.block_manager import chain_hashes
 from minipd.control.channel import Channel
 from minipd.control.messages import Fingerprint, Stats, Welcome
 from minipd.control.role import Role
+from minipd.engine.block_manager import chain_hashes
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,7 @@ class InstanceRegistry:
 
         def score(h: InstanceHandle) -> tuple[int, int]:
             return (h.prefix_overlap(hashes) * self.block_size - h.num_inflight_tokens, -h.num_inflight)
+
         best = max(candidates, key=score)
         return PrefillChoice(best, best.prefix_overlap(hashes) * self.block_size)
 

@@ -92,8 +92,9 @@ def parse_role(role: Role | str) -> Role:
     return parsed
 
 
-async def switch_instance_role(router: Router, instance_id: str, role: Role | str,
-                               drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> SwitchReport:
+async def switch_instance_role(
+    router: Router, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+) -> SwitchReport:
     start, decided_at = time.perf_counter(), time.time()
     registry = router.registry
     handle = registry.instances.get(instance_id)
@@ -106,17 +107,22 @@ async def switch_instance_role(router: Router, instance_id: str, role: Role | st
         raise SwitchConflict("instance", f"{instance_id} is already switching roles")
     if handle.role is target:
         raise SwitchConflict("role", f"{instance_id} is already a {target.value} instance")
-    if handle.role.serves_decode and not target.serves_decode and not [
-            h for h in registry.decode_candidates() if h is not handle]:
-        raise SwitchConflict("role", f"{instance_id} is the last instance that can decode; the cluster could not "
-                                     "serve without it")
+    if (
+        handle.role.serves_decode
+        and not target.serves_decode
+        and not [h for h in registry.decode_candidates() if h is not handle]
+    ):
+        raise SwitchConflict(
+            "role", f"{instance_id} is the last instance that can decode; the cluster could not serve without it"
+        )
     previous = handle.role
     handle.draining = True
     log.info("switching %s from %s to %s", instance_id, previous.value, target.value)
     try:
         reply: RoleSwitched = await handle.channel.call(
             SwitchRole(role=target, epoch=handle.epoch, drain_timeout_s=drain_timeout_s),
-            drain_timeout_s + REPLY_MARGIN_S)
+            drain_timeout_s + REPLY_MARGIN_S,
+        )
     except RemoteError as exc:
         raise SwitchFailed(f"{instance_id} did not switch to {target.value}: {exc}", exc.kind) from exc
     except (ChannelClosed, TimeoutError) as exc:
@@ -124,9 +130,24 @@ async def switch_instance_role(router: Router, instance_id: str, role: Role | st
     finally:
         handle.draining = False
     handle.take_role(reply.role, reply.epoch)
-    report = SwitchReport(instance_id=instance_id, from_role=previous, to_role=reply.role, epoch=reply.epoch,
-                          decided_at=decided_at, total_s=time.perf_counter() - start, drain_s=reply.drain_s,
-                          reset_s=reply.reset_s, num_drained=reply.num_drained)
-    log.info("%s is now a %s instance (epoch %d): %.3f s in all, %.3f s of it draining %d requests", instance_id,
-             reply.role.value, reply.epoch, report.total_s, report.drain_s, report.num_drained)
+    report = SwitchReport(
+        instance_id=instance_id,
+        from_role=previous,
+        to_role=reply.role,
+        epoch=reply.epoch,
+        decided_at=decided_at,
+        total_s=time.perf_counter() - start,
+        drain_s=reply.drain_s,
+        reset_s=reply.reset_s,
+        num_drained=reply.num_drained,
+    )
+    log.info(
+        "%s is now a %s instance (epoch %d): %.3f s in all, %.3f s of it draining %d requests",
+        instance_id,
+        reply.role.value,
+        reply.epoch,
+        report.total_s,
+        report.drain_s,
+        report.num_drained,
+    )
     return report

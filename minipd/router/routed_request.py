@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 
 class RoutedRequest:
-    def __init__(self, request_id: str, token_ids: list[int], params: SamplingParams, stream: RequestStream,
-                 layerwise: bool):
+    def __init__(
+        self, request_id: str, token_ids: list[int], params: SamplingParams, stream: RequestStream, layerwise: bool
+    ):
         self.request_id = request_id
         self.wire_id = request_id  # the current try's id on the instances (see Router.begin_try)
         self.token_ids = token_ids
@@ -60,5 +61,8 @@ class RoutedRequest:
         if self.transfer is None:
             return
         compute_end_at, first_write_at = self.timestamps
-        self.transfer = msgspec.structs.replace(self.transfer, transfer_s=max(0.0, landed_at - first_write_at),
-                                                exposed_s=max(0.0, landed_at - compute_end_at))
+        self.transfer = msgspec.structs.replace(
+            self.transfer,
+            transfer_s=max(0.0, landed_at - first_write_at),
+            exposed_s=max(0.0, landed_at - compute_end_at),
+        )

@@ -35,8 +35,19 @@ import msgspec
 from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S, Channel, ChannelClosed, RemoteError
 from minipd.control.handshake import SharedSecret, open_channel
 from minipd.control.limits import MAX_REQUEST_ID_CHARS
-from minipd.control.messages import (Abort, CallError, Draining, Evict, GetStats, KVLanded, Message, PeerLost, Renew,
-                                     Stats, TokenOutput)
+from minipd.control.messages import (
+    Abort,
+    CallError,
+    Draining,
+    Evict,
+    GetStats,
+    KVLanded,
+    Message,
+    PeerLost,
+    Renew,
+    Stats,
+    TokenOutput,
+)
 from minipd.control.role import Role
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO, KVClaims, claim_blocks, claim_limit, validate_ratio
 from minipd.engine.prompt_check import prompt_token_ids
@@ -46,8 +57,8 @@ from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.planner.local_prefill_policy import LocalPrefillThresholds, Placement
 from minipd.router.attempt import AttemptFailed, run_attempt
-from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
 from minipd.router.latency_observer import LatencyObserver
+from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
 from minipd.router.role_switch import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport, switch_instance_role
 from minipd.router.routed_request import RoutedRequest
 
@@ -86,8 +97,10 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.liveness_timeout_s < 0:
             raise ValueError(f"liveness_timeout_s: must be >= 0 (0 disables it), got {self.liveness_timeout_s}")
         if self.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:
-            raise ValueError(f"kv_load_failure: expected one of {list(KV_LOAD_FAILURE_POLICIES)}, "
-                             f"got {self.kv_load_failure!r}")
+            raise ValueError(
+                f"kv_load_failure: expected one of {list(KV_LOAD_FAILURE_POLICIES)}, got {self.kv_load_failure!r}"
+            )
+
     def __post_init__(self) -> None:
         for field in ("prefill_busy_tokens", "prefill_busy_requests", "decode_room_max_running"):
             value = getattr(self, field)
@@ -100,14 +113,22 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
     def local_prefill(self) -> LocalPrefillThresholds:
         """The placement policy's thresholds (a negative local_prefill_max_tokens turns rule 1 off)."""
         return LocalPrefillThresholds(
-            max_local_tokens=max(0, self.local_prefill_max_tokens), prefill_busy_tokens=self.prefill_busy_tokens,
-            prefill_busy_requests=self.prefill_busy_requests, decode_max_kv_fraction=self.decode_room_kv_fraction,
-            decode_max_running=self.decode_room_max_running)
+            max_local_tokens=max(0, self.local_prefill_max_tokens),
+            prefill_busy_tokens=self.prefill_busy_tokens,
+            prefill_busy_requests=self.prefill_busy_requests,
+            decode_max_kv_fraction=self.decode_room_kv_fraction,
+            decode_max_running=self.decode_room_max_running,
+        )
 
 
 class Router:
-    def __init__(self, tokenizer, config: RouterConfig = RouterConfig(), model_name: str = "minipd",
-                 secret: SharedSecret | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        config: RouterConfig = RouterConfig(),
+        model_name: str = "minipd",
+        secret: SharedSecret | None = None,
+    ):
         config.validate()
         self.tokenizer = tokenizer
         self.prompt_encoder = PromptEncoder(tokenizer)  # for callers that tokenize off the loop
@@ -136,20 +157,30 @@ class Router:
         self.on_transfer_failure: Callable[[str], None] | None = None  # told of each failed KV transfer
 
     # ---- instances --------------------------------------------------------------------
-    async def add_instance(self, host: str, port: int, timeout: float = 30.0,
-                           expected_role: Role | None = None) -> InstanceHandle:
+    async def add_instance(
+        self, host: str, port: int, timeout: float = 30.0, expected_role: Role | None = None
+    ) -> InstanceHandle:
         """Connect to an instance's control port, handshake, and register it.
 
         Raises IncompatibleInstance (fingerprint mismatch, saying what differs, or another role
         than `expected_role`), AuthenticationError (the instance and the router do not share
         the cluster secret), or ConnectionError/TimeoutError when it cannot be reached.
         """
-        channel, welcome = await open_channel(host, port, self._on_message, f"router->{host}:{port}", Role.ROUTER,
-                                              self.secret, timeout, self.config.liveness_timeout_s)
+        channel, welcome = await open_channel(
+            host,
+            port,
+            self._on_message,
+            f"router->{host}:{port}",
+            Role.ROUTER,
+            self.secret,
+            timeout,
+            self.config.liveness_timeout_s,
+        )
         try:
             if expected_role is not None and welcome.role is not expected_role:
-                raise IncompatibleInstance(f"{host}:{port} is a {welcome.role.value} instance, not "
-                                           f"{expected_role.value}")
+                raise IncompatibleInstance(
+                    f"{host}:{port} is a {welcome.role.value} instance, not {expected_role.value}"
+                )
             handle = InstanceHandle(welcome, channel, (host, port))
             handle.stale_after_s = STALE_AFTER_POLLS * STATS_INTERVAL_S + self.config.stats_timeout_s
             self.registry.add(handle)
@@ -159,8 +190,11 @@ class Router:
         self._by_channel[channel] = handle
         handle.set_stats(await channel.call(GetStats(), timeout))
         if welcome.liveness_timeout_s > 0 and self.config.liveness_timeout_s > 0:
-            channel.watch_liveness(self.config.liveness_timeout_s, welcome.liveness_timeout_s,
-                                   on_silent=lambda reason: self._evict(handle, reason))
+            channel.watch_liveness(
+                self.config.liveness_timeout_s,
+                welcome.liveness_timeout_s,
+                on_silent=lambda reason: self._evict(handle, reason),
+            )
         asyncio.get_running_loop().create_task(self._watch(handle))
         if self._stats_task is None:
             self._stats_task = asyncio.get_running_loop().create_task(self._poll_stats())
@@ -182,8 +216,11 @@ class Router:
 
     def num_waiting(self) -> int:
         """Requests routed to a decode instance beyond what it runs at once (known without polling)."""
-        return sum(max(0, h.num_inflight - h.welcome.max_num_seqs)
-                   for h in self.registry.decode_candidates() if h.welcome.max_num_seqs)
+        return sum(
+            max(0, h.num_inflight - h.welcome.max_num_seqs)
+            for h in self.registry.decode_candidates()
+            if h.welcome.max_num_seqs
+        )
 
     def kv_claim_limit(self) -> int | None:
         """The most KV blocks live requests may claim together (None: no limit)."""
@@ -211,8 +248,9 @@ class Router:
         except (ChannelClosed, TimeoutError, RemoteError):
             pass
 
-    async def switch_role(self, instance_id: str, role: Role | str,
-                          drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S) -> SwitchReport:
+    async def switch_role(
+        self, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    ) -> SwitchReport:
         """Switch an instance's role in place (router/role_switch.py): no new work of its old
         role reaches it, what it runs finishes, its pool is reset, and it serves as `role` with
         a new epoch. Raises UnknownInstance, InvalidRequestError (`role`), SwitchConflict or
@@ -266,8 +304,13 @@ class Router:
         self.prompt_encoder.close()
 
     # ---- requests ---------------------------------------------------------------------
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams | None = None,
-               request_id: str | None = None, layerwise: bool | None = None) -> RequestStream:
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        layerwise: bool | None = None,
+    ) -> RequestStream:
         """Validate and start routing; returns the stream of outputs. Raises InvalidRequestError,
         or NoCapacity when the cluster's KV capacity is claimed already (`kv_admission_ratio`).
 
@@ -289,14 +332,16 @@ class Router:
         claim = claim_blocks(len(token_ids), params.max_tokens, self.max_model_len, self.registry.block_size)
         self.kv_claims.admit(request_id, claim, self.kv_claim_limit())
         stream = RequestStream(request_id, self.abort)
-        routed = RoutedRequest(request_id, token_ids, params, stream,
-                               self.config.layerwise if layerwise is None else layerwise)
+        routed = RoutedRequest(
+            request_id, token_ids, params, stream, self.config.layerwise if layerwise is None else layerwise
+        )
         self._requests[request_id] = routed
         routed.task = asyncio.get_running_loop().create_task(self._route(routed))
         return stream
 
-    async def generate(self, prompt, params: SamplingParams | None = None, request_id: str | None = None,
-                       layerwise: bool | None = None):
+    async def generate(
+        self, prompt, params: SamplingParams | None = None, request_id: str | None = None, layerwise: bool | None = None
+    ):
         async with self.submit(prompt, params, request_id, layerwise) as stream:
             async for output in stream:
                 yield output
@@ -323,9 +368,16 @@ class Router:
                 else:
                     attempt += 1
                 retry = failure.retry and attempt < MAX_ATTEMPTS and not routed.first_token_sent
-                log.log(logging.INFO if failure.stale else logging.WARNING, "%s: attempt %d %s%s: %s%s",
-                        routed.request_id, attempt, "refused (stale role epoch)" if failure.stale else "failed",
-                        f" on {failure.blamed}" if failure.blamed else "", failure, "; retrying" if retry else "")
+                log.log(
+                    logging.INFO if failure.stale else logging.WARNING,
+                    "%s: attempt %d %s%s: %s%s",
+                    routed.request_id,
+                    attempt,
+                    "refused (stale role epoch)" if failure.stale else "failed",
+                    f" on {failure.blamed}" if failure.blamed else "",
+                    failure,
+                    "; retrying" if retry else "",
+                )
                 self._abort_on_instances(routed)
                 if not retry:
                     self._fail(routed, str(failure))

@@ -11,5 +11,13 @@ from .request_spec import RequestSpec
 from .sharegpt import load_sharegpt
 from .workloads import WORKLOADS, WorkloadShape, make_workload
 
-__all__ = ["ArrivalProcess", "LengthDist", "RequestSpec", "WORKLOADS", "WorkloadShape", "arrival_times",
-           "load_sharegpt", "make_workload"]
+__all__ = [
+    "ArrivalProcess",
+    "LengthDist",
+    "RequestSpec",
+    "WORKLOADS",
+    "WorkloadShape",
+    "arrival_times",
+    "load_sharegpt",
+    "make_workload",
+]

@@ -49,14 +49,15 @@ class LengthDist(msgspec.Struct, frozen=True):
                 return cls("lognormal", low, high, float(fields[0]), float(fields[1]))
         except ValueError as exc:
             raise ValueError(f"length distribution {text!r}: {exc}") from None
-        raise ValueError(f"length distribution {text!r}: expected fixed:N, uniform:LO:HI or "
-                         "lognormal:MEDIAN:SIGMA[:LO:HI]")
+        raise ValueError(
+            f"length distribution {text!r}: expected fixed:N, uniform:LO:HI or lognormal:MEDIAN:SIGMA[:LO:HI]"
+        )
 
     @property
     def mean(self) -> float:
         """The mean length (of the unclipped distribution for `lognormal`)."""
         if self.kind == "lognormal":
-            return self.median * math.exp(self.sigma ** 2 / 2)
+            return self.median * math.exp(self.sigma**2 / 2)
         return (self.low + self.high) / 2
 
     def sample(self, rng: random.Random) -> int:

@@ -29,8 +29,15 @@ def _first_pair(conversation: list[dict]) -> tuple[str, str] | None:
     return None
 
 
-def load_sharegpt(path: str | Path, num_requests: int, arrivals: ArrivalProcess, count_tokens: Callable[[str], int],
-                  seed: int = 0, max_prompt_len: int = 1 << 20, max_output_len: int = 1 << 20) -> list[RequestSpec]:
+def load_sharegpt(
+    path: str | Path,
+    num_requests: int,
+    arrivals: ArrivalProcess,
+    count_tokens: Callable[[str], int],
+    seed: int = 0,
+    max_prompt_len: int = 1 << 20,
+    max_output_len: int = 1 << 20,
+) -> list[RequestSpec]:
     """Up to `num_requests` requests drawn (shuffled by `seed`) from the file; raises ValueError
     for a file that is not a list of conversations."""
     data = json.loads(Path(path).read_text())

@@ -29,25 +29,36 @@ DECODE_HEAVY = WorkloadShape(LengthDist.uniform(16, 64), LengthDist.uniform(128,
 WORKLOADS = ("prefill-heavy", "decode-heavy", "mixed", "shift")
 
 
-def _shapes(name: str, prompt_len: LengthDist | None, output_len: LengthDist | None
-            ) -> tuple[WorkloadShape, WorkloadShape]:
+def _shapes(
+    name: str, prompt_len: LengthDist | None, output_len: LengthDist | None
+) -> tuple[WorkloadShape, WorkloadShape]:
     """(shape of a prefill-heavy request, shape of a decode-heavy one) with the overrides applied."""
+
     def override(shape: WorkloadShape) -> WorkloadShape:
         return WorkloadShape(prompt_len or shape.prompt_len, output_len or shape.output_len)
+
     if name == "prefill-heavy":
         return override(PREFILL_HEAVY), override(PREFILL_HEAVY)
     if name == "decode-heavy":
         return override(DECODE_HEAVY), override(DECODE_HEAVY)
     if name in ("mixed", "shift"):
         if prompt_len or output_len:
-            raise ValueError(f"workload {name!r} mixes two shapes; override its lengths by running "
-                             "prefill-heavy and decode-heavy separately")
+            raise ValueError(
+                f"workload {name!r} mixes two shapes; override its lengths by running "
+                "prefill-heavy and decode-heavy separately"
+            )
         return PREFILL_HEAVY, DECODE_HEAVY
     raise ValueError(f"workload: unknown {name!r}; choose one of {WORKLOADS}")
 
 
-def make_workload(name: str, num_requests: int, arrivals: ArrivalProcess, seed: int = 0,
-                  prompt_len: LengthDist | None = None, output_len: LengthDist | None = None) -> list[RequestSpec]:
+def make_workload(
+    name: str,
+    num_requests: int,
+    arrivals: ArrivalProcess,
+    seed: int = 0,
+    prompt_len: LengthDist | None = None,
+    output_len: LengthDist | None = None,
+) -> list[RequestSpec]:
     """`num_requests` requests of workload `name`, arriving by `arrivals`; a pure function of its
     arguments (the same seed gives the same list)."""
     if num_requests < 0:
