@@ -78,10 +78,12 @@ def send():
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     connection.request("POST", "/v1/completions" if path == "completions" else "/v1/chat/completions", body,
                        {"Content-Type": "application/json"})
-    print(connection.getresponse().status, flush=True)
+    statuses.append(connection.getresponse().status)  # printed once all are in: threads' prints interleave
+statuses = []
 threads = [threading.Thread(target=send) for _ in range(count)]
 for t in threads: t.start()
 for t in threads: t.join()
+print(*statuses, flush=True)
 """
 
 

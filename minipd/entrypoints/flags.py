@@ -370,7 +370,9 @@ FLAGS: tuple[Flag, ...] = (
         INSTANCES,
         type=float,
         default=DEFAULT_LEASE_S,
-        help="decode: free a reservation whose decode has not started after this long (default: %(default)s)",
+        help="decode: a reservation's lease; it is renewed only while its prefill makes progress (layers "
+        "computed or sent), and freed (its KV counted as not loaded) once this long passes without any "
+        "(default: %(default)s)",
     ),
     _flag(
         "--router",
