@@ -97,3 +97,48 @@ def plot_overlap(result: dict, path: str) -> None:
     _bars(ax, groups, {"layer-wise": layerwise, "send after prefill": after}, "exposed KV transfer (ms)")
     ax.set_title(f"overlap: {result['model']}, {result['layers']} layers", fontsize=10)
     save(fig, path)
+
+
+def plot_profile(result: dict, path: str) -> None:
+    """Measured step times against the fitted latency model, prefill and decode."""
+    fig, (pre, dec) = subplots(2, width=5.0)
+    p, d = result["prefill"], result["decode"]
+    for sample in result["prefill_samples"]:
+        lens = sample["prompt_lens"]
+        fitted = p["a"] + p["b"] * sum(lens) + p["c"] * sum(n * n for n in lens)
+        pre.scatter(sum(lens), sample["seconds"] * 1e3, color="tab:blue", s=14)
+        pre.scatter(sum(lens), fitted * 1e3, color="tab:orange", marker="x", s=14)
+    pre.set_xlabel("prompt tokens in the step")
+    pre.set_ylabel("prefill step (ms)")
+    pre.set_title("prefill: measured (dots) vs a + b·Σlen + c·Σlen² (x)", fontsize=9)
+    for sample in result["decode_samples"]:
+        lens = sample["context_lens"]
+        fitted = d["a"] + d["b"] * sum(lens) + d["c"] * len(lens)
+        dec.scatter(len(lens), sample["seconds"] * 1e3, color="tab:blue", s=14)
+        dec.scatter(len(lens), fitted * 1e3, color="tab:orange", marker="x", s=14)
+    dec.set_xlabel("sequences in the step")
+    dec.set_ylabel("decode step (ms)")
+    dec.set_title("decode: measured (dots) vs a + b·Σcontext + c·batch (x)", fontsize=9)
+    fig.suptitle(f"latency profile: {result['model']}, {result['dtype']}, {result['threads']} thread(s)", fontsize=10)
+    save(fig, path)
+
+
+def plot_soak(result: dict, path: str) -> None:
+    """The faults over time, and how the requests ended."""
+    fig, (timeline, outcome) = subplots(2, width=5.0)
+    targets = sorted({e["target"] for e in result["chaos"]})
+    for event in result["chaos"]:
+        row = targets.index(event["target"])
+        color = "tab:red" if event["kind"] == "kill" else "tab:purple"
+        timeline.barh(row, event["recovered_s"], left=event["at_s"], color=color, height=0.5)
+    timeline.set_yticks(range(len(targets)), targets)
+    timeline.set_xlabel("seconds (red: killed until restarted; purple: frozen until resumed)")
+    timeline.set_title(f"faults during {result['duration_s']:.0f} s of load", fontsize=9)
+    labels = ["completed", "failed (said why)", "lost", "leaked blocks"]
+    values = [result["completed"], result["failed"], result["lost"], result["leaked_blocks"]]
+    bars = outcome.bar(labels, values, color=["tab:green", "tab:orange", "tab:red", "tab:red"])
+    for bar, value in zip(bars, values):  # the small counts are the point: write every one
+        outcome.annotate(str(value), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom")
+    outcome.set_title(f"{result['requests']} requests over {result['transport']}", fontsize=9)
+    outcome.tick_params(axis="x", labelsize=8)
+    save(fig, path)

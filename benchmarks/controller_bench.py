@@ -11,7 +11,9 @@ instance can help (two instances on two shared cores are not twice one):
 - prefill by its KV link: every instance's egress is capped (`--link-gbps`), so a prefill
   instance sends at most that many prompts' KV per second;
 - decode by its KV pool (`--num-blocks`): a decode instance holds only so many long answers;
-  past that its sequences are preempted and recomputed, which stalls them: the controller,
+  past that its sequences are preempted and recomputed, which stalls them (both clusters run
+  with `--kv-admission-ratio 0`, so that a full pool queues its requests, as this experiment
+  needs, instead of refusing them with 503 at the door): the controller,
   given a `tpot` objective, judges every token by its request's time per output token so
   far, so a stall counts against every later token of that request.
 The fixed 2P:1D suits the first phase and chokes on the second; the controller should move a
@@ -139,8 +141,15 @@ def shift_workload(args: argparse.Namespace) -> tuple[list[RequestSpec], int]:
     return specs, num_first
 
 
+# Overcommit the decode pools (no KV admission limit): the decode-heavy phase must queue and
+# preempt on a full pool, which the controller can fix by adding a decode instance, rather
+# than be refused, which would hide the shortage from both clusters' latencies.
+QUEUE_ON_A_FULL_POOL = ("--kv-admission-ratio", "0")
+
+
 def controller_flags(args: argparse.Namespace) -> tuple[str, ...]:
     return (
+        *QUEUE_ON_A_FULL_POOL,
         "--ratio-controller",
         "--controller-slo",
         *args.controller_slo,
@@ -216,7 +225,9 @@ def run(args: argparse.Namespace) -> dict:
         "controller": {"slo": args.controller_slo, **{f: getattr(args, f) for f in CONTROLLER_FLAGS}},
     }
     with Processes() as processes:
-        fixed = start_disaggregated(processes, server, args.num_prefill, args.num_decode, args.link_gbps)
+        fixed = start_disaggregated(
+            processes, server, args.num_prefill, args.num_decode, args.link_gbps, router_flags=QUEUE_ON_A_FULL_POOL
+        )
         controlled = start_disaggregated(
             processes, server, args.num_prefill, args.num_decode, args.link_gbps, router_flags=controller_flags(args)
         )

@@ -26,6 +26,7 @@ import re
 import tempfile
 import time
 
+from benchmarks.baseline_plots import plot_soak as plot  # noqa: F401 (bench.py --plot)
 from benchmarks.chaos import Chaos
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster

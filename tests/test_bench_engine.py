@@ -16,11 +16,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _bench(tmp_path, *argv: str) -> dict:
-    out = tmp_path / "result.json"
+    out, png = tmp_path / "result.json", tmp_path / "result.png"
     run = subprocess.run(
-        [sys.executable, "bench.py", *argv, "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=280
+        [sys.executable, "bench.py", *argv, "--json", str(out), "--plot", str(png)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return json.loads(out.read_text()), run.stdout
 
 

@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.timeout(400)
 def test_quick_soak_loses_nothing_and_leaks_nothing(tmp_path):
-    out = tmp_path / "soak.json"
+    out, png = tmp_path / "soak.json", tmp_path / "soak.png"
     run = subprocess.run(
-        [sys.executable, "bench.py", "soak", "--quick", "--json", str(out)],
+        [sys.executable, "bench.py", "soak", "--quick", "--json", str(out), "--plot", str(png)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -25,6 +25,7 @@ def test_quick_soak_loses_nothing_and_leaks_nothing(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(out.read_text())
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result["lost"] == 0, result["lost_examples"]
     assert result["leaked_blocks"] == 0, result["instances_after"]
     assert result["completed"] + result["failed"] == result["requests"] > 0

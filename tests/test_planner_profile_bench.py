@@ -29,8 +29,10 @@ def bench(monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_profile_quick_writes_a_loadable_profile(bench, tmp_path, capsys) -> None:
-    out = tmp_path / "profile.json"
-    assert bench.main(["profile", "--quick", "--model", "tiny", "--torch-threads", "1", "--json", str(out)]) == 0
+    out, png = tmp_path / "profile.json", tmp_path / "profile.png"
+    argv = ["profile", "--quick", "--model", "tiny", "--torch-threads", "1", "--json", str(out), "--plot", str(png)]
+    assert bench.main(argv) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(out.read_text())
     for part in ("prefill", "decode"):
         coefs = [data[part][k] for k in "abc"]
