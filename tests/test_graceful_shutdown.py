@@ -30,7 +30,7 @@ async def _until_refusing_connections(address: tuple[str, int]) -> None:
     while True:
         try:
             _, writer = await asyncio.open_connection(*address)
-        except ConnectionRefusedError:
+        except (ConnectionRefusedError, ConnectionResetError):  # reset: the listener closed mid-handshake
             return
         writer.close()
         assert loop.time() < deadline, f"{address} still accepts connections"
