@@ -1,21 +1,26 @@
 """Decode step time: the engine, the raw model loop, and the weight-streaming floor.
 
 - engine: `batch` requests through minipd's engine (scheduling, input building, sampling,
-  detokenizing, streaming on asyncio); the step time is the time from the last request's
-  first token to the last token, over the decode steps in between.
+  detokenizing, streaming on asyncio); a step is the time from the end of one forward pass
+  to the end of the next (everything the engine does in between included), over the decode
+  steps after the last request's first token.
 - raw: the model's forward pass in a loop on prebuilt inputs and attention metadata, argmax
-  on the logits (what a step costs with no engine around it).
+  on the logits (what a step costs with no engine around it), each step timed alone.
 - floor: a decode step reads every weight once, so it cannot beat the time a memcpy of the
   weights' bytes takes (the bandwidth measured on the same thread, in the same run).
 Everything runs on the engine's compute thread, so all three use the same OpenMP team. Each
 is timed twice: wall time, and this process's CPU time (all threads: the engine's event loop
-counts), which on a machine other jobs share says what the work cost.
+counts), which on a machine other jobs share says what the work cost. A step figure is the
+median of the steps of one run, so one step that the machine preempts (or a garbage
+collection) does not move it; this machine's memory bandwidth drifts by ±10% over seconds,
+which is why the caller pairs each figure with one measured right beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import statistics
 import time
 from typing import NamedTuple
 
@@ -44,18 +49,30 @@ def _per(start: Timing, end: Timing, count: int) -> Timing:
     return Timing((end.wall_s - start.wall_s) / count, (end.cpu_s - start.cpu_s) / count)
 
 
+def _median_step(marks: list[tuple[float, float, float]]) -> Timing:
+    """Median per-step wall, process CPU and forward CPU time between consecutive marks
+    (wall, process CPU, forward CPU of the step that ended at the mark)."""
+    steps = list(zip(marks, marks[1:]))
+    return Timing(
+        statistics.median(b[0] - a[0] for a, b in steps),
+        statistics.median(b[1] - a[1] for a, b in steps),
+        statistics.median(b[2] for _, b in steps),
+    )
+
+
 def prompts(batch: int, length: int, vocab_size: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(vocab_size) for _ in range(length)] for _ in range(batch)]
 
 
 async def engine_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) -> Timing:
-    """Also times the model's forward passes on the compute thread, so that what the engine
-    adds around them (scheduling, inputs, sampling, streaming) is measured within the same
-    steps, free of the drift between two separate runs."""
+    """The median decode step of the engine serving `batch_prompts` to `output_len` tokens
+    each. Also times the model's forward passes on the compute thread (`forward_cpu_s`), so
+    that what the engine adds around them (scheduling, inputs, sampling, streaming) is
+    measured within the same steps, free of the drift between two separate runs."""
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    first_tokens: list[Timing] = []
-    forward_cpu: list[tuple[float, float]] = []  # (end wall time, thread CPU time) of each forward
+    first_tokens: list[float] = []
+    marks: list[tuple[float, float, float]] = []  # at the end of each forward: wall, process CPU, its thread CPU
     model_forward = engine.model.forward
 
     def timed_forward(*args, **kwargs):
@@ -63,27 +80,28 @@ async def engine_step(engine: Engine, batch_prompts: list[list[int]], output_len
         try:
             return model_forward(*args, **kwargs)
         finally:
-            forward_cpu.append((time.perf_counter(), time.thread_time() - start))
+            marks.append((time.perf_counter(), time.process_time(), time.thread_time() - start))
 
     async def one(prompt: list[int]) -> None:
         async for out in engine.generate(prompt, params):
             if out.num_output_tokens == len(out.token_ids):  # the increment carrying the first token
-                first_tokens.append(_now())
+                first_tokens.append(time.perf_counter())
 
     engine.model.forward = timed_forward
     try:
         await asyncio.gather(*(one(p) for p in batch_prompts))
     finally:
         del engine.model.forward  # back to the class's method
-    start, steps = max(first_tokens), output_len - 1
-    per = _per(start, _now(), steps)
-    decode_forward = sum(cpu for end, cpu in forward_cpu if end > start.wall_s)
-    return per._replace(forward_cpu_s=decode_forward / steps)
+    # The last prefill's forward ended before its first token was seen: decode steps follow it.
+    decode_marks = [m for m in marks if m[0] < max(first_tokens)][-1:] + [m for m in marks if m[0] > max(first_tokens)]
+    if len(decode_marks) < 2:
+        raise RuntimeError(f"engine_step: {output_len} output tokens leave no decode step to time")
+    return _median_step(decode_marks)
 
 
 def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) -> Timing:
-    """Prefill untimed, then decode with inputs and attention metadata all built before timing.
-    Call it on the engine's compute thread."""
+    """The median decode step of the raw loop: prefill untimed, then decode with inputs and
+    attention metadata all built before timing. Call it on the engine's compute thread."""
     runner = ModelRunner(engine.model, engine.kv_pool)
     bm = engine.block_manager
     requests = []
@@ -102,12 +120,13 @@ def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) ->
             steps.append((positions, meta))
         index = torch.arange(len(requests), device=engine.device)
         next_ids = torch.tensor(first, device=engine.device)
-        start = _now()
+        marks = [(time.perf_counter(), time.process_time(), 0.0)]
         for positions, meta in steps:
             logits = engine.model(next_ids, positions, engine.kv_pool, meta, index, runner.buffers)
             next_ids = logits.argmax(dim=-1)
-        next_ids.tolist()  # wait for the device
-        return _per(start, _now(), len(steps))
+            next_ids.tolist()  # wait for the device, so that each step is timed alone
+            marks.append((time.perf_counter(), time.process_time(), 0.0))
+        return _median_step(marks)
     finally:
         for r in requests:
             bm.free(r.block_ids)

@@ -3,8 +3,15 @@
 A 1 prefill + 1 decode cluster (`minipd --role cluster`, TCP KV, `--torch-threads` per
 instance, the profile's dtype and token budget) serves each workload through the OpenAI load
 client (benchmarks/loadgen); the simulator runs the very same `RequestSpec` lists on a
-`ClusterSpec.split(1, 1)` with the latency profile fitted on this machine (`bench.py profile`,
-`--profile FILE`, or measured here first). Compared per workload (prefill-heavy and
+`ClusterSpec.split(1, 1)` with a latency profile fitted on this machine, in the serving path:
+1. a profile measured in-process (`bench.py profile`; `--profile FILE`, or measured here first)
+   gives what only it can (KV bytes and capacity, layers), and its own step models are
+   simulated too, as `profile_only`, to show what the serving path changes;
+2. one calibration run per workload (other requests, drawn with other seeds, at the same
+   rate) makes the instances log their steps (`--step-log-dir`); the prefill and decode
+   step models are fitted to those steps (minipd.planner.step_log_fit);
+3. the probe (validate_probe.py) measures the fixed per-request latency outside the steps.
+Then the compared runs, which neither fit saw. Compared per workload (prefill-heavy and
 decode-heavy, lengths and rates sized for this machine): P50 and P90 of TTFT and of ITL (every
 gap), and the SLO attainment. The SLO is derived from the simulation, never from the
 measurement: by default TTFT and TPOT bounds at the simulated 75th percentiles, so that
@@ -26,11 +33,13 @@ import argparse
 import json
 import math
 import statistics
+import tempfile
+from pathlib import Path
 
 import msgspec
 import numpy as np
 
-from benchmarks import profile_bench
+from benchmarks import profile_bench, validate_probe
 from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import ServerOptions, start_disaggregated
 from benchmarks.loadgen.measure import MS_PER_S, measure
@@ -39,6 +48,7 @@ from benchmarks.loadgen.processes import Processes
 from benchmarks.loadgen.slo import SLO as ClientSLO
 from benchmarks.loadgen.slo import attainment
 from benchmarks.loadgen.stats import percentile
+from minipd.planner import step_log_fit
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_profile import LatencyProfile
@@ -66,6 +76,7 @@ WORKLOADS = {
         "num_requests": 80,
     },
 }
+CALIBRATION_SEED = 1000  # the calibration runs' workloads are drawn apart from the compared ones
 METRICS = ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms")
 QUICK = {"model": "tiny", "repeats": 1, "num_requests": 12, "profile_quick": True}
 
@@ -127,14 +138,18 @@ def _specs(name: str, args: argparse.Namespace, seed: int):
     )
 
 
-def simulate(profile: LatencyProfile, specs, budget: int) -> dict:
-    """The simulated run: per-request arrays and the figures compared."""
-    options_ = SimOptions(
+def sim_options(profile: LatencyProfile, budget: int) -> SimOptions:
+    """The 1P:1D cluster as the bench runs it: TCP KV on one host, every prompt to prefill."""
+    return SimOptions(
         link=KVLink(LOCALHOST_TCP_GBPS, LINK_SETUP_S, True, profile.num_layers),
         local_prefill=LocalPrefillThresholds(max_local_tokens=0),
         max_batched_tokens=budget,
     )
-    result = Simulator(profile, ClusterSpec.split(1, 1), options_).run(specs)
+
+
+def simulate(profile: LatencyProfile, specs, options: SimOptions) -> dict:
+    """The simulated run: per-request arrays and the figures compared."""
+    result = Simulator(profile, ClusterSpec.split(1, 1), options).run(specs)
     gaps = result.itl_gaps
     return {
         "result": result,
@@ -188,22 +203,28 @@ def _compare(sim: dict, meas: dict) -> dict:
     return {"relative_error": errors, "attainment_diff": attain, "within_targets": within}
 
 
+def _profile_summary(profile: LatencyProfile) -> dict:
+    return {
+        "name": profile.name,
+        "model": profile.model,
+        "dtype": profile.dtype,
+        "threads": profile.threads,
+        "prefill": msgspec.to_builtins(profile.prefill),
+        "decode": msgspec.to_builtins(profile.decode),
+        "prefill_r2": profile.prefill_fit.r2 if profile.prefill_fit else None,
+        "decode_r2": profile.decode_fit.r2 if profile.decode_fit else None,
+        "prefill_steps": profile.prefill_fit.num_samples if profile.prefill_fit else None,
+        "decode_steps": profile.decode_fit.num_samples if profile.decode_fit else None,
+    }
+
+
 def run(args: argparse.Namespace) -> dict:
     if args.quick:
         vars(args).update(QUICK)
     profile = _profile(args)
     budget = args.max_num_batched_tokens
     result = {
-        "profile": {
-            "name": profile.name,
-            "model": profile.model,
-            "dtype": profile.dtype,
-            "threads": profile.threads,
-            "prefill": msgspec.to_builtins(profile.prefill),
-            "decode": msgspec.to_builtins(profile.decode),
-            "prefill_r2": profile.prefill_fit.r2 if profile.prefill_fit else None,
-            "decode_r2": profile.decode_fit.r2 if profile.decode_fit else None,
-        },
+        "profile": _profile_summary(profile),
         "cluster": "1P:1D",
         "torch_threads": args.torch_threads,
         "max_num_batched_tokens": budget,
@@ -214,36 +235,55 @@ def run(args: argparse.Namespace) -> dict:
         name: [_specs(name, args, args.seed + 100 * i + r) for r in range(args.repeats)]
         for i, name in enumerate(args.workloads)
     }
+    calibration = {name: _specs(name, args, args.seed + CALIBRATION_SEED + i) for i, name in enumerate(args.workloads)}
     longest = [s for runs in all_specs.values() for specs in runs for s in specs]
-    server = ServerOptions(
-        model=profile.model,
-        torch_threads=args.torch_threads,
-        max_model_len=options.fitting_max_model_len(longest),
-        num_blocks=args.num_blocks,
-        max_num_batched_tokens=budget,
-        extra_flags=("--dtype", profile.dtype, "--no-prefix-caching"),
-    )
+    longest += [s for specs in calibration.values() for s in specs]
     args.tokenizer, args.dataset = None, None
     builder = options.prompt_builder(argparse.Namespace(model=profile.model, tokenizer=None, seed=args.seed))
     config = options.runner_config(args)
-    with Processes() as processes:
+    with tempfile.TemporaryDirectory(prefix="minipd-steps-") as step_logs, Processes() as processes:
+        server = ServerOptions(
+            model=profile.model,
+            torch_threads=args.torch_threads,
+            max_model_len=options.fitting_max_model_len(longest),
+            num_blocks=args.num_blocks,
+            max_num_batched_tokens=budget,
+            extra_flags=("--dtype", profile.dtype, "--no-prefix-caching", "--step-log-dir", step_logs),
+        )
         deployment = start_disaggregated(
             processes, server, num_prefill=1, num_decode=1, router_flags=("--local-prefill-max-tokens", "-1")
         )
+        for name, specs in calibration.items():  # steps at load, for the serving profile only
+            measure(deployment.urls, specs, builder, f"validate-calibrate-{name}", config)
+        serving = step_log_fit.refit(
+            profile,
+            step_log_fit.read_steps(Path(step_logs) / "prefill-0.jsonl"),
+            step_log_fit.read_steps(Path(step_logs) / "decode-0.jsonl"),
+        )
+        result["serving_profile"] = _profile_summary(serving)
+        plain = sim_options(serving, budget)
+        probed = validate_probe.probe(deployment, serving, plain, builder, config, "validate-probe")
+        result["serving_path_probe"] = probed.as_json()
+        options_ = probed.apply(plain)
+        in_process = sim_options(profile, budget)
         for name, runs in all_specs.items():
             rows = []
             for r, specs in enumerate(runs):
-                sim = simulate(profile, specs, budget)
+                sim = simulate(serving, specs, options_)
                 slo = _sim_slo(sim, args.goodput)
                 sim["attainment"] = _sim_attainment(sim, slo)
+                profile_only = simulate(profile, specs, in_process)
+                profile_only["attainment"] = _sim_attainment(profile_only, slo)
                 measured = measure(deployment.urls, specs, builder, f"validate-{name}-{r}", config, slo)
                 meas = {**_measured(measured.records, slo), "foreign_cpu": measured.foreign_cpu}
                 rows.append(
                     {
                         "slo": msgspec.to_builtins(slo),
                         "simulated": {k: v for k, v in sim.items() if k != "result"},
+                        "simulated_profile_only": {k: v for k, v in profile_only.items() if k != "result"},
                         "measured": meas,
                         **_compare(sim, meas),
+                        "profile_only": _compare(profile_only, meas),
                     }
                 )
             result["workloads"][name] = {
@@ -262,7 +302,25 @@ def print_table(result: dict) -> None:
         f"validate: simulator vs a real 1P:1D cluster of {p['model']} ({p['dtype']}, {result['torch_threads']} "
         f"thread(s) per instance); profile {p['name']} (R^2 prefill {p['prefill_r2']}, decode {p['decode_r2']})"
     )
-    print(f"{'workload':>13} {'run':>3} {'metric':>12} {'simulated':>10} {'measured':>10} {'error':>7}")
+    for label, prof in (("in-process profile", p), ("serving profile", result["serving_profile"])):
+        pre, dec = prof["prefill"], prof["decode"]
+        steps = f", from {prof['prefill_steps']} + {prof['decode_steps']} steps" if label == "serving profile" else ""
+        print(
+            f"  {label}: prefill {pre['a'] * MS_PER_S:.1f} ms + {pre['b'] * MS_PER_S:.3f} ms/token + "
+            f"{pre['c'] * 1e6:.3f} us/qk (R^2 {prof['prefill_r2']:.3f}); decode {dec['a'] * MS_PER_S:.1f} ms + "
+            f"{dec['b'] * 1e6:.2f} us/ctx + {dec['c'] * MS_PER_S:.2f} ms/seq (R^2 {prof['decode_r2']:.3f}){steps}"
+        )
+    probe = result["serving_path_probe"]
+    print(
+        f"  serving-path probe ({probe['requests']} requests alone, {probe['prompt_len']} -> {probe['output_len']} "
+        f"tokens): TTFT P50 {probe['measured_ttft_p50_ms']:.1f} ms measured, {probe['simulated_ttft_p50_ms']:.1f} "
+        f"simulated -> request overhead {probe['request_overhead_ms']:.1f} ms; token gap P50 "
+        f"{probe['measured_gap_p50_ms']:.1f} ms measured, {probe['simulated_gap_p50_ms']:.1f} simulated"
+    )
+    print(
+        f"{'workload':>13} {'run':>3} {'metric':>12} {'simulated':>10} {'measured':>10} {'error':>7} "
+        f"{'profile only':>13}"
+    )
     for name, w in result["workloads"].items():
         for i, row in enumerate(w["runs"]):
             for m in METRICS:
@@ -270,14 +328,15 @@ def print_table(result: dict) -> None:
                 flag = "" if abs(err) <= result["tolerance"]["latency"] else "  miss"
                 print(
                     f"{name:>13} {i:>3} {m:>12} {row['simulated'][m]:>8.1f}ms {row['measured'][m]:>8.1f}ms "
-                    f"{err:>+7.1%}{flag}"
+                    f"{err:>+7.1%} {row['profile_only']['relative_error'][m]:>+13.1%}{flag}"
                 )
             diff = row["attainment_diff"]
             flag = "" if abs(diff) <= result["tolerance"]["attainment"] else "  miss"
             slo = " ".join(f"{k.removesuffix('_ms')}:{v:g}" for k, v in row["slo"].items())
             print(
                 f"{name:>13} {i:>3} {'attainment':>12} {row['simulated']['attainment']:>10.1%} "
-                f"{row['measured']['attainment']:>10.1%} {diff * 100:>+6.1f}pt{flag}   (SLO {slo}; other jobs "
+                f"{row['measured']['attainment']:>10.1%} {diff * 100:>+6.1f}pt "
+                f"{row['profile_only']['attainment_diff'] * 100:>+11.1f}pt{flag}   (SLO {slo}; other jobs "
                 f"{row['measured']['foreign_cpu']:.0%})"
             )
         print(f"{name:>13}: {w['runs_within_targets']} of {len(w['runs'])} runs within every target")

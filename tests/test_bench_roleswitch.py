@@ -50,5 +50,11 @@ def test_validate_compares_simulated_and_measured_figures(tmp_path):
                     *(row[side][m] for m in ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "attainment"))
                 )
             assert finite(*row["relative_error"].values(), row["attainment_diff"])
+            assert finite(*row["profile_only"]["relative_error"].values(), row["profile_only"]["attainment_diff"])
+    probe = result["serving_path_probe"]
+    assert finite(*probe.values()) and probe["request_overhead_ms"] >= 0
+    serving = result["serving_profile"]  # fitted to the instances' own steps during the calibration runs
+    assert serving["prefill_steps"] >= 3 and serving["decode_steps"] >= 3
+    assert finite(*serving["prefill"].values(), *serving["decode"].values())
     assert result["lost_requests"] == 0
-    assert "attainment" in stdout
+    assert "attainment" in stdout and "serving-path probe" in stdout

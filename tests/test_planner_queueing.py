@@ -39,6 +39,28 @@ def test_one_prefill_instance_with_constant_service_is_an_md1_queue(rho: float) 
     assert result.ttft_s.min() == pytest.approx(SERVICE_S)  # nobody is served faster than D
 
 
+def test_a_fixed_request_overhead_delays_admission_and_adds_to_every_ttft() -> None:
+    # The overhead is before admission: it shifts every arrival alike, so the queue is the
+    # same and each TTFT (counted from the arrival) grows by exactly the overhead.
+    md1 = profile(prefill=(SERVICE_S, 0.0, 0.0), decode=(0.01, 0.0, 0.0), max_num_seqs=1)
+    specs = make_workload(
+        "prefill-heavy",
+        2_000,
+        ArrivalProcess.poisson(0.7 / SERVICE_S),
+        seed=4,
+        prompt_len=LengthDist.fixed(100),
+        output_len=LengthDist.fixed(4),
+    )
+    overhead = 0.008
+    plain = Simulator(md1, ClusterSpec.split(1, 1), NO_LOCAL).run(specs)
+    shifted = SimOptions(link=KVLink(), local_prefill=NO_LOCAL.local_prefill, request_overhead_s=overhead)
+    late = Simulator(md1, ClusterSpec.split(1, 1), shifted).run(specs)
+    np.testing.assert_allclose(late.ttft_s, plain.ttft_s + overhead, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(late.tpot_s, plain.tpot_s, rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="request_overhead_s"):
+        SimOptions(request_overhead_s=-1.0)
+
+
 @pytest.mark.parametrize(
     "cluster", [ClusterSpec.split(2, 2), ClusterSpec.colocated(3), ClusterSpec.split(0, 2)], ids=lambda c: c.label
 )

@@ -31,6 +31,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     torch_threads: int | None = None
     cpus: tuple[int, ...] | None = None
     cpu_placement: bool = True
+    step_log: str | None = None  # a file to append a JSON line per step to (step_log.py)
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(

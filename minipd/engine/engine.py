@@ -42,6 +42,7 @@ from minipd.engine.request import FinishReason, Request, RequestOutput, RequestS
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.scheduler import Scheduler, SchedulerOutput
+from minipd.engine.step_log import StepLog
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ class Engine:
         self._idle: asyncio.Event | None = None  # set while the loop waits for work
         self._loop_task: asyncio.Task | None = None
         self.num_steps = 0  # engine steps run since start: how others tell this engine moves on
+        self.step_log = StepLog(config.step_log) if config.step_log else None
 
     def run_on_compute_thread(self, fn, *args):
         """Run `fn(*args)` on the compute thread and return its result (blocking; for set-up work)."""
@@ -116,6 +118,8 @@ class Engine:
                 pass
             self._loop_task = None
         self._executor.shutdown(wait=True)
+        if self.step_log is not None:
+            self.step_log.close()
 
     @property
     def is_running(self) -> bool:
@@ -278,6 +282,7 @@ class Engine:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            step_start = time.perf_counter()
             self._apply_aborts()
             output = self.scheduler.schedule()
             if not output.chunks:
@@ -288,14 +293,17 @@ class Engine:
                 continue
             calls = kv_sink.sink_calls(output.chunks)
             hook = kv_sink.layer_notifier(loop, calls, self._wait_for_device) if calls else None
-            step_start = time.perf_counter()
+            shape = StepLog.shape(output.chunks) if self.step_log is not None else None
+            forward_start = time.perf_counter()
             try:
                 results = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks, hook)
             except Exception as exc:  # the runner fails chunks, not steps; this is a last resort
                 log.exception("engine step failed")
                 results = [StepFailed(f"engine step failed: {type(exc).__name__}: {exc}")] * len(output.chunks)
             self.num_steps += 1
-            self._process(output, results, (step_start, time.perf_counter()))
+            self._process(output, results, (forward_start, time.perf_counter()))
+            if shape is not None:
+                self.step_log.record(shape, step_start, time.perf_counter())
 
     @property
     def _wait_for_device(self) -> Callable[[], None] | None:

@@ -325,6 +325,16 @@ FLAGS: tuple[Flag, ...] = (
         action="store_false",
         help="do not reuse the KV of full blocks shared with earlier prompts",
     ),
+    _flag(
+        "--step-log-dir",
+        ENGINE_ROLES,
+        SCHEDULER,
+        INSTANCES,
+        default=None,
+        metavar="DIR",
+        help="append a JSON line per engine step (its duration and batch) to DIR/INSTANCE-ID.jsonl, to fit a "
+        "latency profile in the serving path (minipd.planner.step_log_fit; bench.py validate does)",
+    ),
     # ---- instances
     _flag(
         "--port",

@@ -17,6 +17,9 @@ import os
 import sys
 import time
 from collections.abc import Coroutine
+from pathlib import Path
+
+import msgspec
 
 from minipd.api.admin import router_admin
 from minipd.api.app import HttpConfig, start_api
@@ -68,6 +71,9 @@ def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
 
         return prepare_cluster(args)
     config = engine_config_from_args(args)
+    if args.step_log_dir:
+        step_log = str(Path(args.step_log_dir) / f"{instance_id_from_args(role, args)}.jsonl")
+        config = msgspec.structs.replace(config, step_log=step_log)
     cluster_secret_from_args(args)  # checked before the model loads
     if role is Role.BOTH:
         params = demo_params(args)
@@ -76,6 +82,10 @@ def prepare(role: Role, args: argparse.Namespace) -> Coroutine:
             return run_demo(load_engine(role, config), args.prompt, params, chat=args.chat)
         return run_instance(role, args, load_engine(role, config), http)
     return run_instance(role, args, load_engine(role, config))
+
+
+def instance_id_from_args(role: Role, args: argparse.Namespace) -> str:
+    return args.instance_id or f"{role.value}-{os.getpid()}"
 
 
 def load_engine(role: Role, config: EngineConfig) -> Engine:
@@ -173,7 +183,7 @@ async def run_instance(role: Role, args: argparse.Namespace, engine: Engine, htt
         options["stall_timeout_s"] = args.liveness_timeout_s  # a KV send stuck this long fails like a dead peer
     if args.transport == "tcp":
         options.update(host=args.host, max_connections=args.max_connections)
-    instance_id = args.instance_id or f"{role.value}-{os.getpid()}"
+    instance_id = instance_id_from_args(role, args)
     control_port = args.port if role is not Role.BOTH else args.control_port
     secret = cluster_secret_from_args(args)
     instance = api = None

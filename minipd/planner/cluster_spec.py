@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from .kv_link import KVLink
@@ -58,6 +60,10 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
     colocated_scheduling: str = "chunked"
     switch_delay_s: float = 0.0  # a drained instance's downtime before it serves in its new role
     control_interval_s: float = 1.0  # how often a controller is asked
+    # A request's fixed latency outside the instances' steps (the HTTP front, tokenization,
+    # the router's hop and control calls, the first token's relay back): it reaches admission
+    # this long after it arrives, and its TTFT counts from its arrival.
+    request_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         for field in ("max_batched_tokens", "colocated_batched_tokens"):
@@ -70,5 +76,7 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.switch_delay_s < 0:
             raise ValueError(f"switch_delay_s: must be >= 0, got {self.switch_delay_s}")
+        if not (math.isfinite(self.request_overhead_s) and self.request_overhead_s >= 0):
+            raise ValueError(f"request_overhead_s: must be finite and >= 0, got {self.request_overhead_s}")
         if not self.control_interval_s > 0:
             raise ValueError(f"control_interval_s: must be positive, got {self.control_interval_s}")

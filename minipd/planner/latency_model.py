@@ -141,12 +141,31 @@ def _fit(features: np.ndarray, seconds: np.ndarray) -> tuple[np.ndarray, FitStat
 
 
 def fit_prefill(samples: Sequence[PrefillSample]) -> tuple[PrefillModel, FitStats]:
-    features = np.array([[1.0, sum(s.prompt_lens), sum(float(n) * n for n in s.prompt_lens)] for s in samples])
-    coef, stats = _fit(features.reshape(-1, 3), np.array([s.seconds for s in samples], dtype=float))
+    return fit_prefill_terms(
+        [sum(s.prompt_lens) for s in samples],
+        [sum(float(n) * n for n in s.prompt_lens) for s in samples],
+        [s.seconds for s in samples],
+    )
+
+
+def fit_prefill_terms(
+    num_tokens: Sequence[int], sum_qk: Sequence[float], seconds: Sequence[float]
+) -> tuple[PrefillModel, FitStats]:
+    """Prefill steps given by their terms (chunks with a cached prefix included: q != k)."""
+    features = np.array([[1.0, n, qk] for n, qk in zip(num_tokens, sum_qk, strict=True)])
+    coef, stats = _fit(features.reshape(-1, 3), np.array(seconds, dtype=float))
     return PrefillModel(*map(float, coef)), stats
 
 
 def fit_decode(samples: Sequence[DecodeSample]) -> tuple[DecodeModel, FitStats]:
-    features = np.array([[1.0, sum(s.context_lens), len(s.context_lens)] for s in samples])
-    coef, stats = _fit(features.reshape(-1, 3), np.array([s.seconds for s in samples], dtype=float))
+    return fit_decode_terms(
+        [sum(s.context_lens) for s in samples], [len(s.context_lens) for s in samples], [s.seconds for s in samples]
+    )
+
+
+def fit_decode_terms(
+    sum_context: Sequence[int], batch: Sequence[int], seconds: Sequence[float]
+) -> tuple[DecodeModel, FitStats]:
+    features = np.array([[1.0, ctx, n] for ctx, n in zip(sum_context, batch, strict=True)])
+    coef, stats = _fit(features.reshape(-1, 3), np.array(seconds, dtype=float))
     return DecodeModel(*map(float, coef)), stats

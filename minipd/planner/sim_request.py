@@ -13,7 +13,8 @@ class Mode(enum.IntEnum):
 
 class SimRequest:
     """Mutable state of one request. The lifecycle, in simulated time:
-    1. `arrival_s`: it enters the router's admission queue;
+    1. `arrival_s`: it arrives; it enters the router's admission queue
+       `SimOptions.request_overhead_s` later;
     2. admitted: `prompt_len + output_len` tokens of KV reserved on its decode (or colocated)
        instance, which it keeps until it finishes;
     3. prefill, in chunks of at most the token budget, on a prefill instance or locally;

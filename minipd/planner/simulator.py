@@ -2,7 +2,7 @@
 
 Time jumps from event to event: an arrival, the end of an instance's step, a KV transfer
 landing, an instance ready in a new role, a controller tick. The router's part, per request
-(see `SimRequest` for the whole lifecycle):
+(see `SimRequest` for the whole lifecycle), once `SimOptions.request_overhead_s` after it arrives:
 1. admission, FCFS: reserve `prompt + output` tokens of KV on the decode (or colocated)
    instance with the most free KV; when none has room the request waits, and so does every
    later one (a full decode pool shows up as TTFT, never as over-admission);
@@ -105,8 +105,9 @@ class _Run:
         if self.controller is not None:
             self._push(self.options.control_interval_s, CONTROL, None)
         requests, events, next_arrival = self.requests, self.events, 0
+        overhead = self.options.request_overhead_s
         while True:
-            arrival_s = requests[next_arrival].arrival_s if next_arrival < len(requests) else math.inf
+            arrival_s = requests[next_arrival].arrival_s + overhead if next_arrival < len(requests) else math.inf
             if events and events[0][0] <= arrival_s:
                 self.now, _, kind, payload = heapq.heappop(events)
                 self._handle(kind, payload)
@@ -142,7 +143,7 @@ class _Run:
     # ---- the router --------------------------------------------------------------------
     def _arrive(self, request: SimRequest) -> None:
         if self.controller is not None:
-            self._push(self.now + self.controller.ttft_bound_s, TTFT_DEADLINE, request)
+            self._push(max(self.now, request.arrival_s + self.controller.ttft_bound_s), TTFT_DEADLINE, request)
         self.pending.append(request)
         self._admit()
         if self.pending and self.pending[-1] is request:

@@ -1,0 +1,80 @@
+"""The serving path's fixed per-request cost, probed on the idle cluster.
+
+The step models (fitted to the instances' own steps, minipd.planner.step_log_fit) hold what
+a request pays inside the instances; what it pays outside them (the HTTP front, tokenization,
+the router's hop and control calls, the first token's relay back) is a fixed latency the
+simulator adds before admission (`SimOptions.request_overhead_s`). The probe measures it
+with `PROBE_REQUESTS` requests sent one at a time (each alone on the cluster: no queueing, no
+batching): their median TTFT less the simulated one (prefill of the prompt and the exposed
+KV transfer). Their median token gap against the simulated one is reported beside it, as a
+check of the decode model at batch 1.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import NamedTuple
+
+import msgspec
+import numpy as np
+
+from benchmarks.loadgen.deployments import Deployment
+from benchmarks.loadgen.measure import MS_PER_S, measure
+from minipd.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.simulator import Simulator
+from minipd.workload import RequestSpec
+
+PROBE_REQUESTS = 8
+PROBE_PROMPT_LEN = 32
+PROBE_OUTPUT_LEN = 48
+PROBE_SPACING_S = 2.0  # well past one probe's end-to-end time, so each runs alone
+
+
+class Probe(NamedTuple):
+    request_overhead_s: float
+    measured_ttft_p50_ms: float
+    simulated_ttft_p50_ms: float
+    measured_gap_p50_ms: float
+    simulated_gap_p50_ms: float
+
+    def apply(self, options: SimOptions) -> SimOptions:
+        return msgspec.structs.replace(options, request_overhead_s=self.request_overhead_s)
+
+    def as_json(self) -> dict:
+        return {
+            "requests": PROBE_REQUESTS,
+            "prompt_len": PROBE_PROMPT_LEN,
+            "output_len": PROBE_OUTPUT_LEN,
+            "measured_ttft_p50_ms": self.measured_ttft_p50_ms,
+            "simulated_ttft_p50_ms": self.simulated_ttft_p50_ms,
+            "measured_gap_p50_ms": self.measured_gap_p50_ms,
+            "simulated_gap_p50_ms": self.simulated_gap_p50_ms,
+            "request_overhead_ms": self.request_overhead_s * MS_PER_S,
+        }
+
+
+def probe_specs(num: int = PROBE_REQUESTS) -> list[RequestSpec]:
+    return [RequestSpec(i * PROBE_SPACING_S, PROBE_PROMPT_LEN, PROBE_OUTPUT_LEN) for i in range(num)]
+
+
+def probe(deployment: Deployment, profile: LatencyProfile, options: SimOptions, builder, config, tag: str) -> Probe:
+    """Measure the probe on `deployment` and derive the overhead against the simulator run
+    with `profile` and `options` (whose own `request_overhead_s` is ignored)."""
+    specs = probe_specs()
+    records = [r for r in measure(deployment.urls, specs, builder, tag, config).records if r.success]
+    if len(records) < len(specs) // 2:
+        raise RuntimeError(f"validate probe: only {len(records)} of {len(specs)} probe requests succeeded")
+    plain = msgspec.structs.replace(options, request_overhead_s=0.0)
+    sim = Simulator(profile, ClusterSpec.split(1, 1), plain).run(specs)
+    ttft = statistics.median(r.ttft_s for r in records)
+    sim_ttft = float(np.median(sim.ttft_s))
+    gap = statistics.median(g for r in records for g in r.itl_s)
+    sim_gap = sim.itl_gaps.percentile(50)
+    return Probe(
+        request_overhead_s=max(0.0, ttft - sim_ttft),
+        measured_ttft_p50_ms=ttft * MS_PER_S,
+        simulated_ttft_p50_ms=sim_ttft * MS_PER_S,
+        measured_gap_p50_ms=gap * MS_PER_S,
+        simulated_gap_p50_ms=sim_gap * MS_PER_S,
+    )
