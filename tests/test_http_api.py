@@ -5,7 +5,6 @@ Every engine here is checked by the autouse `pools_back_to_full` fixture after e
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import json
 from typing import AsyncIterator, Sequence
@@ -26,7 +25,6 @@ MAX_MODEL_LEN = 512
 MAX_BODY_BYTES = 16 * 1024
 LONG_MAX_TOKENS = 480
 SECRET = "secret internal detail"
-POLL_INTERVAL_S = 0.01
 
 
 class Served:
@@ -278,10 +276,8 @@ async def _stats(engine):
 
 async def _poll_stats(engine, predicate, timeout: float = 10.0):
     """The engine's stats once `predicate(stats)` holds; fails after `timeout` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate(stats := engine.stats()):
-        assert asyncio.get_running_loop().time() < deadline, f"condition not met within {timeout}s: {stats}"
-        await asyncio.sleep(POLL_INTERVAL_S)
+    stats = await engine.wait_until(predicate, timeout)
+    assert stats is not None, f"condition not met within {timeout}s: {engine.stats()}"
     return stats
 
 

@@ -19,7 +19,6 @@ MODEL = "tiny"
 CONFIG = dict(model=MODEL, dtype="float32", num_blocks=32, max_model_len=256)  # texts compared exactly
 LONG_MAX_TOKENS = 200
 SETTLE_TIMEOUT_S = 10.0
-POLL_INTERVAL_S = 0.01
 # a prompt longer than the router's local-prefill threshold, so it is really disaggregated
 PROMPT = "Prefill is compute-bound; decode is bandwidth-bound."
 
@@ -55,13 +54,11 @@ def colocated_url(make_engine, loop_thread):
 
 
 async def _all_pools_full(cluster: InProcessCluster) -> bool:
-    deadline = asyncio.get_running_loop().time() + SETTLE_TIMEOUT_S
-    while asyncio.get_running_loop().time() < deadline:
-        stats = [instance.engine.stats() for instance in cluster.instances]
-        if all(s.num_running == s.num_waiting == 0 and s.blocks.num_free == s.blocks.num_blocks for s in stats):
-            return True
-        await asyncio.sleep(POLL_INTERVAL_S)
-    return False
+    def full(s) -> bool:
+        return s.num_running == s.num_waiting == 0 and s.blocks.num_free == s.blocks.num_blocks
+
+    waits = [instance.engine.wait_until(full, SETTLE_TIMEOUT_S) for instance in cluster.instances]
+    return all(stats is not None for stats in await asyncio.gather(*waits))
 
 
 def test_disaggregated_text_equals_colocated_and_transfers_are_measured(router_url, colocated_url):

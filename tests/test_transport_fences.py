@@ -59,7 +59,25 @@ def _stalled_peer(env: Env, name: str, tmp_path, monkeypatch):
     return peer
 
 
-async def _start_stalled_send(env: Env, peer, request_id: str) -> tuple[asyncio.Future, list[str]]:
+class Fenced(list):
+    """The ids an `on_fenced` callback reported, in order; `wait` until the first one comes."""
+
+    def __init__(self):
+        super().__init__()
+        self._reported = asyncio.Event()
+
+    def callback(self, request_id: str):
+        def on_fenced() -> None:
+            self.append(request_id)
+            self._reported.set()
+
+        return on_fenced
+
+    async def wait(self, timeout: float) -> None:
+        await asyncio.wait_for(self._reported.wait(), timeout)
+
+
+async def _start_stalled_send(env: Env, peer, request_id: str) -> tuple[asyncio.Future, Fenced]:
     env.transport.expect(request_id, peer.instance_id, DST)
     send = asyncio.ensure_future(
         peer.call(
@@ -67,16 +85,9 @@ async def _start_stalled_send(env: Env, peer, request_id: str) -> tuple[asyncio.
         )
     )
     assert await asyncio.wait_for(peer.faults.get(), FENCE_TIMEOUT_S) == "kv.mid_payload"
-    fenced: list[str] = []
-    await env.transport.abort(request_id, on_fenced=lambda: fenced.append(request_id))
+    fenced = Fenced()
+    await env.transport.abort(request_id, on_fenced=fenced.callback(request_id))
     return send, fenced
-
-
-async def _until(condition, timeout: float) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)  # condition poll (UCX completes cancellations as its worker progresses)
 
 
 async def _send_fresh(env: Env, request_id: str) -> None:
@@ -98,13 +109,13 @@ def test_aborted_blocks_are_fenced_and_late_bytes_never_land_in_them(env: Env, t
             # nothing tells a one-sided receiver that the writer stopped: the blocks are held
             held_while_stalled = (list(fenced), env.transport.num_fencing)
             stalled.resume()
-            await _until(lambda: fenced, FENCE_TIMEOUT_S)  # the sender's end fences them
+            await fenced.wait(FENCE_TIMEOUT_S)  # the sender's end fences them
             with pytest.raises((TransferError, asyncio.TimeoutError)):
                 await env.transport.wait_landed("stalled", timeout=1)
             await asyncio.wait_for(send, LANDED_TIMEOUT_S)
             await _send_fresh(env, "fresh")
             return held_while_stalled, fenced
-        await _until(lambda: fenced, FENCE_TIMEOUT_S)
+        await fenced.wait(FENCE_TIMEOUT_S)
         await _send_fresh(env, "fresh")  # the blocks are reused while the stalled sender is still mid-payload
         stalled.resume()
         try:
@@ -133,7 +144,7 @@ def test_blocks_held_for_a_stalled_sender_go_back_once_it_is_known_gone(env: Env
         # it stopped answering: its pending work fails, but only two-sided receivers fence by themselves
         env.transport.peer_lost("frozen-sender", "no heartbeat", fenced=False)
         if not env.transport.one_sided:
-            await _until(lambda: fenced, FENCE_TIMEOUT_S)
+            await fenced.wait(FENCE_TIMEOUT_S)
         after_unresponsive = list(fenced)
         stalled.kill()
         env.transport.peer_lost("frozen-sender", "its process is gone", fenced=True)
@@ -150,12 +161,12 @@ def test_blocks_held_for_a_stalled_sender_go_back_once_it_is_known_gone(env: Env
 def test_a_sender_aborting_before_its_first_write_releases_the_blocks_held_for_it(env: Env) -> None:
     async def scenario():
         env.transport.expect("never-written", PEER_ID, DST)
-        fenced: list[str] = []
-        await env.transport.abort("never-written", on_fenced=lambda: fenced.append("never-written"))
+        fenced = Fenced()
+        await env.transport.abort("never-written", on_fenced=fenced.callback("never-written"))
         held = list(fenced)
         # the prefill side gives the request up before writing anything: it still says so
         await env.peer.call("abort", request_id="never-written", peer_id=MAIN_ID)
-        await _until(lambda: fenced, FENCE_TIMEOUT_S)
+        await fenced.wait(FENCE_TIMEOUT_S)
         return held, fenced
 
     held, fenced = env.run(scenario())

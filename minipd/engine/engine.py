@@ -90,6 +90,7 @@ class Engine:
         self._ids = itertools.count()
         self._wakeup: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None  # set while the loop waits for work
+        self._changed: asyncio.Event | None = None  # set (and replaced) at the end of every loop iteration
         self._loop_task: asyncio.Task | None = None
         self.num_steps = 0  # engine steps run since start: how others tell this engine moves on
         self.step_log = StepLog(config.step_log) if config.step_log else None
@@ -103,6 +104,7 @@ class Engine:
         if self._loop_task is None:
             self._wakeup = asyncio.Event()
             self._idle = asyncio.Event()
+            self._changed = asyncio.Event()
             self._loop_task = asyncio.create_task(self._run(), name="minipd-engine")
 
     async def close(self) -> None:
@@ -252,6 +254,26 @@ class Engine:
         self._wakeup.set()
         return True
 
+    async def wait_until(self, predicate: Callable[[EngineStats], bool], timeout: float) -> EngineStats | None:
+        """Wait until `predicate(self.stats())` holds; the stats then, or None after `timeout`
+        seconds. It is checked again after every iteration of the loop (a step, or the aborts
+        and releases it applied before it waits for work), which is where stats change."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate(stats := self.stats()):
+            remaining = deadline - loop.time()
+            if self._changed is None or remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                return None
+        return stats
+
+    def _notify_changed(self) -> None:
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until the engine has nothing to run (aborts applied); False on timeout."""
         if self._idle is None:
@@ -286,6 +308,7 @@ class Engine:
             self._apply_aborts()
             output = self.scheduler.schedule()
             if not output.chunks:
+                self._notify_changed()
                 self._wakeup.clear()
                 self._idle.set()
                 await self._wakeup.wait()
@@ -304,6 +327,7 @@ class Engine:
             self._process(output, results, (forward_start, time.perf_counter()))
             if shape is not None:
                 self.step_log.record(shape, step_start, time.perf_counter())
+            self._notify_changed()
 
     @property
     def _wait_for_device(self) -> Callable[[], None] | None:
