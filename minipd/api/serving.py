@@ -50,6 +50,7 @@ from minipd.api.protocol import (
 from minipd.engine.kv_admission import NoCapacity
 from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.prompt_encoder import PromptEncoder
+from minipd.engine.request import OVERLOADED as OVERLOADED_KIND
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import InvalidRequestError
 
@@ -271,6 +272,18 @@ class OpenAIServing:
             log.info("client of %s went away; request aborted", fmt.request_id)
             raise
 
+    def _backend_failure(self, request_id: str, output: RequestOutput) -> ApiError:
+        """The answer to a request the backend failed: an overload says so (503, retry later,
+        with the backend's reason: the client did nothing wrong and may try again); any other
+        failure is an internal error whose details stay in the server log."""
+        if output.error_kind == OVERLOADED_KIND:
+            log.warning("request %s: %s", request_id, output.error)
+            return ApiError(
+                503, f"{output.error}; retry later", type=OVERLOADED, retry_after_s=self.overload_retry_after_s
+            )
+        log.error("request %s failed in the backend: %s", request_id, output.error)
+        return _engine_failure(request_id)
+
     async def _collect(
         self, stream: OutputStream, fmt: CompletionFormat | ChatFormat, recorder: RequestRecorder
     ) -> web.Response:
@@ -278,8 +291,7 @@ class OpenAIServing:
         async for output in stream:
             recorder.on_output(output)
             if output.error is not None:
-                log.error("request %s failed in the backend: %s", fmt.request_id, output.error)
-                raise _engine_failure(fmt.request_id)
+                raise self._backend_failure(fmt.request_id, output)
             texts.append(output.text)
             if output.finished:
                 body = fmt.whole("".join(texts), output.finish_reason, _usage(output))
@@ -320,8 +332,7 @@ class OpenAIServing:
         async for output in stream:
             recorder.on_output(output)
             if output.error is not None:
-                log.error("request %s failed in the backend: %s", fmt.request_id, output.error)
-                await self._send(response, _engine_failure(fmt.request_id).body())
+                await self._send(response, self._backend_failure(fmt.request_id, output).body())
                 return
             # One event per generated token, even one whose text is held back (an unfinished
             # UTF-8 sequence, a possible stop string): clients time tokens by events, as

@@ -35,6 +35,9 @@ class TransferInfo(msgspec.Struct):
     exposed_s: float  # end of prefill compute to the last byte acknowledged
 
 
+OVERLOADED = "overloaded"  # RequestOutput.error_kind of a request the cluster had no room for
+
+
 class RequestOutput(msgspec.Struct, kw_only=True):
     """One streamed increment of a request's output."""
 
@@ -47,13 +50,17 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     num_output_tokens: int = 0  # total so far
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     error: str | None = None  # set when the request failed inside the engine
+    # OVERLOADED when it failed for want of capacity (a later retry may succeed), else None
+    error_kind: str | None = None
     queue_time_s: float | None = None  # arrival to first scheduled, once known
     transfer: TransferInfo | None = None  # disaggregated requests, on the final output
 
     @classmethod
-    def aborted(cls, request_id: str, error: str | None, num_prompt_tokens: int = 0) -> "RequestOutput":
+    def aborted(
+        cls, request_id: str, error: str | None, num_prompt_tokens: int = 0, error_kind: str | None = None
+    ) -> "RequestOutput":
         """The final output of a request that ended without (more) tokens: aborted, or failed
-        with `error`."""
+        with `error` (of `error_kind`)."""
         return cls(
             request_id=request_id,
             token_ids=[],
@@ -62,6 +69,7 @@ class RequestOutput(msgspec.Struct, kw_only=True):
             finish_reason=FinishReason.ABORT.value,
             num_prompt_tokens=num_prompt_tokens,
             error=error,
+            error_kind=error_kind,
         )
 
 

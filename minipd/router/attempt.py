@@ -65,11 +65,20 @@ class KVLoadFailed(RuntimeError):
 class AttemptFailed(Exception):
     """One try failed. `blamed`: the instance at fault, left out of the next try (None when no
     instance is); `retry`: whether another try may succeed (False for a request refused as
-    invalid, which would be refused anywhere); `stale`: refused for a stale role epoch."""
+    invalid, which would be refused anywhere); `stale`: refused for a stale role epoch;
+    `overloaded`: the cluster had no room for it (the client may retry later)."""
 
-    def __init__(self, cause: BaseException, blamed: str | None, retry: bool = True, stale: bool = False):
+    def __init__(
+        self,
+        cause: BaseException,
+        blamed: str | None,
+        retry: bool = True,
+        stale: bool = False,
+        overloaded: bool = False,
+    ):
         super().__init__(str(cause))
         self.cause, self.blamed, self.retry, self.stale = cause, blamed, retry, stale
+        self.overloaded = overloaded
 
 
 @contextlib.contextmanager
@@ -199,6 +208,7 @@ async def reserve(
                     ),
                     None,
                     retry=False,
+                    overloaded=True,
                 ) from exc
         router.num_busy_waits += 1
         await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation

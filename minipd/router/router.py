@@ -52,7 +52,7 @@ from minipd.control.role import Role
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO, KVClaims, claim_blocks, claim_limit, validate_ratio
 from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.prompt_encoder import PromptEncoder
-from minipd.engine.request import RequestOutput
+from minipd.engine.request import OVERLOADED, RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.planner.local_prefill_policy import LocalPrefillThresholds, Placement
@@ -380,7 +380,7 @@ class Router:
                 )
                 self._abort_on_instances(routed)
                 if not retry:
-                    self._fail(routed, str(failure))
+                    self._fail(routed, str(failure), OVERLOADED if failure.overloaded else None)
                     return
                 if failure.blamed is not None:
                     excluded.add(failure.blamed)
@@ -430,7 +430,7 @@ class Router:
             routed.stream.put(last)
             self._finished.set()
 
-    def _fail(self, routed: RoutedRequest, error: str | None) -> None:
+    def _fail(self, routed: RoutedRequest, error: str | None, error_kind: str | None = None) -> None:
         """End the request once as aborted (`error` None) or failed: every instance it touched
         is told, and its routing task stops."""
         if not self._forget(routed):
@@ -439,7 +439,7 @@ class Router:
         self._abort_on_instances(routed)
         if routed.task is not None and routed.task is not asyncio.current_task():
             routed.task.cancel()
-        routed.stream.put(RequestOutput.aborted(routed.request_id, error, len(routed.token_ids)))
+        routed.stream.put(RequestOutput.aborted(routed.request_id, error, len(routed.token_ids), error_kind))
 
     def _forget(self, routed: RoutedRequest) -> bool:
         """Drop a live request and its KV claim; False if it had ended already."""
