@@ -31,6 +31,8 @@ FAST_MODULES = {
     "test_kv_link_auth",
     "test_placement_units",
     "test_live_controller_units",
+    "test_step_jitter",
+    "test_step_log_speed",
 }
 
 

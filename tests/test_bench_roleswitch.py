@@ -50,11 +50,17 @@ def test_validate_compares_simulated_and_measured_figures(tmp_path):
                     *(row[side][m] for m in ("ttft_p50_ms", "ttft_p90_ms", "itl_p50_ms", "itl_p90_ms", "attainment"))
                 )
             assert finite(*row["relative_error"].values(), row["attainment_diff"])
-            assert finite(*row["profile_only"]["relative_error"].values(), row["profile_only"]["attainment_diff"])
+            for other in ("predicted", "profile_only"):
+                assert finite(*row[other]["relative_error"].values(), row[other]["attainment_diff"])
+            for role in ("prefill", "decode"):  # the run's own speed, from its instances' logged steps
+                speed = row["speed"][role]
+                assert finite(*speed.values()) and speed["points"] > 0 and 0 < speed["p10"] <= speed["p90"]
     probe = result["serving_path_probe"]
-    assert finite(*probe.values()) and probe["request_overhead_ms"] >= 0
+    assert finite(*probe.values()) and probe["request_overhead_ms"] >= 0 and probe["decode_join_delay_ms"] >= 0
     serving = result["serving_profile"]  # fitted to the instances' own steps during the calibration runs
     assert serving["prefill_steps"] >= 3 and serving["decode_steps"] >= 3
     assert finite(*serving["prefill"].values(), *serving["decode"].values())
+    for jitter in result["serving_jitter"].values():
+        assert finite(jitter["sigma_slow"], jitter["tau_s"], jitter["sigma_step"]) and jitter["tau_s"] > 0
     assert result["lost_requests"] == 0
     assert "attainment" in stdout and "serving-path probe" in stdout

@@ -47,6 +47,10 @@ class RunResult(NamedTuple):
     model: str
     special_tokens: int  # tokens the server adds to every prompt
     num_prompt_len_mismatches: int  # successful requests whose prompt the server counted otherwise
+    # time.perf_counter() at the run's start, where arrival_s counts from: the clock of the
+    # instances' step logs (engine/step_log.py; CLOCK_MONOTONIC, system-wide on Linux), to
+    # line their steps up with the run
+    started_clock_s: float = 0.0
 
 
 class WarmupFailed(RuntimeError):
@@ -148,7 +152,7 @@ async def run_workload(
         for r in records
         if r.success and r.usage_reported and abs(r.prompt_tokens - r.prompt_len) > prompt_len_tolerance(r.prompt_len)
     )
-    return RunResult(records, duration, model, builder.special_tokens, mismatches)
+    return RunResult(records, duration, model, builder.special_tokens, mismatches, start)
 
 
 def _progress_bar(total: int, label: str, enabled: bool):

@@ -2,9 +2,11 @@
 
 `--step-log-dir DIR` (or `EngineConfig.step_log`) makes an engine append one line per step
 to its file: `{"t": start, "s": seconds, "q": [new tokens per prefill chunk], "k": [tokens
-attended per prefill chunk], "ctx": [context per decode]}` (monotonic clock). A step is the
-whole iteration of the engine's loop: scheduling, the forward pass and the handling of its
-results, so consecutive steps of a busy engine tile its time, as the simulator's steps do.
+attended per prefill chunk], "ctx": [context per decode]}`; `t` is `time.perf_counter()`,
+CLOCK_MONOTONIC on Linux, which every process of the host shares, so a client can line the
+steps up with its own requests. A step is the whole iteration of the engine's loop:
+scheduling, the forward pass and the handling of its results, so consecutive steps of a
+busy engine tile its time, as the simulator's steps do.
 `minipd.planner.step_log_fit` fits DistServe's step-time forms to these lines. The file holds
 at most `MAX_LINES` lines (then one warning, and no more), so a long-running instance cannot
 fill a disk with it.

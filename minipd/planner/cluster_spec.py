@@ -8,6 +8,7 @@ import msgspec
 
 from .kv_link import KVLink
 from .local_prefill_policy import LocalPrefillThresholds
+from .step_jitter import SpeedTrace, StepJitter
 
 
 class ClusterSpec(msgspec.Struct, frozen=True):
@@ -64,6 +65,16 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
     # the router's hop and control calls, the first token's relay back): it reaches admission
     # this long after it arrives, and its TTFT counts from its arrival.
     request_overhead_s: float = 0.0
+    # A disaggregated request's hop from its first token to its decode instance's batch (the
+    # router passing the token on, the decode instance taking the request in): it joins the
+    # batch this long after its KV has landed, which is when its first token counts.
+    decode_join_delay_s: float = 0.0
+    # Step-time jitter (step_jitter.py) of prefill instances, and of decode and colocated
+    # ones; None: every step takes exactly the profile's time.
+    prefill_jitter: StepJitter | None = None
+    decode_jitter: StepJitter | None = None
+    # A measured speed per instance (step_jitter.SpeedTrace), instead of either jitter.
+    speed_trace: SpeedTrace | None = None
 
     def __post_init__(self) -> None:
         for field in ("max_batched_tokens", "colocated_batched_tokens"):
@@ -76,7 +87,11 @@ class SimOptions(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.switch_delay_s < 0:
             raise ValueError(f"switch_delay_s: must be >= 0, got {self.switch_delay_s}")
-        if not (math.isfinite(self.request_overhead_s) and self.request_overhead_s >= 0):
-            raise ValueError(f"request_overhead_s: must be finite and >= 0, got {self.request_overhead_s}")
+        for field in ("request_overhead_s", "decode_join_delay_s"):
+            value = getattr(self, field)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{field}: must be finite and >= 0, got {value}")
+        if self.speed_trace is not None and (self.prefill_jitter or self.decode_jitter):
+            raise ValueError("speed_trace: replaces prefill_jitter and decode_jitter; give one or the other")
         if not self.control_interval_s > 0:
             raise ValueError(f"control_interval_s: must be positive, got {self.control_interval_s}")

@@ -8,7 +8,12 @@ landing, an instance ready in a new role, a controller tick. The router's part, 
    later one (a full decode pool shows up as TTFT, never as over-admission);
 2. placement (`place_prefill`): prefill locally on that instance, or on the prefill instance
    with the fewest queued tokens, whose KV then crosses its `KVLink`;
-3. the instances' own steps do the rest (`PrefillWorker`, `MixedWorker`).
+3. the instances' own steps do the rest (`PrefillWorker`, `MixedWorker`); a request
+   prefilled on a prefill instance joins its decode instance's batch
+   `SimOptions.decode_join_delay_s` after its KV has landed (its first token counts then).
+With `SimOptions.prefill_jitter` / `decode_jitter` (or a measured `speed_trace`), each step's
+duration is the profile's times its instance's factor at the step's start (a machine whose
+speed wanders; step_jitter.py).
 A `RatioController`, when given, is asked every `control_interval_s`; a move drains one
 instance (no new work; it finishes what it holds), which then serves in the other role
 after `switch_delay_s`.
@@ -32,8 +37,9 @@ from .mixed_worker import COLOCATED, DECODE, MixedWorker
 from .prefill_worker import PREFILL, PrefillWorker
 from .sim_request import Mode, SimRequest
 from .sim_result import RoleChange, SimResult
+from .step_jitter import SpeedProcess, TracedSpeed
 
-STEP_END, TRANSFER_DONE, ROLE_READY, CONTROL, TTFT_DEADLINE = range(5)
+STEP_END, TRANSFER_DONE, ROLE_READY, CONTROL, TTFT_DEADLINE, DECODE_JOIN = range(6)
 DEFAULT_OPTIONS = SimOptions()
 
 
@@ -78,6 +84,12 @@ class _Run:
         self.num_finished = 0
         self.num_admission_waits = 0
         self.peak_kv: dict[int, int] = {}
+        prefill_jitter, decode_jitter = sim.options.prefill_jitter, sim.options.decode_jitter
+        traced = TracedSpeed(sim.options.speed_trace) if sim.options.speed_trace is not None else None
+        self.speed = {
+            PREFILL: traced or (SpeedProcess(prefill_jitter) if prefill_jitter else None),
+            DECODE: traced or (SpeedProcess(decode_jitter) if decode_jitter else None),
+        }
         self.recorder = LatencyRecorder(len(self.requests))
         self.roles: list[RoleChange] = []
         self.moves: list = []
@@ -132,11 +144,16 @@ class _Run:
             self._control()
         elif kind == TTFT_DEADLINE:
             self._ttft_deadline(payload)
+        elif kind == DECODE_JOIN:
+            self._join(payload)
 
     def _kick(self, worker) -> None:
         if not worker.busy:
             duration = worker.start_step(self.now)
             if duration is not None:
+                speed = self.speed[PREFILL if worker.role == PREFILL else DECODE]
+                if speed is not None:
+                    duration *= speed.factor(worker.index, self.now)
                 worker.busy = True
                 self._push(self.now + duration, STEP_END, worker)
 
@@ -222,9 +239,14 @@ class _Run:
         if request.output_len == 1:
             self._finish(request)
             self._admit()
+        elif self.options.decode_join_delay_s > 0:
+            self._push(self.now + self.options.decode_join_delay_s, DECODE_JOIN, request)
         else:
-            request.decode.join(request)
-            self._kick(request.decode)
+            self._join(request)
+
+    def _join(self, request: SimRequest) -> None:
+        request.decode.join(request)
+        self._kick(request.decode)
 
     def _first_token(self, request: SimRequest) -> None:
         ttft = self.recorder.first_token(request, self.now)
