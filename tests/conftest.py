@@ -33,6 +33,7 @@ FAST_MODULES = {
     "test_live_controller_units",
     "test_step_jitter",
     "test_step_log_speed",
+    "test_log_histogram",
 }
 
 

@@ -55,6 +55,9 @@ def test_validate_compares_simulated_and_measured_figures(tmp_path):
             for role in ("prefill", "decode"):  # the run's own speed, from its instances' logged steps
                 speed = row["speed"][role]
                 assert finite(*speed.values()) and speed["points"] > 0 and 0 < speed["p10"] <= speed["p90"]
+        pooled = workload["pooled"]  # every run's requests together
+        assert pooled["num_requests"] == workload["num_requests"] * len(workload["runs"])
+        assert finite(*pooled["relative_error"].values(), pooled["attainment_diff"])
     probe = result["serving_path_probe"]
     assert finite(*probe.values()) and probe["request_overhead_ms"] >= 0 and probe["decode_join_delay_ms"] >= 0
     serving = result["serving_profile"]  # fitted to the instances' own steps during the calibration runs

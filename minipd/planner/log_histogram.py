@@ -38,6 +38,14 @@ class LogHistogram:
             bins = np.floor(np.log(np.maximum(values, self.low) / self.low) / self._log_ratio)
         self.counts += np.bincount(np.clip(bins, 0, self.num_bins - 1).astype(np.int64), minlength=self.num_bins)
 
+    def add_histogram(self, other: LogHistogram) -> None:
+        """Count every value of `other` too (which must have the same bins)."""
+        if (other.low, other._log_ratio, other.num_bins) != (self.low, self._log_ratio, self.num_bins):
+            raise ValueError("log histogram: can only add a histogram with the same bins")
+        other._flush()
+        self._flush()
+        self.counts += other.counts
+
     @property
     def count(self) -> int:
         self._flush()
