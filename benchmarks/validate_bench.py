@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import tempfile
 from pathlib import Path
 from typing import NamedTuple
@@ -497,35 +496,55 @@ def print_table(result: dict) -> None:
 
 
 def plot(result: dict, path: str) -> None:
+    """A parity chart per workload: every run's simulated figure against its measured one
+    (filled: at the run's measured speed; hollow: predicted), the ±15% band around y = x."""
     names = list(result["workloads"])
     fig, axes = subplots(ncols=len(names), width=5.5)
+    from matplotlib.ticker import NullFormatter  # after subplots() has set matplotlib up headless
+
+    markers = dict(zip(METRICS, "osD^"))
     for ax, name in zip(axes, names, strict=True):
         runs = result["workloads"][name]["runs"]
-        x = range(len(METRICS))
-        sim = [statistics.median(r["simulated"][m] for r in runs) for m in METRICS]
-        for i, r in enumerate(runs):
-            ax.scatter(
-                list(x),
-                [r["measured"][m] for m in METRICS],
-                marker="o",
-                color="tab:orange",
-                label="measured (each run)" if i == 0 else None,
-            )
-        ax.bar(list(x), sim, width=0.5, alpha=0.5, label="simulated")
-        ax.errorbar(
-            list(x),
-            sim,
-            yerr=[[v * LATENCY_TOLERANCE for v in sim]] * 2,
-            fmt="none",
-            color="black",
-            capsize=4,
+        values = [
+            r[side][m] for r in runs for m in METRICS for side in ("measured", "simulated", "simulated_predicted")
+        ]
+        lo, hi = min(values) / 1.3, max(values) * 1.3
+        ax.plot([lo, hi], [lo, hi], color="black", linewidth=0.8)
+        ax.fill_between(
+            [lo, hi],
+            [lo * (1 - LATENCY_TOLERANCE), hi * (1 - LATENCY_TOLERANCE)],
+            [lo * (1 + LATENCY_TOLERANCE), hi * (1 + LATENCY_TOLERANCE)],
+            color="tab:green",
+            alpha=0.15,
             label="±15%",
         )
-        ax.set_xticks(list(x), [m.removesuffix("_ms").replace("_", " ") for m in METRICS], fontsize=8)
+        for m in METRICS:
+            label = m.removesuffix("_ms").replace("_", " ")
+            ax.scatter(
+                [r["measured"][m] for r in runs],
+                [r["simulated"][m] for r in runs],
+                marker=markers[m],
+                color="tab:blue",
+                label=f"{label} (run's speed)",
+            )
+            ax.scatter(
+                [r["measured"][m] for r in runs],
+                [r["simulated_predicted"][m] for r in runs],
+                marker=markers[m],
+                facecolors="none",
+                edgecolors="tab:orange",
+                label=f"{label} (predicted)",
+            )
+        ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_ylabel("ms")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_minor_formatter(NullFormatter())  # the minor ticks' labels overlap over a decade
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("measured (ms)")
+        ax.set_ylabel("simulated (ms)")
         att = ", ".join(f"{r['simulated']['attainment']:.0%}/{r['measured']['attainment']:.0%}" for r in runs)
         ax.set_title(f"{name}: attainment sim/measured {att}", fontsize=9)
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=6, ncol=2)
     save(fig, path)
