@@ -100,7 +100,7 @@ def fit_jitter(profile: LatencyProfile, stretches: Sequence[Sequence[Step]], rol
     """The jitter of `role` steps around each stretch's own mean speed (so a stretch that ran
     slower throughout adds nothing here: `speed_factor` says that). No jitter from stretches
     with fewer than `MIN_STEPS` steps between them."""
-    logs, rho1, weights, spacings = [], [], [], []
+    logs, spacings = [], []
     for stretch in stretches:
         r = ratios(profile, stretch, role)
         if len(r) < MIN_STEPS:
@@ -114,13 +114,11 @@ def fit_jitter(profile: LatencyProfile, stretches: Sequence[Sequence[Step]], rol
     variance = float(np.mean(np.concatenate(logs) ** 2))
     if variance <= 0:
         return StepJitter(seed=seed)
-    for x in logs:
-        rho = _autocorrelation(x)
-        rho1.append(rho[0] if len(rho) else 0.0)
-        weights.append(len(x))
-    lag1 = float(np.clip(np.average(rho1, weights=weights), 0.0, 0.999))
+    rhos = [_autocorrelation(x) for x in logs]
+    weights = [len(x) for x in logs]
+    lag1 = float(np.clip(np.average([rho[0] if len(rho) else 0.0 for rho in rhos], weights=weights), 0.0, 0.999))
     sigma_slow, sigma_step = math.sqrt(lag1 * variance), math.sqrt((1 - lag1) * variance)
-    tau = _correlation_time(logs, spacings, lag1)
+    tau = _correlation_time(rhos, spacings, weights, lag1)
     return StepJitter(sigma_slow=min(sigma_slow, 2.0), tau_s=tau, sigma_step=min(sigma_step, 2.0), seed=seed)
 
 
@@ -132,20 +130,18 @@ def _autocorrelation(x: np.ndarray) -> np.ndarray:
     return np.array([float(np.mean(x[:-k] * x[k:])) / var for k in range(1, max(n // 4, 1) + 1)])
 
 
-def _correlation_time(logs: list[np.ndarray], spacings: list[float], lag1: float) -> float:
-    """The slow part's correlation time in seconds: the median time between steps times the sum of
-    rho_k / rho_1 until the correlation dies out (for an OU process sampled every dt this sum
-    is about tau / dt), averaged over stretches by their length."""
+def _correlation_time(rhos: list[np.ndarray], spacings: list[float], weights: list[int], lag1: float) -> float:
+    """The slow part's correlation time in seconds: the median time between steps times the
+    sum of rho_k / rho_1 until the correlation dies out (for an OU process sampled every dt
+    this sum is about tau / dt), averaged over stretches by their length."""
     if lag1 <= RHO_FLOOR:
         return max(float(np.mean(spacings)), 1e-3)
-    taus, weights = [], []
-    for x, dt in zip(logs, spacings):
-        rho = _autocorrelation(x)
+    taus = []
+    for rho, dt in zip(rhos, spacings):
         total = 0.0
         for value in rho:
             if value <= RHO_FLOOR:
                 break
             total += value / lag1
         taus.append(max(total, 1.0) * dt)
-        weights.append(len(x))
     return float(np.average(taus, weights=weights))
