@@ -4,6 +4,9 @@ the cluster keeps serving), a switch answered with its report and shown on /metr
 
 from __future__ import annotations
 
+import socket
+from unittest.mock import ANY
+
 import pytest
 from disagg_helpers import CONFIG
 from http_helpers import http_json, http_post, sample, scrape, wait_until_pools_full
@@ -75,7 +78,9 @@ def test_a_switch_is_reported_and_shown_on_metrics_and_the_instance_list(url, cl
     )
     assert 0 <= report["drain_s"] <= report["total_s"] and report["excluding_drain_s"] >= 0
     listed = http_json("GET", f"{url}/admin/instances").body
-    assert {"instance": "prefill-0", "role": "decode", "epoch": 1, "switching": False} in listed["instances"]
+    [moved] = [entry for entry in listed["instances"] if entry["instance"] == "prefill-0"]
+    assert moved == {"instance": "prefill-0", "role": "decode", "epoch": 1, "switching": False, "compute": ANY}
+    assert moved["compute"].startswith(f"{socket.gethostname()}/cpu:")  # what the instance said it runs on
     assert [c["to_role"] for c in listed["role_changes"]] == ["decode"]
     assert completion_works(url)  # no prefill instance left: prefilled on a decode instance
     samples = wait_until_pools_full(url)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from minipd.control.role import Role
+from minipd.engine import cpu_placement
 from minipd.engine.cpu_placement import (
     CpuPlacement,
     available_cpus,
@@ -45,6 +47,14 @@ def test_a_lone_engine_leaves_one_core_to_its_event_loop():
     assert resolve(None, None, defaults=False) == CpuPlacement(None, None)
     one = available_cpus()[:1]
     assert resolve(None, one) == CpuPlacement(1, one)
+
+
+def test_the_compute_key_names_the_host_and_the_cores_or_the_device():
+    host = socket.gethostname()
+    assert cpu_placement.compute_key("cpu", CpuPlacement(1, (0,))) == f"{host}/cpu:0"
+    everywhere = cpu_placement.compute_key("cpu", CpuPlacement(1, None))  # not pinned: the process's CPU set
+    assert everywhere == f"{host}/cpu:{format_cpu_list(available_cpus())}"
+    assert cpu_placement.compute_key("cuda:1", CpuPlacement(1, None)) == f"{host}/cuda:1"
 
 
 def test_bad_placements_are_refused_naming_the_field():

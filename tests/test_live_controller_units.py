@@ -7,14 +7,15 @@ import asyncio
 from types import SimpleNamespace
 from typing import NamedTuple
 
+import msgspec
 import pytest
 from test_placement_units import handle
 
 from minipd.control.role import Role
 from minipd.planner.ratio_controller import ControllerConfig, Move
 from minipd.planner.slo import SLO
-from minipd.router.live_controller import LiveControllerOptions, LiveRatioController
-from minipd.router.registry import InstanceRegistry
+from minipd.router.live_controller import LiveControllerOptions, LiveRatioController, pick_mover
+from minipd.router.registry import InstanceHandle, InstanceRegistry
 from minipd.router.role_switch import SwitchFailed
 
 TTFT_S, ITL_S = 0.5, 0.05
@@ -127,6 +128,40 @@ def test_failing_itl_moves_the_prefill_instance_with_the_least_queued_to_decode(
 
     router, decision = loop_thread.run(scenario())
     assert decision.move is Move.TO_DECODE and router.switches == [("prefill-light", Role.DECODE)]
+
+
+def _on(h, compute: str):
+    h.welcome = msgspec.structs.replace(h.welcome, compute=compute)
+    return h
+
+
+def test_the_instance_moved_to_decode_is_one_off_the_decode_instances_hardware(loop_thread):
+    # three instances on two cores: prefill-light shares decode-0's core, so moving it would
+    # add a decode instance without adding decode compute
+    async def scenario():
+        loaded = _on(handle("prefill-loaded", Role.PREFILL), "node/cpu:1")
+        light = _on(handle("prefill-light", Role.PREFILL), "node/cpu:0")
+        router = FakeRouter(loaded, light, _on(handle("decode-0", Role.DECODE), "node/cpu:0"))
+        clock = Clock()
+        ctl = controller(router, clock)
+        feed(ctl, clock, ttft_s=TTFT_S / 2, gap_s=2 * ITL_S)
+        with loaded.counted(num_prompt_tokens=500), light.counted(num_prompt_tokens=100):
+            decision = ctl.tick()
+        router.release.set()
+        await ctl.close()
+        return router, decision
+
+    router, decision = loop_thread.run(scenario())
+    assert decision.move is Move.TO_DECODE and router.switches == [("prefill-loaded", Role.DECODE)]
+
+
+def test_the_mover_shares_hardware_with_the_fewest_of_its_new_role_then_has_the_least_work():
+    shapes = (("a", 0, "n/cpu:0"), ("b", 3, "n/cpu:1"), ("c", 1, ""))
+    a, b, c = (_on(handle(name, Role.DECODE, running=running), compute) for name, running, compute in shapes)
+    prefill = [_on(handle("p", Role.PREFILL), "n/cpu:0")]
+    assert pick_mover([a, b, c], prefill, InstanceHandle.running) is c  # unknown hardware shares with none
+    assert pick_mover([a, b], prefill, InstanceHandle.running) is b  # a shares p's core
+    assert pick_mover([a, b], [], InstanceHandle.running) is a  # nothing to share with: the least work
 
 
 def test_requests_late_for_their_first_token_count_as_misses_once(loop_thread):

@@ -7,8 +7,8 @@
   404 (unknown instance), 409 (already that role, already switching, the last decode
   instance), 504 (the drain outlasted its timeout; nothing changed), 502 (the instance
   refused or was lost).
-- `GET /admin/instances`: every instance's id, role, epoch and whether it is switching, and
-  every role change so far.
+- `GET /admin/instances`: every instance's id, role, epoch, whether it is switching and what
+  it computes on (`Welcome.compute`, such as `node1/cpu:0`), and every role change so far.
 Both are guarded by the app's API key like every other route; the POST takes only
 `application/json` bodies (415 otherwise, json_only.py).
 
@@ -79,7 +79,13 @@ class AdminRoutes:
         return _json(
             {
                 "instances": [
-                    {"instance": h.instance_id, "role": h.role.value, "epoch": h.epoch, "switching": h.draining}
+                    {
+                        "instance": h.instance_id,
+                        "role": h.role.value,
+                        "epoch": h.epoch,
+                        "switching": h.draining,
+                        "compute": h.welcome.compute,
+                    }
                     for h in handles
                 ],
                 "role_changes": msgspec.to_builtins(self.router.role_changes),

@@ -93,6 +93,10 @@ class Welcome(Reply, tag="welcome"):
     proof: bytes = b""  # the server's proof of the cluster secret (empty without one)
     epoch: int = 0  # the instance's role epoch: bumped by every role switch
     liveness_timeout_s: float = 0.0  # how soon this end declares a silent peer dead (it heartbeats if > 0)
+    # What the instance computes on: host and device, and the cores its compute thread is
+    # pinned to ("node1/cpu:0", "node1/cuda:0"); instances with the same value share that
+    # hardware, and its speed. "": not said (a router, an older instance).
+    compute: str = ""
 
 
 class Heartbeat(Message, tag="heartbeat"):

@@ -59,6 +59,7 @@ from minipd.disagg.layerwise_sender import LayerwiseKVSender
 from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressing
 from minipd.disagg.reservations import Reservation, Reservations
 from minipd.disagg.role_switch import RoleGuard
+from minipd.engine import cpu_placement
 from minipd.engine.engine import Engine, NoCapacity
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
@@ -100,6 +101,7 @@ class Instance(ControlServer):
         self.lease_s = lease_s
         self.liveness_timeout_s = liveness_timeout_s
         self.fingerprint = engine_fingerprint(engine)
+        self._compute = cpu_placement.compute_key(engine.config.device, engine.placement)
         self.reservations = Reservations(engine, transport, lease_s, instance_id, self._lease_expired)
         self._peer_ids: dict[str, str] = {}  # decode instance id -> transport peer id
         self._connecting: dict[str, asyncio.Task] = {}
@@ -183,6 +185,7 @@ class Instance(ControlServer):
             max_num_seqs=self.engine.config.max_num_seqs,
             epoch=self.guard.epoch,
             liveness_timeout_s=self.liveness_timeout_s if hello.liveness_timeout_s > 0 else 0.0,
+            compute=self._compute,
         )
 
     def established(self, channel: Channel, hello: Hello) -> None:

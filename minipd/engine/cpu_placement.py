@@ -20,6 +20,7 @@ OpenMP threads spin is fixed when torch loads; see `minipd.entrypoints.openmp_en
 from __future__ import annotations
 
 import os
+import socket
 
 import msgspec
 import torch
@@ -117,6 +118,17 @@ def apply(placement: CpuPlacement) -> None:
         os.sched_setaffinity(0, placement.cpus)  # 0: the calling thread (Linux)
     if placement.torch_threads is not None:
         torch.set_num_threads(placement.torch_threads)
+
+
+def compute_key(device: str, placement: CpuPlacement) -> str:
+    """What an engine computes on, as `Welcome.compute` says it: host and device, and on the
+    CPU the cores its compute thread may run on (its pinning, else the process's CPU set),
+    so two engines on the same cores get the same key."""
+    host = socket.gethostname()
+    if device != "cpu":
+        return f"{host}/{device}"
+    cpus = placement.cpus if placement.cpus is not None else available_cpus()
+    return f"{host}/cpu:{format_cpu_list(cpus)}"
 
 
 def pin_process(cpus: tuple[int, ...]) -> None:

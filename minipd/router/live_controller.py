@@ -16,8 +16,10 @@ carries out its moves. Top-down:
    shows before its tokens come;
 3. the policy decides, from the instances serving as prefill and as decode now and the
    switches still under way (sliding window, hysteresis, cool-down: see the policy);
-4. a move switches one instance of the source role in place (`Router.switch_role`), the one
-   with the least work to drain, in the background; each move and its outcome are logged
+4. a move switches one instance of the source role in place (`Router.switch_role`) in the
+   background: the one that shares its hardware (`Welcome.compute`) with the fewest
+   instances of the target role, since a new instance on hardware that role already uses
+   adds little to it; among those, the one with the least work to drain; each move and its outcome are logged
    and kept in `moves` (the router keeps every completed switch in `role_changes`, which
    /metrics and /admin/instances show).
 Colocated instances are never moved.
@@ -41,6 +43,24 @@ if TYPE_CHECKING:
     from minipd.router.router import Router
 
 log = logging.getLogger(__name__)
+
+
+def pick_mover(
+    candidates: list[InstanceHandle], target: list[InstanceHandle], work: Callable[[InstanceHandle], object]
+) -> InstanceHandle:
+    """The candidate to move into the role of `target`: the fewest of `target` on the same
+    hardware (an instance that does not say what it runs on shares with none), then the
+    least `work` to drain."""
+
+    def sharing(h: InstanceHandle) -> int:
+        compute = h.welcome.compute
+        return sum(1 for t in target if compute and t.welcome.compute == compute)
+
+    return min(candidates, key=lambda h: (sharing(h), work(h)))
+
+
+def _queued(h: InstanceHandle) -> tuple[int, int]:
+    return h.num_inflight_tokens, h.num_inflight
 
 
 class LiveControllerOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -123,9 +143,9 @@ class LiveRatioController:
             len(decode),
         )
         if decision.move is Move.TO_PREFILL:
-            self._start(min(decode, key=InstanceHandle.running), Role.PREFILL, decision)
+            self._start(pick_mover(decode, prefill, InstanceHandle.running), Role.PREFILL, decision)
         elif decision.move is Move.TO_DECODE:
-            self._start(min(prefill, key=lambda h: (h.num_inflight_tokens, h.num_inflight)), Role.DECODE, decision)
+            self._start(pick_mover(prefill, decode, _queued), Role.DECODE, decision)
         return decision
 
     def _start(self, handle: InstanceHandle, target: Role, decision: Decision) -> None:
