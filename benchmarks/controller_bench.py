@@ -52,9 +52,11 @@ DEFAULTS = {
     "second_prompt_len": LengthDist.uniform(24, 48),
     "second_output_len": LengthDist.uniform(384, 512),
     "first_rate": 2.0,
-    "second_rate": 1.5,
+    # one decode instance holds ~3 of these answers at a time and serves ~0.5 req/s, two
+    # serve ~1 req/s: the second phase needs the second decode instance, and fits with it
+    "second_rate": 0.9,
     "first_duration_s": 40.0,
-    "second_duration_s": 60.0,
+    "second_duration_s": 90.0,
 }
 DEFAULT_LINK_GBPS = 0.015  # 15 Mbit/s: a 192-token prompt of `small` (bf16, 8 KiB/token) takes ~0.8 s to send
 DEFAULT_NUM_BLOCKS = 96  # 1536 tokens of KV per instance: ~3 whole answers of the second phase
