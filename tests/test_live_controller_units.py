@@ -113,35 +113,27 @@ def test_failing_ttft_moves_the_least_busy_decode_instance_to_prefill_one_move_a
     assert router.latency_observer is None, "closing detaches the observer"
 
 
-def test_failing_itl_moves_the_prefill_instance_with_the_least_queued_to_decode(loop_thread):
-    async def scenario():
-        loaded, light = handle("prefill-loaded", Role.PREFILL), handle("prefill-light", Role.PREFILL)
-        router = FakeRouter(loaded, light, handle("decode-0", Role.DECODE))
-        clock = Clock()
-        ctl = controller(router, clock)
-        feed(ctl, clock, ttft_s=TTFT_S / 2, gap_s=2 * ITL_S)
-        with loaded.counted(num_prompt_tokens=500), light.counted(num_prompt_tokens=100):
-            decision = ctl.tick()
-        router.release.set()
-        await ctl.close()
-        return router, decision
-
-    router, decision = loop_thread.run(scenario())
-    assert decision.move is Move.TO_DECODE and router.switches == [("prefill-light", Role.DECODE)]
-
-
 def _on(h, compute: str):
     h.welcome = msgspec.structs.replace(h.welcome, compute=compute)
     return h
 
 
-def test_the_instance_moved_to_decode_is_one_off_the_decode_instances_hardware(loop_thread):
-    # three instances on two cores: prefill-light shares decode-0's core, so moving it would
-    # add a decode instance without adding decode compute
+@pytest.mark.parametrize(
+    ("loaded_on", "light_on", "decode_on", "moved"),
+    [
+        ("", "", "", "prefill-light"),  # hardware not said: the least queued
+        # three instances on two cores: prefill-light shares decode-0's core, so moving it
+        # would add a decode instance without adding decode compute
+        ("node/cpu:1", "node/cpu:0", "node/cpu:0", "prefill-loaded"),
+    ],
+)
+def test_failing_itl_moves_a_prefill_instance_off_the_decode_hardware_then_the_least_queued(
+    loop_thread, loaded_on, light_on, decode_on, moved
+):
     async def scenario():
-        loaded = _on(handle("prefill-loaded", Role.PREFILL), "node/cpu:1")
-        light = _on(handle("prefill-light", Role.PREFILL), "node/cpu:0")
-        router = FakeRouter(loaded, light, _on(handle("decode-0", Role.DECODE), "node/cpu:0"))
+        loaded = _on(handle("prefill-loaded", Role.PREFILL), loaded_on)
+        light = _on(handle("prefill-light", Role.PREFILL), light_on)
+        router = FakeRouter(loaded, light, _on(handle("decode-0", Role.DECODE), decode_on))
         clock = Clock()
         ctl = controller(router, clock)
         feed(ctl, clock, ttft_s=TTFT_S / 2, gap_s=2 * ITL_S)
@@ -152,7 +144,7 @@ def test_the_instance_moved_to_decode_is_one_off_the_decode_instances_hardware(l
         return router, decision
 
     router, decision = loop_thread.run(scenario())
-    assert decision.move is Move.TO_DECODE and router.switches == [("prefill-loaded", Role.DECODE)]
+    assert decision.move is Move.TO_DECODE and router.switches == [(moved, Role.DECODE)]
 
 
 def test_the_mover_shares_hardware_with_the_fewest_of_its_new_role_then_has_the_least_work():
