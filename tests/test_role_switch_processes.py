@@ -19,7 +19,7 @@ from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.router.client import ClusterClient
 from minipd.transports.registry import available_transports
 
-LONG_OUTPUT = 60
+LONG_OUTPUT = 250  # long enough that the switched instance is still decoding when the switch lands (~1 s)
 SHORT_OUTPUT = 10
 SWITCH_TIMEOUT_S = 120.0  # the drain waits for LONG_OUTPUT-token decodes on a busy 2-core machine
 
