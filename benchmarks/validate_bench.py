@@ -161,17 +161,33 @@ def sim_options(profile: LatencyProfile, budget: int) -> SimOptions:
     )
 
 
-def simulate(profile: LatencyProfile, specs, options: SimOptions) -> dict:
-    """The simulated run: per-request arrays and the figures compared."""
-    result = Simulator(profile, ClusterSpec.split(1, 1), options).run(specs)
-    gaps = result.itl_gaps
+def _simulated_figures(ttft_s: np.ndarray, gaps: LogHistogram) -> dict:
+    """`METRICS` of simulated requests: their TTFTs (seconds) and every token gap."""
     return {
-        "result": result,
-        "ttft_p50_ms": float(np.percentile(result.ttft_s, 50)) * MS_PER_S,
-        "ttft_p90_ms": float(np.percentile(result.ttft_s, 90)) * MS_PER_S,
+        "ttft_p50_ms": float(np.percentile(ttft_s, 50)) * MS_PER_S,
+        "ttft_p90_ms": float(np.percentile(ttft_s, 90)) * MS_PER_S,
         "itl_p50_ms": gaps.percentile(50) * MS_PER_S,
         "itl_p90_ms": gaps.percentile(90) * MS_PER_S,
     }
+
+
+def _measured_figures(records) -> dict:
+    """`METRICS` of the successful ones of measured `records`."""
+    ok = [r for r in records if r.success]
+    gaps = [g * MS_PER_S for r in ok for g in r.itl_s]
+    ttft = [r.ttft_s * MS_PER_S for r in ok]
+    return {
+        "ttft_p50_ms": percentile(ttft, 50),
+        "ttft_p90_ms": percentile(ttft, 90),
+        "itl_p50_ms": percentile(gaps, 50),
+        "itl_p90_ms": percentile(gaps, 90),
+    }
+
+
+def simulate(profile: LatencyProfile, specs, options: SimOptions) -> dict:
+    """The simulated run: per-request arrays and the figures compared."""
+    result = Simulator(profile, ClusterSpec.split(1, 1), options).run(specs)
+    return {"result": result, **_simulated_figures(result.ttft_s, result.itl_gaps)}
 
 
 def _sim_slo(sim: dict, given: list[str] | None) -> ClientSLO:
@@ -197,16 +213,10 @@ def _sim_attainment(sim: dict, slo: ClientSLO) -> float:
 
 
 def _measured(records, slo: ClientSLO) -> dict:
-    ok = [r for r in records if r.success]
-    gaps = [g * MS_PER_S for r in ok for g in r.itl_s]
-    ttft = [r.ttft_s * MS_PER_S for r in ok]
     return {
-        "ttft_p50_ms": percentile(ttft, 50),
-        "ttft_p90_ms": percentile(ttft, 90),
-        "itl_p50_ms": percentile(gaps, 50),
-        "itl_p90_ms": percentile(gaps, 90),
+        **_measured_figures(records),
         "attainment": attainment(records, slo),
-        "failed": len(records) - len(ok),
+        "failed": sum(1 for r in records if not r.success),
     }
 
 
@@ -298,24 +308,14 @@ def _pool(runs: list[_Pooled]) -> dict:
     gaps = LogHistogram()
     for r in runs:
         gaps.add_histogram(r.sim.itl_gaps)
-    ttft = np.concatenate([r.sim.ttft_s for r in runs])
     n_sim = [r.sim.num_requests for r in runs]
     n_meas = [len(r.records) for r in runs]
     sim = {
-        "ttft_p50_ms": float(np.percentile(ttft, 50)) * MS_PER_S,
-        "ttft_p90_ms": float(np.percentile(ttft, 90)) * MS_PER_S,
-        "itl_p50_ms": gaps.percentile(50) * MS_PER_S,
-        "itl_p90_ms": gaps.percentile(90) * MS_PER_S,
+        **_simulated_figures(np.concatenate([r.sim.ttft_s for r in runs]), gaps),
         "attainment": float(np.average([r.sim_attainment for r in runs], weights=n_sim)),
     }
-    ok = [rec for r in runs for rec in r.records if rec.success]
-    measured_gaps = [g * MS_PER_S for rec in ok for g in rec.itl_s]
-    measured_ttft = [rec.ttft_s * MS_PER_S for rec in ok]
     meas = {
-        "ttft_p50_ms": percentile(measured_ttft, 50),
-        "ttft_p90_ms": percentile(measured_ttft, 90),
-        "itl_p50_ms": percentile(measured_gaps, 50),
-        "itl_p90_ms": percentile(measured_gaps, 90),
+        **_measured_figures([rec for r in runs for rec in r.records]),
         "attainment": float(np.average([r.attainment for r in runs], weights=n_meas)),
     }
     return {"num_requests": sum(n_meas), "simulated": sim, "measured": meas, **_compare(sim, meas)}
