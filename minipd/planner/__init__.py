@@ -4,23 +4,23 @@ disaggregation policy and the ratio controller's policy. Pure: no network layers
 only for profiling (`bench.py profile`). See docs/planner.md.
 """
 
-from .cluster_spec import ClusterSpec, SimOptions
-from .kv_link import KVLink
-from .latency_model import DecodeModel, PrefillModel, fit_decode, fit_prefill
-from .latency_profile import LatencyProfile
-from .local_prefill_policy import (
+from minipd.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.planner.kv_link import KVLink
+from minipd.planner.latency_model import DecodeModel, PrefillModel, fit_decode, fit_prefill
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.local_prefill_policy import (
     LocalPrefillThresholds,
     Placement,
     PlacementInput,
     place_prefill,
 )
-from .metrics import RunSummary, summarize
-from .planner import Plan, PlanConfig, plan
-from .profiles import BUILTIN, builtin_profile
-from .ratio_controller import ControllerConfig, Decision, Move, RatioController
-from .simulator import Simulator
-from .slo import SLO
-from .workload_spec import WorkloadSpec
+from minipd.planner.metrics import RunSummary, summarize
+from minipd.planner.planner import Plan, PlanConfig, plan
+from minipd.planner.profiles import BUILTIN, builtin_profile
+from minipd.planner.ratio_controller import ControllerConfig, Decision, Move, RatioController
+from minipd.planner.simulator import Simulator
+from minipd.planner.slo import SLO
+from minipd.planner.workload_spec import WorkloadSpec
 
 __all__ = [
     "BUILTIN",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .sim_request import SimRequest
+from minipd.planner.sim_request import SimRequest
 
 
 def chunked(queue: Iterable[SimRequest], budget: int, slots: int):

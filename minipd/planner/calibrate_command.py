@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import distserve_example
+from minipd.planner import distserve_example
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

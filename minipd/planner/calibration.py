@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import math
 
-from .cluster_spec import ClusterSpec, SimOptions
-from .goodput import find_goodput
-from .kv_link import KVLink
-from .latency_model import DecodeModel, PrefillModel
-from .latency_profile import LatencyProfile
-from .local_prefill_policy import LocalPrefillThresholds
-from .metrics import summarize
-from .simulator import Simulator
-from .slo import SLO
-from .workload_spec import WorkloadSpec
+from minipd.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.planner.goodput import find_goodput
+from minipd.planner.kv_link import KVLink
+from minipd.planner.latency_model import DecodeModel, PrefillModel
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.local_prefill_policy import LocalPrefillThresholds
+from minipd.planner.metrics import summarize
+from minipd.planner.simulator import Simulator
+from minipd.planner.slo import SLO
+from minipd.planner.workload_spec import WorkloadSpec
 
 FREE_PREFILL = PrefillModel(0.0, 0.0, 0.0)
 FREE_DECODE = DecodeModel(0.0, 0.0, 0.0)

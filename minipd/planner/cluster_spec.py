@@ -6,9 +6,9 @@ import math
 
 import msgspec
 
-from .kv_link import KVLink
-from .local_prefill_policy import LocalPrefillThresholds
-from .step_jitter import SpeedTrace, StepJitter
+from minipd.planner.kv_link import KVLink
+from minipd.planner.local_prefill_policy import LocalPrefillThresholds
+from minipd.planner.step_jitter import SpeedTrace, StepJitter
 
 
 class ClusterSpec(msgspec.Struct, frozen=True):

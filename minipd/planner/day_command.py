@@ -16,12 +16,12 @@ import sys
 
 import msgspec
 
-from .day_experiment import DayResult, run_day
-from .kv_link import KVLink
-from .latency_profile import LatencyProfile
-from .profiles import BUILTIN, builtin_profile
-from .ratio_controller import ControllerConfig
-from .slo import SLO
+from minipd.planner.day_experiment import DayResult, run_day
+from minipd.planner.kv_link import KVLink
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.profiles import BUILTIN, builtin_profile
+from minipd.planner.ratio_controller import ControllerConfig
+from minipd.planner.slo import SLO
 
 DEFAULT_BUILTIN = "llama3-70b-h100-tp4"
 DEFAULT_SLO = ("ttft:1500", "itl:40")
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             f.write(msgspec.json.format(msgspec.json.encode(result), indent=2))
         print(f"wrote {args.json}")
     if args.plot:
-        from .plots import day
+        from minipd.planner.plots import day
 
         day(result, args.plot)
         print(f"wrote {args.plot}")

@@ -14,15 +14,15 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from .cluster_spec import ClusterSpec, SimOptions
-from .day_workload import HOURS, Hour, Shape, day_hours, make_day, shape_workload
-from .kv_link import KVLink
-from .latency_profile import LatencyProfile
-from .planner import PlanConfig, plan
-from .ratio_controller import ControllerConfig, RatioController
-from .sim_result import SimResult
-from .simulator import Simulator
-from .slo import SLO
+from minipd.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.planner.day_workload import HOURS, Hour, Shape, day_hours, make_day, shape_workload
+from minipd.planner.kv_link import KVLink
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.planner import PlanConfig, plan
+from minipd.planner.ratio_controller import ControllerConfig, RatioController
+from minipd.planner.sim_result import SimResult
+from minipd.planner.simulator import Simulator
+from minipd.planner.slo import SLO
 
 PLAN_REQUESTS_PER_INSTANCE = 150
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from minipd.planner.workload_spec import WorkloadSpec
 from minipd.workload import ArrivalProcess, LengthDist, RequestSpec, make_workload
-
-from .workload_spec import WorkloadSpec
 
 
 class Shape(NamedTuple):

@@ -20,11 +20,11 @@ Nothing is fitted to the 2P:1D or the colocated figure: the planner predicts bot
 
 from __future__ import annotations
 
-from .calibration import calibrate_phase, scale_phases
-from .latency_profile import LatencyProfile
-from .roofline import roofline_profile
-from .slo import SLO
-from .workload_spec import WorkloadSpec
+from minipd.planner.calibration import calibrate_phase, scale_phases
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.roofline import roofline_profile
+from minipd.planner.slo import SLO
+from minipd.planner.workload_spec import WorkloadSpec
 
 PREFILL_RPS = 5.6  # the paper's prefill-only instance
 DECODE_RPS = 10.0  # the paper's decode-only instance
@@ -47,7 +47,7 @@ def workload(num_requests: int, seed: int = 0) -> WorkloadSpec:
 
 def base_profile() -> LatencyProfile:
     """Step 1: the roofline shape, before calibration."""
-    from .profiles import (  # the hardware and model tables live with the built-ins
+    from minipd.planner.profiles import (  # the hardware and model tables live with the built-ins
         A100,
         OPT_13B,
     )

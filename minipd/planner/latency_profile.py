@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from .latency_model import (
+from minipd.planner.latency_model import (
     DecodeModel,
     DecodeSample,
     FitStats,

@@ -7,9 +7,9 @@ import math
 import msgspec
 import numpy as np
 
-from .sim_request import Mode
-from .sim_result import SimResult
-from .slo import SLO
+from minipd.planner.sim_request import Mode
+from minipd.planner.sim_result import SimResult
+from minipd.planner.slo import SLO
 
 PERCENTILES = (50, 90, 99)
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from .batching import chunked, whole_prompts
-from .latency_model import mixed_step_s
-from .latency_profile import LatencyProfile
-from .sim_request import SimRequest
-from .step_times import StepTimes
+from minipd.planner.batching import chunked, whole_prompts
+from minipd.planner.latency_model import mixed_step_s
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.sim_request import SimRequest
+from minipd.planner.step_times import StepTimes
 
 DECODE = "decode"
 COLOCATED = "colocated"

@@ -17,15 +17,15 @@ from typing import NamedTuple
 
 import msgspec
 
-from .cluster_spec import ClusterSpec, SimOptions
-from .goodput import find_goodput
-from .kv_link import KVLink
-from .latency_profile import LatencyProfile
-from .local_prefill_policy import LocalPrefillThresholds
-from .metrics import RunSummary, summarize
-from .simulator import Simulator
-from .slo import SLO
-from .workload_spec import WorkloadSpec
+from minipd.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.planner.goodput import find_goodput
+from minipd.planner.kv_link import KVLink
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.local_prefill_policy import LocalPrefillThresholds
+from minipd.planner.metrics import RunSummary, summarize
+from minipd.planner.simulator import Simulator
+from minipd.planner.slo import SLO
+from minipd.planner.workload_spec import WorkloadSpec
 
 # Evaluate every split just below the winner's goodput, where the winner meets its SLOs with
 # a little room; at exactly its goodput it would sit on the 90% line by construction.

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from .batching import chunked
-from .kv_link import KVLink
-from .latency_profile import LatencyProfile
-from .sim_request import SimRequest
+from minipd.planner.batching import chunked
+from minipd.planner.kv_link import KVLink
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.sim_request import SimRequest
 
 PREFILL = "prefill"
 

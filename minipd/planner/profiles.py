@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import distserve_example
-from .latency_profile import LatencyProfile
-from .roofline import Accelerator, ModelShape, roofline_profile
+from minipd.planner import distserve_example
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.roofline import Accelerator, ModelShape, roofline_profile
 
 GB = 1e9
 TFLOPS = 1e12

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from .slo import SLO
+from minipd.planner.slo import SLO
 
 
 class Move(enum.Enum):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import msgspec
 
-from .kv_sizing import dtype_bytes, kv_bytes_per_token, kv_capacity_tokens
-from .latency_model import DecodeSample, PrefillSample, fit_decode, fit_prefill
-from .latency_profile import LatencyProfile
+from minipd.planner.kv_sizing import dtype_bytes, kv_bytes_per_token, kv_capacity_tokens
+from minipd.planner.latency_model import DecodeSample, PrefillSample, fit_decode, fit_prefill
+from minipd.planner.latency_profile import LatencyProfile
 
 GIB = 2**30
 

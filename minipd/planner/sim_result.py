@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .log_histogram import LogHistogram
+from minipd.planner.log_histogram import LogHistogram
 
 
 class RoleChange(NamedTuple):

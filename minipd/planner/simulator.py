@@ -26,18 +26,17 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
+from minipd.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.planner.kv_link import KVLink
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.latency_recorder import LatencyRecorder
+from minipd.planner.local_prefill_policy import PlacementInput, place_prefill
+from minipd.planner.mixed_worker import COLOCATED, DECODE, MixedWorker
+from minipd.planner.prefill_worker import PREFILL, PrefillWorker
+from minipd.planner.sim_request import Mode, SimRequest
+from minipd.planner.sim_result import RoleChange, SimResult
+from minipd.planner.step_jitter import SpeedProcess, TracedSpeed
 from minipd.workload import RequestSpec
-
-from .cluster_spec import ClusterSpec, SimOptions
-from .kv_link import KVLink
-from .latency_profile import LatencyProfile
-from .latency_recorder import LatencyRecorder
-from .local_prefill_policy import PlacementInput, place_prefill
-from .mixed_worker import COLOCATED, DECODE, MixedWorker
-from .prefill_worker import PREFILL, PrefillWorker
-from .sim_request import Mode, SimRequest
-from .sim_result import RoleChange, SimResult
-from .step_jitter import SpeedProcess, TracedSpeed
 
 STEP_END, TRANSFER_DONE, ROLE_READY, CONTROL, TTFT_DEADLINE, DECODE_JOIN = range(6)
 DEFAULT_OPTIONS = SimOptions()

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import msgspec
 
-from .cluster_spec import ClusterSpec
-from .kv_link import KVLink
-from .planner import PlanConfig, best_goodput
+from minipd.planner.cluster_spec import ClusterSpec
+from minipd.planner.kv_link import KVLink
+from minipd.planner.planner import PlanConfig, best_goodput
 
 EXHAUSTIVE_UP_TO = 8
 

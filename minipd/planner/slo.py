@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
-from .sim_result import SimResult
+from minipd.planner.sim_result import SimResult
 
 KEYS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s", "e2e": "e2e_s"}
 

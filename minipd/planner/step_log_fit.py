@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from .latency_model import DecodeModel, FitStats, PrefillModel, fit_decode_terms, fit_prefill_terms
-from .latency_profile import LatencyProfile
+from minipd.planner.latency_model import DecodeModel, FitStats, PrefillModel, fit_decode_terms, fit_prefill_terms
+from minipd.planner.latency_profile import LatencyProfile
 
 
 class Step(NamedTuple):

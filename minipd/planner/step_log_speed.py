@@ -19,9 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .latency_profile import LatencyProfile
-from .step_jitter import SpeedTrace, StepJitter
-from .step_log_fit import Step
+from minipd.planner.latency_profile import LatencyProfile
+from minipd.planner.step_jitter import SpeedTrace, StepJitter
+from minipd.planner.step_log_fit import Step
 
 MIN_STEPS = 8  # fewer ratios than this say nothing about a spread
 RHO_FLOOR = 0.05  # the autocorrelation sum stops where the correlation has died out

@@ -5,11 +5,11 @@ planner's simulator, so that a simulated run and a measured run can be driven by
 list of `RequestSpec`s.
 """
 
-from .arrivals import ArrivalProcess, arrival_times
-from .lengths import LengthDist
-from .request_spec import RequestSpec
-from .sharegpt import load_sharegpt
-from .workloads import WORKLOADS, WorkloadShape, make_workload
+from minipd.workload.arrivals import ArrivalProcess, arrival_times
+from minipd.workload.lengths import LengthDist
+from minipd.workload.request_spec import RequestSpec
+from minipd.workload.sharegpt import load_sharegpt
+from minipd.workload.workloads import WORKLOADS, WorkloadShape, make_workload
 
 __all__ = [
     "ArrivalProcess",

@@ -13,8 +13,8 @@ import random
 from pathlib import Path
 from typing import Callable
 
-from .arrivals import ArrivalProcess, arrival_times
-from .request_spec import RequestSpec
+from minipd.workload.arrivals import ArrivalProcess, arrival_times
+from minipd.workload.request_spec import RequestSpec
 
 HUMAN_ROLES = ("human", "user")
 ASSISTANT_ROLES = ("gpt", "assistant", "chatgpt", "bing", "bard")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
-from .arrivals import ArrivalProcess, arrival_times
-from .lengths import LengthDist
-from .request_spec import RequestSpec
+from minipd.workload.arrivals import ArrivalProcess, arrival_times
+from minipd.workload.lengths import LengthDist
+from minipd.workload.request_spec import RequestSpec
 
 
 class WorkloadShape(NamedTuple):
