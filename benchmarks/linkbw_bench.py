@@ -25,7 +25,6 @@ import msgspec
 
 from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import start_disaggregated
-from benchmarks.loadgen.goodput import bandwidth_threshold
 from benchmarks.loadgen.measure import Measured, measure
 from benchmarks.loadgen.netns import ShapedLink, unavailable_reason
 from benchmarks.loadgen.netns_cluster import start_netns_cluster
@@ -33,6 +32,7 @@ from benchmarks.loadgen.plotting import save, slo_line, subplots
 from benchmarks.loadgen.processes import Processes
 from benchmarks.loadgen.rate_sweep import DEFAULT_STOP_BELOW
 from benchmarks.loadgen.server_metrics import transfer_totals
+from minipd.slo.goodput import bandwidth_threshold
 from minipd.workload import LengthDist
 
 METHODS = ("bucket", "netns")

@@ -61,12 +61,12 @@ from minipd.planner import step_log_fit, step_log_speed
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_profile import LatencyProfile
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds
-from minipd.planner.log_histogram import LogHistogram
 from minipd.planner.sim_result import SimResult
 from minipd.planner.simulator import Simulator
-from minipd.planner.slo import SLO as SimSLO
 from minipd.planner.step_jitter import SpeedTrace
+from minipd.policy.local_prefill import LocalPrefillThresholds
+from minipd.slo.histogram import LogHistogram
+from minipd.slo.targets import SLO as SimSLO
 from minipd.workload import ArrivalProcess, LengthDist, make_workload
 
 LATENCY_TOLERANCE = 0.15

@@ -12,11 +12,11 @@ import pytest
 from test_placement_units import handle
 
 from minipd.control.role import Role
-from minipd.planner.ratio_controller import ControllerConfig, Move
-from minipd.planner.slo import SLO
+from minipd.policy.ratio_controller import ControllerConfig, Move
 from minipd.router.live_controller import LiveControllerOptions, LiveRatioController, pick_mover
 from minipd.router.registry import InstanceHandle, InstanceRegistry
 from minipd.router.role_switch import SwitchFailed
+from minipd.slo.targets import SLO
 
 TTFT_S, ITL_S = 0.5, 0.05
 MIN_SAMPLES = 10

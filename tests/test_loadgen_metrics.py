@@ -8,10 +8,10 @@ import random
 import numpy as np
 import pytest
 
-from benchmarks.loadgen.goodput import ATTAINMENT_TARGET, bandwidth_threshold, bisect_goodput, goodput_from_sweep
 from benchmarks.loadgen.records import RequestRecord
 from benchmarks.loadgen.slo import SLO, attainment
 from benchmarks.loadgen.stats import format_summary, percentile, summarize
+from minipd.slo.goodput import ATTAINMENT_TARGET, bandwidth_threshold, bisect_goodput, goodput_from_sweep
 
 
 def record(

@@ -14,7 +14,7 @@ from minipd.control.role import Role
 from minipd.entrypoints.flags import build_parser, inherited_argv
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.planner.local_prefill_policy import Placement
+from minipd.policy.local_prefill import Placement
 from minipd.router.router import RouterConfig
 
 NUM_PROMPTS = 12

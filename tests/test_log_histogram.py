@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minipd.planner.log_histogram import LogHistogram
+from minipd.slo.histogram import LogHistogram
 
 
 def _of(values: np.ndarray, **bins) -> LogHistogram:

@@ -10,7 +10,7 @@ import pytest
 from minipd.control.messages import PROTOCOL_VERSION, Fingerprint, Stats, Welcome
 from minipd.control.role import Role
 from minipd.models.config import PRESETS
-from minipd.planner.local_prefill_policy import Placement
+from minipd.policy.local_prefill import Placement
 from minipd.router.placement import decide_placement
 from minipd.router.registry import InstanceHandle
 from minipd.router.router import RouterConfig

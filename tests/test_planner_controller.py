@@ -10,10 +10,11 @@ from planner_helpers import profile
 
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds
-from minipd.planner.ratio_controller import ControllerConfig, Move, RatioController
+from minipd.planner.sim_summary import good_requests
 from minipd.planner.simulator import Simulator
-from minipd.planner.slo import SLO
+from minipd.policy.local_prefill import LocalPrefillThresholds
+from minipd.policy.ratio_controller import ControllerConfig, Move, RatioController
+from minipd.slo.targets import SLO
 from minipd.workload import ArrivalProcess, make_workload
 
 SLO_ = SLO.parse(["ttft:300", "itl:40"])
@@ -129,8 +130,8 @@ def test_on_a_shift_the_controller_moves_to_decode_and_beats_the_fixed_ratio() -
     shift_s = specs[len(specs) // 2].arrival_s
     fixed, controlled = _run(specs, 3, False), _run(specs, 3, True)
     second = fixed.arrival_s >= shift_s
-    fixed_att, ctl_att = SLO_.good(fixed)[second].mean(), SLO_.good(controlled)[second].mean()
-    assert SLO_.good(controlled)[~second].mean() >= 0.95  # the starting ratio suits the first half
+    fixed_att, ctl_att = good_requests(fixed, SLO_)[second].mean(), good_requests(controlled, SLO_)[second].mean()
+    assert good_requests(controlled, SLO_)[~second].mean() >= 0.95  # the starting ratio suits the first half
     assert controlled.moves and all(m.move is Move.TO_DECODE for m in controlled.moves)
     assert all(m.time_s > shift_s for m in controlled.moves)  # it held while the first half went well
     assert all(m.decode_attainment < m.ttft_attainment for m in controlled.moves)  # ITL was what failed
@@ -149,7 +150,7 @@ def test_on_a_steady_prefill_heavy_load_it_moves_to_prefill_once_and_stops() -> 
     assert controlled.roles[-1].num_prefill >= 3
     good_ratio = _run(specs, 3, True)
     assert good_ratio.moves == []  # a steady load at a good ratio: nothing to do
-    assert SLO_.good(good_ratio).mean() > 0.95
+    assert good_requests(good_ratio, SLO_).mean() > 0.95
 
 
 def test_on_a_shift_from_too_few_prefill_it_moves_to_prefill_then_to_decode() -> None:
@@ -162,4 +163,4 @@ def test_on_a_shift_from_too_few_prefill_it_moves_to_prefill_then_to_decode() ->
     assert after and set(after) == {Move.TO_DECODE}  # then ITL
     _assert_cooldown(controlled.moves)
     fixed = _run(specs, 1, False)
-    assert SLO_.good(controlled).mean() > SLO_.good(fixed).mean() + 0.5
+    assert good_requests(controlled, SLO_).mean() > good_requests(fixed, SLO_).mean() + 0.5

@@ -8,8 +8,8 @@ from planner_helpers import profile
 
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds
 from minipd.planner.simulator import Simulator
+from minipd.policy.local_prefill import LocalPrefillThresholds
 from minipd.workload import RequestSpec
 
 COMPUTE_S = 0.1  # the prefill step of one prompt

@@ -8,14 +8,14 @@ from planner_helpers import profile
 
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink
-from minipd.planner.local_prefill_policy import (
+from minipd.planner.sim_request import Mode
+from minipd.planner.simulator import Simulator
+from minipd.policy.local_prefill import (
     LocalPrefillThresholds,
     Placement,
     PlacementInput,
     place_prefill,
 )
-from minipd.planner.sim_request import Mode
-from minipd.planner.simulator import Simulator
 from minipd.workload import ArrivalProcess, make_workload
 
 CALM = PlacementInput(

@@ -10,10 +10,10 @@ from planner_helpers import profile
 
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds
-from minipd.planner.metrics import summarize
+from minipd.planner.sim_summary import summarize_sim
 from minipd.planner.simulator import Simulator
-from minipd.planner.slo import SLO
+from minipd.policy.local_prefill import LocalPrefillThresholds
+from minipd.slo.targets import SLO
 from minipd.workload import ArrivalProcess, LengthDist, make_workload
 
 SERVICE_S = 0.05
@@ -139,13 +139,13 @@ def test_slo_attainment_and_good_rps_count_only_requests_meeting_every_objective
         output_len=LengthDist.fixed(10),
     )
     result = Simulator(p, ClusterSpec.split(1, 1), NO_LOCAL).run(specs)
-    loose = summarize(result, SLO.parse(["ttft:1000", "tpot:1000"]))
+    loose = summarize_sim(result, SLO.parse(["ttft:1000", "tpot:1000"]))
     assert loose.attainment == 1.0 and loose.good_rps == pytest.approx(loose.throughput_rps)
     # every decode step takes 20 ms, so a 15 ms TPOT objective fails everyone, whatever the TTFT
-    tight = summarize(result, SLO.parse(["ttft:1000", "tpot:15"]))
+    tight = summarize_sim(result, SLO.parse(["ttft:1000", "tpot:15"]))
     assert tight.attainment == 0.0 and tight.good_rps == 0.0
     # most gaps are one 20 ms step; the first can be longer (the KV lands mid-step and joins
     # at the next one), which lifts the mean a little
     assert loose.itl_s.p50 == pytest.approx(0.02, rel=0.01)
     assert 0.02 <= loose.tpot_s.p50 <= 0.02 * 1.1
-    assert summarize(result, SLO.parse(["ttft:9"])).attainment == 0.0  # every TTFT is at least one 10 ms step
+    assert summarize_sim(result, SLO.parse(["ttft:9"])).attainment == 0.0  # every TTFT is at least one 10 ms step

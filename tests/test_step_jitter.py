@@ -12,9 +12,9 @@ from planner_helpers import profile
 
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds
 from minipd.planner.simulator import Simulator
 from minipd.planner.step_jitter import SpeedProcess, SpeedTrace, StepJitter, TracedSpeed
+from minipd.policy.local_prefill import LocalPrefillThresholds
 from minipd.workload import ArrivalProcess, LengthDist, make_workload
 
 NO_LOCAL = dict(link=KVLink(), local_prefill=LocalPrefillThresholds(max_local_tokens=0))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from typing import Callable, NamedTuple
 
-from .goodput import ATTAINMENT_TARGET, bisect_goodput, goodput_from_sweep
+from minipd.slo.goodput import ATTAINMENT_TARGET, bisect_goodput, goodput_from_sweep
+
 from .measure import Measured
 from .slo import SLO
 

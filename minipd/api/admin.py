@@ -33,7 +33,7 @@ from minipd.api.errors import NOT_FOUND, SERVER_ERROR, ApiError, from_decode_err
 from minipd.api.json_only import require_json
 from minipd.control.messages import DRAIN_TIMEOUT
 from minipd.engine.sampling_params import InvalidRequestError
-from minipd.planner.local_prefill_policy import Placement
+from minipd.policy.local_prefill import Placement
 from minipd.router.role_switch import DEFAULT_DRAIN_TIMEOUT_S, SwitchConflict, SwitchFailed, UnknownInstance
 from minipd.router.router import Router
 

@@ -17,7 +17,10 @@ import logging
 import sys
 
 from minipd.entrypoints import openmp_env
-from minipd.planner.__main__ import COMMANDS as PLANNER_COMMANDS  # imports no torch
+
+# minipd.planner.__main__.COMMANDS (tests/test_router_imports.py checks they agree), named
+# here so that a serving process never imports the planner
+PLANNER_COMMANDS = ("plan", "day", "calibrate-distserve")
 
 NO_CPU_PLACEMENT = "--no-cpu-placement"
 

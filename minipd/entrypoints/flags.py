@@ -38,10 +38,10 @@ from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
 from minipd.engine.sampling_params import SamplingParams
 from minipd.models.config import PRESETS
 from minipd.models.packaged_models import PACKAGED_MODELS
-from minipd.planner.ratio_controller import ControllerConfig
-from minipd.planner.slo import SLO
+from minipd.policy.ratio_controller import ControllerConfig
 from minipd.router.live_controller import LiveControllerOptions
 from minipd.router.router import KV_LOAD_FAILURE_POLICIES, RouterConfig
+from minipd.slo.targets import SLO
 from minipd.transports.registry import BACKENDS
 
 DEFAULT_ROUTER_PORT = 8100

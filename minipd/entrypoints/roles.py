@@ -43,11 +43,11 @@ from minipd.entrypoints.credentials import (
 )
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.signals import wait_for_stop_signal
-from minipd.planner.ratio_controller import ControllerConfig
-from minipd.planner.slo import SLO
+from minipd.policy.ratio_controller import ControllerConfig
 from minipd.router.control_port import RouterControlPort
 from minipd.router.live_controller import LiveControllerOptions, LiveRatioController
 from minipd.router.router import Router, RouterConfig
+from minipd.slo.targets import SLO
 from minipd.transports.shared_secret import SharedSecret
 
 CONNECT_TIMEOUT_S = 60.0

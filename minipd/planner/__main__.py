@@ -6,9 +6,12 @@ import argparse
 import sys
 
 COMMANDS = {
-    "plan": ("minipd.planner.plan_command", "the best P:D split for a workload under SLOs"),
-    "day": ("minipd.planner.day_command", "a shifting day-long workload: fixed ratio vs the ratio controller"),
-    "calibrate-distserve": ("minipd.planner.calibrate_command", "re-derive the distserve-13b-a100 profile"),
+    "plan": ("minipd.planner.experiments.plan_command", "the best P:D split for a workload under SLOs"),
+    "day": (
+        "minipd.planner.experiments.day_command",
+        "a shifting day-long workload: fixed ratio vs the ratio controller",
+    ),
+    "calibrate-distserve": ("minipd.planner.experiments.calibrate_command", "re-derive the distserve-13b-a100 profile"),
 }
 
 

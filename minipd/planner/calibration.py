@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.goodput import find_goodput
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_model import DecodeModel, PrefillModel
 from minipd.planner.latency_profile import LatencyProfile
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds
-from minipd.planner.metrics import summarize
+from minipd.planner.sim_summary import summarize_sim
 from minipd.planner.simulator import Simulator
-from minipd.planner.slo import SLO
 from minipd.planner.workload_spec import WorkloadSpec
+from minipd.policy.local_prefill import LocalPrefillThresholds
+from minipd.slo.goodput import find_goodput
+from minipd.slo.targets import SLO
 
 FREE_PREFILL = PrefillModel(0.0, 0.0, 0.0)
 FREE_DECODE = DecodeModel(0.0, 0.0, 0.0)
@@ -57,7 +57,7 @@ def pool_goodput(
         return [s._replace(output_len=1) for s in made] if role == "prefill" else made
 
     return find_goodput(
-        lambda rate: summarize(sim.run(specs(rate)), lone_slo).attainment, start, target, rel_tol
+        lambda rate: summarize_sim(sim.run(specs(rate)), lone_slo).attainment, start, target, rel_tol
     ).rate_rps
 
 

@@ -7,8 +7,8 @@ import math
 import msgspec
 
 from minipd.planner.kv_link import KVLink
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds
 from minipd.planner.step_jitter import SpeedTrace, StepJitter
+from minipd.policy.local_prefill import LocalPrefillThresholds
 
 
 class ClusterSpec(msgspec.Struct, frozen=True):

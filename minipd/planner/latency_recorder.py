@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from minipd.planner.log_histogram import LogHistogram
 from minipd.planner.sim_request import SimRequest
 from minipd.planner.sim_result import SimResult
+from minipd.slo.histogram import LogHistogram
 
 REQUEST_ITL_PERCENTILE = 90  # a request's `itl` is this percentile of its own gaps
 

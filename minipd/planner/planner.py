@@ -18,14 +18,14 @@ from typing import NamedTuple
 import msgspec
 
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.goodput import find_goodput
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_profile import LatencyProfile
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds
-from minipd.planner.metrics import RunSummary, summarize
+from minipd.planner.sim_summary import SimSummary, summarize_sim
 from minipd.planner.simulator import Simulator
-from minipd.planner.slo import SLO
 from minipd.planner.workload_spec import WorkloadSpec
+from minipd.policy.local_prefill import LocalPrefillThresholds
+from minipd.slo.goodput import find_goodput
+from minipd.slo.targets import SLO
 
 # Evaluate every split just below the winner's goodput, where the winner meets its SLOs with
 # a little room; at exactly its goodput it would sit on the 90% line by construction.
@@ -76,7 +76,7 @@ class SplitResult(msgspec.Struct, frozen=True):
     goodput_rps: float
     goodput_per_instance: float
     eval_rate_rps: float
-    eval: RunSummary  # at eval_rate_rps
+    eval: SimSummary  # at eval_rate_rps
     meets_slo: bool  # eval.attainment >= target
 
 
@@ -122,9 +122,9 @@ def _threshold_label(t: LocalPrefillThresholds) -> str:
     return label
 
 
-def run_at(config: PlanConfig, cluster: ClusterSpec, options: SimOptions, rate_rps: float) -> RunSummary:
+def run_at(config: PlanConfig, cluster: ClusterSpec, options: SimOptions, rate_rps: float) -> SimSummary:
     specs = requests_for(config, cluster).make(rate_rps)
-    return summarize(Simulator(config.profile, cluster, options).run(specs), config.slo)
+    return summarize_sim(Simulator(config.profile, cluster, options).run(specs), config.slo)
 
 
 class RequestCosts(NamedTuple):

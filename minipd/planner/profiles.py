@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minipd.planner import distserve_example
 from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.roofline import Accelerator, ModelShape, roofline_profile
 
@@ -96,13 +95,19 @@ OPT_13B = ModelShape(
 )
 
 
+def _distserve_profile() -> LatencyProfile:
+    from minipd.planner.experiments import distserve_example  # the calibration experiment defines it
+
+    return distserve_example.profile()
+
+
 BUILTIN: dict[str, Callable[[], LatencyProfile]] = {
     "llama3-8b-h100": lambda: roofline_profile("llama3-8b-h100", LLAMA3_8B, H100),
     "llama3-8b-h200": lambda: roofline_profile("llama3-8b-h200", LLAMA3_8B, H200),
     "llama3-70b-h100-tp4": lambda: roofline_profile("llama3-70b-h100-tp4", LLAMA3_70B, H100, tensor_parallel=4),
     "llama3-70b-h200-tp4": lambda: roofline_profile("llama3-70b-h200-tp4", LLAMA3_70B, H200, tensor_parallel=4),
     "llama3-70b-h200-tp2": lambda: roofline_profile("llama3-70b-h200-tp2", LLAMA3_70B, H200, tensor_parallel=2),
-    "distserve-13b-a100": lambda: distserve_example.profile(),
+    "distserve-13b-a100": _distserve_profile,
 }
 
 

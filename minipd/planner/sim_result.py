@@ -6,7 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from minipd.planner.log_histogram import LogHistogram
+from minipd.slo.histogram import LogHistogram
 
 
 class RoleChange(NamedTuple):

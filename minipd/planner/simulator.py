@@ -30,12 +30,12 @@ from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.latency_recorder import LatencyRecorder
-from minipd.planner.local_prefill_policy import PlacementInput, place_prefill
 from minipd.planner.mixed_worker import COLOCATED, DECODE, MixedWorker
 from minipd.planner.prefill_worker import PREFILL, PrefillWorker
 from minipd.planner.sim_request import Mode, SimRequest
 from minipd.planner.sim_result import RoleChange, SimResult
 from minipd.planner.step_jitter import SpeedProcess, TracedSpeed
+from minipd.policy.local_prefill import PlacementInput, place_prefill
 from minipd.workload import RequestSpec
 
 STEP_END, TRANSFER_DONE, ROLE_READY, CONTROL, TTFT_DEADLINE, DECODE_JOIN = range(6)

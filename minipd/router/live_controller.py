@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Callable
 import msgspec
 
 from minipd.control.role import Role
-from minipd.planner.ratio_controller import ControllerConfig, Decision, Move, RatioController
+from minipd.policy.ratio_controller import ControllerConfig, Decision, Move, RatioController
 from minipd.router.registry import InstanceHandle
 from minipd.router.role_switch import SwitchConflict, SwitchFailed, UnknownInstance
 

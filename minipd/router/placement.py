@@ -1,6 +1,6 @@
 """Conditional disaggregation in the live router: the planner's policy fed with the router's view.
 
-`minipd.planner.local_prefill_policy.place_prefill` decides (the same pure function the
+`minipd.policy.local_prefill.place_prefill` decides (the same pure function the
 simulator runs); this module builds its input from what the router knows at pick time,
 without asking any instance:
 - the prompt's uncached part on the decode instance, from the prefixes the router sent it;
@@ -16,7 +16,7 @@ Thresholds come from `RouterConfig` (flags `--local-prefill-max-tokens`,
 
 from __future__ import annotations
 
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds, Placement, PlacementInput, place_prefill
+from minipd.policy.local_prefill import LocalPrefillThresholds, Placement, PlacementInput, place_prefill
 from minipd.router.registry import InstanceHandle
 
 

@@ -55,7 +55,7 @@ from minipd.engine.prompt_encoder import PromptEncoder
 from minipd.engine.request import OVERLOADED, RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds, Placement
+from minipd.policy.local_prefill import LocalPrefillThresholds, Placement
 from minipd.router.attempt import AttemptFailed, run_attempt
 from minipd.router.latency_observer import LatencyObserver
 from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry

@@ -6,7 +6,7 @@
 Each hour's shape is planned alone on `--plan-instances` instances first (its best split
 and goodput per instance); the hour's rate is its load times that goodput. The fixed ratio
 is the request-weighted mean of the hours' best prefill fractions (override with
-`--fixed-prefill`); the controller starts from it. See `minipd.planner.day_experiment`.
+`--fixed-prefill`); the controller starts from it. See `minipd.planner.experiments.day_experiment`.
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import sys
 
 import msgspec
 
-from minipd.planner.day_experiment import DayResult, run_day
+from minipd.planner.experiments.day_experiment import DayResult, run_day
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.profiles import BUILTIN, builtin_profile
-from minipd.planner.ratio_controller import ControllerConfig
-from minipd.planner.slo import SLO
+from minipd.policy.ratio_controller import ControllerConfig
+from minipd.slo.targets import SLO
 
 DEFAULT_BUILTIN = "llama3-70b-h100-tp4"
 DEFAULT_SLO = ("ttft:1500", "itl:40")
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             f.write(msgspec.json.format(msgspec.json.encode(result), indent=2))
         print(f"wrote {args.json}")
     if args.plot:
-        from minipd.planner.plots import day
+        from minipd.planner.experiments.plots import day
 
         day(result, args.plot)
         print(f"wrote {args.plot}")

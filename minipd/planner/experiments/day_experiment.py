@@ -15,14 +15,15 @@ import msgspec
 import numpy as np
 
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.day_workload import HOURS, Hour, Shape, day_hours, make_day, shape_workload
+from minipd.planner.experiments.day_workload import HOURS, Hour, Shape, day_hours, make_day, shape_workload
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.planner import PlanConfig, plan
-from minipd.planner.ratio_controller import ControllerConfig, RatioController
 from minipd.planner.sim_result import SimResult
+from minipd.planner.sim_summary import good_requests
 from minipd.planner.simulator import Simulator
-from minipd.planner.slo import SLO
+from minipd.policy.ratio_controller import ControllerConfig, RatioController
+from minipd.slo.targets import SLO
 
 PLAN_REQUESTS_PER_INSTANCE = 150
 
@@ -87,7 +88,7 @@ def plan_shapes(
 
 
 def _attainment(result: SimResult, slo: SLO, mask: np.ndarray) -> float:
-    return float(slo.good(result)[mask].mean()) if mask.any() else float("nan")
+    return float(good_requests(result, slo)[mask].mean()) if mask.any() else float("nan")
 
 
 def _windows(result: SimResult, slo: SLO, window_s: float, end_s: float) -> list[WindowStats]:
@@ -165,8 +166,8 @@ def run_day(
         shapes=plans,
         fixed_prefill=fixed_prefill,
         num_requests=len(specs),
-        fixed_attainment=float(slo.good(fixed).mean()),
-        controller_attainment=float(slo.good(controlled).mean()),
+        fixed_attainment=float(good_requests(fixed, slo).mean()),
+        controller_attainment=float(good_requests(controlled, slo).mean()),
         hours=hour_stats,
         window_s=window,
         fixed_windows=_windows(fixed, slo, window, end_s),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from minipd.planner.experiments.size_sweep import SizeSweep, link_label
 from minipd.planner.planner import Plan
-from minipd.planner.size_sweep import SizeSweep, link_label
 
 GREEN, RED, GREY = "#2e9e4f", "#d2453a", "#888888"
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 from minipd.planner.calibration import calibrate_phase, scale_phases
 from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.roofline import roofline_profile
-from minipd.planner.slo import SLO
 from minipd.planner.workload_spec import WorkloadSpec
+from minipd.slo.targets import SLO
 
 PREFILL_RPS = 5.6  # the paper's prefill-only instance
 DECODE_RPS = 10.0  # the paper's decode-only instance
@@ -62,7 +62,7 @@ def profile() -> LatencyProfile:
         source="calibrated",
         notes=f"OPT-13B roofline on A100 with prefill x{PREFILL_FACTOR} and decode x{DECODE_FACTOR}, calibrated "
         f"to DistServe Figure 1 ({PREFILL_RPS} rps prefill-only, {DECODE_RPS} rps decode-only); "
-        "see minipd.planner.distserve_example",
+        "see minipd.planner.experiments.distserve_example",
     )
 
 

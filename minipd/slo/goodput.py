@@ -1,19 +1,83 @@
-"""Goodput in DistServe's sense: the highest request rate at which SLO attainment is at least
-the target (90%).
+"""Goodput in DistServe's sense: the highest request rate at which SLO attainment stays at or
+above the target (90%).
 
-Two ways to find it: from a rate sweep (`goodput_from_sweep`: the first place, going up in
-rate, where attainment falls below the target, interpolated linearly between the two rates
-around it), or by bisection on a measurement function (`bisect_goodput`). Measured curves
-are noisy and need not be monotone; both take the first crossing from below, so a lucky
-point beyond a failing one never raises the goodput.
+Three ways to find it:
+- `find_goodput`, for a simulator: bracket by doubling or halving from a start rate, then
+  bisect geometrically to within `rel_tol`. A finite simulated run is noisy near the edge,
+  so it returns the highest rate it *saw* meeting the target; every evaluation at rate r
+  uses the same seed, so runs at different rates share their random draws (common random
+  numbers) and attainment is close to monotone in r;
+- `goodput_from_sweep`, for measured rate sweeps: the first place, going up in rate, where
+  attainment falls below the target, interpolated linearly between the two rates around it;
+- `bisect_goodput`, for measurements: halve a [passing, failing] bracket a number of times.
+Measured curves are noisy and need not be monotone; the last two take the first crossing
+from below, so a lucky point beyond a failing one never raises the goodput.
+`bandwidth_threshold` applies the sweep's rule to link bandwidth (transfer time 1/bandwidth).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import msgspec
 
 ATTAINMENT_TARGET = 0.9
+MAX_BRACKET_STEPS = 40  # doublings or halvings: a factor of 2^40 either way
+
+
+class GoodputResult(msgspec.Struct, frozen=True):
+    rate_rps: float  # 0 when even the lowest rate tried misses the target
+    attainment: float  # at rate_rps
+    evaluations: list[tuple[float, float]]  # (rate, attainment) in the order tried
+
+
+def find_goodput(
+    attainment_at: Callable[[float], float],
+    start_rps: float,
+    target: float = ATTAINMENT_TARGET,
+    rel_tol: float = 0.02,
+    min_rps: float = 1e-6,
+) -> GoodputResult:
+    if not (start_rps > 0 and math.isfinite(start_rps)):
+        raise ValueError(f"goodput: start rate must be positive, got {start_rps}")
+    if not rel_tol > 0:
+        raise ValueError(f"goodput: rel_tol must be positive, got {rel_tol}")
+    seen: list[tuple[float, float]] = []
+
+    def meets(rate: float) -> bool:
+        attainment = attainment_at(rate)
+        seen.append((rate, attainment))
+        return attainment >= target
+
+    lo = hi = None
+    rate = start_rps
+    for _ in range(MAX_BRACKET_STEPS):
+        if meets(rate):
+            lo = rate
+            if hi is not None:
+                break
+            rate *= 2
+        else:
+            hi = rate
+            if lo is not None:
+                break
+            rate /= 2
+            if rate < min_rps:
+                break
+    if lo is None:
+        return GoodputResult(0.0, 0.0, seen)
+    if hi is None:
+        raise ValueError(f"goodput: attainment still meets the target at {lo:g} rps; the load never saturates")
+    while hi / lo > 1 + rel_tol:
+        mid = math.sqrt(lo * hi)
+        if meets(mid):
+            lo = mid
+        else:
+            hi = mid
+    best = max(r for r, a in seen if a >= target)
+    return GoodputResult(best, next(a for r, a in seen if r == best), seen)
 
 
 class Goodput(NamedTuple):

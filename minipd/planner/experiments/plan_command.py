@@ -18,14 +18,14 @@ import sys
 import msgspec
 
 from minipd.planner.cluster_spec import COLOCATED_SCHEDULING
+from minipd.planner.experiments.size_sweep import SizeSweep, link_label, sweep_sizes
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_profile import LatencyProfile
-from minipd.planner.local_prefill_policy import LocalPrefillThresholds
 from minipd.planner.planner import EVAL_FRACTION, Plan, PlanConfig, plan
 from minipd.planner.profiles import BUILTIN, builtin_profile
-from minipd.planner.size_sweep import SizeSweep, link_label, sweep_sizes
-from minipd.planner.slo import SLO
 from minipd.planner.workload_spec import WorkloadSpec
+from minipd.policy.local_prefill import LocalPrefillThresholds
+from minipd.slo.targets import SLO
 from minipd.workload import WORKLOADS
 
 DEFAULT_BUILTIN = "llama3-8b-h100"
@@ -210,12 +210,12 @@ def run(args: argparse.Namespace) -> int:
             f.write(msgspec.json.format(msgspec.json.encode({"plan": result, "size_sweep": sweep}), indent=2))
         print(f"wrote {args.json}")
     if args.plot:
-        from minipd.planner.plots import green_zone
+        from minipd.planner.experiments.plots import green_zone
 
         green_zone(result, config.slo.ttft_s, config.slo.decode_bound, args.plot)
         print(f"wrote {args.plot}")
     if args.sweep_plot and sweep is not None:
-        from minipd.planner.plots import size_sweep
+        from minipd.planner.experiments.plots import size_sweep
 
         size_sweep(sweep, args.sweep_plot)
         print(f"wrote {args.sweep_plot}")

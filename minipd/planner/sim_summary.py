@@ -9,27 +9,12 @@ import numpy as np
 
 from minipd.planner.sim_request import Mode
 from minipd.planner.sim_result import SimResult
-from minipd.planner.slo import SLO
-
-PERCENTILES = (50, 90, 99)
-
-
-class LatencyStats(msgspec.Struct, frozen=True):
-    mean: float
-    p50: float
-    p90: float
-    p99: float
-
-    @classmethod
-    def of(cls, values: np.ndarray) -> LatencyStats:
-        values = values[~np.isnan(values)]
-        if not len(values):
-            return cls(math.nan, math.nan, math.nan, math.nan)
-        p50, p90, p99 = np.percentile(values, PERCENTILES)
-        return cls(float(values.mean()), float(p50), float(p90), float(p99))
+from minipd.slo.attainment import meets
+from minipd.slo.latency import LatencyStats
+from minipd.slo.targets import SLO
 
 
-class RunSummary(msgspec.Struct, frozen=True):
+class SimSummary(msgspec.Struct, frozen=True):
     num_requests: int
     offered_rps: float  # arrivals per second over the arrival span
     duration_s: float  # first arrival to last token
@@ -45,18 +30,21 @@ class RunSummary(msgspec.Struct, frozen=True):
     local_prefill_fraction: float  # disaggregated runs: prompts prefilled on their decode instance
 
 
-def summarize(result: SimResult, slo: SLO) -> RunSummary:
+def good_requests(result: SimResult, slo: SLO) -> np.ndarray:
+    """Per simulated request: does it meet every objective of `slo`?"""
+    return meets(slo, ttft_s=result.ttft_s, tpot_s=result.tpot_s, itl_s=result.itl_p90_s, e2e_s=result.e2e_s)
+
+
+def summarize_sim(result: SimResult, slo: SLO) -> SimSummary:
     n = result.num_requests
     if n == 0:
         raise ValueError("summarize: the run has no requests")
     span = float(result.arrival_s[-1] - result.arrival_s[0])
     duration = result.duration_s
-    good = slo.good(result)
-    gaps = result.itl_gaps
-    itl = LatencyStats(math.nan, *(gaps.percentile(p) for p in PERCENTILES))
+    good = good_requests(result, slo)
     disaggregated = result.mode != Mode.COLOCATED
     local = float(np.mean(result.mode[disaggregated] == Mode.LOCAL)) if disaggregated.any() else 0.0
-    return RunSummary(
+    return SimSummary(
         num_requests=n,
         offered_rps=(n - 1) / span if span > 0 else math.inf,
         duration_s=duration,
@@ -64,7 +52,7 @@ def summarize(result: SimResult, slo: SLO) -> RunSummary:
         output_tokens_per_s=float(result.output_len.sum()) / duration if duration > 0 else math.inf,
         ttft_s=LatencyStats.of(result.ttft_s),
         tpot_s=LatencyStats.of(result.tpot_s),
-        itl_s=itl,
+        itl_s=LatencyStats.of_histogram(result.itl_gaps),
         request_itl_s=LatencyStats.of(result.itl_p90_s),
         e2e_s=LatencyStats.of(result.e2e_s),
         attainment=float(good.mean()),

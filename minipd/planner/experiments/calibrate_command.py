@@ -1,14 +1,14 @@
 """Re-derive the calibration factors of the `distserve-13b-a100` profile (a few minutes).
 
 Prints the factors that make a lone prefill instance sustain DistServe's 5.6 rps and a lone
-decode instance its 10 rps; `minipd.planner.distserve_example` stores them.
+decode instance its 10 rps; `minipd.planner.experiments.distserve_example` stores them.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from minipd.planner import distserve_example
+from minipd.planner.experiments import distserve_example
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

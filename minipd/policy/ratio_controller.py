@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from minipd.planner.slo import SLO
+from minipd.slo.targets import SLO
 
 
 class Move(enum.Enum):
