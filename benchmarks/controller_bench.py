@@ -40,7 +40,8 @@ from benchmarks.loadgen.deployments import Deployment, start_disaggregated
 from benchmarks.loadgen.measure import MS_PER_S, Measured, measure
 from benchmarks.loadgen.plotting import save, slo_line, subplots
 from benchmarks.loadgen.processes import Processes
-from benchmarks.loadgen.slo import SLO, attainment
+from benchmarks.loadgen.records import attainment
+from minipd.slo.targets import SLO
 from minipd.workload import ArrivalProcess, LengthDist, RequestSpec, make_workload
 
 DEFAULTS = {
@@ -229,7 +230,7 @@ def run(args: argparse.Namespace) -> dict:
         "link_gbps": args.link_gbps,
         "num_blocks": server.num_blocks,
         "torch_threads": args.torch_threads,
-        "slo": msgspec.to_builtins(slo),
+        "slo": slo.as_ms(),
         "controller": {"slo": args.controller_slo, **{f: getattr(args, f) for f in CONTROLLER_FLAGS}},
     }
     with Processes() as processes:

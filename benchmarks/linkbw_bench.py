@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-import msgspec
-
 from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import start_disaggregated
 from benchmarks.loadgen.measure import Measured, measure
@@ -166,7 +164,7 @@ def run(args: argparse.Namespace) -> dict:
         "workload": args.dataset or args.workload,
         "request_rate": args.request_rate,
         "num_prompts": num,
-        "slo": msgspec.to_builtins(slo),
+        "slo": slo.as_ms(),
         "torch_threads": args.torch_threads,
         "methods": {},
         "skipped": {},

@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> dict:
             "arrivals": msgspec.to_builtins(process),
             "seed": args.seed,
         },
-        "slo": msgspec.to_builtins(slo),
+        "slo": slo.as_ms(),
         "special_tokens": measured.result.special_tokens,
         "prompt_len_mismatches": measured.result.num_prompt_len_mismatches,
         "summary": msgspec.to_builtins(measured.summary),

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 
-import msgspec
-
 from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import Deployment, ServerOptions, start_colocated, start_disaggregated
 from benchmarks.loadgen.measure import Measured, measure
@@ -113,7 +111,7 @@ def run(args: argparse.Namespace) -> dict:
         "model": args.model,
         "workload": args.dataset or args.workload,
         "torch_threads": args.torch_threads,
-        "slo": {name: msgspec.to_builtins(slo) for name, slo in slos.items()},
+        "slo": {name: slo.as_ms() for name, slo in slos.items()},
         "modes": {},
         "max_model_len": server.max_model_len,
         "duration_s": args.duration_s,

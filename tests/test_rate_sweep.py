@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.loadgen.rate_sweep import sweep_rates
-from benchmarks.loadgen.slo import SLO
+from minipd.slo.targets import SLO
 
 TIGHT, LOOSE = SLO.parse(["tpot:10"]), SLO.parse(["ttft:10"])
 

@@ -6,14 +6,15 @@ import asyncio
 import sys
 from typing import NamedTuple, Sequence
 
+from minipd.slo.latency import percentile
+from minipd.slo.targets import SLO
 from minipd.workload import RequestSpec
 
 from .host_load import QuietGuard
 from .prompts import PromptBuilder
-from .records import RequestRecord
+from .records import RequestRecord, attainment, num_good
 from .runner import RunnerConfig, RunResult, run_workload
-from .slo import SLO, attainment, num_good
-from .stats import RunSummary, percentile, summarize
+from .stats import RunSummary, summarize
 
 MS_PER_S = 1e3
 

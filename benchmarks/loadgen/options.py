@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 
+from minipd.slo.targets import SLO
 from minipd.workload import WORKLOADS, ArrivalProcess, LengthDist, RequestSpec, load_sharegpt, make_workload
 
 from .deployments import ServerOptions
 from .prompts import PromptBuilder
 from .runner import DEFAULT_REQUEST_TIMEOUT_S, RunnerConfig
-from .slo import SLO
 from .tokenizer_source import prompt_tokens
 
 BLOCK_ALIGN = 16  # max_model_len is rounded up to whole KV blocks
@@ -94,7 +94,7 @@ def add_slo_arguments(
         nargs="+",
         default=default,
         metavar="KEY:MS",
-        help=help_text or "SLO of a good request, as vllm bench serve takes it: ttft:MS tpot:MS e2el:MS",
+        help=help_text or "SLO of a good request, as vllm bench serve takes it: ttft:MS tpot:MS itl:MS e2el:MS",
     )
 
 

@@ -13,9 +13,9 @@ import math
 from typing import Callable, NamedTuple
 
 from minipd.slo.goodput import ATTAINMENT_TARGET, bisect_goodput, goodput_from_sweep
+from minipd.slo.targets import SLO
 
 from .measure import Measured
-from .slo import SLO
 
 DEFAULT_STOP_BELOW = 0.3
 

@@ -6,11 +6,21 @@ Times are seconds on the client's monotonic clock (`time.perf_counter`):
 - E2EL: from sending the request to its last such event;
 - TPOT: (E2EL - TTFT) / (output tokens - 1), output tokens as the server's `usage` reports
   them; 0 for a request of one output token (vLLM counts it so for goodput).
+Whether requests met an SLO is `minipd.slo.attainment`'s rule, plus vLLM's: a failed request
+is never good.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import msgspec
+import numpy as np
+
+from minipd.slo.attainment import meets
+from minipd.slo.latency import percentile
+from minipd.slo.targets import SLO
 
 
 class RequestRecord(msgspec.Struct, kw_only=True):
@@ -39,3 +49,30 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     def finished_s(self) -> float:
         """When its last event arrived, from the start of the run."""
         return self.sent_s + self.e2el_s
+
+    @property
+    def gap_p90_s(self) -> float:
+        """Its own 90th-percentile inter-token gap, what the `itl` objective bounds; NaN without gaps."""
+        return percentile(self.itl_s, 90)
+
+
+def good_requests(records: Sequence[RequestRecord], slo: SLO) -> np.ndarray:
+    """Per request: did it succeed and meet every objective of `slo`?"""
+    success = np.array([r.success for r in records], dtype=bool)
+    measured = meets(
+        slo,
+        ttft_s=[r.ttft_s for r in records],
+        tpot_s=[r.tpot_s for r in records],
+        itl_s=[r.gap_p90_s for r in records],
+        e2e_s=[r.e2el_s for r in records],
+    )
+    return success & measured
+
+
+def num_good(records: Sequence[RequestRecord], slo: SLO) -> int:
+    return int(good_requests(records, slo).sum())
+
+
+def attainment(records: Sequence[RequestRecord], slo: SLO) -> float:
+    """The share of all requests (failed ones included) that met `slo`; NaN for no requests."""
+    return num_good(records, slo) / len(records) if records else math.nan

@@ -1,63 +1,24 @@
-"""A run's summary, with the names and definitions `vllm bench serve` prints.
+"""A measured run's summary, with the names and definitions `vllm bench serve` prints, and its
+table (in milliseconds, as vLLM prints it; the summary itself holds seconds).
 
-Latency statistics are over successful requests only (TTFT, TPOT of requests with more than
-one output token, every ITL gap, E2EL), as vLLM computes them; failures are counted and
-lower the SLO attainment and the goodput instead. Percentiles interpolate linearly between
-the closest ranks (numpy's default), so P50 is the median.
+Latency statistics (`minipd.slo.latency`) are over successful requests only (TTFT, TPOT of
+requests with more than one output token, every ITL gap, E2EL), as vLLM computes them;
+failures are counted and lower the SLO attainment and the goodput instead.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Sequence
 
 import msgspec
 
-from .records import RequestRecord
-from .slo import SLO, attainment, num_good
+from minipd.slo.latency import PERCENTILES, LatencyStats
+from minipd.slo.targets import SLO
 
-PERCENTILES = (50, 90, 99)
-MS_PER_S = 1e3
+from .records import RequestRecord, attainment, num_good
 
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """The p-th percentile (0 <= p <= 100) by linear interpolation; NaN for no values."""
-    if not 0 <= p <= 100:
-        raise ValueError(f"percentile: p must be in [0, 100], got {p}")
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * p / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-class LatencyStats(msgspec.Struct, kw_only=True):
-    """Milliseconds; NaN where there were no values."""
-
-    mean_ms: float
-    median_ms: float
-    std_ms: float
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    count: int
-
-    @classmethod
-    def of(cls, seconds: Sequence[float]) -> "LatencyStats":
-        ms = [s * MS_PER_S for s in seconds]
-        nan = math.nan
-        return cls(
-            mean_ms=statistics.fmean(ms) if ms else nan,
-            median_ms=percentile(ms, 50),
-            std_ms=statistics.pstdev(ms) if ms else nan,
-            p50_ms=percentile(ms, 50),
-            p90_ms=percentile(ms, 90),
-            p99_ms=percentile(ms, 99),
-            count=len(ms),
-        )
+MS_PER_S = 1e3  # tables print milliseconds, as vLLM's do
 
 
 class RunSummary(msgspec.Struct, kw_only=True):
@@ -128,7 +89,7 @@ def format_summary(summary: RunSummary, title: str = "Serving Benchmark Result")
         _line("Total generated tokens:", str(summary.total_output_tokens)),
         _line("Request throughput (req/s):", f"{summary.request_throughput:.2f}"),
     ]
-    if not summary.slo.is_empty():
+    if not summary.slo.is_empty:
         lines += [
             _line("Request goodput (req/s):", f"{summary.request_goodput:.2f}"),
             _line(f"SLO attainment ({summary.slo}):", f"{summary.attainment:.1%}"),
@@ -146,10 +107,10 @@ def format_summary(summary: RunSummary, title: str = "Serving Benchmark Result")
     for field, short, heading in sections:
         stats: LatencyStats = getattr(summary, field)
         lines.append(f"{heading:-^50}")
-        lines.append(_line(f"Mean {short} (ms):", f"{stats.mean_ms:.2f}"))
-        lines.append(_line(f"Median {short} (ms):", f"{stats.median_ms:.2f}"))
+        lines.append(_line(f"Mean {short} (ms):", f"{stats.mean * MS_PER_S:.2f}"))
+        lines.append(_line(f"Median {short} (ms):", f"{stats.median * MS_PER_S:.2f}"))
         for p in PERCENTILES[1:]:
-            lines.append(_line(f"P{p} {short} (ms):", f"{getattr(stats, f'p{p}_ms'):.2f}"))
+            lines.append(_line(f"P{p} {short} (ms):", f"{getattr(stats, f'p{p}') * MS_PER_S:.2f}"))
     lines.append("=" * 50)
     lines += [f"error: {message}" for message in summary.errors]
     return "\n".join(lines)
