@@ -1,0 +1,68 @@
+"""A serving router loads no planner: the policies it runs live in minipd.policy and its SLO
+in minipd.slo, below the planner, and `minipd --role router` imports neither the simulator nor
+the planner's command line.
+
+The check is the real process: `python -X importtime` reports every module a process imports
+on stderr, so the router is started with it, with its HTTP API and the live ratio controller
+(the parts that use the policies), killed once it says READY, and its imports are read.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from minipd.entrypoints.cli import PLANNER_COMMANDS
+from minipd.planner.__main__ import COMMANDS
+
+STOP_TIMEOUT_S = 30.0
+ROUTER_ARGV = [
+    "--role",
+    "router",
+    "--host",
+    "127.0.0.1",
+    "--port",
+    "0",
+    "--http-port",
+    "0",
+    "--ratio-controller",
+    "--controller-slo",
+    "ttft:2000",
+    "tpot:50",
+]
+
+
+def _imported(importtime_log: str) -> set[str]:
+    """Module names from `-X importtime` lines: `import time: self | cumulative | name`."""
+    return {line.rsplit("|", 1)[1].strip() for line in importtime_log.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.timeout(120)
+def test_a_running_router_has_imported_no_planner_module(tmp_path):
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("w") as stderr:
+        router = subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "minipd", *ROUTER_ARGV],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        try:
+            # the first READY line, or None when stdout closes: the router exited without starting
+            ready = next((line for line in router.stdout if line.startswith("READY router")), None)
+        finally:
+            # -X importtime writes each import as it happens, so how the router stops does not matter
+            router.kill()
+            router.wait(STOP_TIMEOUT_S)
+    modules = _imported(stderr_path.read_text())
+    assert ready, f"the router did not start: {stderr_path.read_text()[-2000:]}"
+    # the check sees the router's own imports, policies included ...
+    assert {"minipd.router.router", "minipd.router.live_controller", "minipd.policy.ratio_controller"} <= modules
+    # ... and none of the planner's
+    assert sorted(m for m in modules if m == "minipd.planner" or m.startswith("minipd.planner.")) == []
+
+
+def test_the_command_line_knows_the_planners_commands():
+    assert tuple(COMMANDS) == PLANNER_COMMANDS
