@@ -4,7 +4,8 @@ strict_openai   responses checked against the openai package's models
 client          one streamed completion, timed as vllm bench serve times it
 prompts, corpus, tokenizer_source   prompts of a requested token length
 runner, measure one workload against endpoints: warm-up, pacing, records, summary
-records, slo, stats, goodput        per-request metrics, SLOs, summaries, goodput
+records, stats   per-request metrics and which met an SLO; a run's summary as vLLM prints it
+                (the SLO, statistics and goodput searches are minipd.slo's, in seconds)
 rate_sweep      request-rate sweeps of several deployments, interleaved
 deployments, processes, signals     minipd started through its command line, always stopped
 netns, netns_cluster                a tc-shaped veth between network namespaces for the KV
