@@ -18,20 +18,9 @@ from minipd.entrypoints.cli import PLANNER_COMMANDS
 from minipd.planner.__main__ import COMMANDS
 
 STOP_TIMEOUT_S = 30.0
-ROUTER_ARGV = [
-    "--role",
-    "router",
-    "--host",
-    "127.0.0.1",
-    "--port",
-    "0",
-    "--http-port",
-    "0",
-    "--ratio-controller",
-    "--controller-slo",
-    "ttft:2000",
-    "tpot:50",
-]
+ROUTER_ARGV = (
+    "--role router --host 127.0.0.1 --port 0 --http-port 0 --ratio-controller --controller-slo ttft:2000 tpot:50"
+)
 
 
 def _imported(importtime_log: str) -> set[str]:
@@ -44,7 +33,7 @@ def test_a_running_router_has_imported_no_planner_module(tmp_path):
     stderr_path = tmp_path / "stderr.txt"
     with stderr_path.open("w") as stderr:
         router = subprocess.Popen(
-            [sys.executable, "-X", "importtime", "-m", "minipd", *ROUTER_ARGV],
+            [sys.executable, "-X", "importtime", "-m", "minipd", *ROUTER_ARGV.split()],
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
