@@ -21,7 +21,7 @@ ALIASES = {"e2e": "e2el"}
 MS_PER_S = 1e3
 
 
-class SLO(msgspec.Struct, frozen=True):
+class SLO(msgspec.Struct, frozen=True, omit_defaults=True):
     """Upper bounds in seconds; None leaves a metric unconstrained."""
 
     ttft_s: float | None = None
