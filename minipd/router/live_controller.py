@@ -1,8 +1,8 @@
-"""The live P:D ratio controller: the planner's `RatioController` moving real instances.
+"""The live P:D ratio controller: `minipd.policy`'s `RatioController` moving real instances.
 
 Opt-in on the router (`--ratio-controller`, with `--controller-slo` and the other
 `--controller-*` flags). The policy is the very object the simulator runs
-(minipd/planner/ratio_controller.py); this module feeds it what the router measures and
+(minipd/policy/ratio_controller.py); this module feeds it what the router measures and
 carries out its moves. Top-down:
 1. as the router relays tokens it tells this observer every first token (TTFT from the
    router's arrival, and the part spent waiting on decode: for KV room, or the whole TTFT of
