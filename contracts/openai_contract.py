@@ -1,5 +1,5 @@
 """Every generation response the HTTP tests receive is checked against the `openai` package's
-own models (`benchmarks.loadgen.strict_openai`): raw HTTP calls through `http_helpers`, and
+own models (`contracts.strict_openai`): raw HTTP calls through `http_helpers`, and
 the official client through `ValidatingTransport`, which sees the bytes before the client
 parses them (openai-python builds stream chunks without validating them).
 
@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import openai
 
-from benchmarks.loadgen.strict_openai import ResponseKind, parse_strict
+from contracts.strict_openai import ResponseKind, parse_strict
 
 try:  # the HTTP library openai-python is built on
     import httpx2 as httpx

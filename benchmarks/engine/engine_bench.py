@@ -27,8 +27,8 @@ import asyncio
 import math
 import statistics
 
-from benchmarks import engine_decode, engine_serving
-from benchmarks.baseline_plots import plot_engine as plot  # noqa: F401 (bench.py --plot)
+from benchmarks.engine import engine_decode, engine_serving
+from benchmarks.loadgen.baseline_plots import plot_engine as plot  # noqa: F401 (bench.py --plot)
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.workload.lengths import LengthDist
 

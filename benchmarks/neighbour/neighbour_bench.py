@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 
-from benchmarks.baseline_plots import plot_neighbour as plot  # noqa: F401 (bench.py --plot)
+from benchmarks.loadgen.baseline_plots import plot_neighbour as plot  # noqa: F401 (bench.py --plot)
 
 MODES = {
     "placement": [],

@@ -26,7 +26,7 @@ import time
 
 import torch
 
-from benchmarks.baseline_plots import plot_overlap as plot  # noqa: F401 (bench.py --plot)
+from benchmarks.loadgen.baseline_plots import plot_overlap as plot  # noqa: F401 (bench.py --plot)
 from minipd.engine.dtype_choice import DTYPE_CHOICES
 from minipd.engine.engine import EngineConfig
 from minipd.engine.sampling_params import SamplingParams

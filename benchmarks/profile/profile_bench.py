@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from benchmarks.baseline_plots import plot_profile as plot  # noqa: F401 (bench.py --plot)
+from benchmarks.loadgen.baseline_plots import plot_profile as plot  # noqa: F401 (bench.py --plot)
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_runner import ModelRunner
 from minipd.engine.request import Request

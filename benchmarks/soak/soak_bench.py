@@ -3,7 +3,7 @@
 Requests of the `mixed` workload (long prompts with short answers, short prompts with long
 answers) arrive by a Poisson process; every `--chaos-interval-s` one instance is killed
 (kill -9, then restarted) or frozen past the liveness bound (then resumed and registered
-again), by turns (see benchmarks/chaos.py). Every request ends one of three ways:
+again), by turns (see benchmarks/soak/chaos.py). Every request ends one of three ways:
 
 - completed: every token it asked for, no error;
 - failed: it ended early with an error saying why (e.g. the decode instance streaming it died);
@@ -26,8 +26,8 @@ import re
 import tempfile
 import time
 
-from benchmarks.baseline_plots import plot_soak as plot  # noqa: F401 (bench.py --plot)
-from benchmarks.chaos import Chaos
+from benchmarks.loadgen.baseline_plots import plot_soak as plot  # noqa: F401 (bench.py --plot)
+from benchmarks.soak.chaos import Chaos
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.router.client import ClusterClient

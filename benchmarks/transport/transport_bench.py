@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.baseline_plots import plot_transport as plot  # noqa: F401 (bench.py --plot)
+from benchmarks.loadgen.baseline_plots import plot_transport as plot  # noqa: F401 (bench.py --plot)
 from minipd.engine.kv_pool import allocate_host_tensor
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.loopback_hub import LoopbackHub

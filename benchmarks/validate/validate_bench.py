@@ -46,7 +46,6 @@ from typing import NamedTuple
 import msgspec
 import numpy as np
 
-from benchmarks import profile_bench, validate_probe
 from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import ServerOptions, start_disaggregated
 from benchmarks.loadgen.measure import MS_PER_S, measure
@@ -57,6 +56,8 @@ from benchmarks.loadgen.runner import RunResult
 from benchmarks.loadgen.slo import SLO as ClientSLO
 from benchmarks.loadgen.slo import attainment
 from benchmarks.loadgen.stats import percentile
+from benchmarks.profile import profile_bench
+from benchmarks.validate import validate_probe
 from minipd.planner import step_log_fit, step_log_speed
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink

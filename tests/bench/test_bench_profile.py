@@ -13,7 +13,7 @@ import torch
 
 from minipd.planner.latency_profile import LatencyProfile
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

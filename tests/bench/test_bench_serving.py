@@ -15,7 +15,7 @@ import pytest
 from benchmarks.loadgen.netns import unavailable_reason
 from benchmarks.loadgen.plotting import PNG_MAGIC
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 280
 
 

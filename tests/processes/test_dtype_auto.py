@@ -73,7 +73,7 @@ def test_auto_is_the_default_and_the_engine_and_fingerprint_carry_the_resolved_n
 
 
 def test_the_colocated_role_prints_its_dtype_choice_at_start_up():
-    # (prefill and decode print the same line: tests/test_cli_cluster.py)
+    # (prefill and decode print the same line: tests/processes/test_cli_cluster.py)
     proc = subprocess.run(
         [sys.executable, "-m", "minipd", "--role", "both", "--prompt", "hi", "--max-tokens", "2"],
         capture_output=True,

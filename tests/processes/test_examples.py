@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "embed_engine.py"
 CLUSTER_EXAMPLE = ROOT / "examples" / "inprocess_cluster.py"
 

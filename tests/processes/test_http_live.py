@@ -20,9 +20,9 @@ from http_helpers import (
     stop,
     wait_until_pools_full,
 )
-from openai_contract import CHECKED, strict_openai_client
 
-from benchmarks.loadgen.strict_openai import ResponseKind
+from contracts.openai_contract import CHECKED, strict_openai_client
+from contracts.strict_openai import ResponseKind
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512

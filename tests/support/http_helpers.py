@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from openai_contract import check_body, is_generation
 from prometheus_client.parser import text_string_to_metric_families
+
+from contracts.openai_contract import check_body, is_generation
 
 STARTUP_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 30.0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAX_LINES = 350  # in ruff format's layout, which spreads a long call over a line per argument
 LENGTH_REASON = "Length:"  # a module past MAX_LINES says why in its docstring, after this word
 

@@ -7,9 +7,9 @@ import json
 
 import msgspec
 import pytest
-from openai_contract import EventStreamChecker
 
-from benchmarks.loadgen.strict_openai import ResponseKind, StrictResponseError, missing_required, parse_strict
+from contracts.openai_contract import EventStreamChecker
+from contracts.strict_openai import ResponseKind, StrictResponseError, missing_required, parse_strict
 from minipd.api.protocol import make_usage
 from minipd.api.serving import ChatFormat, CompletionFormat
 
