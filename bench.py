@@ -31,30 +31,48 @@ import sys
 
 from minipd.entrypoints import openmp_env
 
-# subcommand -> (module under benchmarks/ exposing add_arguments(parser), run(args) -> dict and
+# subcommand -> (module in benchmarks/<subcommand>/ exposing add_arguments(parser), run(args) -> dict and
 # print_table(result), one-line help). Modules are imported only when chosen, so one experiment's
 # optional dependencies never stop another from running.
 EXPERIMENTS = {
-    "engine": ("benchmarks.engine_bench", "serving tok/s vs HF static batches, decode step vs its floor, bf16 vs fp32"),
-    "transport": ("benchmarks.transport_bench", "KV transfer bandwidth of every backend vs memcpy and a raw socket"),
-    "overlap": ("benchmarks.overlap_bench", "exposed KV transfer: layer-wise streaming vs send-after-prefill"),
-    "neighbour": ("benchmarks.neighbour_bench", "colocated decode ITL with a CPU-burning neighbour process"),
-    "profile": ("benchmarks.profile_bench", "prefill/decode step times fitted into a planner latency profile"),
-    "serve": ("benchmarks.serve_bench", "one workload at one rate against an OpenAI endpoint: vLLM's serving summary"),
-    "slo": ("benchmarks.slo_bench", "SLO attainment and goodput vs request rate: colocated vs disaggregated"),
-    "linkbw": ("benchmarks.linkbw_bench", "TTFT and SLO attainment vs KV link bandwidth (token bucket, shaped veth)"),
+    "engine": (
+        "benchmarks.engine.engine_bench",
+        "serving tok/s vs HF static batches, decode step vs its floor, bf16 vs fp32",
+    ),
+    "transport": (
+        "benchmarks.transport.transport_bench",
+        "KV transfer bandwidth of every backend vs memcpy and a raw socket",
+    ),
+    "overlap": ("benchmarks.overlap.overlap_bench", "exposed KV transfer: layer-wise streaming vs send-after-prefill"),
+    "neighbour": ("benchmarks.neighbour.neighbour_bench", "colocated decode ITL with a CPU-burning neighbour process"),
+    "profile": ("benchmarks.profile.profile_bench", "prefill/decode step times fitted into a planner latency profile"),
+    "serve": (
+        "benchmarks.serve.serve_bench",
+        "one workload at one rate against an OpenAI endpoint: vLLM's serving summary",
+    ),
+    "slo": ("benchmarks.slo.slo_bench", "SLO attainment and goodput vs request rate: colocated vs disaggregated"),
+    "linkbw": (
+        "benchmarks.linkbw.linkbw_bench",
+        "TTFT and SLO attainment vs KV link bandwidth (token bucket, shaped veth)",
+    ),
     "crossover": (
-        "benchmarks.crossover_bench",
+        "benchmarks.crossover.crossover_bench",
         "per prompt length, the link bandwidth where KV transfer cost equals prefill interference",
     ),
-    "switch": ("benchmarks.switch_bench", "an in-place role switch: decision to serving, drain excluded and included"),
+    "switch": (
+        "benchmarks.switch.switch_bench",
+        "an in-place role switch: decision to serving, drain excluded and included",
+    ),
     "controller": (
-        "benchmarks.controller_bench",
+        "benchmarks.controller.controller_bench",
         "the live P:D ratio controller against a fixed ratio, shift workload",
     ),
-    "validate": ("benchmarks.validate_bench", "the planner's simulator against a real 1P:1D cluster, same workloads"),
+    "validate": (
+        "benchmarks.validate.validate_bench",
+        "the planner's simulator against a real 1P:1D cluster, same workloads",
+    ),
     "soak": (
-        "benchmarks.soak_bench",
+        "benchmarks.soak.soak_bench",
         "a mixed workload under periodic kills and freezes: completed, failed, lost, leaked blocks",
     ),
 }

@@ -1,8 +1,11 @@
 """Fixtures: one background event loop per session, engines that are checked for leaks after every
-test; and the `fast` marker: `pytest -m fast` runs the modules below (no processes, tiny models)
-in well under 30 s, for a quick check while editing. CI runs everything."""
+test; and the `fast` marker, set on every test under tests/unit/ (no child processes, no clusters,
+tiny models): `pytest tests/unit`, or `pytest -m fast`, runs them in well under 30 s, for a quick
+check while editing. CI runs everything."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from loop_thread import LoopThread
@@ -11,39 +14,16 @@ from minipd.engine.engine import Engine, EngineConfig
 
 _live_engines: list[Engine] = []
 
-FAST_MODULES = {
-    "test_block_manager",
-    "test_scheduler_units",
-    "test_picking_units",
-    "test_sampling",
-    "test_workload",
-    "test_kv_pool",
-    "test_transport_units",
-    "test_tokenizer",
-    "test_http_chat_template",
-    "test_engine_correctness",
-    "test_http_api",
-    "test_disagg_inprocess",
-    "test_http_router",
-    "test_gguf_loader",
-    "test_layers",
-    "test_control_auth",
-    "test_kv_link_auth",
-    "test_placement_units",
-    "test_live_controller_units",
-    "test_step_jitter",
-    "test_step_log_speed",
-    "test_log_histogram",
-}
+FAST_DIR = Path(__file__).resolve().parent / "unit"
 
 
 def pytest_configure(config) -> None:
-    config.addinivalue_line("markers", "fast: in the quick subset (`pytest -m fast`); see conftest.FAST_MODULES")
+    config.addinivalue_line("markers", "fast: in the quick subset (`pytest -m fast`): every test under tests/unit/")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
-        if item.module.__name__ in FAST_MODULES:
+        if item.path.resolve().is_relative_to(FAST_DIR):
             item.add_marker(pytest.mark.fast)
 
 

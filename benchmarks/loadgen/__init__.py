@@ -1,6 +1,6 @@
-"""The load generator behind the serving experiments (`bench.py serve|slo|linkbw|crossover`).
+"""The library the experiments in benchmarks/<name>/ share; not an experiment itself (bench.py
+runs none of it directly). Mostly the load generator behind `bench.py serve|slo|linkbw|crossover`:
 
-strict_openai   responses checked against the openai package's models
 client          one streamed completion, timed as vllm bench serve times it
 prompts, corpus, tokenizer_source   prompts of a requested token length
 runner, measure one workload against endpoints: warm-up, pacing, records, summary
@@ -12,4 +12,5 @@ netns, netns_cluster                a tc-shaped veth between network namespaces 
 crossover_model, probes, model_facts, server_metrics   the crossover's model and probes
 host_load       how much of the machine other jobs took during a run
 options, plotting                   shared flags and figures
+baseline_plots  the engine, transport, overlap, neighbour, profile and soak figures
 """

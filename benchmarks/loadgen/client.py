@@ -19,8 +19,9 @@ import time
 
 import aiohttp
 
+from contracts.strict_openai import ResponseKind, StrictResponseError, parse_strict
+
 from .records import RequestRecord
-from .strict_openai import ResponseKind, StrictResponseError, parse_strict
 
 SSE_DATA = b"data:"
 SSE_DONE = b"[DONE]"

@@ -15,10 +15,11 @@ import time
 
 import aiohttp
 
+from contracts.strict_openai import ResponseKind, parse_strict
+
 from .client import SSE_DATA, SSE_DONE, completion_body, send_completion
 from .prompts import PromptBuilder
 from .records import RequestRecord
-from .strict_openai import ResponseKind, parse_strict
 
 STREAM_START_TIMEOUT_S = 120.0
 

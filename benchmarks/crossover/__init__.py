@@ -1,0 +1,2 @@
+"""`bench.py crossover`: per prompt length, the link bandwidth where KV transfer cost equals
+prefill interference."""

@@ -1,0 +1,287 @@
+"""engine: serving throughput against HF static batching, decode step time against its floor, bf16 vs fp32.
+
+1. Serving throughput (`serving_tok_s`, `hf_static_tok_s`, `speedup_vs_hf_static`, target
+   >= 3): an offline workload of `--num-requests` requests of mixed lengths (prompts
+   `--prompt-len`, outputs `--output-len`, fixed seed, EOS ignored) through minipd's engine,
+   and through `transformers`' `generate` in static batches of `--hf-batch` (padded), on the
+   same weights and dtype, in the same run (see engine_serving.py).
+2. Decode step at each `--decode-batches` size (see engine_decode.py): the engine's step
+   time against the raw model loop (`overhead_vs_raw`, target <= 1.1) and against the
+   weight-streaming floor, weight bytes / memcpy bandwidth measured next to it
+   (`ratio_to_floor`, target <= 1.5 at batch 1); and, within the engine's own steps, its
+   CPU time over that of the forward passes it ran (`engine_vs_its_forward_cpu`).
+3. bf16 vs fp32: the engine's decode tokens/s at batch `BF16_BATCH` in both dtypes
+   (`bf16_speedup`, target >= 2).
+
+Ratios are medians of per-repeat ratios, each repeat measuring both sides back to back, so
+drift on a shared machine hits both alike; every figure is also given by this process's CPU
+time (`*_cpu`), which other jobs on the machine do not inflate the way they inflate wall
+time. Everything runs on one engine compute thread per engine, with `--torch-threads`
+threads (default: minipd's placement, one core left over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import statistics
+
+from benchmarks.engine import engine_decode, engine_serving
+from benchmarks.loadgen.baseline_plots import plot_engine as plot  # noqa: F401 (bench.py --plot)
+from minipd.engine.engine import Engine, EngineConfig
+from minipd.workload.lengths import LengthDist
+
+BF16_BATCH = 8
+PARTS = ("serving", "decode", "dtype")  # 1., 2. and 3. above
+TARGETS = {"speedup_vs_hf_static": 3.0, "overhead_vs_raw": 1.1, "ratio_to_floor": 1.5, "bf16_speedup": 2.0}
+QUICK = {
+    "num_requests": 8,
+    "prompt_len": "uniform:16:64",
+    "output_len": "uniform:4:16",
+    "decode_prompt_len": 32,
+    "decode_output_len": 8,
+    "repeats": 1,
+}
+BLOCK_SIZE = 16
+MS = 1e3
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2", help="model for every part (default: %(default)s)")
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float32", "float16"],
+        help="dtype of the serving and decode-step parts (default: %(default)s)",
+    )
+    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument("--prompt-len", default="uniform:32:512", help="prompt lengths (default: %(default)s)")
+    parser.add_argument("--output-len", default="uniform:16:256", help="output lengths (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hf-batch", type=int, default=8, help="static batch size of HF generate (default: 8)")
+    parser.add_argument("--decode-batches", type=int, nargs="+", default=[1, BF16_BATCH])
+    parser.add_argument("--decode-prompt-len", type=int, default=128)
+    parser.add_argument("--decode-output-len", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5, help="repeats of the decode parts (default: 5)")
+    parser.add_argument("--torch-threads", type=int, default=None, help="(default: minipd's placement)")
+    parser.add_argument(
+        "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="which parts to run (default: all)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (small workload, one repeat)")
+
+
+def _engine(args: argparse.Namespace, dtype: str, num_seqs: int, max_len: int) -> Engine:
+    blocks_per_seq = -(-max_len // BLOCK_SIZE)
+    return Engine(
+        EngineConfig(
+            model=args.model,
+            dtype=dtype,
+            block_size=BLOCK_SIZE,
+            num_blocks=num_seqs * blocks_per_seq + 1,
+            max_model_len=max_len,
+            max_num_seqs=num_seqs,
+            enable_prefix_caching=False,
+            torch_threads=args.torch_threads,
+        )
+    )
+
+
+async def _decode_part(args: argparse.Namespace, engine: Engine, fp32: Engine | None) -> dict:
+    vocab = engine.model_config.vocab_size
+    n_bytes = engine.run_on_compute_thread(engine_decode.weight_bytes, engine.model)
+    rows: dict[int, dict[str, list[engine_decode.Timing]]] = {
+        b: {"engine": [], "raw": [], "floor": []} for b in args.decode_batches
+    }
+    speed: dict[str, list[engine_decode.Timing]] = {"bf16": [], "fp32": []}
+    length = args.decode_output_len
+    batches = args.decode_batches if "decode" in args.parts else []
+
+    def floor() -> engine_decode.Timing:
+        return engine.run_on_compute_thread(engine_decode.memcpy, n_bytes)
+
+    for r in range(args.repeats):
+        for b in batches:
+            batch = engine_decode.prompts(b, args.decode_prompt_len, vocab, seed=r)
+            # The floor is timed right before and after the engine's steps (the faster of the
+            # two counts), and the raw loop goes first on odd repeats: the memory bandwidth
+            # drifts over seconds here, and whichever part ran in a slow spell would carry it.
+            if r % 2:
+                rows[b]["raw"].append(engine.run_on_compute_thread(engine_decode.raw_step, engine, batch, length))
+            before = floor()
+            rows[b]["engine"].append(await engine_decode.engine_step(engine, batch, length))
+            rows[b]["floor"].append(min(before, floor()))
+            if not r % 2:
+                rows[b]["raw"].append(engine.run_on_compute_thread(engine_decode.raw_step, engine, batch, length))
+        if fp32 is not None:
+            batch = engine_decode.prompts(BF16_BATCH, args.decode_prompt_len, vocab, seed=r)
+            for dtype, e in (("bf16", engine), ("fp32", fp32)) if r % 2 == 0 else (("fp32", fp32), ("bf16", engine)):
+                speed[dtype].append(await engine_decode.engine_step(e, batch, length))
+    out: dict = {}
+    if batches:
+        out["decode"] = {b: _decode_row(m) for b, m in rows.items()}
+        out["weight_bytes"] = n_bytes
+        out["memcpy_gbps"] = n_bytes / statistics.median(t.wall_s for t in rows[batches[0]]["floor"]) * 8 / 1e9
+    if fp32 is not None:
+        out["bf16_tok_s"] = BF16_BATCH / statistics.median(t.wall_s for t in speed["bf16"])
+        out["fp32_tok_s"] = BF16_BATCH / statistics.median(t.wall_s for t in speed["fp32"])
+        out["bf16_speedup"] = _paired(speed["fp32"], speed["bf16"], "wall_s")
+        out["bf16_speedup_cpu"] = _paired(speed["fp32"], speed["bf16"], "cpu_s")
+    return out
+
+
+def _paired(num: list, den: list, clock: str) -> float:
+    """The median of per-repeat ratios num/den on one clock (each pair measured back to back)."""
+    return statistics.median(getattr(a, clock) / getattr(b, clock) for a, b in zip(num, den))
+
+
+def _decode_row(m: dict[str, list]) -> dict:
+    row = {}
+    for clock, suffix in (("wall_s", ""), ("cpu_s", "_cpu")):
+        for part, name in (("engine", "engine_step"), ("raw", "raw_step"), ("floor", "floor")):
+            row[f"{name}{suffix}_ms"] = statistics.median(getattr(t, clock) for t in m[part]) * MS
+        row[f"overhead_vs_raw{suffix}"] = _paired(m["engine"], m["raw"], clock)
+        row[f"ratio_to_floor{suffix}"] = _paired(m["engine"], m["floor"], clock)
+        row[f"raw_ratio_to_floor{suffix}"] = _paired(m["raw"], m["floor"], clock)
+    # What the engine adds to its own forward passes, within the same steps (CPU time).
+    row["engine_vs_its_forward_cpu"] = statistics.median(t.cpu_s / t.forward_cpu_s for t in m["engine"])
+    return row
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    prompt_len, output_len = LengthDist.parse(args.prompt_len), LengthDist.parse(args.output_len)
+    max_len = max(prompt_len.high + output_len.high, args.decode_prompt_len + args.decode_output_len) + BLOCK_SIZE
+    result: dict = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "num_requests": args.num_requests,
+        "prompt_len": args.prompt_len,
+        "output_len": args.output_len,
+        "hf_batch": args.hf_batch,
+        "decode_prompt_len": args.decode_prompt_len,
+        "decode_output_len": args.decode_output_len,
+        "repeats": args.repeats,
+        "targets": TARGETS,
+    }
+
+    async def measure() -> None:
+        num_seqs = max(args.num_requests, *args.decode_batches)
+        async with _engine(args, args.dtype, num_seqs, max_len) as engine:
+            result["torch_threads"] = engine.placement.torch_threads
+            result["placement"] = engine.placement.describe()
+            warm = engine_decode.prompts(2, 16, engine.model_config.vocab_size)
+            await engine_decode.engine_step(engine, warm, 4)
+            fp32 = _engine(args, "float32", BF16_BATCH, max_len) if "dtype" in args.parts else None
+            try:
+                if fp32 is not None:
+                    await fp32.start()
+                    await engine_decode.engine_step(fp32, warm, 4)
+                if "decode" in args.parts or fp32 is not None:
+                    result.update(await _decode_part(args, engine, fp32))
+            finally:
+                if fp32 is not None:
+                    await fp32.close()
+            if "serving" in args.parts:
+                requests = engine_serving.make_requests(
+                    args.num_requests, prompt_len, output_len, engine.model_config.vocab_size, args.seed
+                )
+                ours = await engine_serving.engine_tok_s(engine, requests)
+                model = engine.run_on_compute_thread(engine_serving.hf_model, engine)
+                theirs = engine.run_on_compute_thread(engine_serving.hf_static_tok_s, model, requests, args.hf_batch)
+                result.update(
+                    serving_tok_s=ours.tok_s,
+                    hf_static_tok_s=theirs.tok_s,
+                    speedup_vs_hf_static=ours.tok_s / theirs.tok_s,
+                    serving_cpu_tok_s=ours.cpu_tok_s,
+                    hf_static_cpu_tok_s=theirs.cpu_tok_s,
+                    speedup_vs_hf_static_cpu=ours.cpu_tok_s / theirs.cpu_tok_s,
+                )
+
+    asyncio.run(measure())
+    if "decode" in result:
+        first = args.decode_batches[0]
+        for suffix in ("", "_cpu"):
+            result[f"overhead_vs_raw{suffix}"] = max(d[f"overhead_vs_raw{suffix}"] for d in result["decode"].values())
+            result[f"ratio_to_floor{suffix}"] = result["decode"][first][f"ratio_to_floor{suffix}"]
+        result["ratio_to_floor_batch"] = first
+    return result
+
+
+def _verdict(value: float, target: float, higher_is_better: bool) -> str:
+    ok = value >= target if higher_is_better else value <= target
+    return f"(target {'>=' if higher_is_better else '<='} {target}: {'met' if ok else 'MISSED'})"
+
+
+def print_table(result: dict) -> None:
+    t = result["targets"]
+    print(f"engine benchmark, model={result['model']}, {result['dtype']}, {result['placement']}")
+    if "serving_tok_s" in result:
+        print(
+            f"serving: {result['num_requests']} requests, prompts {result['prompt_len']}, outputs "
+            f"{result['output_len']}, EOS ignored"
+        )
+        print(f"  {'':36} {'tok/s':>8} {'tok/CPU-s':>10}")
+        print(
+            f"  {'minipd engine (continuous batching)':36} {result['serving_tok_s']:8.1f} "
+            f"{result['serving_cpu_tok_s']:10.1f}"
+        )
+        print(
+            f"  {'HF generate, static batches of ' + str(result['hf_batch']):36} {result['hf_static_tok_s']:8.1f} "
+            f"{result['hf_static_cpu_tok_s']:10.1f}"
+        )
+        print(
+            f"  speedup_vs_hf_static {result['speedup_vs_hf_static']:.2f}x "
+            f"{_verdict(result['speedup_vs_hf_static'], t['speedup_vs_hf_static'], True)}; "
+            f"per CPU second {result['speedup_vs_hf_static_cpu']:.2f}x"
+        )
+    if "decode" in result:
+        _print_decode(result)
+    if "bf16_speedup" in result:
+        print(
+            f"bf16 vs fp32 decode at batch {BF16_BATCH}: {result['bf16_tok_s']:.1f} vs {result['fp32_tok_s']:.1f} "
+            f"tok/s, bf16_speedup {result['bf16_speedup']:.2f}x (by CPU time {result['bf16_speedup_cpu']:.2f}x) "
+            f"{_verdict(result['bf16_speedup'], t['bf16_speedup'], True)}"
+        )
+    if not all(math.isfinite(v) for v in _numbers(result)):
+        print("warning: some figures are not finite")
+
+
+def _print_decode(result: dict) -> None:
+    t = result["targets"]
+    print(
+        f"decode step (prompt {result['decode_prompt_len']}, {result['decode_output_len']} tokens), weights "
+        f"{result['weight_bytes'] / 1e6:.0f} MB, memcpy {result['memcpy_gbps']:.1f} Gbit/s; wall ms (CPU ms):"
+    )
+    print(
+        f"  {'batch':>5} {'engine':>15} {'raw loop':>15} {'floor':>15} {'engine/raw':>12} {'engine/floor':>12} "
+        f"{'raw/floor':>11}"
+    )
+    for b, d in result["decode"].items():
+        cells = [f"{d[f'{n}_ms']:.1f} ({d[f'{n}_cpu_ms']:.1f})" for n in ("engine_step", "raw_step", "floor")]
+        ratios = [
+            f"{d[n]:.2f} ({d[n + '_cpu']:.2f})" for n in ("overhead_vs_raw", "ratio_to_floor", "raw_ratio_to_floor")
+        ]
+        print(f"  {b:>5} {cells[0]:>15} {cells[1]:>15} {cells[2]:>15} {ratios[0]:>12} {ratios[1]:>12} {ratios[2]:>11}")
+    print(
+        f"  overhead_vs_raw (worst batch) {result['overhead_vs_raw']:.3f}, by CPU time "
+        f"{result['overhead_vs_raw_cpu']:.3f} {_verdict(result['overhead_vs_raw'], t['overhead_vs_raw'], False)}"
+    )
+    print(
+        "  engine CPU per step / its own forward passes' CPU: "
+        + ", ".join(f"batch {b} {d['engine_vs_its_forward_cpu']:.3f}" for b, d in result["decode"].items())
+    )
+    print(
+        f"  ratio_to_floor (batch {result['ratio_to_floor_batch']}) {result['ratio_to_floor']:.2f}, by CPU time "
+        f"{result['ratio_to_floor_cpu']:.2f} {_verdict(result['ratio_to_floor'], t['ratio_to_floor'], False)}"
+    )
+
+
+def _numbers(value) -> list[float]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _numbers(v)]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [float(value)]
+    return []

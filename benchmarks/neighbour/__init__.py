@@ -1,0 +1,1 @@
+"""`bench.py neighbour`: colocated decode ITL beside a CPU-burning neighbour process."""

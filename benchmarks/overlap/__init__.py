@@ -1,0 +1,1 @@
+"""`bench.py overlap`: exposed KV transfer, layer-wise streaming against send-after-prefill."""

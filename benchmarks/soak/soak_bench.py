@@ -1,0 +1,209 @@
+"""soak: a mixed workload through a local process cluster while instances are killed and frozen.
+
+Requests of the `mixed` workload (long prompts with short answers, short prompts with long
+answers) arrive by a Poisson process; every `--chaos-interval-s` one instance is killed
+(kill -9, then restarted) or frozen past the liveness bound (then resumed and registered
+again), by turns (see benchmarks/soak/chaos.py). Every request ends one of three ways:
+
+- completed: every token it asked for, no error;
+- failed: it ended early with an error saying why (e.g. the decode instance streaming it died);
+- lost: it did not end within `--request-timeout-s`, or ended early without saying why.
+  Must be 0.
+
+Afterwards every instance is given the time to settle, and `leaked_blocks` counts the blocks
+still used, reserved or held for a fence on any of them. Must be 0. `--quick` is the short
+run the test suite makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import logging
+import random
+import re
+import tempfile
+import time
+
+from benchmarks.loadgen.baseline_plots import plot_soak as plot  # noqa: F401 (bench.py --plot)
+from benchmarks.soak.chaos import Chaos
+from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.process_cluster import ProcessCluster
+from minipd.router.client import ClusterClient
+from minipd.workload import ArrivalProcess, RequestSpec, make_workload
+
+SETTLE_S = 60.0  # after the run, every pool must be full again within this
+QUICK = {"duration_s": 20.0, "chaos_interval_s": 5.0, "rate": 2.0}
+VOCAB = 256  # the tiny preset's byte tokens
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--duration-s", type=float, default=180.0, help="how long requests arrive (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a short run for CI: {QUICK['duration_s']:.0f} s, a fault every {QUICK['chaos_interval_s']:.0f} s",
+    )
+    parser.add_argument("--rate", type=float, default=2.0, help="requests per second (default: %(default)s)")
+    parser.add_argument(
+        "--chaos-interval-s", type=float, default=15.0, help="one kill or freeze this often (default: %(default)s)"
+    )
+    parser.add_argument("--transport", default="tcp", choices=["tcp", "ucx", "nixl"])
+    parser.add_argument("--num-prefill", type=int, default=2)
+    parser.add_argument("--num-decode", type=int, default=2)
+    parser.add_argument("--liveness-timeout-s", type=float, default=2.0)
+    parser.add_argument("--lease-s", type=float, default=3.0)
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=90.0,
+        help="a request not ended by then counts as lost (default: %(default)s)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _cluster_argv(args: argparse.Namespace) -> list[str]:
+    return [
+        "--transport",
+        args.transport,
+        "--num-prefill",
+        str(args.num_prefill),
+        "--num-decode",
+        str(args.num_decode),
+        "--liveness-timeout-s",
+        str(args.liveness_timeout_s),
+        "--lease-s",
+        str(args.lease_s),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1100",
+        "--num-blocks",
+        "512",
+        "--max-num-batched-tokens",
+        "512",
+        "--shutdown-timeout-s",
+        "2",
+        "--torch-threads",
+        "1",
+    ]
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    return asyncio.run(_soak(args))
+
+
+async def _soak(args: argparse.Namespace) -> dict:
+    specs = make_workload(
+        "mixed", max(1, round(args.rate * args.duration_s)), ArrivalProcess.poisson(args.rate), seed=args.seed
+    )
+    with tempfile.TemporaryDirectory() as fault_dir:
+        cluster = ProcessCluster.from_argv(_cluster_argv(args), fault_dir=fault_dir)
+        await cluster.start()
+        try:
+            client = await cluster.client()
+            chaos = Chaos(cluster, args.chaos_interval_s, args.liveness_timeout_s + 1.0, args.seed)
+            stop = asyncio.Event()
+            chaos_task = asyncio.create_task(chaos.run(stop))
+            start = time.monotonic()
+            outcomes = await asyncio.gather(*(_one(client, spec, i, start, args) for i, spec in enumerate(specs)))
+            stop.set()
+            await chaos_task
+            stats = await _settled(cluster)
+            await client.close()
+        finally:
+            await cluster.stop()
+    return _result(args, specs, outcomes, stats, chaos)
+
+
+async def _one(client: ClusterClient, spec: RequestSpec, index: int, start: float, args: argparse.Namespace) -> tuple:
+    await asyncio.sleep(max(0.0, start + spec.arrival_s - time.monotonic()))  # the arrival time
+    rng = random.Random(args.seed * 1_000_003 + index)
+    prompt = [rng.randrange(VOCAB) for _ in range(spec.prompt_len)]
+    params = SamplingParams(max_tokens=spec.output_len, temperature=0.0, ignore_eos=True)
+    tokens = 0
+    try:
+        async with asyncio.timeout(args.request_timeout_s):
+            async for output in client.generate(prompt, params):
+                tokens += len(output.token_ids)
+                if output.finished:
+                    if output.error is None and tokens == spec.output_len:
+                        return "completed", None
+                    if output.error:
+                        return "failed", output.error
+                    return "lost", f"ended after {tokens} of {spec.output_len} tokens without an error"
+    except TimeoutError:
+        return "lost", f"no end within {args.request_timeout_s} s"
+    return "lost", "the stream ended without a final output"
+
+
+async def _settled(cluster: ProcessCluster) -> list:
+    client = await cluster.client()
+    try:
+        deadline = time.monotonic() + SETTLE_S
+        while True:
+            stats = await client.stats(settle=True)
+            names = sorted(c.name for c in cluster.children if c.name != "router")
+            if (
+                sorted(s.instance_id for s in stats) == names and not any(_held(s) for s in stats)
+            ) or time.monotonic() > deadline:
+                return stats
+            await asyncio.sleep(0.5)  # stragglers (a stalled sender, a fence) finish on their own clocks
+    finally:
+        await client.close()
+
+
+def _held(stats) -> int:
+    return stats.num_used_blocks + stats.num_fencing_blocks + stats.num_reservations
+
+
+def _result(args, specs, outcomes, stats, chaos: Chaos) -> dict:
+    counts = collections.Counter(kind for kind, _ in outcomes)
+    # errors with instance names and numbers folded together, most common first
+    errors = collections.Counter(re.sub(r"\d+(\.\d+)?", "N", e) for kind, e in outcomes if kind == "failed")
+    lost = [e for kind, e in outcomes if kind == "lost"]
+    return {
+        "transport": args.transport,
+        "duration_s": args.duration_s,
+        "rate": args.rate,
+        "quick": args.quick,
+        "instances": {"prefill": args.num_prefill, "decode": args.num_decode},
+        "requests": len(specs),
+        "completed": counts["completed"],
+        "failed": counts["failed"],
+        "lost": len(lost),
+        "lost_examples": lost[:5],
+        "failure_reasons": dict(errors.most_common(8)),
+        "leaked_blocks": sum(_held(s) for s in stats),
+        "instances_after": {
+            s.instance_id: {"used": s.num_used_blocks, "reserved": s.num_reservations, "fencing": s.num_fencing_blocks}
+            for s in stats
+        },
+        "chaos": [event._asdict() for event in chaos.events],
+    }
+
+
+def print_table(result: dict) -> None:
+    print(
+        f"soak: {result['requests']} requests over {result['duration_s']:.0f} s ({result['transport']}, "
+        f"{result['instances']['prefill']} prefill + {result['instances']['decode']} decode), "
+        f"{len(result['chaos'])} faults"
+    )
+    print(f"{'completed':>10} {'failed':>7} {'lost':>5} {'leaked blocks':>14}")
+    print(f"{result['completed']:>10} {result['failed']:>7} {result['lost']:>5} {result['leaked_blocks']:>14}")
+    for event in result["chaos"]:
+        print(
+            f"  {event['at_s']:>7.1f} s  {event['kind']:<6} {event['target']:<10} "
+            f"back after {event['recovered_s']:.1f} s"
+        )
+    for reason, n in result["failure_reasons"].items():
+        print(f"  failed x{n}: {reason}")
+    for example in result["lost_examples"]:
+        print(f"  LOST: {example}")

@@ -1,0 +1,74 @@
+"""`python bench.py engine --quick` and `python bench.py neighbour --quick` run end to end and write
+finite figures under the JSON names the README uses (tiny model: this checks the harness, not
+the speed)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _bench(tmp_path, *argv: str) -> dict:
+    out, png = tmp_path / "result.json", tmp_path / "result.png"
+    run = subprocess.run(
+        [sys.executable, "bench.py", *argv, "--json", str(out), "--plot", str(png)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return json.loads(out.read_text()), run.stdout
+
+
+def _finite(value) -> bool:
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+@pytest.mark.timeout(300)
+def test_engine_bench_quick_writes_finite_figures(tmp_path):
+    result, stdout = _bench(tmp_path, "engine", "--quick", "--model", "tiny")
+    assert _finite(result)
+    for key in (
+        "serving_tok_s",
+        "hf_static_tok_s",
+        "speedup_vs_hf_static",
+        "serving_cpu_tok_s",
+        "hf_static_cpu_tok_s",
+        "overhead_vs_raw",
+        "ratio_to_floor",
+        "bf16_tok_s",
+        "fp32_tok_s",
+        "bf16_speedup",
+        "memcpy_gbps",
+        "weight_bytes",
+    ):
+        assert result[key] > 0, key
+    assert set(result["decode"]) == {"1", "8"}
+    for row in result["decode"].values():
+        assert row["engine_step_ms"] > 0 and row["raw_step_ms"] > 0 and row["floor_ms"] > 0
+    assert result["targets"]["speedup_vs_hf_static"] == 3.0
+    assert "speedup_vs_hf_static" in stdout and "ratio_to_floor" in stdout and "bf16_speedup" in stdout
+
+
+@pytest.mark.timeout(300)
+def test_neighbour_bench_quick_writes_finite_figures(tmp_path):
+    result, stdout = _bench(tmp_path, "neighbour", "--quick", "--modes", "placement")
+    assert _finite(result)
+    placement = result["modes"]["placement"]
+    assert placement["quiet_itl_ms"] > 0 and placement["noisy_itl_ms"] > 0
+    assert len(placement["quiet_itl_ms_runs"]) == len(placement["noisy_itl_ms_runs"]) == result["repeats"]
+    assert result["ratio"] == placement["ratio"] and "torch thread" in placement["placement"]
+    assert "ratio with placement" in stdout
