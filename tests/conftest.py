@@ -14,6 +14,7 @@ _live_engines: list[Engine] = []
 FAST_MODULES = {
     "test_block_manager",
     "test_scheduler_units",
+    "test_engine_config",
     "test_picking_units",
     "test_sampling",
     "test_workload",
@@ -61,7 +62,7 @@ def make_engine(loop_thread):
 
     def factory(**overrides) -> Engine:
         async def build() -> Engine:
-            engine = Engine(EngineConfig(**overrides))
+            engine = Engine(EngineConfig.of(**overrides))
             await engine.start()
             return engine
 

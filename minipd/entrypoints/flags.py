@@ -286,7 +286,7 @@ FLAGS: tuple[Flag, ...] = (
         MODEL,
         INSTANCES,
         type=int,
-        default=_ENGINE.max_model_len,
+        default=_ENGINE.scheduler.max_model_len,
         help="longest sequence (prompt + output) in tokens (default: %(default)s)",
     ),
     _flag(
@@ -295,7 +295,7 @@ FLAGS: tuple[Flag, ...] = (
         SCHEDULER,
         INSTANCES,
         type=int,
-        default=_ENGINE.max_num_seqs,
+        default=_ENGINE.scheduler.max_num_seqs,
         help="most requests running at once (default: %(default)s)",
     ),
     _flag(
@@ -304,7 +304,7 @@ FLAGS: tuple[Flag, ...] = (
         SCHEDULER,
         INSTANCES,
         type=int,
-        default=_ENGINE.max_num_batched_tokens,
+        default=_ENGINE.scheduler.max_num_batched_tokens,
         help="token budget of one engine step; bounds how much prefill one step carries (default: %(default)s)",
     ),
     _flag(

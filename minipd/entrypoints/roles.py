@@ -29,6 +29,7 @@ from minipd.control.handshake import open_channel
 from minipd.control.messages import Register
 from minipd.control.role import Role
 from minipd.disagg.instance import Instance
+from minipd.engine.config import SCHEDULER_FIELDS
 from minipd.engine.cpu_placement import available_cpus, cpus_text
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.kv_admission import validate_ratio
@@ -113,7 +114,8 @@ def _router_cpus(args: argparse.Namespace) -> str:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The flags named after `EngineConfig` fields, validated (ValueError names the field)."""
-    config = EngineConfig(**{f: getattr(args, f) for f in EngineConfig.__struct_fields__ if hasattr(args, f)})
+    fields = (*EngineConfig.__struct_fields__, *SCHEDULER_FIELDS)
+    config = EngineConfig.of(**{f: getattr(args, f) for f in fields if hasattr(args, f)})
     config.validate()
     return config
 
