@@ -138,7 +138,9 @@ def test_smollm2_disaggregated_equals_colocated_with_chunked_prefill(make_engine
     colocated = make_engine(**msgspec.structs.asdict(SHORT))
     prompts = [colocated.tokenizer.encode(p) for p in PROMPTS]
     assert sum(len(p) <= LOCAL_PREFILL_MAX_TOKENS for p in prompts) == 1
-    assert max(map(len, prompts)) > 2 * SHORT.max_num_batched_tokens, "one prompt needs several prefill chunks"
+    assert max(map(len, prompts)) > 2 * SHORT.scheduler.max_num_batched_tokens, (
+        "one prompt needs several prefill chunks"
+    )
     expected = loop_thread.run(complete_all(colocated, prompts, greedy(SHORT_MAX_TOKENS)), timeout=RUN_TIMEOUT_S)
     processes, client = _start(SHORT, loop_thread)
     try:
