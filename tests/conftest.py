@@ -15,6 +15,7 @@ FAST_MODULES = {
     "test_block_manager",
     "test_scheduler_units",
     "test_engine_config",
+    "test_role_configs",
     "test_picking_units",
     "test_sampling",
     "test_workload",
