@@ -2,10 +2,12 @@
 
 Starts the prefill, decode and colocated instances (`minipd --role prefill|decode|both`),
 waits for each to print its READY line, starts the router pointed at them, and prints where
-to send requests. Each child's command line is derived from the flags this command parsed
-(`flags.inherited_argv`), with its own share of the cores (`cpu_plan.py`: `--cpus`,
-`--torch-threads`) and passive OpenMP waiting in its environment (`openmp_env.py`); secrets
-go to the children through their environment (`flags.inherited_env`). Without
+to send requests. It runs from the role's checked configs (`configs.RoleConfigs`): the
+instances' cores are planned from its `EngineConfig`. Each child's command line is derived
+from the flags this command parsed (`RoleConfigs.parsed`, `flags.inherited_argv`), with its
+own share of the cores (`cpu_plan.py`: `--cpus`, `--torch-threads`) and passive OpenMP
+waiting in its environment (`openmp_env.py`); secrets go to the children through their
+environment (`flags.inherited_env`). Without
 `--cluster-secret`, a fresh random secret is generated for the cluster, so its control plane
 and KV links are always authenticated; `cluster_secret` holds it for clients in this process
 (`client()`).
