@@ -6,7 +6,7 @@ from minipd import Engine, EngineConfig, SamplingParams
 
 
 async def main() -> None:
-    config = EngineConfig(model="tiny", num_blocks=256, max_model_len=512)
+    config = EngineConfig.of(model="tiny", num_blocks=256, max_model_len=512)
     async with Engine(config) as engine:  # loads the model, starts the engine loop
         params = SamplingParams(max_tokens=16, temperature=0.8, seed=7)
 

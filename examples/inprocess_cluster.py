@@ -6,7 +6,7 @@ from minipd import EngineConfig, InProcessCluster, SamplingParams
 
 
 async def main() -> None:
-    config = EngineConfig(model="tiny", num_blocks=256, max_model_len=512)
+    config = EngineConfig.of(model="tiny", num_blocks=256, max_model_len=512)
     # One prefill and one decode engine in this process; the control plane runs over TCP on
     # 127.0.0.1 and the KV moves through the loopback transport.
     async with await InProcessCluster.start(config, num_prefill=1, num_decode=1) as cluster:

@@ -41,7 +41,7 @@ def make_engine(loop_thread):
 
     def factory(**overrides) -> Engine:
         async def build() -> Engine:
-            engine = Engine(EngineConfig(**overrides))
+            engine = Engine(EngineConfig.of(**overrides))
             await engine.start()
             return engine
 

@@ -74,7 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _engine(args: argparse.Namespace, dtype: str, num_seqs: int, max_len: int) -> Engine:
     blocks_per_seq = -(-max_len // BLOCK_SIZE)
     return Engine(
-        EngineConfig(
+        EngineConfig.of(
             model=args.model,
             dtype=dtype,
             block_size=BLOCK_SIZE,

@@ -66,7 +66,7 @@ QUICK = {"model": "tiny", "transports": ["loopback", "tcp"], "prompt_lens": [256
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
     max_len = max(args.prompt_lens) + 16
-    return EngineConfig(
+    return EngineConfig.of(
         model=args.model,
         dtype=args.dtype,
         num_blocks=2 * (max_len // 16 + 2) * 2,
@@ -139,9 +139,9 @@ async def _run_transport(transport: str, args: argparse.Namespace, config: Engin
             "--num-blocks",
             str(config.num_blocks),
             "--max-model-len",
-            str(config.max_model_len),
+            str(config.scheduler.max_model_len),
             "--max-num-batched-tokens",
-            str(config.max_num_batched_tokens),
+            str(config.scheduler.max_num_batched_tokens),
             "--no-prefix-caching",
             "--local-prefill-max-tokens",
             "-1",

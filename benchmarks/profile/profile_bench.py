@@ -88,7 +88,7 @@ def _measure(engine: Engine, grid: dict, repeats: int) -> tuple[list[PrefillSamp
     prefill, decode = [], []
     for n in grid["prefill_lens"]:
         for batch in grid["prefill_batches"]:
-            if n * batch > engine.config.max_num_batched_tokens:
+            if n * batch > engine.config.scheduler.max_num_batched_tokens:
                 continue
             requests = [_request(i, n, bm, vocab, rng) for i in range(batch)]
             try:
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> dict:
         }
     )
     max_len = max(max(grid["prefill_lens"]), max(grid["decode_contexts"])) + 1
-    config = EngineConfig(
+    config = EngineConfig.of(
         model=args.model,
         device=args.device,
         dtype=args.dtype,
@@ -155,8 +155,8 @@ def run(args: argparse.Namespace) -> dict:
         num_layers=c.num_layers,
         kv_bytes_per_token=kv_bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, args.dtype),
         kv_capacity_tokens=config.num_blocks * config.block_size,
-        max_batched_tokens=config.max_num_batched_tokens,
-        max_num_seqs=config.max_num_seqs,
+        max_batched_tokens=config.scheduler.max_num_batched_tokens,
+        max_num_seqs=config.scheduler.max_num_seqs,
         prefill=prefill,
         decode=decode,
         prefill_fit=prefill_fit,

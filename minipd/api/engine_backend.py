@@ -32,7 +32,7 @@ class EngineBackend:
         self.kv_limit_blocks = claim_limit(kv_admission_ratio, engine.config.num_blocks)
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
-        self.max_model_len = engine.config.max_model_len
+        self.max_model_len = engine.config.scheduler.max_model_len
         self.instance_name = instance_name
 
     def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:

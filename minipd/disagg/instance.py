@@ -181,8 +181,8 @@ class Instance(ControlServer):
             transport=self.transport.backend,
             transport_description=self.transport.describe(),
             model_name=self.model_name,
-            max_model_len=self.engine.config.max_model_len,
-            max_num_seqs=self.engine.config.max_num_seqs,
+            max_model_len=self.engine.config.scheduler.max_model_len,
+            max_num_seqs=self.engine.config.scheduler.max_num_seqs,
             epoch=self.guard.epoch,
             liveness_timeout_s=self.liveness_timeout_s if hello.liveness_timeout_s > 0 else 0.0,
             compute=self._compute,
@@ -207,7 +207,7 @@ class Instance(ControlServer):
         return None if role is Role.ROUTER else f"{self.instance_id} is an instance; only a router may connect to it"
 
     def max_frame_bytes(self) -> int:
-        return max_frame_bytes(self.engine.config.max_model_len)
+        return max_frame_bytes(self.engine.config.scheduler.max_model_len)
 
     # ---- dispatch (every peer here is an authenticated router) -------------------------
     async def handle(self, channel: Channel, message: Message) -> None:

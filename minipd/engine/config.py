@@ -1,10 +1,14 @@
 """What an engine is built from (`EngineConfig`) and what it reports (`EngineStats`).
 
 `EngineConfig.validate` names the first bad field in its ValueError; the engine calls it
-before loading anything.
+before loading anything. The batching limits live in its `scheduler` (a `SchedulerConfig`,
+their one definition); `EngineConfig.of(max_num_seqs=..., block_size=...)` and
+`config.replace(...)` take the flat field names of both, so call sites stay one line.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 import torch
@@ -14,6 +18,8 @@ from minipd.engine.block_manager import BlockUsage
 from minipd.engine.dtype_choice import AUTO, DTYPE_CHOICES
 from minipd.engine.scheduler import SchedulerConfig
 
+SCHEDULER_FIELDS = frozenset(SchedulerConfig.__struct_fields__)
+
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: str = "tiny"  # preset, packaged model (smollm2), .gguf file or Hugging Face-format directory
@@ -21,10 +27,7 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     dtype: str = AUTO  # or float32, bfloat16, float16; the engine resolves "auto" (see dtype_choice.py)
     block_size: int = 16
     num_blocks: int = 1024
-    max_model_len: int = 1024
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    enable_chunked_prefill: bool = True
+    scheduler: SchedulerConfig = SchedulerConfig()
     enable_prefix_caching: bool = True
     # The compute thread's OpenMP team size and cores (see cpu_placement.py). None: one core
     # of the CPU set left to the event loop, not pinned; without cpu_placement, torch's choice.
@@ -33,22 +36,27 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     cpu_placement: bool = True
     step_log: str | None = None  # a file to append a JSON line per step to (step_log.py)
 
-    def scheduler_config(self) -> SchedulerConfig:
-        return SchedulerConfig(
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_model_len=self.max_model_len,
-            enable_chunked_prefill=self.enable_chunked_prefill,
-        )
+    @classmethod
+    def of(cls, **fields: Any) -> "EngineConfig":
+        """An EngineConfig from flat field names, the `SchedulerConfig` ones included."""
+        return cls().replace(**fields)
+
+    def replace(self, **fields: Any) -> "EngineConfig":
+        """A copy with `fields` changed; `SchedulerConfig` field names change `scheduler`."""
+        limits = {name: fields.pop(name) for name in SCHEDULER_FIELDS if name in fields}
+        if limits:
+            fields["scheduler"] = msgspec.structs.replace(fields.get("scheduler", self.scheduler), **limits)
+        return msgspec.structs.replace(self, **fields)
 
     def validate(self) -> None:
-        for field in ("block_size", "num_blocks", "max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+        for field in ("block_size", "num_blocks"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field}: must be positive, got {getattr(self, field)}")
-        if self.num_blocks * self.block_size < self.max_model_len:
+        self.scheduler.validate()
+        if self.num_blocks * self.block_size < self.scheduler.max_model_len:
             raise ValueError(
                 f"num_blocks * block_size ({self.num_blocks * self.block_size} tokens) must hold "
-                f"max_model_len ({self.max_model_len}) tokens"
+                f"max_model_len ({self.scheduler.max_model_len}) tokens"
             )
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device: {self.device!r} requested but CUDA is not available")

@@ -68,9 +68,9 @@ class Engine:
             self.run_on_compute_thread(cpu_placement.apply, self.placement)
             self.model, self.tokenizer = self.run_on_compute_thread(load_model, config.model, self.device, self.dtype)
             self.model_config = self.model.config
-            if config.max_model_len > self.model_config.max_position_embeddings:
+            if config.scheduler.max_model_len > self.model_config.max_position_embeddings:
                 raise ValueError(
-                    f"max_model_len ({config.max_model_len}) exceeds the model's "
+                    f"max_model_len ({config.scheduler.max_model_len}) exceeds the model's "
                     f"max_position_embeddings ({self.model_config.max_position_embeddings})"
                 )
             self.kv_pool = self.run_on_compute_thread(
@@ -80,7 +80,7 @@ class Engine:
             self._executor.shutdown(wait=False)
             raise
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler_config(), self.block_manager)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.runner = ModelRunner(self.model, self.kv_pool)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
@@ -142,7 +142,9 @@ class Engine:
         """Validate and tokenize; raises InvalidRequestError naming the bad field."""
         params = (params or SamplingParams()).with_seed()
         params.validate(self.model_config.vocab_size)
-        token_ids = prompt_token_ids(self.tokenizer, prompt, self.model_config.vocab_size, self.config.max_model_len)
+        token_ids = prompt_token_ids(
+            self.tokenizer, prompt, self.model_config.vocab_size, self.config.scheduler.max_model_len
+        )
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
@@ -178,9 +180,9 @@ class Engine:
         Raises NoCapacity unless the blocks are free beyond those the queued requests need for
         their next step: a reservation is the newest request, so it may not take those.
         """
-        if len(token_ids) >= self.config.max_model_len:
+        if len(token_ids) >= self.config.scheduler.max_model_len:
             raise InvalidRequestError(
-                "prompt", f"{len(token_ids)} tokens; max_model_len is {self.config.max_model_len}"
+                "prompt", f"{len(token_ids)} tokens; max_model_len is {self.config.scheduler.max_model_len}"
             )
         bm = self.block_manager
         if bm.blocks_for(len(token_ids)) > bm.num_blocks:
@@ -227,7 +229,10 @@ class Engine:
         if self._loop_task is None:
             raise RuntimeError("engine not started: use `async with Engine(...)` or `await engine.start()`")
         claim = claim_blocks(
-            request.num_prompt_tokens, request.sampling.max_tokens, self.config.max_model_len, self.config.block_size
+            request.num_prompt_tokens,
+            request.sampling.max_tokens,
+            self.config.scheduler.max_model_len,
+            self.config.block_size,
         )
         self.kv_claims.admit(request.request_id, claim, kv_limit_blocks)
         stream = RequestStream(request.request_id, self.abort, request)
@@ -360,7 +365,7 @@ class Engine:
         is_stop_token = token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
         finish = self.detokenizer.update(request, token, is_stop_token)
         if finish is None and (
-            request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.max_model_len
+            request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.scheduler.max_model_len
         ):
             finish = FinishReason.LENGTH
         self._emit(request, finish)

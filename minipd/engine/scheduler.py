@@ -38,17 +38,23 @@ from minipd.engine.request import Request, RequestStatus
 
 
 class SchedulerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The batching limits: the one definition of these fields (an `EngineConfig` holds one).
+    `validate` names the first bad field in its ValueError."""
+
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     max_model_len: int = 1024
     enable_chunked_prefill: bool = True
 
     def validate(self) -> None:
-        if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0 or self.max_model_len <= 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive and max_model_len > 1")
+        for field in ("max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field}: must be positive, got {getattr(self, field)}")
+        if self.max_model_len <= 1:  # a prompt of one token and one output token at least
+            raise ValueError(f"max_model_len: must be > 1, got {self.max_model_len}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_model_len "
+                f"max_num_batched_tokens: ({self.max_num_batched_tokens}) must be >= max_model_len "
                 f"({self.max_model_len}) without chunked prefill, or a long prompt could never run"
             )
 

@@ -2,8 +2,9 @@
 `minipd plan|day|calibrate-distserve ...` for the planner (minipd/planner, docs/planner.md).
 
 Every flag is checked before anything starts: a bad value exits with status 2 and a message
-naming the flag. Then the role's runner (`roles.py`, or `process_cluster.py` for the launcher)
-serves until SIGINT or SIGTERM, or answers `--prompt`s and exits.
+naming the flag. The parsed flags become the role's typed configs (`configs.py`); the role's
+runner (`roles.py`, or `process_cluster.py` for the launcher) takes them and serves until
+SIGINT or SIGTERM, or answers `--prompt`s and exits.
 
 OpenMP's idle policy must be in the environment before torch loads (see `openmp_env.py`),
 so this module imports nothing that loads torch until `main` has set it.
@@ -66,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # uvloop is a dependency, but a plain asyncio loop works too
         uvloop = None
     run = uvloop.run if uvloop else asyncio.run
+    from minipd.entrypoints.configs import role_configs
     from minipd.entrypoints.roles import prepare
 
     try:
-        job = prepare(role, args)
+        job = prepare(role_configs(role, args))  # the flags become typed configs, checked, here
     except (ValueError, FileNotFoundError) as exc:
         parser.error(str(exc))
     return run(job)

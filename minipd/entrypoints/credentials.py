@@ -3,7 +3,6 @@ a process logs at start-up when it listens beyond this host without them."""
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import logging
 
@@ -12,22 +11,14 @@ from minipd.transports.shared_secret import SharedSecret
 log = logging.getLogger(__name__)
 
 
-def cluster_secret_from_args(args: argparse.Namespace) -> SharedSecret | None:
-    """The cluster secret, or None; raises ValueError naming the flag when it is too short."""
-    text = getattr(args, "cluster_secret", None)
+def parse_cluster_secret(text: str | None) -> SharedSecret | None:
+    """The cluster secret given as `text`, or None; raises ValueError naming the flag when it is too short."""
     if text is None:
         return None
     try:
         return SharedSecret.from_text(text)
     except ValueError as exc:
         raise ValueError(f"cluster_secret: {exc}") from None
-
-
-def api_key_from_args(args: argparse.Namespace) -> str | None:
-    key = getattr(args, "api_key", None)
-    if key is not None and not key.strip():
-        raise ValueError("api_key: must not be empty")
-    return key
 
 
 def is_loopback(host: str) -> bool:

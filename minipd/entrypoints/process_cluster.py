@@ -2,10 +2,12 @@
 
 Starts the prefill, decode and colocated instances (`minipd --role prefill|decode|both`),
 waits for each to print its READY line, starts the router pointed at them, and prints where
-to send requests. Each child's command line is derived from the flags this command parsed
-(`flags.inherited_argv`), with its own share of the cores (`cpu_plan.py`: `--cpus`,
-`--torch-threads`) and passive OpenMP waiting in its environment (`openmp_env.py`); secrets
-go to the children through their environment (`flags.inherited_env`). Without
+to send requests. It runs from the role's checked configs (`configs.RoleConfigs`): the
+instances' cores are planned from its `EngineConfig`. Each child's command line is derived
+from the flags this command parsed (`RoleConfigs.parsed`, `flags.inherited_argv`), with its
+own share of the cores (`cpu_plan.py`: `--cpus`, `--torch-threads`) and passive OpenMP
+waiting in its environment (`openmp_env.py`); secrets go to the children through their
+environment (`flags.inherited_env`). Without
 `--cluster-secret`, a fresh random secret is generated for the cluster, so its control plane
 and KV links are always authenticated; `cluster_secret` holds it for clients in this process
 (`client()`).
@@ -35,18 +37,12 @@ from minipd.control.messages import Register
 from minipd.control.role import Role
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.configs import RoleConfigs, role_configs
 from minipd.entrypoints.cpu_plan import ROUTER, plan_cluster
-from minipd.entrypoints.credentials import cluster_secret_from_args
+from minipd.entrypoints.credentials import parse_cluster_secret
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.openmp_env import passive_env
 from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
-from minipd.entrypoints.roles import (
-    controller_from_args,
-    demo_params,
-    engine_config_from_args,
-    http_config,
-    router_config_from_args,
-)
 from minipd.entrypoints.signals import wait_for_stop_signal
 from minipd.router.client import ClusterClient
 from minipd.transports import fault_points
@@ -69,48 +65,42 @@ class Child(NamedTuple):
     faults: asyncio.Queue  # (point, detail) of each fault point it reached
 
 
-def validate_cluster_args(args: argparse.Namespace) -> None:
-    """Raises ValueError naming the flag that cannot make a cluster."""
-    for flag in ("num_prefill", "num_decode", "num_colocated"):
-        if getattr(args, flag) < 0:
-            raise ValueError(f"{flag}: must be >= 0")
-    if args.num_decode + args.num_colocated < 1:
-        raise ValueError("num_decode: a cluster needs at least one decode or colocated instance")
-    if args.transport == "loopback":
-        raise ValueError("transport: loopback works only inside one process; choose tcp, ucx or nixl")
-
-
 class ProcessCluster:
-    """The processes of one local cluster, from a parsed `minipd --role cluster` command line:
+    """The processes of one local cluster, from the configs of a `minipd --role cluster` command line:
     `start` then `stop` (also used by tests and benchmarks, through `from_argv`)."""
 
-    def __init__(self, args: argparse.Namespace, fault_dir: str | None = None) -> None:
-        self.secret_generated = getattr(args, "cluster_secret", None) is None
+    def __init__(self, configs: RoleConfigs, fault_dir: str | None = None) -> None:
+        self.secret_generated = configs.process.cluster_secret is None
         if self.secret_generated:
-            args = argparse.Namespace(**{**vars(args), "cluster_secret": generate_secret_text()})
-        self.args = args
-        self.cluster_secret: SharedSecret = cluster_secret_from_args(args)
+            configs = configs.with_cluster_secret(generate_secret_text())
+        self.configs = configs
+        self.cluster_secret: SharedSecret = parse_cluster_secret(configs.process.cluster_secret)
         self.children: list[Child] = []
         self.router_address: tuple[str, int] | None = None
+        engine = configs.engine  # validated for the instances: their cores and threads are planned from it
         self.placement = plan_cluster(
-            [name for name, _ in self._instances()], args.cpus, args.torch_threads, args.cpu_placement
+            [name for name, _ in self._instances()], engine.cpus, engine.torch_threads, engine.cpu_placement
         )
         self.fault_dir = fault_dir
+
+    @property
+    def args(self) -> argparse.Namespace:
+        """The flags as parsed (the generated cluster secret included), passed on to the children."""
+        return self.configs.parsed
 
     @classmethod
     def from_argv(cls, argv: list[str], fault_dir: str | None = None) -> "ProcessCluster":
         """The cluster that `minipd --role cluster ARGV` would start (flags checked the same way);
         with `fault_dir`, its children's fault points are armed by files there."""
         args = build_parser(Role.CLUSTER).parse_args(["--role", Role.CLUSTER.value, *argv])
-        validate_cluster_args(args)
-        return cls(args, fault_dir)
+        return cls(role_configs(Role.CLUSTER, args), fault_dir)
 
     def _instances(self) -> list[tuple[str, Role]]:
-        args = self.args
+        cluster = self.configs.cluster
         return (
-            [(f"{_NAMES[Role.PREFILL]}-{i}", Role.PREFILL) for i in range(args.num_prefill)]
-            + [(f"{_NAMES[Role.DECODE]}-{i}", Role.DECODE) for i in range(args.num_decode)]
-            + [(f"{_NAMES[Role.BOTH]}-{i}", Role.BOTH) for i in range(args.num_colocated)]
+            [(f"{_NAMES[Role.PREFILL]}-{i}", Role.PREFILL) for i in range(cluster.num_prefill)]
+            + [(f"{_NAMES[Role.DECODE]}-{i}", Role.DECODE) for i in range(cluster.num_decode)]
+            + [(f"{_NAMES[Role.BOTH]}-{i}", Role.BOTH) for i in range(cluster.num_colocated)]
         )
 
     def _child_argv(self, name: str, role: Role) -> list[str]:
@@ -195,7 +185,7 @@ class ProcessCluster:
 
     async def _spawn(self, name: str, role: Role, argv: list[str]) -> Child:
         env = dict(os.environ)
-        if self.args.cpu_placement:
+        if self.configs.engine.cpu_placement:
             env = passive_env(env)  # read when torch loads
         if self.fault_dir is not None:
             env[fault_points.ENV_DIR] = self.fault_dir
@@ -248,7 +238,7 @@ class ProcessCluster:
     async def _stop_child(self, child: Child) -> None:
         if child.process.returncode is not None:
             return
-        grace_s = self.args.shutdown_timeout_s + STOP_GRACE_S
+        grace_s = self.configs.process.shutdown_timeout_s + STOP_GRACE_S
         child.process.send_signal(signal.SIGCONT)  # one stopped at a fault point must hear the SIGTERM
         child.process.send_signal(signal.SIGTERM)
         try:
@@ -259,17 +249,13 @@ class ProcessCluster:
             await child.process.wait()
 
 
-def prepare_cluster(args: argparse.Namespace) -> Coroutine:
-    """`minipd --role cluster`: check every flag first (ValueError names it); returns the run."""
-    validate_cluster_args(args)
-    cluster_secret_from_args(args)
-    tokenizer = load_tokenizer_only(args.model)
-    engine_config_from_args(args)
-    router_config_from_args(args)
-    controller_from_args(args)
-    http_config(args.http_host, args.http_port, args)
+def prepare_cluster(configs: RoleConfigs) -> Coroutine:
+    """`minipd --role cluster`: the run of the cluster its validated configs describe (the
+    router's tokenizer is loaded first, so a bad --model fails before any process starts)."""
+    tokenizer = load_tokenizer_only(configs.serving.model)
+    demo = configs.demo
     return run_cluster(
-        ProcessCluster(args), args.prompt, demo_params(args), chat_wrapper(tokenizer) if args.chat else None
+        ProcessCluster(configs), demo.prompts, demo.sampling, chat_wrapper(tokenizer) if demo.chat else None
     )
 
 
@@ -285,7 +271,7 @@ async def run_cluster(
         await cluster.start()
         host, port = cluster.router_address
         roles = ", ".join(f"{c.name} at {c.address[0]}:{c.address[1]}" for c in cluster.children[:-1])
-        print(f"cluster ready ({cluster.args.transport} KV transport): {roles}", flush=True)
+        print(f"cluster ready ({cluster.configs.transport.name} KV transport): {roles}", flush=True)
         print(
             f"router: {host}:{port}  (Python: await minipd.ClusterClient.connect({host!r}, {port}, "
             f"secret=os.environ['MINIPD_CLUSTER_SECRET']))",

@@ -20,6 +20,7 @@ from minipd.api.protocol import ChatMessage
 from minipd.engine.engine import Engine
 from minipd.engine.request import TransferInfo
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
+from minipd.entrypoints.config_sections import DemoConfig
 from minipd.models.tokenizer import Tokenizer
 
 MS = 1e3
@@ -125,8 +126,8 @@ async def answer_prompts(
     return status
 
 
-async def run_demo(
-    engine: Engine, prompts: list[str], params: SamplingParams, out: TextIO = sys.stdout, chat: bool = False
-) -> int:
+async def run_demo(engine: Engine, demo: DemoConfig, out: TextIO = sys.stdout) -> int:
+    """`minipd --role both` without ports: answer `demo.prompts` (or stdin) on `engine`."""
     async with engine:
-        return await answer_prompts(engine, prompts, params, out, chat_wrapper(engine.tokenizer) if chat else None)
+        wrap = chat_wrapper(engine.tokenizer) if demo.chat else None
+        return await answer_prompts(engine, demo.prompts, demo.sampling, out, wrap)

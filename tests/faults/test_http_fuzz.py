@@ -26,7 +26,7 @@ from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
 
-CONFIG = EngineConfig(model="tiny", dtype="float32", num_blocks=64, max_model_len=128)  # any request ends soon
+CONFIG = EngineConfig.of(model="tiny", dtype="float32", num_blocks=64, max_model_len=128)  # any request ends soon
 EXAMPLES_PER_BACKEND = 100
 REQUEST_TIMEOUT_S = 30.0
 SENTINEL = {"prompt": "the sentinel stream", "max_tokens": 24, "temperature": 0.7, "seed": 5, "ignore_eos": True}

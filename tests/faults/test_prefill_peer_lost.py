@@ -16,7 +16,7 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
 
-CONFIG = EngineConfig(model="tiny", dtype="float32", num_blocks=256, max_model_len=512, max_num_batched_tokens=16)
+CONFIG = EngineConfig.of(model="tiny", dtype="float32", num_blocks=256, max_model_len=512, max_num_batched_tokens=16)
 NUM_PROMPTS = 6
 PROMPT_TOKENS = 200  # 13 steps of 16 tokens each on the prefill instance: 78 steps queued in all
 STEPS_BEFORE_LOSS = 3

@@ -19,7 +19,7 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
 
-CONFIG = EngineConfig(model="tiny", dtype="float32", num_blocks=128, max_model_len=256)
+CONFIG = EngineConfig.of(model="tiny", dtype="float32", num_blocks=128, max_model_len=256)
 CHAT = "/v1/chat/completions"
 STREAM_TOKENS = 40
 EXTREMES = [{"temperature": 1e-38}, {"temperature": 5e-324}, {"temperature": 1.0, "top_p": 1e-46}]

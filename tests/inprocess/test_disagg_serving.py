@@ -272,7 +272,7 @@ def test_malformed_control_frames_close_only_that_connection(cluster, loop_threa
 def test_requests_wait_for_a_full_decode_pool_instead_of_failing(loop_thread):
     # 12 decode blocks: three 90-token prompts (6 blocks each, then growth) cannot all hold blocks at once.
     # KV admission off: the router accepts them all and the third waits for blocks.
-    small_decode = msgspec.structs.replace(CONFIG, num_blocks=12, max_model_len=190)
+    small_decode = CONFIG.replace(num_blocks=12, max_model_len=190)
     router_config = RouterConfig(local_prefill_max_tokens=-1, kv_admission_ratio=None)
 
     async def run():

@@ -27,7 +27,10 @@ PROMPT = "Prefill is compute-bound; decode is bandwidth-bound."
 def cluster(loop_thread):
     cluster = loop_thread.run(
         InProcessCluster.start(
-            EngineConfig(**CONFIG), num_prefill=1, num_decode=1, router_config=RouterConfig(local_prefill_max_tokens=0)
+            EngineConfig.of(**CONFIG),
+            num_prefill=1,
+            num_decode=1,
+            router_config=RouterConfig(local_prefill_max_tokens=0),
         )
     )
     yield cluster

@@ -17,7 +17,7 @@ from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.engine_backend import EngineBackend
 from minipd.engine.engine import EngineConfig
 
-CONFIG = EngineConfig(model="tiny", num_blocks=64, max_model_len=512)
+CONFIG = EngineConfig.of(model="tiny", num_blocks=64, max_model_len=512)
 TIMEOUT_S = 0.5
 BOUND_S = 10.0  # what "cut off" must stay far below (the server used to wait 3,630 s)
 TRICKLE_GAP_S = 0.1  # the slow client's pace: one byte per gap

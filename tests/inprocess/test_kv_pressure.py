@@ -26,7 +26,7 @@ from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
 
 BLOCK_SIZE = 16
-DECODE = EngineConfig(
+DECODE = EngineConfig.of(
     model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=32, max_model_len=256, max_num_batched_tokens=256
 )
 SMALL_DECODE = msgspec.structs.replace(DECODE, num_blocks=16)  # one max_model_len sequence
@@ -66,7 +66,7 @@ def test_a_decode_pool_far_too_small_for_its_load_never_deadlocks(loop_thread, m
     assert preemptions > 0, "the load must overflow the decode pool"
     assert all(r[-1].error is None and r[-1].num_output_tokens == MAX_TOKENS for r in results)
     # preempted requests were recomputed on the decode instance: their tokens are still exact
-    roomy = msgspec.structs.replace(DECODE, num_blocks=NUM_STREAMS * DECODE.max_model_len // BLOCK_SIZE)
+    roomy = msgspec.structs.replace(DECODE, num_blocks=NUM_STREAMS * DECODE.scheduler.max_model_len // BLOCK_SIZE)
     expected = loop_thread.run(complete_all(make_engine(**msgspec.structs.asdict(roomy)), load, params))
     assert [[t for o in r for t in o.token_ids] for r in results] == [e.token_ids for e in expected]
     assert all(s.num_used_blocks == 0 and s.num_reservations == 0 for s in stats), stats
@@ -122,7 +122,7 @@ def test_a_burst_of_ten_times_capacity_is_refused_early_and_every_accepted_reque
     overload_server, loop_thread
 ):
     url, backend = overload_server
-    claim = claim_blocks(BURST_PROMPT_TOKENS + 1, BURST_MAX_TOKENS, DECODE.max_model_len, BLOCK_SIZE)
+    claim = claim_blocks(BURST_PROMPT_TOKENS + 1, BURST_MAX_TOKENS, DECODE.scheduler.max_model_len, BLOCK_SIZE)
     capacity = DECODE.num_blocks // claim  # requests whose whole output fits at once
     rng = random.Random(5)
     bodies = [
@@ -181,7 +181,7 @@ def test_a_burst_of_ten_times_capacity_is_refused_early_and_every_accepted_reque
 
 def test_a_request_that_cannot_get_blocks_in_time_fails_as_overloaded_and_the_others_complete(loop_thread):
     # Admission off and a short KV wait: the third long request cannot reserve while two run.
-    small = msgspec.structs.replace(DECODE, num_blocks=12, max_model_len=190)
+    small = DECODE.replace(num_blocks=12, max_model_len=190)
     config = RouterConfig(local_prefill_max_tokens=-1, kv_admission_ratio=None, kv_wait_s=0.2)
 
     async def run():

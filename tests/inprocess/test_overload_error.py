@@ -18,7 +18,7 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router import RouterConfig
 
-CONFIG = EngineConfig(model="tiny", dtype="float32", num_blocks=16, max_model_len=256)
+CONFIG = EngineConfig.of(model="tiny", dtype="float32", num_blocks=16, max_model_len=256)
 HOLD_TOKENS = 240  # 15 of the decode instance's 16 blocks
 PROMPT = "a prompt of two blocks, which the one free block cannot hold"
 SETTLE_S = 10.0

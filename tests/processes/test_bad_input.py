@@ -88,7 +88,7 @@ def test_leaving_the_stream_early_aborts(engine, loop_thread):
 )
 def test_bad_engine_config_names_the_field(overrides, field):
     with pytest.raises(ValueError, match=field):
-        Engine(EngineConfig(**overrides))
+        Engine(EngineConfig.of(**overrides))
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from socket_queues import listening_addresses
 from minipd.control.handshake import AuthenticationError
 from minipd.control.role import Role
 from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.configs import role_configs
 from minipd.entrypoints.credentials import warn_if_exposed, warn_if_open_api
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.process_cluster import ProcessCluster
@@ -118,7 +119,8 @@ def test_a_given_secret_is_passed_on_as_given():
     for child in (Role.DECODE, Role.ROUTER):
         argv = inherited_argv(args, Role.CLUSTER, child)
         assert "x" * 20 not in argv and "k" not in argv and "--max-connections" in argv
-    assert ProcessCluster(args).cluster_secret.proof(b"l") == SharedSecret(b"x" * 20).proof(b"l")
+    cluster = ProcessCluster(role_configs(Role.CLUSTER, args))
+    assert cluster.cluster_secret.proof(b"l") == SharedSecret(b"x" * 20).proof(b"l")
 
 
 def test_secrets_are_read_from_the_environment(monkeypatch):

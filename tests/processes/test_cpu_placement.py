@@ -112,7 +112,7 @@ def test_each_child_command_line_carries_its_share():
 
 def test_the_engine_applies_its_placement_on_its_compute_thread():
     cpu = available_cpus()[-1]
-    engine = Engine(EngineConfig(model="tiny", num_blocks=16, max_model_len=128, torch_threads=1, cpus=(cpu,)))
+    engine = Engine(EngineConfig.of(model="tiny", num_blocks=16, max_model_len=128, torch_threads=1, cpus=(cpu,)))
     try:
         threads, affinity = engine.run_on_compute_thread(lambda: (torch.get_num_threads(), os.sched_getaffinity(0)))
     finally:

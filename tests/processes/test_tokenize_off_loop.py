@@ -26,7 +26,7 @@ from minipd.router.client import ClusterClient
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router, RouterConfig
 
-CONFIG = EngineConfig(model="tiny", num_blocks=64, max_model_len=512)
+CONFIG = EngineConfig.of(model="tiny", num_blocks=64, max_model_len=512)
 HUGE_PROMPT_BYTES = 3_900_000
 NUM_HUGE = 6
 BASELINE_EVENTS = 40

@@ -27,7 +27,7 @@ from minipd.entrypoints.process_cluster import ProcessCluster
 pytestmark = requires_smollm2
 
 BLOCK_SIZE = 16
-SHORT = EngineConfig(
+SHORT = EngineConfig.of(
     model="smollm2",
     dtype="float32",
     block_size=BLOCK_SIZE,
@@ -37,7 +37,7 @@ SHORT = EngineConfig(
     torch_threads=1,
 )
 LONG_PROMPT_TOKENS = 6000
-LONG = EngineConfig(
+LONG = EngineConfig.of(
     model="smollm2",
     dtype="bfloat16",
     block_size=BLOCK_SIZE,
@@ -82,9 +82,9 @@ def _argv(config: EngineConfig) -> list[str]:
         "--num-blocks",
         str(config.num_blocks),
         "--max-model-len",
-        str(config.max_model_len),
+        str(config.scheduler.max_model_len),
         "--max-num-batched-tokens",
-        str(config.max_num_batched_tokens),
+        str(config.scheduler.max_num_batched_tokens),
         "--torch-threads",
         "1",
         "--local-prefill-max-tokens",
@@ -138,7 +138,9 @@ def test_smollm2_disaggregated_equals_colocated_with_chunked_prefill(make_engine
     colocated = make_engine(**msgspec.structs.asdict(SHORT))
     prompts = [colocated.tokenizer.encode(p) for p in PROMPTS]
     assert sum(len(p) <= LOCAL_PREFILL_MAX_TOKENS for p in prompts) == 1
-    assert max(map(len, prompts)) > 2 * SHORT.max_num_batched_tokens, "one prompt needs several prefill chunks"
+    assert max(map(len, prompts)) > 2 * SHORT.scheduler.max_num_batched_tokens, (
+        "one prompt needs several prefill chunks"
+    )
     expected = loop_thread.run(complete_all(colocated, prompts, greedy(SHORT_MAX_TOKENS)), timeout=RUN_TIMEOUT_S)
     processes, client = _start(SHORT, loop_thread)
     try:

@@ -13,7 +13,7 @@ from minipd.engine.sampling_params import SamplingParams
 BLOCK_SIZE = 16
 LOCAL_PREFILL_MAX_TOKENS = 16
 # float32 pinned: disaggregated and colocated outputs are compared token for token.
-CONFIG = EngineConfig(
+CONFIG = EngineConfig.of(
     model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=256, max_model_len=512, max_num_batched_tokens=64
 )
 ENGINE_ARGV = [

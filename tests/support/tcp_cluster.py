@@ -14,7 +14,7 @@ LOCALHOST = "127.0.0.1"
 IDLE_TIMEOUT_S = 10.0
 BLOCK_SIZE = 16
 # float32: outputs are compared token for token
-CONFIG = EngineConfig(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=64, max_model_len=256)
+CONFIG = EngineConfig.of(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=64, max_model_len=256)
 SECRET = SharedSecret(b"the security tests' cluster secret")
 OTHER_SECRET = SharedSecret(b"a secret of another cluster entirely")
 

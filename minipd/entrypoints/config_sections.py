@@ -1,0 +1,133 @@
+"""The parts of a role's configuration that belong to no subsystem's own config: the process,
+the instance, its KV transport, what the API serves, the router's instances, the local
+cluster, the command-line demo, and the ratio controller's pair of configs.
+
+Each is a frozen struct whose defaults are the flags' defaults (the flag tables read them from
+here, as they read the engine's, router's and HTTP front's from those configs); `configs.py`
+fills them from a parsed command line. A `validate` method names the flag in its ValueError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from minipd.api.app import DEFAULT_HOST, SHUTDOWN_TIMEOUT_S
+from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S
+from minipd.control.limits import DEFAULT_MAX_CONNECTIONS
+from minipd.control.role import Role
+from minipd.disagg.instance import DEFAULT_LEASE_S
+from minipd.engine.config import EngineConfig
+from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
+from minipd.engine.sampling_params import SamplingParams
+from minipd.policy.ratio_controller import ControllerConfig
+from minipd.router.live_controller import LiveControllerOptions
+from minipd.transports.registry import backend_options
+
+Address = tuple[str, int]
+
+
+class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True):
+    log_level: str = "WARNING"
+    host: str = DEFAULT_HOST  # every port of the process binds here
+    shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S
+    liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S  # 0: no heartbeats
+    max_connections: int = DEFAULT_MAX_CONNECTIONS  # per listener
+    cluster_secret: str | None = None  # as given; `credentials.parse_cluster_secret` checks it
+    cpus: tuple[int, ...] | None = None  # the cores it is pinned to; None: not pinned
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"ProcessConfig(host={self.host!r}, cluster_secret={'<set>' if self.cluster_secret else None})"
+
+
+class InstanceConfig(msgspec.Struct, frozen=True, kw_only=True):
+    port: int | None = 0  # the control port (0: any free one); None: a colocated server without one
+    instance_id: str | None = None  # None: ROLE-PID
+    router: Address | None = None  # register there once serving
+    lease_s: float = DEFAULT_LEASE_S  # of a decode instance's reservations
+    step_log_dir: str | None = None  # the engine's step log goes to DIR/INSTANCE-ID.jsonl
+
+    def name(self, role: Role, pid: int) -> str:
+        return self.instance_id or f"{role.value}-{pid}"
+
+
+class TransportConfig(msgspec.Struct, frozen=True, kw_only=True):
+    name: str = "tcp"  # a key of transports.registry.BACKENDS
+    link_gbps: float | None = None  # egress cap; None or 0: none
+
+    def options(self, process: ProcessConfig) -> dict[str, Any]:
+        """The backend's options: the process settings its spec says it takes (registry.py)."""
+        return backend_options(
+            self.name,
+            {
+                "link_gbps": self.link_gbps or None,
+                # a KV send stuck this long fails like a dead peer; 0 turns liveness off
+                "stall_timeout_s": process.liveness_timeout_s if process.liveness_timeout_s > 0 else None,
+                "host": process.host,
+                "max_connections": process.max_connections,
+            },
+        )
+
+
+class ServingConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """What an OpenAI API front serves, and how much it admits."""
+
+    model: str = EngineConfig().model
+    served_model_name: str | None = None  # None: the model as given
+    kv_admission_ratio: float = DEFAULT_KV_ADMISSION_RATIO
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+class RouterEndpoints(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the router listens and the instances it starts with."""
+
+    port: int = 8100
+    prefill: list[Address] = msgspec.field(default_factory=list)
+    decode: list[Address] = msgspec.field(default_factory=list)
+    colocated: list[Address] = msgspec.field(default_factory=list)
+
+    def by_role(self) -> list[tuple[Role, list[Address]]]:
+        return [(Role.PREFILL, self.prefill), (Role.DECODE, self.decode), (Role.BOTH, self.colocated)]
+
+
+class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """The processes `minipd --role cluster` starts."""
+
+    port: int = 0  # the router's client port
+    num_prefill: int = 1
+    num_decode: int = 1
+    num_colocated: int = 0
+
+    def validate(self, transport: str) -> None:
+        for field in ("num_prefill", "num_decode", "num_colocated"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{field}: must be >= 0")
+        if self.num_decode + self.num_colocated < 1:
+            raise ValueError("num_decode: a cluster needs at least one decode or colocated instance")
+        if transport == "loopback":
+            raise ValueError("transport: loopback works only inside one process; choose tcp, ucx or nixl")
+
+
+class DemoConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Prompts answered from the command line (`--prompt`), and how."""
+
+    prompts: list[str] = msgspec.field(default_factory=list)
+    sampling: SamplingParams = msgspec.field(default_factory=lambda: SamplingParams(max_tokens=32, temperature=0.0))
+    chat: bool = False  # through the model's chat template
+
+    def validate(self) -> None:
+        self.sampling.validate(vocab_size=2**31)  # token-id fields are checked against the model later
+
+
+class RatioController(msgspec.Struct, frozen=True, kw_only=True):
+    """The live P:D ratio controller's policy and its loop's options."""
+
+    policy: ControllerConfig
+    options: LiveControllerOptions = LiveControllerOptions()
+
+
+DEFAULT_CONTROLLER_SLO = ["ttft:1000", "itl:100"]  # as typed on the command line

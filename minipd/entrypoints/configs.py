@@ -1,0 +1,172 @@
+"""A parsed `minipd --role ROLE` command line, turned into typed configs in one place.
+
+`role_configs(role, args)` reads each flag of the role's table (flags.py) and puts its value
+where the flag's `sets` says (`engine.scheduler.max_num_seqs`: the field `max_num_seqs` of
+the engine config's scheduler), starting from each config's defaults; then it builds and
+validates the configs the role runs with. A bad value raises ValueError naming the field,
+which `cli.py` reports as the flag's error (exit status 2). Nothing is loaded here.
+
+What is not a plain copy of one flag is derived below, each with its reason: the colocated
+server's HTTP front binds its `--host`; the step log file is named after the instance; the
+HTTP front and the ratio controller exist only when asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+import msgspec
+
+from minipd.api.app import HttpConfig
+from minipd.control.role import Role
+from minipd.engine.config import EngineConfig
+from minipd.engine.kv_admission import validate_ratio
+from minipd.entrypoints.config_sections import (
+    ClusterConfig,
+    DemoConfig,
+    InstanceConfig,
+    ProcessConfig,
+    RatioController,
+    RouterEndpoints,
+    ServingConfig,
+    TransportConfig,
+)
+from minipd.entrypoints.credentials import parse_cluster_secret
+from minipd.entrypoints.flag_spec import ENGINE_ROLES, ROUTING
+from minipd.entrypoints.flags import FLAGS
+from minipd.policy.ratio_controller import ControllerConfig
+from minipd.router.live_controller import LiveControllerOptions
+from minipd.router.router import RouterConfig
+from minipd.slo.targets import SLO
+
+
+@dataclass(frozen=True)
+class RoleConfigs:
+    """Everything one role runs with. A part the role does not use keeps its defaults."""
+
+    role: Role
+    process: ProcessConfig
+    engine: EngineConfig | None  # the roles that run an engine, and the launcher (checked for its instances)
+    router: RouterConfig | None  # the router, and the launcher (checked for its router)
+    http: HttpConfig | None  # None: no OpenAI API front
+    serving: ServingConfig
+    instance: InstanceConfig
+    transport: TransportConfig
+    endpoints: RouterEndpoints
+    cluster: ClusterConfig
+    demo: DemoConfig
+    ratio_controller: RatioController | None  # None: the P:D ratio stays as started
+    # The command line as parsed: only for passing flags on to child processes
+    # (flags.inherited_argv), which must see them as the user typed them.
+    parsed: argparse.Namespace
+
+    def with_cluster_secret(self, text: str) -> "RoleConfigs":
+        """These configs with `text` as the cluster secret, in the parsed flags too (so it
+        reaches the children)."""
+        parsed = argparse.Namespace(**{**vars(self.parsed), "cluster_secret": text})
+        return replace(self, process=msgspec.structs.replace(self.process, cluster_secret=text), parsed=parsed)
+
+
+def flag_values(role: Role, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The parsed value of each of `role`'s flags, nested by the paths in the flags' `sets`."""
+    values: dict[str, dict[str, Any]] = {}
+    for flag in FLAGS:
+        if role not in flag.roles:
+            continue
+        for path in flag.sets:
+            *sections, field = path.split(".")
+            node = values
+            for section in sections:
+                node = node.setdefault(section, {})
+            node[field] = getattr(args, flag.dest)
+    return values
+
+
+def role_configs(role: Role, args: argparse.Namespace) -> RoleConfigs:
+    """The typed configs of `role` from its parsed flags, validated (ValueError names the field)."""
+    values = flag_values(role, args)
+    process = _fill(ProcessConfig(), values.get("process", {}))
+    parse_cluster_secret(process.cluster_secret)  # checked before anything loads
+    instance = _fill(InstanceConfig(), values.get("instance", {}))
+    transport = _fill(TransportConfig(), values.get("transport", {}))
+    serving = _fill(ServingConfig(), values.get("serving", {}))
+    cluster = _fill(ClusterConfig(), values.get("cluster", {}))
+    if role is Role.CLUSTER:
+        cluster.validate(transport.name)
+    demo = _fill(DemoConfig(), values.get("demo", {}))
+    demo.validate()
+    return RoleConfigs(
+        role=role,
+        process=process,
+        engine=_engine(role, values.get("engine", {}), instance) if role in ENGINE_ROLES else None,
+        router=_router(values.get("router", {})) if role in ROUTING else None,
+        http=_http(role, values.get("http", {}), process, serving),
+        serving=serving,
+        instance=instance,
+        transport=transport,
+        endpoints=_fill(RouterEndpoints(), values.get("endpoints", {})),
+        cluster=cluster,
+        demo=demo,
+        ratio_controller=_ratio_controller(values.get("ratio_controller", {})),
+        parsed=args,
+    )
+
+
+def _fill(config: Any, values: dict[str, Any]) -> Any:
+    """`config` with `values` in place of its defaults; a nested dict fills a nested config."""
+    changes = {
+        name: _fill(getattr(config, name), value) if isinstance(value, dict) else value
+        for name, value in values.items()
+    }
+    return msgspec.structs.replace(config, **changes)
+
+
+def _engine(role: Role, values: dict[str, Any], instance: InstanceConfig) -> EngineConfig:
+    config = _fill(EngineConfig(), values)
+    if role is Role.CLUSTER:
+        # the launcher's --cpus are the cores it divides among its children (cli.py checks them
+        # against this process's); each child checks its own share, and names its own step log
+        config.replace(cpus=None).validate()
+        return config
+    if instance.step_log_dir:
+        step_log = os.path.join(instance.step_log_dir, f"{instance.name(role, os.getpid())}.jsonl")
+        config = config.replace(step_log=step_log)
+    config.validate()
+    return config
+
+
+def _router(values: dict[str, Any]) -> RouterConfig:
+    config = _fill(RouterConfig(), values)
+    config.validate()
+    return config
+
+
+def _http(role: Role, values: dict[str, Any], process: ProcessConfig, serving: ServingConfig) -> HttpConfig | None:
+    """The HTTP front's config when its port is given (`--port` of `both`, `--http-port` of a
+    router), else None."""
+    if values.get("port") is None:
+        return None
+    if role is Role.BOTH:  # the colocated server has one address for all its ports
+        values = {**values, "host": process.host}
+    validate_ratio(serving.kv_admission_ratio)
+    config = _fill(HttpConfig(), values)
+    config.validate()
+    return config
+
+
+def _ratio_controller(values: dict[str, Any]) -> RatioController | None:
+    """The controller's policy and options with --ratio-controller, else None; the configs'
+    own checks name the flag."""
+    if not values.get("on"):
+        return None
+    policy = dict(values.get("policy", {}))
+    try:
+        slo = SLO.parse(policy.pop("slo"))
+    except ValueError as exc:
+        raise ValueError(f"controller_slo: {exc}") from None
+    return RatioController(
+        policy=ControllerConfig(slo=slo, **policy), options=LiveControllerOptions(**values.get("options", {}))
+    )

