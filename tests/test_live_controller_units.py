@@ -16,7 +16,7 @@ from minipd.planner.ratio_controller import ControllerConfig, Move
 from minipd.planner.slo import SLO
 from minipd.router.live_controller import LiveControllerOptions, LiveRatioController, pick_mover
 from minipd.router.registry import InstanceHandle, InstanceRegistry
-from minipd.router.role_switch import SwitchFailed
+from minipd.router.role_switch_driver import SwitchFailed
 
 TTFT_S, ITL_S = 0.5, 0.05
 MIN_SAMPLES = 10

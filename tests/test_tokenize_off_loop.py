@@ -22,7 +22,7 @@ from minipd.api.router_backend import RouterBackend
 from minipd.engine.engine import EngineConfig
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.client import ClusterClient
+from minipd.router.cluster_client import ClusterClient
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router, RouterConfig
 

@@ -6,7 +6,7 @@ instance is alive); this adapter names its instances' stats the way the HTTP fro
 its gauges expect them, and turns "no instance to route to" into a 503. KV transfer
 figures reach /metrics through `RequestOutput.transfer` on each final output; failed
 transfers, which no final output reports (a retry may still succeed), through
-`Router.on_transfer_failure`.
+`RouterCounters.on_transfer_failure`.
 """
 
 from __future__ import annotations
@@ -64,4 +64,4 @@ class RouterBackend:
         ]
 
     def on_transfer_failure(self, callback: Callable[[str], None]) -> None:
-        self.router.on_transfer_failure = callback
+        self.router.counters.on_transfer_failure = callback

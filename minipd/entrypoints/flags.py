@@ -41,7 +41,7 @@ from minipd.models.packaged_models import PACKAGED_MODELS
 from minipd.planner.ratio_controller import ControllerConfig
 from minipd.planner.slo import SLO
 from minipd.router.live_controller import LiveControllerOptions
-from minipd.router.router import KV_LOAD_FAILURE_POLICIES, RouterConfig
+from minipd.router.router_config import KV_LOAD_FAILURE_POLICIES, RouterConfig
 from minipd.transports.registry import BACKENDS
 
 DEFAULT_ROUTER_PORT = 8100

@@ -15,7 +15,7 @@ from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
-from minipd.router.role_switch import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport
+from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport
 from minipd.router.router import Router, RouterConfig
 from minipd.transports.loopback_hub import LoopbackHub
 from minipd.transports.shared_secret import SharedSecret

@@ -48,7 +48,7 @@ from minipd.entrypoints.roles import (
     router_config_from_args,
 )
 from minipd.entrypoints.signals import wait_for_stop_signal
-from minipd.router.client import ClusterClient
+from minipd.router.cluster_client import ClusterClient
 from minipd.transports import fault_points
 from minipd.transports.shared_secret import SharedSecret, generate_secret_text
 
