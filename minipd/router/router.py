@@ -43,12 +43,13 @@ from minipd.control.messages import (
     TokenOutput,
 )
 from minipd.control.role import Role
+from minipd.engine.checked_prompt import CheckedPrompt, accept_prompt
 from minipd.engine.kv_admission import KVClaims, claim_blocks, claim_limit
-from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.prompt_encoder import PromptEncoder
 from minipd.engine.request import OVERLOADED, RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
+from minipd.engine.unavailable import BackendUnavailableError
 from minipd.router.attempt import Attempt, AttemptFailed
 from minipd.router.instance_links import InstanceLinks
 from minipd.router.latency_observer import LatencyObserver
@@ -62,6 +63,7 @@ from minipd.router.try_ids import TryIds
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 2  # the first try and one retry on other instances
+SHUTDOWN_RETRY_AFTER_S = 5  # a cluster that restarts registers its instances within seconds
 
 
 class Router:
@@ -182,24 +184,24 @@ class Router:
     # ---- requests ---------------------------------------------------------------------
     def submit(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | CheckedPrompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         layerwise: bool | None = None,
     ) -> RequestStream:
         """Validate and start routing; returns the stream of outputs. Raises InvalidRequestError,
-        or NoCapacity when the cluster's KV capacity is claimed already (`kv_admission_ratio`).
+        BackendUnavailableError while shutting down, or NoCapacity when the cluster's KV
+        capacity is claimed already (`kv_admission_ratio`).
 
-        A text prompt is tokenized here, on the loop; servers pass token ids from
-        `prompt_encoder` instead. `layerwise` overrides the router's KV streaming mode for this
-        request (experiments)."""
-        params = (params or SamplingParams()).with_seed()
+        A text prompt is tokenized here, on the loop; servers validate off the loop and pass
+        a CheckedPrompt (checked_prompt.py), whose invariants only are checked here.
+        `layerwise` overrides the router's KV streaming mode for this request (experiments)."""
         if not self.accepting:
-            raise RuntimeError("the router is shutting down")
+            raise BackendUnavailableError("the router is shutting down", SHUTDOWN_RETRY_AFTER_S)
         if not self.registry.instances:
             raise RuntimeError("the router has no instances")
-        params.validate(self.vocab_size)
-        token_ids = prompt_token_ids(self.tokenizer, prompt, self.vocab_size, self.max_model_len)
+        checked = accept_prompt(self.tokenizer, prompt, params, self.vocab_size, self.max_model_len)
+        token_ids, params = checked.token_ids, checked.params
         request_id = request_id or f"req-{next(self._ids)}"
         if len(request_id) > MAX_REQUEST_ID_CHARS:
             raise InvalidRequestError("request_id", f"longer than {MAX_REQUEST_ID_CHARS} characters")
