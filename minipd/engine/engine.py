@@ -22,7 +22,7 @@ import concurrent.futures
 import itertools
 import logging
 import time
-from typing import AsyncIterator, Callable, Sequence
+from typing import Callable, Sequence
 
 import msgspec
 import torch
@@ -33,6 +33,7 @@ from minipd.engine.checked_prompt import CheckedPrompt, accept_prompt
 from minipd.engine.config import EngineConfig, EngineStats
 from minipd.engine.detokenizer import Detokenizer
 from minipd.engine.dtype_choice import resolve_dtype
+from minipd.engine.generator import GeneratesFromSubmit
 from minipd.engine.kv_admission import KVClaims, NoCapacity, claim_blocks
 from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
 from minipd.engine.kv_sink import KVSink
@@ -49,7 +50,10 @@ log = logging.getLogger(__name__)
 __all__ = ["Engine", "EngineConfig", "EngineStats", "NoCapacity"]
 
 
-class Engine:
+class Engine(GeneratesFromSubmit):
+    """One instance's engine; `submit`/`generate` have the shape every runner of requests
+    shares (generator.py)."""
+
     def __init__(self, config: EngineConfig):
         """Loads the model and allocates the KV pool. `config.dtype` "auto" is resolved first:
         `self.config.dtype` is always the concrete dtype (`self.dtype_choice` says why)."""
@@ -241,14 +245,6 @@ class Engine:
         self._idle.clear()
         self._wakeup.set()
         return stream
-
-    async def generate(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; leaving the loop early aborts the request."""
-        async with self.submit(prompt, params, request_id) as stream:
-            async for output in stream:
-                yield output
 
     def abort(self, request_id: str) -> bool:
         """Abort a running or waiting request; False if it is unknown or already finished."""

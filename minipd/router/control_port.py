@@ -131,7 +131,7 @@ class RouterControlPort(ControlServer):
                 )
                 params = None
             aborted = self._tokenizing.get(request_id, False)
-            stream = None if aborted else self.router.submit(prompt, params, request_id, message.layerwise)
+            stream = None if aborted else self.router.submit(prompt, params, request_id, layerwise=message.layerwise)
         except (InvalidRequestError, RuntimeError) as exc:  # NoCapacity included
             channel.send(
                 TokenOutput(request_id=message.request_id, output=RequestOutput.aborted(message.request_id, str(exc)))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import AsyncIterator, Sequence
+from typing import Sequence
 
 from minipd.control.channel import Channel
 from minipd.control.handshake import SharedSecret
@@ -44,6 +44,7 @@ from minipd.control.messages import (
 )
 from minipd.control.role import Role
 from minipd.engine.checked_prompt import CheckedPrompt, accept_prompt
+from minipd.engine.generator import GeneratesFromSubmit
 from minipd.engine.kv_admission import KVClaims, claim_blocks, claim_limit
 from minipd.engine.prompt_encoder import PromptEncoder
 from minipd.engine.request import OVERLOADED, RequestOutput
@@ -66,7 +67,7 @@ MAX_ATTEMPTS = 2  # the first try and one retry on other instances
 SHUTDOWN_RETRY_AFTER_S = 5  # a cluster that restarts registers its instances within seconds
 
 
-class Router:
+class Router(GeneratesFromSubmit):
     def __init__(
         self,
         tokenizer,
@@ -187,9 +188,11 @@ class Router:
         prompt: str | Sequence[int] | CheckedPrompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        *,
         layerwise: bool | None = None,
     ) -> RequestStream:
-        """Validate and start routing; returns the stream of outputs. Raises InvalidRequestError,
+        """Validate and start routing; returns the stream of outputs (engine/generator.py: the
+        shape every runner of requests shares). Raises InvalidRequestError,
         BackendUnavailableError while shutting down, or NoCapacity when the cluster's KV
         capacity is claimed already (`kv_admission_ratio`).
 
@@ -216,13 +219,6 @@ class Router:
         self._requests[request_id] = routed
         routed.task = asyncio.get_running_loop().create_task(self._route(routed))
         return stream
-
-    async def generate(
-        self, prompt, params: SamplingParams | None = None, request_id: str | None = None, layerwise: bool | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        async with self.submit(prompt, params, request_id, layerwise) as stream:
-            async for output in stream:
-                yield output
 
     def abort(self, request_id: str) -> bool:
         routed = self._requests.get(request_id)
