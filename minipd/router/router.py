@@ -1,7 +1,9 @@
 """The router: takes requests, picks instances, moves each request through the P/D lifecycle.
 
 For one request (docs/architecture.md, "How a request flows"):
-1. tokenize and validate; fix the sampling seed so prefill and decode sample alike;
+1. tokenize and validate, fixing the sampling seed so prefill and decode sample alike; a
+   prompt the HTTP front or the control port validated already (a CheckedPrompt) has its
+   invariants checked only (engine/checked_prompt.py);
 2. pick a decode instance (free blocks, running requests) and a prefill instance (prefix
    overlap, queue load). The local-prefill policy (prefill_site.py, the planner's) decides
    whether the prompt runs wholly on the decode instance instead (conditional
@@ -19,8 +21,9 @@ request is tried again elsewhere without counting it.
 Aborts reach every instance the request touched. The KV never passes through the router.
 
 The router owns the tables that every path (routing, admission, liveness and eviction, role
-switches) reads and changes on one event loop: requests, try ids, channels, instances
-(registry.py), and dispatches the instances' messages to the requests they concern."""
+switches) reads and changes on one event loop: requests, their KV claims and try ids, and
+instances (registry.py, connected and watched by instance_links.py); and it dispatches the
+instances' messages to the requests they concern."""
 
 from __future__ import annotations
 
