@@ -21,7 +21,7 @@ _EXPORTS = {
     "InvalidRequestError": "minipd.engine.sampling_params",
     "RequestOutput": "minipd.engine.request",
     "InProcessCluster": "minipd.entrypoints.inprocess_cluster",
-    "ClusterClient": "minipd.router.client",
+    "ClusterClient": "minipd.router.cluster_client",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -27,7 +27,7 @@ class LoopbackTransport(Transport):
 
     backend = "loopback"
 
-    def __init__(self, pool, *, instance_id: str, hub: LoopbackHub | None = None, **options) -> None:
+    def __init__(self, pool, *, instance_id: str, hub: LoopbackHub[LoopbackTransport] | None = None, **options) -> None:
         super().__init__(pool, instance_id=instance_id, **options)
         self._hub = hub if hub is not None else LoopbackHub()
         self._host_bytes = pool_bytes(pool).numpy() if self.layout.device_type == "cpu" else None

@@ -33,7 +33,7 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.models.config import preset_config
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 MS = 1e3
 HIDDEN_SLACK = 0.05  # the tolerance below (L-1)/L

@@ -30,7 +30,7 @@ from benchmarks.loadgen.baseline_plots import plot_soak as plot  # noqa: F401 (b
 from benchmarks.soak.chaos import Chaos
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.router.client import ClusterClient
+from minipd.router.cluster_client import ClusterClient
 from minipd.workload import ArrivalProcess, RequestSpec, make_workload
 
 SETTLE_S = 60.0  # after the run, every pool must be full again within this

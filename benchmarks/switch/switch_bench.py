@@ -35,7 +35,7 @@ from benchmarks.loadgen.deployments import ServerOptions, start_disaggregated
 from benchmarks.loadgen.plotting import save, subplots
 from benchmarks.loadgen.processes import ManagedProcess, Processes
 from minipd.engine.sampling_params import SamplingParams
-from minipd.router.client import ClusterClient
+from minipd.router.cluster_client import ClusterClient
 from minipd.transports.shared_secret import SharedSecret
 
 TARGET_EXCLUDING_DRAIN_S = 1.0

@@ -34,7 +34,7 @@ from minipd.api.json_only import require_json
 from minipd.control.messages import DRAIN_TIMEOUT
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.policy.local_prefill import Placement
-from minipd.router.role_switch import DEFAULT_DRAIN_TIMEOUT_S, SwitchConflict, SwitchFailed, UnknownInstance
+from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchConflict, SwitchFailed, UnknownInstance
 from minipd.router.router import Router
 
 
@@ -126,9 +126,9 @@ class RouterCollector(Collector):
             labels=["placement"],
         )
         for placement in Placement:
-            placements.add_metric([placement.value], router.placements[placement])
+            placements.add_metric([placement.value], router.counters.placements[placement])
         stale = CounterMetricFamily("minipd_stale_epoch_retries", "Tries refused for a stale role epoch and retried")
-        stale.add_metric([], router.num_stale_retries)
+        stale.add_metric([], router.counters.num_stale_retries)
         yield from (switches, last, epochs, placements, stale)
 
 

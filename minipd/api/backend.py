@@ -4,7 +4,8 @@ The OpenAI-compatible server (`minipd.api.app`) is written against `ServingBacke
 only, so the same front sits on a colocated `Engine` (`engine_backend.EngineBackend`) and on the
 router of a disaggregated cluster. A backend promises:
 
-1. `submit` validates at once and returns a stream that yields `RequestOutput`
+1. `submit` takes a prompt the front validated (`CheckedPrompt`), checks its invariants
+   against its own limits (`vocab_size`, `max_model_len`) and returns a stream that yields `RequestOutput`
    increments until one has `finished`; the last one carries the finish reason and the
    final token counts. Leaving `async with stream` early (client disconnect, error)
    aborts the request everywhere it lives, so every KV block returns to its pool.
@@ -16,26 +17,15 @@ router of a disaggregated cluster. A backend promises:
 
 from __future__ import annotations
 
-from typing import AsyncIterator, Callable, Protocol, Sequence, runtime_checkable
+from typing import AsyncIterator, Callable, Protocol, runtime_checkable
 
 import msgspec
 
 from minipd.control.role import Role
+from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.engine import EngineStats
 from minipd.engine.request import RequestOutput
-from minipd.engine.sampling_params import SamplingParams
 from minipd.models.tokenizer import Tokenizer
-
-
-class BackendUnavailableError(RuntimeError):
-    """The backend cannot take a request now (no instance reachable, every pool full).
-
-    The front answers 503 with `Retry-After: retry_after_s`.
-    """
-
-    def __init__(self, message: str, retry_after_s: int):
-        super().__init__(message)
-        self.retry_after_s = retry_after_s
 
 
 class InstanceStats(msgspec.Struct, frozen=True):
@@ -74,13 +64,15 @@ class ServingBackend(Protocol):
 
     model_name: str  # the id clients pass as `model`
     tokenizer: Tokenizer  # the served model's tokenizer (chat template, token counting)
-    max_model_len: int  # longest prompt + output, in tokens
+    max_model_len: int  # longest prompt + output, in tokens (0: not known yet)
+    vocab_size: int  # the model's token ids are below this (0: not known yet)
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
-        """Validate and enqueue one request; returns its output stream at once.
+    def submit(self, prompt: CheckedPrompt, request_id: str) -> OutputStream:
+        """Enqueue one validated request; returns its output stream at once.
 
         Raises `InvalidRequestError` (its `field` names the bad input) for a request that
-        can never be served, and `BackendUnavailableError` for one that cannot be served now.
+        can never be served, and `BackendUnavailableError` (engine/unavailable.py) for one
+        that cannot be served now.
         `request_id` is unique among the backend's live requests.
         """
 

@@ -6,13 +6,14 @@ Admission by KV capacity (engine/kv_admission.py): a request is refused with NoC
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
-from minipd.api.backend import BackendUnavailableError, InstanceStats, OutputStream
+from minipd.api.backend import InstanceStats, OutputStream
 from minipd.control.role import Role
+from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.engine import Engine
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO, claim_limit, validate_ratio
-from minipd.engine.sampling_params import SamplingParams
+from minipd.engine.unavailable import BackendUnavailableError
 
 NOT_RUNNING_RETRY_AFTER_S = 1  # an engine that is not running yet is usually starting up
 
@@ -33,12 +34,13 @@ class EngineBackend:
         self.model_name = model_name
         self.tokenizer = engine.tokenizer
         self.max_model_len = engine.config.scheduler.max_model_len
+        self.vocab_size = engine.model_config.vocab_size
         self.instance_name = instance_name
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
+    def submit(self, prompt: CheckedPrompt, request_id: str) -> OutputStream:
         if not self.engine.is_running:
             raise BackendUnavailableError("the engine is not running", retry_after_s=NOT_RUNNING_RETRY_AFTER_S)
-        return self.engine.submit(prompt, params, request_id, kv_limit_blocks=self.kv_limit_blocks)
+        return self.engine.submit(prompt, None, request_id, kv_limit_blocks=self.kv_limit_blocks)
 
     async def ready(self) -> bool:
         return self.engine.is_running

@@ -6,17 +6,18 @@ instance is alive); this adapter names its instances' stats the way the HTTP fro
 its gauges expect them, and turns "no instance to route to" into a 503. KV transfer
 figures reach /metrics through `RequestOutput.transfer` on each final output; failed
 transfers, which no final output reports (a retry may still succeed), through
-`Router.on_transfer_failure`.
+`RouterCounters.on_transfer_failure`.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Callable
 
-from minipd.api.backend import BackendUnavailableError, InstanceStats, OutputStream
+from minipd.api.backend import InstanceStats, OutputStream
 from minipd.engine.block_manager import BlockUsage
+from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.engine import EngineStats
-from minipd.engine.sampling_params import SamplingParams
+from minipd.engine.unavailable import BackendUnavailableError
 from minipd.router.router import Router
 
 NO_INSTANCE_RETRY_AFTER_S = 5  # instances (re)register within seconds when a cluster (re)starts
@@ -32,12 +33,15 @@ class RouterBackend:
     def max_model_len(self) -> int:
         return self.router.max_model_len
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> OutputStream:
-        if not self.router.accepting:
-            raise BackendUnavailableError("the router is shutting down", NO_INSTANCE_RETRY_AFTER_S)
-        if not self.router.registry.decode_candidates():
+    @property
+    def vocab_size(self) -> int:
+        return self.router.vocab_size
+
+    def submit(self, prompt: CheckedPrompt, request_id: str) -> OutputStream:
+        """`Router.submit` refuses a request while the router shuts down (BackendUnavailableError)."""
+        if self.router.accepting and not self.router.registry.decode_candidates():
             raise BackendUnavailableError("no decode instance is reachable", NO_INSTANCE_RETRY_AFTER_S)
-        return self.router.submit(prompt, params, request_id)
+        return self.router.submit(prompt, None, request_id)
 
     async def ready(self) -> bool:
         return await self.router.ready()
@@ -64,4 +68,4 @@ class RouterBackend:
         ]
 
     def on_transfer_failure(self, callback: Callable[[str], None]) -> None:
-        self.router.on_transfer_failure = callback
+        self.router.counters.on_transfer_failure = callback

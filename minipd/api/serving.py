@@ -7,8 +7,9 @@ One request, top-down:
    minipd cannot honour, or a model it does not serve (404);
 2. admission: 503 with Retry-After while `max_waiting_requests` requests wait already;
 3. render the chat template and tokenize on a tokenizer thread, off the event loop, so a huge
-   prompt does not stall other users' streams (400 for a prompt that is empty or too long);
-4. submit the token ids to the backend (400 for a request it refuses, 503 with Retry-After
+   prompt does not stall other users' streams, and validate prompt and sampling parameters,
+   once (400 for a prompt that is empty or too long, or a bad parameter);
+4. submit the checked prompt to the backend (400 for a request it refuses, 503 with Retry-After
    when it is unavailable or its KV capacity is claimed already);
 5. answer with one JSON body, or with server-sent events ending in `data: [DONE]`.
 
@@ -22,12 +23,12 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, TypeVar
 
 import msgspec
 from aiohttp import web
 
-from minipd.api.backend import BackendUnavailableError, OutputStream, ServingBackend
+from minipd.api.backend import OutputStream, ServingBackend
 from minipd.api.chat_template import ChatTemplate
 from minipd.api.errors import OVERLOADED, SERVER_ERROR, ApiError, bad_request, from_decode_error
 from minipd.api.json_only import require_json
@@ -47,12 +48,13 @@ from minipd.api.protocol import (
     Usage,
     make_usage,
 )
+from minipd.engine.checked_prompt import CheckedPrompt, check_prompt
 from minipd.engine.kv_admission import NoCapacity
-from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.prompt_encoder import PromptEncoder
 from minipd.engine.request import OVERLOADED as OVERLOADED_KIND
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import InvalidRequestError
+from minipd.engine.unavailable import BackendUnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -204,16 +206,20 @@ class OpenAIServing:
                 close_connection=True,
             ) from None
 
-    async def _token_ids(self, prompt: Callable[[], str] | list[int], prompt_param: str) -> list[int]:
-        """Token ids as they are, or the text `prompt()` makes (a chat template's rendering)
-        tokenized, both on a tokenizer thread."""
-        if isinstance(prompt, list):
-            return prompt
-        tokenizer, max_model_len = self.backend.tokenizer, self.backend.max_model_len or NO_LENGTH_LIMIT
+    async def _check(
+        self, prompt: Callable[[], str] | list[int], request: GenerationRequest, prompt_param: str
+    ) -> CheckedPrompt:
+        """The request's one validation (engine/checked_prompt.py): the text `prompt()` makes
+        (a chat template's rendering) tokenized and checked on a tokenizer thread, token ids
+        checked as they are, each with the sampling parameters."""
+        backend, tokenizer = self.backend, self.backend.tokenizer
+        # a router that has no instance yet knows neither limit: it refuses the request itself
+        limits = (backend.vocab_size or tokenizer.vocab_size, backend.max_model_len or NO_LENGTH_LIMIT)
+        params = request.sampling_params_for(backend.max_model_len)
         try:
-            return await self.prompt_encoder.run(
-                lambda: prompt_token_ids(tokenizer, prompt(), tokenizer.vocab_size, max_model_len)
-            )
+            if isinstance(prompt, list):
+                return check_prompt(tokenizer, prompt, params, *limits)
+            return await self.prompt_encoder.run(lambda: check_prompt(tokenizer, prompt(), params, *limits))
         except InvalidRequestError as exc:
             raise self._invalid(exc, prompt_param) from None
 
@@ -235,12 +241,9 @@ class OpenAIServing:
                 retry_after_s=self.overload_retry_after_s,
             )
 
-    def _submit(
-        self, prompt: Sequence[int], request: GenerationRequest, prompt_param: str, request_id: str
-    ) -> OutputStream:
-        params = request.sampling_params_for(self.backend.max_model_len)
+    def _submit(self, prompt: CheckedPrompt, prompt_param: str, request_id: str) -> OutputStream:
         try:
-            return self.backend.submit(prompt, params, request_id)
+            return self.backend.submit(prompt, request_id)
         except InvalidRequestError as exc:
             raise self._invalid(exc, prompt_param) from None
         except BackendUnavailableError as exc:
@@ -260,8 +263,8 @@ class OpenAIServing:
         recorder: RequestRecorder,
     ) -> web.StreamResponse:
         self._admit()
-        token_ids = await self._token_ids(prompt, prompt_param)
-        stream = self._submit(token_ids, request, prompt_param, fmt.request_id)
+        checked = await self._check(prompt, request, prompt_param)
+        stream = self._submit(checked, prompt_param, fmt.request_id)
         try:
             async with stream:
                 if request.stream:

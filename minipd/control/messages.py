@@ -122,7 +122,7 @@ class CallError(Reply, tag="error"):
     # "invalid" (bad input), "busy" (no capacity), "transfer" (KV did not move), "auth" (the
     # handshake failed or the peer may not send this), "error", and STALE_EPOCH: new work
     # meant for a role the instance no longer has, or sent while it switches roles
-    # (role_switch.py); the router tries the request elsewhere
+    # (disagg/role_switch.py); the router tries the request elsewhere
     kind: str = "error"
 
 

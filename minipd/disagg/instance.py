@@ -60,6 +60,7 @@ from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressin
 from minipd.disagg.reservations import Reservation, Reservations
 from minipd.disagg.role_switch import RoleGuard
 from minipd.engine import cpu_placement
+from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.engine import Engine, NoCapacity
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
@@ -457,7 +458,8 @@ class Instance(ControlServer):
     # ---- any role ---------------------------------------------------------------------
     async def _generate(self, channel: Channel, message: Generate) -> None:
         try:
-            stream = self.engine.submit(message.token_ids, message.sampling, message.request_id)
+            # the router validated the prompt: the engine checks its invariants only
+            stream = self.engine.submit(CheckedPrompt(message.token_ids, message.sampling), None, message.request_id)
         except InvalidRequestError as exc:
             self._send_failure(channel, message.request_id, str(exc))
             return

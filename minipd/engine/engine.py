@@ -22,22 +22,23 @@ import concurrent.futures
 import itertools
 import logging
 import time
-from typing import AsyncIterator, Callable, Sequence
+from typing import Callable, Sequence
 
 import msgspec
 import torch
 
 from minipd.engine import cpu_placement, kv_sink
 from minipd.engine.block_manager import BlockManager
+from minipd.engine.checked_prompt import CheckedPrompt, accept_prompt
 from minipd.engine.config import EngineConfig, EngineStats
 from minipd.engine.detokenizer import Detokenizer
 from minipd.engine.dtype_choice import resolve_dtype
+from minipd.engine.generator import GeneratesFromSubmit
 from minipd.engine.kv_admission import KVClaims, NoCapacity, claim_blocks
 from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
 from minipd.engine.kv_sink import KVSink
 from minipd.engine.model_loader import load_model
 from minipd.engine.model_runner import ChunkResult, ModelRunner, StepFailed
-from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.request import FinishReason, Request, RequestOutput, RequestStatus
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
@@ -49,7 +50,10 @@ log = logging.getLogger(__name__)
 __all__ = ["Engine", "EngineConfig", "EngineStats", "NoCapacity"]
 
 
-class Engine:
+class Engine(GeneratesFromSubmit):
+    """One instance's engine; `submit`/`generate` have the shape every runner of requests
+    shares (generator.py)."""
+
     def __init__(self, config: EngineConfig):
         """Loads the model and allocates the KV pool. `config.dtype` "auto" is resolved first:
         `self.config.dtype` is always the concrete dtype (`self.dtype_choice` says why)."""
@@ -137,22 +141,24 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------
     def make_request(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: str | Sequence[int] | CheckedPrompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
     ) -> Request:
-        """Validate and tokenize; raises InvalidRequestError naming the bad field."""
-        params = (params or SamplingParams()).with_seed()
-        params.validate(self.model_config.vocab_size)
-        token_ids = prompt_token_ids(
-            self.tokenizer, prompt, self.model_config.vocab_size, self.config.scheduler.max_model_len
+        """Validate (a checked prompt: its invariants only, checked_prompt.py) and tokenize;
+        raises InvalidRequestError naming the bad field."""
+        checked = accept_prompt(
+            self.tokenizer, prompt, params, self.model_config.vocab_size, self.config.scheduler.max_model_len
         )
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
-        return Request(request_id, token_ids, params)
+        return Request(request_id, checked.token_ids, checked.params.with_seed())
 
     def submit(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | CheckedPrompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         kv_limit_blocks: int | None = None,
@@ -167,8 +173,10 @@ class Engine:
         self, token_ids: Sequence[int], params: SamplingParams, request_id: str, sink: KVSink
     ) -> RequestStream:
         """Prefill only: compute the prompt's KV (in chunks, like any prompt), sample the first
-        token, and hand the KV to `sink` (see kv_sink.py). The stream yields that one token."""
-        request = self.make_request(token_ids, msgspec.structs.replace(params, max_tokens=1), request_id)
+        token, and hand the KV to `sink` (see kv_sink.py). The stream yields that one token.
+        The prompt comes from a router, which validated it: only its invariants are checked."""
+        checked = CheckedPrompt(list(token_ids), msgspec.structs.replace(params, max_tokens=1))
+        request = self.make_request(checked, None, request_id)
         request.kv_sink = sink
         return self._enqueue(request)
 
@@ -207,8 +215,9 @@ class Engine:
         request_id: str,
     ) -> RequestStream:
         """Continue a request whose prompt KV is in `block_ids` (received) and whose first token
-        was sampled elsewhere; takes ownership of the blocks. The stream starts with `first_token`."""
-        request = self.make_request(token_ids, params, request_id)
+        was sampled elsewhere; takes ownership of the blocks. The stream starts with `first_token`.
+        The prompt comes from a router, which validated it: only its invariants are checked."""
+        request = self.make_request(CheckedPrompt(list(token_ids), params), None, request_id)
         if not 0 <= first_token < self.model_config.vocab_size:
             raise InvalidRequestError("first_token", f"{first_token} outside the vocabulary")
         request.block_ids = block_ids
@@ -241,14 +250,6 @@ class Engine:
         self._idle.clear()
         self._wakeup.set()
         return stream
-
-    async def generate(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, request_id: str | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; leaving the loop early aborts the request."""
-        async with self.submit(prompt, params, request_id) as stream:
-            async for output in stream:
-                yield output
 
     def abort(self, request_id: str) -> bool:
         """Abort a running or waiting request; False if it is unknown or already finished."""

@@ -13,7 +13,8 @@ import asyncio
 import concurrent.futures
 from typing import Callable, Sequence, TypeVar
 
-from minipd.engine.prompt_check import prompt_token_ids
+from minipd.engine.checked_prompt import CheckedPrompt, check_prompt
+from minipd.engine.sampling_params import SamplingParams
 from minipd.models.tokenizer import Tokenizer
 
 # Two, so one huge prompt does not hold up every other request's tokenization; more would
@@ -34,10 +35,12 @@ class PromptEncoder:
         """`fn(*args)` on a tokenizer thread (for work that renders and encodes at once)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
-    async def token_ids(self, prompt: str | Sequence[int], vocab_size: int, max_model_len: int) -> list[int]:
-        """`prompt_check.prompt_token_ids` on a tokenizer thread: validated token ids, or
-        InvalidRequestError naming `prompt` or `prompt_token_ids`."""
-        return await self.run(prompt_token_ids, self.tokenizer, prompt, vocab_size, max_model_len)
+    async def check(
+        self, prompt: str | Sequence[int], params: SamplingParams | None, vocab_size: int, max_model_len: int
+    ) -> CheckedPrompt:
+        """`checked_prompt.check_prompt` on a tokenizer thread: the prompt validated once, or
+        InvalidRequestError naming the bad field."""
+        return await self.run(check_prompt, self.tokenizer, prompt, params, vocab_size, max_model_len)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -39,7 +39,7 @@ from minipd.entrypoints.flag_spec import ENGINE_ROLES, ROUTING
 from minipd.entrypoints.flags import FLAGS
 from minipd.policy.ratio_controller import ControllerConfig
 from minipd.router.live_controller import LiveControllerOptions
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 from minipd.slo.targets import SLO
 
 

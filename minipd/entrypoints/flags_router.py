@@ -17,7 +17,7 @@ from minipd.entrypoints.flag_spec import (
 )
 from minipd.policy.ratio_controller import ControllerConfig
 from minipd.router.live_controller import LiveControllerOptions
-from minipd.router.router import KV_LOAD_FAILURE_POLICIES, RouterConfig
+from minipd.router.router_config import KV_LOAD_FAILURE_POLICIES, RouterConfig
 from minipd.slo.targets import SLO
 
 _ENDPOINTS = RouterEndpoints()

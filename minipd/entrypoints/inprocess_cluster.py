@@ -13,17 +13,19 @@ from typing import Sequence
 from minipd.control.role import Role
 from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine, EngineConfig
+from minipd.engine.generator import GeneratesFromSubmit
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
-from minipd.router.role_switch import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport
-from minipd.router.router import Router, RouterConfig
+from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport
+from minipd.router.router import Router
+from minipd.router.router_config import RouterConfig
 from minipd.transports.loopback_hub import LoopbackHub
 from minipd.transports.shared_secret import SharedSecret
 
 LOCALHOST = "127.0.0.1"
 
 
-class InProcessCluster:
+class InProcessCluster(GeneratesFromSubmit):
     def __init__(self, router: Router, instances: list[Instance]):
         self.router = router
         self.instances = instances
@@ -72,15 +74,11 @@ class InProcessCluster:
         prompt: str | Sequence[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        *,
         layerwise: bool | None = None,
     ) -> RequestStream:
-        return self.router.submit(prompt, params, request_id, layerwise)
-
-    async def generate(
-        self, prompt, params: SamplingParams | None = None, request_id: str | None = None, layerwise: bool | None = None
-    ):
-        async for output in self.router.generate(prompt, params, request_id, layerwise):
-            yield output
+        """`Router.submit` (the shape every runner of requests shares, engine/generator.py)."""
+        return self.router.submit(prompt, params, request_id, layerwise=layerwise)
 
     async def switch_role(
         self, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S

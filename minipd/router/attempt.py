@@ -1,4 +1,9 @@
-"""One try of one request across the cluster, top-down (see `run_attempt`).
+"""One try of one request across the cluster, top-down (see `Attempt.run`).
+
+An `Attempt` holds what one try needs and nothing of the router: the instance registry, the
+router's config, its counters, the table of try ids, and the request. It runs the try end to
+end and returns the request's final output; the router finishes the request with it, or,
+on `AttemptFailed`, decides whether to try again.
 
 Every stage runs under `blame(instance)`: a failure there (the instance died, was declared
 dead, timed out, refused, or ended the request with an error before any token reached the
@@ -13,8 +18,8 @@ reservation's lease ran out for want of prefill progress, the decode side could 
 is no instance's fault: it follows the router's `kv_load_failure` policy, `recompute` (the
 decode instance prefills the prompt itself) or `fail` (the request ends, saying why).
 
-Each try has its own id on the instances (`Router.begin_try`), so an instance that saw an
-earlier try, and remembers it as aborted, never takes a later one for it.
+Each try has its own id on the instances (try_ids.py), so an instance that saw an earlier
+try, and remembers it as aborted, never takes a later one for it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 from minipd.control.channel import ChannelClosed, RemoteError
 from minipd.control.messages import (
@@ -39,14 +44,14 @@ from minipd.control.messages import (
     Reserved,
     TokenOutput,
 )
-from minipd.engine.request import TransferInfo
-from minipd.router.latency_observer import relay_tokens
-from minipd.router.placement import decide_placement
-from minipd.router.registry import InstanceHandle
+from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.router.latency_observer import LatencyObserver, relay_tokens
+from minipd.router.prefill_site import decide_placement
+from minipd.router.registry import InstanceHandle, InstanceRegistry
 from minipd.router.routed_request import RoutedRequest
-
-if TYPE_CHECKING:
-    from minipd.router.router import Router
+from minipd.router.router_config import RouterConfig
+from minipd.router.router_counters import RouterCounters
+from minipd.router.try_ids import TryIds
 
 log = logging.getLogger(__name__)
 
@@ -94,211 +99,207 @@ def blame(instance: InstanceHandle, peer: InstanceHandle | None = None) -> Itera
         raise AttemptFailed(exc, culprit.instance_id, retry=not invalid, stale=stale) from exc
 
 
-async def run_attempt(router: Router, routed: RoutedRequest, excluded: set[str]) -> None:
-    """pick → local or disaggregated → reserve → prefill → decode, streaming the decode
-    instance's tokens to the caller. Raises AttemptFailed."""
-    registry, config = router.registry, router.config
-    router.begin_try(routed)
-    decode = registry.pick_decode(exclude=excluded)
-    if decode is None:
-        raise AttemptFailed(ChannelClosed("no decode instance available"), None, retry=False)
-    hashes = registry.prompt_hashes(routed.token_ids)
-    prefill, expected_cached = registry.pick_prefill(hashes, exclude=excluded)
-    decode_epoch, prefill_epoch = decode.epoch, prefill.epoch if prefill is not None else None
-    uncached_on_decode = len(routed.token_ids) - decode.prefix_overlap(hashes) * registry.block_size
-    placement = decide_placement(
-        decode,
-        registry.prefill_candidates(excluded),
-        len(routed.token_ids),
-        uncached_on_decode,
-        routed.params.max_tokens,
-        registry.block_size,
-        config.local_prefill,
-    )
-    router.placements[placement] += 1
-    routed.prefilled_locally = prefill is None or placement.is_local
-    routed.instances = {decode.instance_id}
-    decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
-    with decode.counted():  # load is counted from the pick, so concurrent picks see it
-        if prefill is None or placement.is_local:
-            await prefill_locally(router, decode, routed, decode_epoch)
-            return
-        routed.instances.add(prefill.instance_id)
-        try:
-            with prefill.counted(len(routed.token_ids) - expected_cached):
-                with blame(decode):
-                    reserved = await reserve(router, decode, routed, prefill.instance_id, decode_epoch)
-                with blame(prefill, peer=decode):
-                    first_token = await prefill_on(router, prefill, decode, reserved, routed, prefill_epoch)
-            routed.instances.discard(prefill.instance_id)
-            prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
-            with blame(decode):
-                await stream_from(
-                    router,
-                    decode,
-                    routed,
-                    Decode(request_id=routed.wire_id, first_token=first_token, sampling=routed.params),
-                )
-        except KVLoadFailed as failure:
-            await kv_load_failed(router, prefill, decode, routed, str(failure), decode_epoch)
+class Attempt:
+    """One try of `routed`, never on an instance in `excluded` (those blamed for earlier tries)."""
 
+    def __init__(
+        self,
+        registry: InstanceRegistry,
+        config: RouterConfig,
+        counters: RouterCounters,
+        try_ids: TryIds,
+        routed: RoutedRequest,
+        excluded: set[str],
+        observer: LatencyObserver | None = None,
+    ):
+        self.registry, self.config, self.counters, self.try_ids = registry, config, counters, try_ids
+        self.routed, self.excluded, self.observer = routed, excluded, observer
 
-async def prefill_locally(router: Router, decode: InstanceHandle, routed: RoutedRequest, epoch: int | None) -> None:
-    with blame(decode):
-        await stream_from(
-            router,
+    async def run(self) -> RequestOutput:
+        """pick → local or disaggregated → reserve → prefill → decode, streaming the decode
+        instance's tokens to the caller; returns the final output. Raises AttemptFailed."""
+        registry, routed = self.registry, self.routed
+        self.try_ids.begin(routed)
+        decode = registry.pick_decode(exclude=self.excluded)
+        if decode is None:
+            raise AttemptFailed(ChannelClosed("no decode instance available"), None, retry=False)
+        hashes = registry.prompt_hashes(routed.token_ids)
+        prefill, expected_cached = registry.pick_prefill(hashes, exclude=self.excluded)
+        decode_epoch, prefill_epoch = decode.epoch, prefill.epoch if prefill is not None else None
+        uncached_on_decode = len(routed.token_ids) - decode.prefix_overlap(hashes) * registry.block_size
+        placement = decide_placement(
             decode,
-            routed,
-            Generate(request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params, epoch=epoch),
+            registry.prefill_candidates(self.excluded),
+            len(routed.token_ids),
+            uncached_on_decode,
+            routed.params.max_tokens,
+            registry.block_size,
+            self.config.local_prefill,
         )
+        self.counters.placements[placement] += 1
+        routed.prefilled_locally = prefill is None or placement.is_local
+        routed.instances = {decode.instance_id}
+        decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
+        with decode.counted():  # load is counted from the pick, so concurrent picks see it
+            if prefill is None or placement.is_local:
+                return await self._prefill_locally(decode, decode_epoch)
+            routed.instances.add(prefill.instance_id)
+            try:
+                with prefill.counted(len(routed.token_ids) - expected_cached):
+                    with blame(decode):
+                        reserved = await self._reserve(decode, prefill.instance_id, decode_epoch)
+                    with blame(prefill, peer=decode):
+                        first_token = await self._prefill_on(prefill, decode, reserved, prefill_epoch)
+                routed.instances.discard(prefill.instance_id)
+                prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
+                with blame(decode):
+                    return await self._stream_from(
+                        decode, Decode(request_id=routed.wire_id, first_token=first_token, sampling=routed.params)
+                    )
+            except KVLoadFailed as failure:
+                return await self._kv_load_failed(prefill, decode, str(failure), decode_epoch)
 
-
-async def kv_load_failed(
-    router: Router,
-    prefill: InstanceHandle,
-    decode: InstanceHandle,
-    routed: RoutedRequest,
-    error: str,
-    decode_epoch: int | None,
-) -> None:
-    """The `kv_load_failure` policy: end the request saying why, or have the decode instance
-    prefill the prompt itself (its reservation dropped first; both instances are told)."""
-    what = f"the KV from {prefill.instance_id} did not load into {decode.instance_id}: {error}"
-    if router.config.kv_load_failure == "fail":
-        raise AttemptFailed(KVLoadFailed(what), None, retry=False)
-    log.warning("%s: %s; recomputing on %s", routed.request_id, what, decode.instance_id)
-    router.num_recomputes += 1
-    for handle in (prefill, decode):
-        handle.channel.send(Abort(request_id=routed.wire_id))
-    routed.instances.discard(prefill.instance_id)
-    routed.transfer = None
-    routed.prefilled_locally = True
-    router.begin_try(routed)  # the recompute is a try of its own, under a fresh id
-    await prefill_locally(router, decode, routed, decode_epoch)
-
-
-async def reserve(
-    router: Router, decode: InstanceHandle, routed: RoutedRequest, prefill_id: str, epoch: int | None = None
-) -> Reserved:
-    """Reserve blocks on `decode`; while its pool is full ("busy"), wait for running requests
-    to free blocks, backing off, up to `kv_wait_s`. Past that the request fails as overloaded,
-    blaming no instance and not tried again: the cluster is out of KV capacity, which another
-    try right away would not change (admission, `kv_admission_ratio`, keeps this rare). The
-    time spent waiting is added to `routed.decode_wait_s`."""
-    loop = asyncio.get_running_loop()
-    timeout = router.config.call_timeout_s
-    deadline = loop.time() + router.config.kv_wait_s
-    wait_s = BUSY_RETRY_MIN_S
-    while True:
-        try:
-            return await decode.channel.call(
-                Reserve(
-                    request_id=routed.wire_id, token_ids=routed.token_ids, prefill_instance=prefill_id, epoch=epoch
-                ),
-                timeout,
+    async def _prefill_locally(self, decode: InstanceHandle, epoch: int | None) -> RequestOutput:
+        routed = self.routed
+        with blame(decode):
+            return await self._stream_from(
+                decode,
+                Generate(request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params, epoch=epoch),
             )
-        except RemoteError as exc:
-            if exc.kind != "busy":
-                raise
-            if loop.time() + wait_s > deadline:
-                raise AttemptFailed(
-                    RuntimeError(
-                        f"overloaded: {decode.instance_id} had no room for the prompt's KV "
-                        f"within {router.config.kv_wait_s:g} s ({exc})"
-                    ),
-                    None,
-                    retry=False,
-                    overloaded=True,
-                ) from exc
-        router.num_busy_waits += 1
-        await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation
-        routed.decode_wait_s += wait_s
-        wait_s = min(BUSY_RETRY_MAX_S, 2 * wait_s)
 
+    async def _kv_load_failed(
+        self, prefill: InstanceHandle, decode: InstanceHandle, error: str, decode_epoch: int | None
+    ) -> RequestOutput:
+        """The `kv_load_failure` policy: end the request saying why, or have the decode instance
+        prefill the prompt itself (its reservation dropped first; both instances are told)."""
+        routed = self.routed
+        what = f"the KV from {prefill.instance_id} did not load into {decode.instance_id}: {error}"
+        if self.config.kv_load_failure == "fail":
+            raise AttemptFailed(KVLoadFailed(what), None, retry=False)
+        log.warning("%s: %s; recomputing on %s", routed.request_id, what, decode.instance_id)
+        self.counters.num_recomputes += 1
+        for handle in (prefill, decode):
+            handle.channel.send(Abort(request_id=routed.wire_id))
+        routed.instances.discard(prefill.instance_id)
+        routed.transfer = None
+        routed.prefilled_locally = True
+        self.try_ids.begin(routed)  # the recompute is a try of its own, under a fresh id
+        return await self._prefill_locally(decode, decode_epoch)
 
-async def prefill_on(
-    router: Router,
-    prefill: InstanceHandle,
-    decode: InstanceHandle,
-    reserved: Reserved,
-    routed: RoutedRequest,
-    epoch: int | None = None,
-) -> int:
-    """Prefill with the KV streamed into the reservation (the prefill instance renews its lease
-    through us while it progresses); returns the first token and records the transfer. Raises
-    KVLoadFailed when the transfer fails or the decode side gives the reservation up."""
-    loop = asyncio.get_running_loop()
-    routed.decode, routed.prefill, routed.kv_failure = decode, prefill, loop.create_future()
-    call = asyncio.ensure_future(
-        prefill.channel.call(
-            Prefill(
-                request_id=routed.wire_id,
-                token_ids=routed.token_ids,
-                sampling=routed.params,
-                decode_instance=decode.instance_id,
-                decode_description=decode.welcome.transport_description,
-                decode_fingerprint=decode.welcome.fingerprint,
-                dst_block_ids=reserved.dst_block_ids,
-                num_skip_blocks=reserved.num_cached_tokens // router.registry.block_size,
-                layerwise=routed.layerwise,
-                epoch=epoch,
-                lease_s=reserved.lease_s,
-            ),
-            router.config.call_timeout_s,
+    async def _reserve(self, decode: InstanceHandle, prefill_id: str, epoch: int | None) -> Reserved:
+        """Reserve blocks on `decode`; while its pool is full ("busy"), wait for running requests
+        to free blocks, backing off, up to `kv_wait_s`. Past that the request fails as overloaded,
+        blaming no instance and not tried again: the cluster is out of KV capacity, which another
+        try right away would not change (admission, `kv_admission_ratio`, keeps this rare). The
+        time spent waiting is added to `routed.decode_wait_s`."""
+        routed, config = self.routed, self.config
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + config.kv_wait_s
+        wait_s = BUSY_RETRY_MIN_S
+        reserve = Reserve(
+            request_id=routed.wire_id, token_ids=routed.token_ids, prefill_instance=prefill_id, epoch=epoch
         )
-    )
-    try:
-        await asyncio.wait({call, routed.kv_failure}, return_when=asyncio.FIRST_COMPLETED)
-        if not call.done():
-            raise KVLoadFailed(routed.kv_failure.result())
-        prefilled: Prefilled = call.result()
-    except RemoteError as exc:
-        if exc.kind != "transfer":
-            raise
-        router.note_transfer_failure(f"{prefill.instance_id} -> {decode.instance_id}: {exc}")
-        if not (prefill.is_alive and decode.is_alive):
-            raise  # an instance died: its fault, not the KV's
-        raise KVLoadFailed(str(exc)) from exc
-    finally:
-        call.cancel()
-        routed.prefill, routed.kv_failure = None, None
-    routed.transfer = TransferInfo(
-        prefill.instance_id,
-        decode.instance_id,
-        prefilled.num_bytes,
-        prefilled.num_cached_tokens,
-        reserved.num_cached_tokens,
-        prefilled.compute_s,
-        prefilled.transfer_s,
-        prefilled.exposed_s,
-    )
-    routed.timestamps = (prefilled.compute_end_at, prefilled.first_write_at)
-    return prefilled.first_token
+        while True:
+            try:
+                return await decode.channel.call(reserve, config.call_timeout_s)
+            except RemoteError as exc:
+                if exc.kind != "busy":
+                    raise
+                if loop.time() + wait_s > deadline:
+                    raise AttemptFailed(
+                        RuntimeError(
+                            f"overloaded: {decode.instance_id} had no room for the prompt's KV "
+                            f"within {config.kv_wait_s:g} s ({exc})"
+                        ),
+                        None,
+                        retry=False,
+                        overloaded=True,
+                    ) from exc
+            self.counters.num_busy_waits += 1
+            await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation
+            routed.decode_wait_s += wait_s
+            wait_s = min(BUSY_RETRY_MAX_S, 2 * wait_s)
 
+    async def _prefill_on(
+        self, prefill: InstanceHandle, decode: InstanceHandle, reserved: Reserved, epoch: int | None
+    ) -> int:
+        """Prefill with the KV streamed into the reservation (the prefill instance renews its lease
+        through the router while it progresses); returns the first token and records the
+        transfer. Raises KVLoadFailed when the transfer fails or the decode side gives the
+        reservation up."""
+        routed = self.routed
+        loop = asyncio.get_running_loop()
+        routed.decode, routed.prefill, routed.kv_failure = decode, prefill, loop.create_future()
+        call = asyncio.ensure_future(
+            prefill.channel.call(
+                Prefill(
+                    request_id=routed.wire_id,
+                    token_ids=routed.token_ids,
+                    sampling=routed.params,
+                    decode_instance=decode.instance_id,
+                    decode_description=decode.welcome.transport_description,
+                    decode_fingerprint=decode.welcome.fingerprint,
+                    dst_block_ids=reserved.dst_block_ids,
+                    num_skip_blocks=reserved.num_cached_tokens // self.registry.block_size,
+                    layerwise=routed.layerwise,
+                    epoch=epoch,
+                    lease_s=reserved.lease_s,
+                ),
+                self.config.call_timeout_s,
+            )
+        )
+        try:
+            await asyncio.wait({call, routed.kv_failure}, return_when=asyncio.FIRST_COMPLETED)
+            if not call.done():
+                raise KVLoadFailed(routed.kv_failure.result())
+            prefilled: Prefilled = call.result()
+        except RemoteError as exc:
+            if exc.kind != "transfer":
+                raise
+            self.counters.transfer_failed(f"{prefill.instance_id} -> {decode.instance_id}: {exc}")
+            if not (prefill.is_alive and decode.is_alive):
+                raise  # an instance died: its fault, not the KV's
+            raise KVLoadFailed(str(exc)) from exc
+        finally:
+            call.cancel()
+            routed.prefill, routed.kv_failure = None, None
+        routed.transfer = TransferInfo(
+            prefill.instance_id,
+            decode.instance_id,
+            prefilled.num_bytes,
+            prefilled.num_cached_tokens,
+            reserved.num_cached_tokens,
+            prefilled.compute_s,
+            prefilled.transfer_s,
+            prefilled.exposed_s,
+        )
+        routed.timestamps = (prefilled.compute_end_at, prefilled.first_write_at)
+        return prefilled.first_token
 
-async def stream_from(router: Router, decode: InstanceHandle, routed: RoutedRequest, message: Message) -> None:
-    """Send a streaming request and relay its outputs to the caller until it finishes, the
-    instance dies, or no output comes within the inter-token timeout."""
-    routed.outputs = asyncio.Queue()
-    decode.channel.send(message)
-    while True:
-        received = await _next_output(routed, decode, router.config.inter_token_timeout_s)
-        if isinstance(received, CallError):  # refused in place of a stream (a stale role epoch)
-            raise RemoteError(received)
-        output = received.output
-        output.request_id = routed.request_id  # instances know the try's id only
-        if output.error is not None and not routed.first_token_sent and not output.token_ids:
-            if received.failure_kind == FAILURE_KV_LOAD:
-                raise KVLoadFailed(output.error)
-            raise InstanceFailed(output.error)
-        routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
-        if output.token_ids:
-            relay_tokens(router.latency_observer, routed, len(output.token_ids))
-        if output.finished:
-            output.transfer = routed.transfer
-            router.finish(routed, output)
-            return
-        routed.stream.put(output)
+    async def _stream_from(self, decode: InstanceHandle, message: Message) -> RequestOutput:
+        """Send a streaming request and relay its outputs to the caller until the final one,
+        which it returns; raises when the instance dies or no output comes within the
+        inter-token timeout."""
+        routed = self.routed
+        routed.outputs = asyncio.Queue()
+        decode.channel.send(message)
+        while True:
+            received = await _next_output(routed, decode, self.config.inter_token_timeout_s)
+            if isinstance(received, CallError):  # refused in place of a stream (a stale role epoch)
+                raise RemoteError(received)
+            output = received.output
+            output.request_id = routed.request_id  # instances know the try's id only
+            if output.error is not None and not routed.first_token_sent and not output.token_ids:
+                if received.failure_kind == FAILURE_KV_LOAD:
+                    raise KVLoadFailed(output.error)
+                raise InstanceFailed(output.error)
+            routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
+            if output.token_ids:
+                relay_tokens(self.observer, routed, len(output.token_ids))
+            if output.finished:
+                output.transfer = routed.transfer
+                return output
+            routed.stream.put(output)
 
 
 async def _next_output(routed: RoutedRequest, decode: InstanceHandle, timeout: float) -> TokenOutput | CallError:

@@ -123,12 +123,15 @@ class RouterControlPort(ControlServer):
         prompt = message.prompt if message.prompt is not None else (message.token_ids or [])
         self._tokenizing[request_id] = False
         try:
+            params = message.sampling
             if self.router.registry.instances:  # else submit says there is none
-                prompt = await self.router.prompt_encoder.token_ids(
-                    prompt, self.router.vocab_size, self.router.max_model_len
+                # the request's one validation, off the loop; the router checks invariants only
+                prompt = await self.router.prompt_encoder.check(
+                    prompt, params, self.router.vocab_size, self.router.max_model_len
                 )
+                params = None
             aborted = self._tokenizing.get(request_id, False)
-            stream = None if aborted else self.router.submit(prompt, message.sampling, request_id, message.layerwise)
+            stream = None if aborted else self.router.submit(prompt, params, request_id, layerwise=message.layerwise)
         except (InvalidRequestError, RuntimeError) as exc:  # NoCapacity included
             channel.send(
                 TokenOutput(request_id=message.request_id, output=RequestOutput.aborted(message.request_id, str(exc)))

@@ -37,7 +37,7 @@ import msgspec
 from minipd.control.role import Role
 from minipd.policy.ratio_controller import ControllerConfig, Decision, Move, RatioController
 from minipd.router.registry import InstanceHandle
-from minipd.router.role_switch import SwitchConflict, SwitchFailed, UnknownInstance
+from minipd.router.role_switch_driver import SwitchConflict, SwitchFailed, UnknownInstance
 
 if TYPE_CHECKING:
     from minipd.router.router import Router

@@ -21,8 +21,8 @@ from typing import Iterable, Iterator, NamedTuple
 
 import msgspec
 
-from minipd.control.channel import Channel
-from minipd.control.messages import Fingerprint, Stats, Welcome
+from minipd.control.channel import Channel, ChannelClosed, RemoteError
+from minipd.control.messages import Fingerprint, GetStats, PeerLost, Stats, Welcome
 from minipd.control.role import Role
 from minipd.engine.block_manager import chain_hashes
 
@@ -142,6 +142,28 @@ class InstanceRegistry:
     def remove(self, instance_id: str) -> InstanceHandle | None:
         return self.instances.pop(instance_id, None)
 
+    def lose(self, handle: InstanceHandle, reason: str, fenced: bool) -> None:
+        """`handle` died or was declared dead: unregister it (unless registered again meanwhile),
+        end its requests, and tell every other instance, which drops what it does with it."""
+        if self.instances.get(handle.instance_id) is handle:
+            self.remove(handle.instance_id)
+        handle.mark_lost(reason)
+        self.tell_peer_lost(handle.instance_id, reason, fenced)
+
+    def tell_peer_lost(self, instance_id: str, reason: str, fenced: bool) -> None:
+        for other in self.instances.values():
+            other.channel.send(PeerLost(instance_id=instance_id, reason=reason, fenced=fenced))
+
+    def live_stats(self) -> list[Stats]:
+        return [h.stats for h in self.instances.values() if h.stats is not None and h.is_alive]
+
+    async def refresh_stats(self, timeout: float, settle: bool = False) -> list[Stats]:
+        """Ask every instance for fresh stats, all at once, each within `timeout` (with `settle`,
+        after its pending aborts have landed); one that does not answer in time keeps its old
+        stats, which turn stale."""
+        await asyncio.gather(*(_poll(h, settle, timeout) for h in list(self.instances.values())))
+        return self.live_stats()
+
     def alive(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
         return [h for h in self.instances.values() if h.is_alive and h.instance_id not in exclude]
 
@@ -185,3 +207,10 @@ class InstanceRegistry:
         if not candidates:
             return None
         return min(candidates, key=lambda h: (h.running(), -h.free_blocks()))
+
+
+async def _poll(handle: InstanceHandle, settle: bool, timeout: float) -> None:
+    try:
+        handle.set_stats(await handle.channel.call(GetStats(settle=settle), timeout))
+    except (ChannelClosed, TimeoutError, RemoteError):
+        pass  # it keeps its old stats, which turn stale

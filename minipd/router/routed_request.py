@@ -22,7 +22,7 @@ class RoutedRequest:
         self, request_id: str, token_ids: list[int], params: SamplingParams, stream: RequestStream, layerwise: bool
     ):
         self.request_id = request_id
-        self.wire_id = request_id  # the current try's id on the instances (see Router.begin_try)
+        self.wire_id = request_id  # the current try's id on the instances (see try_ids.py)
         self.token_ids = token_ids
         self.params = params
         self.stream = stream

@@ -20,7 +20,7 @@ from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
 from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.router.client import ClusterClient
+from minipd.router.cluster_client import ClusterClient
 
 LEASE_S = 3.0
 # Slow enough that a prompt's KV takes seconds to move, so a freeze lands mid-transfer.

@@ -24,7 +24,7 @@ from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
 from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 CONFIG = EngineConfig.of(model="tiny", dtype="float32", num_blocks=64, max_model_len=128)  # any request ends soon
 EXAMPLES_PER_BACKEND = 100

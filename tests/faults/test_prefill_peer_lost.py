@@ -14,7 +14,7 @@ import threading
 from minipd.engine.engine import EngineConfig
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 CONFIG = EngineConfig.of(model="tiny", dtype="float32", num_blocks=256, max_model_len=512, max_num_batched_tokens=16)
 NUM_PROMPTS = 6

@@ -17,7 +17,7 @@ from minipd.api.router_backend import RouterBackend
 from minipd.engine.engine import EngineConfig
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 CONFIG = EngineConfig.of(model="tiny", dtype="float32", num_blocks=128, max_model_len=256)
 CHAT = "/v1/chat/completions"

@@ -21,7 +21,7 @@ from minipd.control.role import Role
 from minipd.control.server import ControlServer
 from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine
-from minipd.router.client import ClusterClient
+from minipd.router.cluster_client import ClusterClient
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router
 from minipd.transports import messages as kv

@@ -28,7 +28,7 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.control_port import RouterControlPort
 from minipd.router.registry import IncompatibleInstance
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 LEASE_S = 0.3
 
@@ -280,7 +280,7 @@ def test_requests_wait_for_a_full_decode_pool_instead_of_failing(loop_thread):
             prompts = [[k + 1] * 90 for k in range(3)]
             params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
             results = await asyncio.gather(*(_collect(c, p, params) for p in prompts))
-            return results, [i.stats() for i in c.instances], c.router.num_busy_waits
+            return results, [i.stats() for i in c.instances], c.router.counters.num_busy_waits
 
     results, stats, busy_waits = loop_thread.run(run(), timeout=120)
     assert busy_waits > 0, "the test must fill the decode pool"

@@ -13,7 +13,7 @@ from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
 from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 MODEL = "tiny"
 CONFIG = dict(model=MODEL, dtype="float32", num_blocks=32, max_model_len=256)  # texts compared exactly

@@ -23,7 +23,7 @@ from minipd.engine.engine import EngineConfig
 from minipd.engine.kv_admission import NoCapacity, claim_blocks
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 BLOCK_SIZE = 16
 DECODE = EngineConfig.of(

@@ -16,7 +16,7 @@ from disagg_helpers import CONFIG, LOCAL_PREFILL_MAX_TOKENS
 from minipd.control.channel import Channel, serve
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 from minipd.transports import fault_points
 
 LEASE_S = 0.3
@@ -64,7 +64,7 @@ def test_a_stalled_transfer_loses_its_lease_and_follows_the_kv_load_failure_poli
             expired = cluster.instance("decode-0").expired_leases.get_nowait()
             fault_points.release("kv.mid_payload")
             await _assert_pools_full(cluster)
-            return outputs, expired, cluster.router.num_recomputes
+            return outputs, expired, cluster.router.counters.num_recomputes
         finally:
             fault_points.release("kv.mid_payload")
             await cluster.close()
@@ -93,7 +93,7 @@ def test_a_long_prefill_keeps_its_reservation_while_it_progresses(loop_thread):
             outputs = await asyncio.wait_for(_collect(cluster.submit(prompt, PARAMS)), BOUND_S)
             elapsed = time.monotonic() - start
             await _assert_pools_full(cluster)
-            return outputs, elapsed, cluster.router.num_recomputes, cluster.instance("decode-0").expired_leases
+            return outputs, elapsed, cluster.router.counters.num_recomputes, cluster.instance("decode-0").expired_leases
         finally:
             await cluster.close()
 
@@ -182,7 +182,7 @@ def test_a_retry_on_the_same_prefill_instance_is_a_new_request_there(loop_thread
             survivors = [i for i in cluster.instances if i is not victim]
             for instance in survivors:
                 await instance.engine.wait_idle(BOUND_S)
-            return outputs, victim.instance_id, [i.stats() for i in survivors], cluster.router.num_recomputes
+            return outputs, victim.instance_id, [i.stats() for i in survivors], cluster.router.counters.num_recomputes
         finally:
             fault_points.release("kv.mid_payload")
             await cluster.router.close()

@@ -16,7 +16,7 @@ from minipd.engine.engine import EngineConfig
 from minipd.engine.request import OVERLOADED
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 CONFIG = EngineConfig.of(model="tiny", dtype="float32", num_blocks=16, max_model_len=256)
 HOLD_TOKENS = 240  # 15 of the decode instance's 16 blocks

@@ -34,7 +34,7 @@ from minipd.control.messages import (
 from minipd.control.role import Role
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.role_switch import SwitchConflict, SwitchFailed, UnknownInstance
+from minipd.router.role_switch_driver import SwitchConflict, SwitchFailed, UnknownInstance
 from minipd.router.router import Router
 
 EVENT_TIMEOUT_S = 10.0
@@ -241,12 +241,12 @@ def test_a_try_refused_for_a_stale_epoch_is_retried_elsewhere(loop_thread, coloc
         other = Router(cluster.instances[0].engine.tokenizer, cluster.router.config)
         for instance in cluster.instances:
             await other.add_instance("127.0.0.1", instance.port)
-        other._stats_task.cancel()  # it must not learn of the switch from its stats
+        other.links._stats_task.cancel()  # it must not learn of the switch from its stats
         try:
             await cluster.switch_role("prefill-0", Role.DECODE)
             assert other.registry.instances["prefill-0"].role is Role.PREFILL  # its stale view
             served = await complete(other, prompt, 10)
-            return served, other.num_stale_retries
+            return served, other.counters.num_stale_retries
         finally:
             await other.close()
 

@@ -24,7 +24,7 @@ from minipd.entrypoints.configs import role_configs
 from minipd.entrypoints.credentials import warn_if_exposed, warn_if_open_api
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.router.client import ClusterClient
+from minipd.router.cluster_client import ClusterClient
 from minipd.transports.shared_secret import SharedSecret
 
 API_KEY = "sk-cluster-test-key"

@@ -28,7 +28,7 @@ from minipd.control.role import Role
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
-from minipd.router.client import ClusterClient
+from minipd.router.cluster_client import ClusterClient
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router
 

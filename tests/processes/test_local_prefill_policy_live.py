@@ -15,7 +15,7 @@ from minipd.entrypoints.flags import build_parser, inherited_argv
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.policy.local_prefill import Placement
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 NUM_PROMPTS = 12
 MAX_TOKENS = 6
@@ -33,7 +33,7 @@ def test_a_busy_prefill_pool_prefills_on_decode_in_process(loop_thread, colocate
     )
     try:
         actual = loop_thread.run(complete_all(cluster, prompts, [MAX_TOKENS] * NUM_PROMPTS))
-        placements = dict(cluster.router.placements)
+        placements = dict(cluster.router.counters.placements)
     finally:
         loop_thread.run(cluster.close())
     expected = loop_thread.run(complete_all(colocated, prompts, [MAX_TOKENS] * NUM_PROMPTS))

@@ -22,9 +22,10 @@ from minipd.api.router_backend import RouterBackend
 from minipd.engine.engine import EngineConfig
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.client import ClusterClient
+from minipd.router.cluster_client import ClusterClient
 from minipd.router.control_port import RouterControlPort
-from minipd.router.router import Router, RouterConfig
+from minipd.router.router import Router
+from minipd.router.router_config import RouterConfig
 
 CONFIG = EngineConfig.of(model="tiny", num_blocks=64, max_model_len=512)
 HUGE_PROMPT_BYTES = 3_900_000

@@ -7,7 +7,8 @@ from __future__ import annotations
 from minipd.control.role import Role
 from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine, EngineConfig
-from minipd.router.router import Router, RouterConfig
+from minipd.router.router import Router
+from minipd.router.router_config import RouterConfig
 from minipd.transports.shared_secret import SharedSecret
 
 LOCALHOST = "127.0.0.1"

@@ -1,5 +1,7 @@
 """The package's layers hold: no module imports from a layer above its own (docs/architecture.md
-lists them), and no module runs past the length limit without saying why at its top."""
+lists them), no modules import each other, directly or in a ring (every import statement
+counts: at module level, inside functions, and under `if TYPE_CHECKING:`), and no module runs
+past the length limit without saying why at its top."""
 
 from __future__ import annotations
 
@@ -112,3 +114,80 @@ def test_long_modules_say_why(path: Path):
         return
     docstring = ast.get_docstring(ast.parse(source)) or ""
     assert LENGTH_REASON in docstring, f"{num_lines} lines: split it, or say why at its top ({LENGTH_REASON} ...)"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] != "minipd":  # models/ and transports/ install as minipd.models, minipd.transports
+        parts.insert(0, "minipd")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports: every import statement, at module level, in
+    functions, and under `if TYPE_CHECKING:` alike (a ring of type-only imports still ties the
+    modules together). `from package import name` counts as importing `package.name` when that
+    is a module, else `package`; a package's own `__init__` running first is not counted."""
+    modules = {_module_name(p): p for p in _source_files()}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                targets.update(
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                )
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(tuple(sorted(component)))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_finder_names_a_ring():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
+    assert _cycles(graph) == [("a", "b", "c")]
+
+
+def test_the_import_graph_sees_imports_in_functions_and_type_checking_blocks():
+    graph = _import_graph()
+    assert "minipd.planner.__main__" in graph["minipd.entrypoints.cli"]  # inside a function
+    assert "minipd.router.router" in graph["minipd.router.live_controller"]  # under TYPE_CHECKING
+    assert "minipd.transports.fault_points" in graph["minipd.transports.base"]  # `from package import module`
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_import_graph())
+    assert not cycles, "modules that import each other: " + "; ".join(" <-> ".join(c) for c in cycles)

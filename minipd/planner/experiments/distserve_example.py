@@ -21,6 +21,7 @@ Nothing is fitted to the 2P:1D or the colocated figure: the planner predicts bot
 from __future__ import annotations
 
 from minipd.planner.calibration import calibrate_phase, scale_phases
+from minipd.planner.hardware import A100, OPT_13B
 from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.roofline import roofline_profile
 from minipd.planner.workload_spec import WorkloadSpec
@@ -47,11 +48,6 @@ def workload(num_requests: int, seed: int = 0) -> WorkloadSpec:
 
 def base_profile() -> LatencyProfile:
     """Step 1: the roofline shape, before calibration."""
-    from minipd.planner.profiles import (  # the hardware and model tables live with the built-ins
-        A100,
-        OPT_13B,
-    )
-
     return roofline_profile("distserve-13b-a100", OPT_13B, A100, dtype="float16", max_batched_tokens=512).replace(
         link_gbps=NVLINK_GBPS, link_setup_s=0.0
     )

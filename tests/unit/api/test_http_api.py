@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -16,8 +16,8 @@ from http_helpers import OpenStream, http_json, http_post, http_text, sample, sc
 from minipd.api.app import METRICS_KEY, HttpConfig, build_app, start_http_server
 from minipd.api.backend import InstanceStats, ServingBackend
 from minipd.api.engine_backend import EngineBackend
+from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.request import RequestOutput
-from minipd.engine.sampling_params import SamplingParams
 from minipd.models.tokenizer import ByteTokenizer
 
 MODEL = "tiny"
@@ -314,12 +314,13 @@ class FailingBackend:
     model_name = MODEL
     tokenizer = ByteTokenizer()
     max_model_len = MAX_MODEL_LEN
+    vocab_size = 0  # not known: the front checks against the tokenizer's
 
     def __init__(self, is_ready: bool = True):
         self.is_ready = is_ready
 
-    def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str) -> _FailingStream:
-        if prompt == "raise":
+    def submit(self, prompt: CheckedPrompt, request_id: str) -> _FailingStream:
+        if prompt.token_ids == self.tokenizer.encode("raise"):
             raise RuntimeError(SECRET)
         return _FailingStream(
             [

@@ -26,7 +26,7 @@ from minipd.entrypoints.config_sections import (
 from minipd.entrypoints.configs import RoleConfigs, flag_values, role_configs
 from minipd.entrypoints.flags import FLAGS, build_parser
 from minipd.policy.ratio_controller import ControllerConfig
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 from minipd.slo.targets import SLO
 from minipd.transports.registry import backend_options
 

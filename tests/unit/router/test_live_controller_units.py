@@ -15,7 +15,7 @@ from minipd.control.role import Role
 from minipd.policy.ratio_controller import ControllerConfig, Move
 from minipd.router.live_controller import LiveControllerOptions, LiveRatioController, pick_mover
 from minipd.router.registry import InstanceHandle, InstanceRegistry
-from minipd.router.role_switch import SwitchFailed
+from minipd.router.role_switch_driver import SwitchFailed
 from minipd.slo.targets import SLO
 
 TTFT_S, ITL_S = 0.5, 0.05

@@ -11,9 +11,9 @@ from minipd.control.messages import PROTOCOL_VERSION, Fingerprint, Stats, Welcom
 from minipd.control.role import Role
 from minipd.models.config import PRESETS
 from minipd.policy.local_prefill import Placement
-from minipd.router.placement import decide_placement
+from minipd.router.prefill_site import decide_placement
 from minipd.router.registry import InstanceHandle
-from minipd.router.router import RouterConfig
+from minipd.router.router_config import RouterConfig
 
 BS = 16
 NUM_BLOCKS = 100

@@ -1,6 +1,7 @@
 """The router's half of an in-place role switch (the instance's half: disagg/role_switch.py).
 
-`switch_instance_role(router, instance_id, role)`, top-down:
+`switch_instance_role(registry, instance_id, role)`, top-down (it needs the router's instance
+registry only; the router records the report):
 1. check the request: a known, live instance (else UnknownInstance), an instance role (else
    InvalidRequestError naming `role`), not its role already, not switching already, and not
    the last instance that can decode when the new role cannot (else SwitchConflict);
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -27,9 +27,7 @@ from minipd.control.channel import ChannelClosed, RemoteError
 from minipd.control.messages import RoleSwitched, SwitchRole
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.engine.sampling_params import InvalidRequestError
-
-if TYPE_CHECKING:
-    from minipd.router.router import Router
+from minipd.router.registry import InstanceRegistry
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +91,9 @@ def parse_role(role: Role | str) -> Role:
 
 
 async def switch_instance_role(
-    router: Router, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    registry: InstanceRegistry, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 ) -> SwitchReport:
     start, decided_at = time.perf_counter(), time.time()
-    registry = router.registry
     handle = registry.instances.get(instance_id)
     if handle is None or not handle.is_alive:
         raise UnknownInstance(instance_id, sorted(h.instance_id for h in registry.alive()))

@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import AsyncIterator, Sequence
+from typing import Sequence
 
 from minipd.control.channel import Channel, FrameTooLarge
 from minipd.control.handshake import SharedSecret, open_channel
 from minipd.control.messages import Abort, ClientGenerate, ClusterStats, GetStats, Message, Stats, TokenOutput, Welcome
 from minipd.control.role import Role
+from minipd.engine.generator import GeneratesFromSubmit
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 
 
-class ClusterClient:
+class ClusterClient(GeneratesFromSubmit):
     def __init__(self, channel: Channel, welcome: Welcome):
         self.channel = channel
         self.welcome = welcome
@@ -46,11 +47,20 @@ class ClusterClient:
         return client
 
     def submit(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, layerwise: bool | None = None
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        *,
+        layerwise: bool | None = None,
     ) -> RequestStream:
-        """Send a request; the stream yields its outputs (errors arrive as a finished output with `error`).
-        `layerwise` overrides the router's KV streaming mode for this request."""
-        request_id = f"c{next(self._ids)}"
+        """Send a request; the stream yields its outputs (the router's refusals arrive as a
+        finished output with `error`; engine/generator.py). `request_id` is unique among this
+        client's live requests (None: numbered here); `layerwise` overrides the router's KV
+        streaming mode for this request."""
+        request_id = request_id if request_id is not None else f"c{next(self._ids)}"
+        if request_id in self._streams:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         stream = RequestStream(request_id, self._abort)
         self._streams[request_id] = stream
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
@@ -68,13 +78,6 @@ class ClusterClient:
             del self._streams[request_id]
             raise InvalidRequestError("prompt", f"too large to send: {exc}") from None
         return stream
-
-    async def generate(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, layerwise: bool | None = None
-    ) -> AsyncIterator[RequestOutput]:
-        async with self.submit(prompt, params, layerwise) as stream:
-            async for output in stream:
-                yield output
 
     async def stats(self, settle: bool = False, timeout: float = 30.0) -> list[Stats]:
         """Every live instance's stats; `settle` waits (bounded) for aborts to land first."""

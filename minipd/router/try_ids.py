@@ -1,0 +1,29 @@
+"""Each try's id on the instances, and the request it belongs to.
+
+A request gets a fresh id for every try (`request_id@n`): an instance that saw an earlier
+try, and remembers it as aborted, never mistakes the new one for it. The router looks the
+messages instances send (tokens, landings, renewals) up here by that id."""
+
+from __future__ import annotations
+
+import itertools
+
+from minipd.router.routed_request import RoutedRequest
+
+
+class TryIds:
+    def __init__(self) -> None:
+        self._by_wire: dict[str, RoutedRequest] = {}
+        self._next = itertools.count()
+
+    def begin(self, routed: RoutedRequest) -> None:
+        """Give `routed` a fresh id for its next try; its previous one is forgotten."""
+        self._by_wire.pop(routed.wire_id, None)
+        routed.wire_id = f"{routed.request_id}@{next(self._next)}"
+        self._by_wire[routed.wire_id] = routed
+
+    def get(self, wire_id: str) -> RoutedRequest | None:
+        return self._by_wire.get(wire_id)
+
+    def forget(self, routed: RoutedRequest) -> None:
+        self._by_wire.pop(routed.wire_id, None)
