@@ -143,10 +143,17 @@ def test_a_request_whose_prefill_instance_freezes_mid_transfer_completes_on_the_
         stream = client.submit([random.Random(3).randrange(256) for _ in range(400)], SHORT)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + BOUND_S
-        while not any(s.num_reservations for s in await client.stats() if s.instance_id == "decode-0"):
-            assert loop.time() < deadline, "the request never reserved blocks"
+        # Mid-transfer: decode holds the reservation and a prefill instance holds the prompt's
+        # blocks (the reservation comes first, so waiting for it alone can see no prefill yet).
+        while True:
+            stats = await client.stats()
+            reserved = any(s.num_reservations for s in stats if s.instance_id == "decode-0")
+            prefilling = [s.instance_id for s in stats if s.role.value == "prefill" and s.num_used_blocks]
+            if reserved and prefilling:
+                break
+            assert loop.time() < deadline, "the request never reached a prefill instance mid-transfer"
             await asyncio.sleep(0.005)  # condition poll, bounded
-        frozen = next(s.instance_id for s in await client.stats() if s.role.value == "prefill" and s.num_used_blocks)
+        frozen = prefilling[0]
         _signal(processes, frozen, signal.SIGSTOP)
         try:
             outputs = await asyncio.wait_for(_collect(stream), BOUND_S)
