@@ -58,15 +58,15 @@ import torch
 
 from minipd.transports import fault_points
 from minipd.transports.block_run import BlockRun
-from minipd.transports.errors import TransferError
 from minipd.transports.fences import Fences, call
 from minipd.transports.link_limiter import LinkLimiter
-from minipd.transports.messages import PoolDescription, decode_description, message_encoder
 from minipd.transports.pool_layout import PoolLayout
 from minipd.transports.receive_ledger import MAX_REMEMBERED_ABORTS, Expected, ReceiveLedger
 from minipd.transports.recent_ids import RecentIds
 from minipd.transports.results import LayerWritten, ReceiveOutcome, RequestLanded, RequestSent
 from minipd.transports.shared_secret import SharedSecret
+from minipd.transports.transfer_error import TransferError
+from minipd.transports.wire import PoolDescription, decode_description, message_encoder
 
 logger = logging.getLogger(__name__)
 

@@ -9,11 +9,11 @@ import numpy as np
 from minipd.transports import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun
-from minipd.transports.errors import TransferError
 from minipd.transports.loopback_hub import LoopbackHub
-from minipd.transports.messages import PoolDescription
 from minipd.transports.pool_layout import pool_bytes
 from minipd.transports.receive_ledger import Verdict
+from minipd.transports.transfer_error import TransferError
+from minipd.transports.wire import PoolDescription
 
 logger = logging.getLogger(__name__)
 

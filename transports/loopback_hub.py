@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Generic, TypeVar
 
-from minipd.transports.errors import TransferError
+from minipd.transports.transfer_error import TransferError
 
 HUB_TOKEN_BYTES = 16
 

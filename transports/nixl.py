@@ -14,11 +14,11 @@ import numpy as np
 from minipd.transports import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun
-from minipd.transports.errors import TransferError
 from minipd.transports.link_auth import HeaderSeal
-from minipd.transports.messages import Abort, Finish, LayerHeader, Message, PoolDescription, decode_message
 from minipd.transports.receive_ledger import Expected, Verdict
+from minipd.transports.transfer_error import TransferError
 from minipd.transports.wakeable_sleep import WakeableSleep
+from minipd.transports.wire import Abort, Finish, LayerHeader, Message, PoolDescription, decode_message
 
 # NIXL's Python logger prints INFO to stdout unless told otherwise; it reads this on import.
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")

@@ -10,10 +10,10 @@ import time
 from collections.abc import Sequence
 
 from minipd.transports import fault_points
-from minipd.transports.errors import TransferError
 from minipd.transports.pool_layout import PoolLayout
 from minipd.transports.recent_ids import RecentIds
 from minipd.transports.results import ReceiveOutcome, RequestLanded
+from minipd.transports.transfer_error import TransferError
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from minipd.transports.errors import TransferError
+from minipd.transports.transfer_error import TransferError
 
 
 class LayerWritten(NamedTuple):

@@ -8,12 +8,12 @@ import logging
 from minipd.transports.base import Transport
 from minipd.transports.block_run import BlockRun, split_runs
 from minipd.transports.connection_slots import DEFAULT_MAX_CONNECTIONS, ConnectionSlots
-from minipd.transports.errors import TransferError
-from minipd.transports.messages import Abort, Finish, LayerHeader, PoolDescription, max_layer_header_bytes
 from minipd.transports.pool_layout import pool_bytes
 from minipd.transports.receive_ledger import Expected
 from minipd.transports.tcp_link import TcpLink
 from minipd.transports.tcp_receiver import DISCARD_BYTES, FrameReceiver, ReceiverSetup
+from minipd.transports.transfer_error import TransferError
+from minipd.transports.wire import Abort, Finish, LayerHeader, PoolDescription, max_layer_header_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,10 @@ from collections.abc import Callable, Sequence
 
 from minipd.transports import fault_points
 from minipd.transports.link_auth import RECEIVER_LABEL, sender_proof
-from minipd.transports.messages import (
+from minipd.transports.pool_layout import PoolLayout
+from minipd.transports.shared_secret import NONCE_BYTES, SharedSecret, new_nonce
+from minipd.transports.tcp_receiver import HANDSHAKE_TIMEOUT_S, PREFIX, encode_frame
+from minipd.transports.wire import (
     MAX_HANDSHAKE_HEADER_BYTES,
     Challenge,
     Hello,
@@ -20,9 +23,6 @@ from minipd.transports.messages import (
     decode_message,
     message_encoder,
 )
-from minipd.transports.pool_layout import PoolLayout
-from minipd.transports.shared_secret import NONCE_BYTES, SharedSecret, new_nonce
-from minipd.transports.tcp_receiver import HANDSHAKE_TIMEOUT_S, PREFIX, encode_frame
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from minipd.transports.connection_slots import ConnectionSlots
 from minipd.transports.link_auth import SENDER_LABEL, receiver_proof
-from minipd.transports.messages import (
+from minipd.transports.receive_ledger import ReceiveLedger, Verdict
+from minipd.transports.shared_secret import NONCE_BYTES, SharedSecret, new_nonce
+from minipd.transports.wire import (
     MAX_HANDSHAKE_HEADER_BYTES,
     Abort,
     Challenge,
@@ -23,8 +25,6 @@ from minipd.transports.messages import (
     decode_message,
     message_encoder,
 )
-from minipd.transports.receive_ledger import ReceiveLedger, Verdict
-from minipd.transports.shared_secret import NONCE_BYTES, SharedSecret, new_nonce
 
 if TYPE_CHECKING:
     from minipd.transports.pool_layout import PoolLayout

@@ -22,12 +22,12 @@ import msgspec
 from minipd.transports import fault_points
 from minipd.transports.block_run import BlockRun
 from minipd.transports.ends_after_headers import EndsAfterHeaders
-from minipd.transports.errors import TransferError
 from minipd.transports.link_auth import HeaderSeal
-from minipd.transports.messages import MAX_HEADER_BYTES, Abort, Finish, LayerHeader, Message, PoolDescription
 from minipd.transports.pool_layout import pool_bytes
 from minipd.transports.receive_ledger import Expected, Verdict
+from minipd.transports.transfer_error import TransferError
 from minipd.transports.ucx_progress import MAX_POLL_S, ProgressDriver, detach_ucxx_progress, ucx_worker
+from minipd.transports.wire import MAX_HEADER_BYTES, Abort, Finish, LayerHeader, Message, PoolDescription
 
 # isort: off
 import ucxx  # noqa: E402  (after ucx_progress has set UCX's environment)

@@ -32,9 +32,9 @@ import torch
 from benchmarks.loadgen.baseline_plots import plot_transport as plot  # noqa: F401 (bench.py --plot)
 from benchmarks.transport.baselines import GBIT, MemcpyTimer, raw_socket_gbps
 from minipd.engine.kv_pool import allocate_host_tensor
+from minipd.transports.backends import BACKENDS, available_transports, create_transport
 from minipd.transports.block_run import coalesce_runs
 from minipd.transports.loopback_hub import LoopbackHub
-from minipd.transports.registry import BACKENDS, available_transports, create_transport
 
 MIB = 1 << 20
 NUM_LAYERS = 4  # the tiny model's layer count

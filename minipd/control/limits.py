@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from minipd.engine.sampling_params import MAX_STOP_BYTES, MAX_STOP_TOKEN_IDS
 from minipd.transports.connection_slots import DEFAULT_MAX_CONNECTIONS
-from minipd.transports.messages import MAX_DESCRIPTION_BYTES, MAX_REQUEST_ID_CHARS
+from minipd.transports.wire import MAX_DESCRIPTION_BYTES, MAX_REQUEST_ID_CHARS
 
 __all__ = [
     "DEFAULT_MAX_CONNECTIONS",

@@ -66,10 +66,10 @@ from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.transports import fault_points
+from minipd.transports.backends import create_transport
 from minipd.transports.base import Transport
-from minipd.transports.errors import TransferError
-from minipd.transports.registry import create_transport
 from minipd.transports.shared_secret import SharedSecret
+from minipd.transports.transfer_error import TransferError
 
 log = logging.getLogger(__name__)
 

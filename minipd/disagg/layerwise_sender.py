@@ -23,7 +23,7 @@ from minipd.engine.request import Request
 from minipd.transports import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import coalesce_runs
-from minipd.transports.errors import TransferError
+from minipd.transports.transfer_error import TransferError
 
 
 class SendReport(NamedTuple):

@@ -23,7 +23,7 @@ from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
 from minipd.engine.sampling_params import SamplingParams
 from minipd.policy.ratio_controller import ControllerConfig
 from minipd.router.live_controller import LiveControllerOptions
-from minipd.transports.registry import backend_options
+from minipd.transports.backends import backend_options
 
 Address = tuple[str, int]
 

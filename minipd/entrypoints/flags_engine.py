@@ -20,7 +20,7 @@ from minipd.entrypoints.flag_spec import (
 )
 from minipd.models.config import PRESETS
 from minipd.models.packaged_models import PACKAGED_MODELS
-from minipd.transports.registry import BACKENDS
+from minipd.transports.backends import BACKENDS
 
 _ENGINE = EngineConfig()
 _INSTANCE = InstanceConfig()

@@ -43,7 +43,7 @@ from minipd.entrypoints.credentials import parse_cluster_secret
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.openmp_env import passive_env
 from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
-from minipd.entrypoints.signals import wait_for_stop_signal
+from minipd.entrypoints.stop_signal import wait_for_stop_signal
 from minipd.router.cluster_client import ClusterClient
 from minipd.transports import fault_points
 from minipd.transports.shared_secret import SharedSecret, generate_secret_text

@@ -37,7 +37,7 @@ from minipd.entrypoints.configs import RoleConfigs
 from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed, warn_if_open_api
 from minipd.entrypoints.process_cluster import prepare_cluster
 from minipd.entrypoints.prompt_demo import run_demo
-from minipd.entrypoints.signals import wait_for_stop_signal
+from minipd.entrypoints.stop_signal import wait_for_stop_signal
 from minipd.router.control_port import RouterControlPort
 from minipd.router.live_controller import LiveRatioController
 from minipd.router.router import Router

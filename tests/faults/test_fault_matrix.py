@@ -11,7 +11,7 @@ from disagg_helpers import ENGINE_ARGV, ROUTER_ARGV
 from fault_cells import BOUND_S, CELLS, CLUSTER_ARGV, PARAMS, play, probe, settled_stats, surviving
 
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.transports.registry import available_transports
+from minipd.transports.backends import available_transports
 
 TRANSPORTS = ["tcp", "ucx", "nixl"]
 CELL_ORDER = list(CELLS)

@@ -18,9 +18,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minipd.transports import messages as kv
+from minipd.transports import wire as kv
+from minipd.transports.backends import create_transport
 from minipd.transports.block_run import BlockRun
-from minipd.transports.registry import create_transport
 from minipd.transports.shared_secret import SharedSecret
 
 BLOCK_SHAPE = (2, 4, 1, 8)  # 256-byte blocks: payloads stay small

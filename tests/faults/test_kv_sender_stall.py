@@ -15,7 +15,7 @@ from minipd.control.messages import PROTOCOL_VERSION, Hello, Reserve
 from minipd.control.role import Role
 from minipd.disagg.instance import Instance
 from minipd.engine.engine import Engine
-from minipd.transports import messages as wire
+from minipd.transports import wire as wire
 from minipd.transports.tcp_receiver import PREFIX
 
 FAKE_PREFILL = "prefill-that-stalls"

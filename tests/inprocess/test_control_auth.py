@@ -24,7 +24,7 @@ from minipd.engine.engine import Engine
 from minipd.router.cluster_client import ClusterClient
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router
-from minipd.transports import messages as kv
+from minipd.transports import wire as kv
 from minipd.transports.shared_secret import NONCE_BYTES, new_nonce
 
 TIMEOUT_S = 10.0

@@ -22,7 +22,7 @@ from disagg_helpers import (
 
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.transports.registry import available_transports
+from minipd.transports.backends import available_transports
 
 NETWORK_TRANSPORTS = ["tcp", "ucx", "nixl"]
 DEATH_TIMEOUT_S = 30.0

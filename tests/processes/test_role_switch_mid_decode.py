@@ -17,7 +17,7 @@ from role_switch_helpers import assert_all_served, complete_all, greedy, load_pr
 from minipd.control.role import Role
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.router.cluster_client import ClusterClient
-from minipd.transports.registry import available_transports
+from minipd.transports.backends import available_transports
 
 LONG_OUTPUT = 250  # long enough that the switched instance is still decoding when the switch lands (~1 s)
 SHORT_OUTPUT = 10

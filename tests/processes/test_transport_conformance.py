@@ -16,10 +16,10 @@ import torch
 import uvloop
 from transport_peer import NUM_LAYERS, START_TIMEOUT_S, Peer, make_pool
 
-from minipd.transports.errors import TransferError
+from minipd.transports.backends import BACKENDS, create_transport
 from minipd.transports.loopback_hub import LoopbackHub
-from minipd.transports.registry import BACKENDS, create_transport
 from minipd.transports.shared_secret import SharedSecret
+from minipd.transports.transfer_error import TransferError
 
 NUM_BLOCKS = 256  # 4 layers x 256 blocks x 8 KiB = 8 MiB per pool
 MAIN_SEED, PEER_SEED, LIMITED_SEED = 1, 2, 3

@@ -27,7 +27,7 @@ from test_transport_conformance import (
 from transport_peer import NUM_LAYERS
 
 from minipd.transports import fault_points
-from minipd.transports.errors import TransferError
+from minipd.transports.transfer_error import TransferError
 
 STALLED_SEED = 4
 FENCE_TIMEOUT_S = 10.0

@@ -19,7 +19,7 @@ import numpy as np
 from minipd.control.messages import PROTOCOL_VERSION, AnyMessage, Decode, Hello, Reserve, Reserved, TokenOutput, Welcome
 from minipd.control.role import Role
 from minipd.engine.sampling_params import SamplingParams
-from minipd.transports import messages as kv
+from minipd.transports import wire as kv
 
 CONTROL_HEADER = struct.Struct(">I")
 KV_PREFIX = struct.Struct("!I")

@@ -19,9 +19,9 @@ import msgspec
 import torch
 
 from minipd.transports import fault_points
+from minipd.transports.backends import create_transport
 from minipd.transports.block_run import coalesce_runs
-from minipd.transports.errors import TransferError
-from minipd.transports.registry import create_transport
+from minipd.transports.transfer_error import TransferError
 
 # The tiny model's KV block: [K/V, block_size, kv_heads, head_dim] in fp32 = 8 KiB.
 BLOCK_SHAPE = (2, 16, 2, 32)

@@ -28,7 +28,7 @@ from minipd.entrypoints.flags import FLAGS, build_parser
 from minipd.policy.ratio_controller import ControllerConfig
 from minipd.router.router_config import RouterConfig
 from minipd.slo.targets import SLO
-from minipd.transports.registry import backend_options
+from minipd.transports.backends import backend_options
 
 DEFAULTS = {
     "process": ProcessConfig(),

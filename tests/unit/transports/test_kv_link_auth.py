@@ -11,11 +11,11 @@ import pytest
 import torch
 import uvloop
 
+from minipd.transports.backends import create_transport
 from minipd.transports.block_run import BlockRun
-from minipd.transports.errors import TransferError
-from minipd.transports.messages import MAX_HANDSHAKE_HEADER_BYTES
-from minipd.transports.registry import create_transport
 from minipd.transports.shared_secret import SharedSecret
+from minipd.transports.transfer_error import TransferError
+from minipd.transports.wire import MAX_HANDSHAKE_HEADER_BYTES
 
 BLOCK_SHAPE = (2, 16, 2, 32)
 NUM_LAYERS, NUM_BLOCKS = 2, 16

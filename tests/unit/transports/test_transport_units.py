@@ -12,12 +12,12 @@ import pytest
 import torch
 import uvloop
 
+from minipd.transports.backends import MissingBackendError, available_transports, backend_class, create_transport
 from minipd.transports.block_run import BlockRun, coalesce_runs, split_runs
 from minipd.transports.ends_after_headers import EndsAfterHeaders
-from minipd.transports.errors import TransferError
 from minipd.transports.link_limiter import LinkLimiter
-from minipd.transports.messages import MAX_HEADER_BYTES, Hello, LayerHeader
-from minipd.transports.registry import MissingBackendError, available_transports, backend_class, create_transport
+from minipd.transports.transfer_error import TransferError
+from minipd.transports.wire import MAX_HEADER_BYTES, Hello, LayerHeader
 
 BLOCK_SHAPE = (2, 16, 2, 32)
 NUM_LAYERS = 4
