@@ -2,7 +2,10 @@
 in-process for loopback. This process plays one side (usually the receiver), a `Peer` the
 other; byte patterns are pure functions of seeds, so each side can check the other's work.
 Every transport here shares a cluster secret (as the cluster launcher's always do), and a
-peer with another secret must not land a byte."""
+peer with another secret must not land a byte.
+
+Length: one contract, one file: the `Transport` docstrings' promises, each a test run against
+every backend, so that a new backend is checked by reading down one list."""
 
 from __future__ import annotations
 

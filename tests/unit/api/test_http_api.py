@@ -1,4 +1,5 @@
-"""The HTTP front in-process, on the shared loop thread: bad input, failures, metrics, aborts.
+"""The HTTP front in-process, on the shared loop thread, serving an engine: bad input, metrics, aborts
+(a failing backend: test_http_failures.py).
 
 Every engine here is checked by the autouse `pools_back_to_full` fixture after each test.
 """
@@ -7,18 +8,12 @@ from __future__ import annotations
 
 import gzip
 import json
-from typing import AsyncIterator
 
 import pytest
-from aiohttp import web
-from http_helpers import OpenStream, http_json, http_post, http_text, sample, scrape
+from http_helpers import OpenStream, http_json, http_post, sample, scrape
 
-from minipd.api.app import METRICS_KEY, HttpConfig, build_app, start_http_server
-from minipd.api.backend import InstanceStats, ServingBackend
+from minipd.api.app import METRICS_KEY
 from minipd.api.engine_backend import EngineBackend
-from minipd.engine.checked_prompt import CheckedPrompt
-from minipd.engine.request import RequestOutput
-from minipd.models.tokenizer import ByteTokenizer
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512
@@ -27,36 +22,9 @@ LONG_MAX_TOKENS = 480
 SECRET = "secret internal detail"
 
 
-class Served:
-    """An app started on the loop thread; `url` is its base URL."""
-
-    def __init__(self, loop_thread, app: web.Application):
-        self.loop_thread, self.app = loop_thread, app
-        self.runner, port = loop_thread.run(start_http_server(app, "127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{port}"
-
-    def close(self) -> None:
-        self.loop_thread.run(self.runner.cleanup())
-
-
 @pytest.fixture(scope="module")
 def engine(make_engine):
     return make_engine(model=MODEL, num_blocks=32, max_model_len=MAX_MODEL_LEN, max_num_seqs=1)
-
-
-@pytest.fixture
-def serve(loop_thread):
-    """Factory: serve a backend with a config; every server is closed after the test."""
-    served: list[Served] = []
-
-    def factory(backend: ServingBackend, **config) -> Served:
-        config.setdefault("max_request_body_bytes", MAX_BODY_BYTES)
-        served.append(Served(loop_thread, build_app(backend, HttpConfig(**config))))
-        return served[-1]
-
-    yield factory
-    for s in served:
-        s.close()
 
 
 @pytest.fixture
@@ -283,106 +251,3 @@ async def _poll_stats(engine, predicate, timeout: float = 10.0):
 
 async def _settled(engine) -> bool:
     return await engine.wait_idle(timeout=10.0)
-
-
-# ---- a backend that fails, to see that nothing internal leaks ----------------------------
-
-
-class _FailingStream:
-    request_id = "failing"
-
-    def __init__(self, outputs: list[RequestOutput]):
-        self._outputs = outputs
-
-    def abort(self) -> None:
-        pass
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        for output in self._outputs:
-            yield output
-
-    async def __aenter__(self):
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        pass
-
-
-class FailingBackend:
-    """Raises from `submit` for prompt "raise"; otherwise streams a token, then an engine failure."""
-
-    model_name = MODEL
-    tokenizer = ByteTokenizer()
-    max_model_len = MAX_MODEL_LEN
-    vocab_size = 0  # not known: the front checks against the tokenizer's
-
-    def __init__(self, is_ready: bool = True):
-        self.is_ready = is_ready
-
-    def submit(self, prompt: CheckedPrompt, request_id: str) -> _FailingStream:
-        if prompt.token_ids == self.tokenizer.encode("raise"):
-            raise RuntimeError(SECRET)
-        return _FailingStream(
-            [
-                RequestOutput(
-                    request_id=request_id, token_ids=[65], text="A", num_prompt_tokens=3, num_output_tokens=1
-                ),
-                RequestOutput(
-                    request_id=request_id,
-                    token_ids=[],
-                    text="",
-                    finished=True,
-                    finish_reason="abort",
-                    error=f"engine step failed: {SECRET}",
-                ),
-            ]
-        )
-
-    async def ready(self) -> bool:
-        return self.is_ready
-
-    def num_waiting(self) -> int:
-        return 0
-
-    def instance_stats(self) -> list[InstanceStats]:
-        return []
-
-    def on_transfer_failure(self, callback) -> None:
-        pass
-
-
-def test_fake_backend_satisfies_the_protocol():
-    assert isinstance(FailingBackend(), ServingBackend)
-
-
-@pytest.mark.parametrize("body", [{"prompt": "raise"}, {"prompt": "fail"}])
-def test_internal_failures_are_500_without_internals(serve, body):
-    served = serve(FailingBackend())
-    result = http_json("POST", served.url + COMPLETIONS, body)
-    assert result.status == 500 and result.body["error"]["type"] == "server_error"
-    assert SECRET not in json.dumps(result.body) and "Traceback" not in json.dumps(result.body)
-    assert http_json("GET", served.url + "/health").status == 200  # still serving
-
-
-def test_failure_mid_stream_is_reported_in_band(serve):
-    served = serve(FailingBackend())
-    stream = OpenStream(served.url, COMPLETIONS, {"prompt": "fail"})
-    assert stream.next_event()["choices"][0]["text"] == "A"
-    error = stream.next_event()["error"]
-    assert error["type"] == "server_error" and SECRET not in error["message"]
-    assert stream.response.readline() == b"\n" and stream.response.readline() == b"data: [DONE]\n"
-    stream.close()
-
-
-def test_health_reflects_backend_readiness(serve):
-    assert http_json("GET", serve(FailingBackend(is_ready=True)).url + "/health").status == 200
-    not_ready = http_json("GET", serve(FailingBackend(is_ready=False)).url + "/health")
-    assert not_ready.status == 503 and "Retry-After" in not_ready.headers
-
-
-def test_two_apps_in_one_process_keep_separate_metrics(serve):
-    first, second = serve(FailingBackend()), serve(FailingBackend())
-    http_json("POST", first.url + COMPLETIONS, {"prompt": "fail"})
-    assert "minipd_requests_total" in http_text(second.url + "/metrics")
-    assert sample(scrape(first.url), "minipd_requests_total", finish_reason="abort") == 1
-    assert sample(scrape(second.url), "minipd_requests_total", finish_reason="abort") == 0
