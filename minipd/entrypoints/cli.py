@@ -19,7 +19,7 @@ import sys
 
 from minipd.entrypoints import openmp_env
 
-# minipd.planner.__main__.COMMANDS (tests/test_router_imports.py checks they agree), named
+# minipd.planner.__main__.COMMANDS (tests/processes/test_router_imports.py checks they agree), named
 # here so that a serving process never imports the planner
 PLANNER_COMMANDS = ("plan", "day", "calibrate-distserve")
 
