@@ -16,6 +16,8 @@
    bytes are reported beside the GGUF file's tensor bytes.
 3. bf16 vs fp32: the engine's decode tokens/s at batch `BF16_BATCH` in both dtypes
    (`bf16_speedup`, target >= 2).
+4. Kernels (bfloat16 on the CPU): one layer's projections at each `--decode-batches` size,
+   torch's int4 kernel against the prepacked bf16 matmul (`kernels`, see engine_kernels.py).
 
 Ratios are medians of per-repeat ratios, each repeat measuring both sides back to back, so
 drift on a shared machine hits both alike; every figure is also given by this process's CPU
@@ -31,7 +33,9 @@ import asyncio
 import math
 import statistics
 
-from benchmarks.engine import engine_decode, engine_serving
+import torch
+
+from benchmarks.engine import engine_decode, engine_kernels, engine_serving
 from benchmarks.loadgen.baseline_plots import plot_engine as plot  # noqa: F401 (bench.py --plot)
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import gguf_path
@@ -39,7 +43,7 @@ from minipd.models.gguf_file import read_gguf
 from minipd.workload.lengths import LengthDist
 
 BF16_BATCH = 8
-PARTS = ("serving", "decode", "dtype")  # 1., 2. and 3. above
+PARTS = ("serving", "decode", "dtype", "kernels")  # 1. to 4. above
 TARGETS = {"speedup_vs_hf_static": 3.0, "overhead_vs_raw": 1.1, "ratio_to_floor": 1.5, "bf16_speedup": 2.0}
 QUICK = {
     "num_requests": 8,
@@ -213,6 +217,12 @@ def run(args: argparse.Namespace) -> dict:
             finally:
                 for other in (e for e in (fp32, dense) if e is not None):
                     await other.close()
+            if "kernels" in args.parts and engine.dtype == torch.bfloat16 and engine.device.type == "cpu":
+                rounds = 3 if args.quick else 15
+                kernels = engine.run_on_compute_thread(
+                    engine_kernels.layer_matmuls, engine.model_config, args.decode_batches, rounds
+                )
+                result["kernels"] = kernels
             if "serving" in args.parts:
                 requests = engine_serving.make_requests(
                     args.num_requests, prompt_len, output_len, engine.model_config.vocab_size, args.seed
@@ -269,6 +279,14 @@ def print_table(result: dict) -> None:
         )
     if "decode" in result:
         _print_decode(result)
+    if "kernels" in result:
+        print(
+            f"one layer's projections (prepacked bf16 vs int4, {result['placement']}): "
+            + ", ".join(
+                f"batch {b} {k['dense_ms']:.3f} vs {k['int4_ms']:.3f} ms ({k['int4_vs_dense']:.2f}x)"
+                for b, k in result["kernels"].items()
+            )
+        )
     if "bf16_speedup" in result:
         print(
             f"bf16 vs fp32 decode at batch {BF16_BATCH}: {result['bf16_tok_s']:.1f} vs {result['fp32_tok_s']:.1f} "
