@@ -11,9 +11,10 @@ Why bfloat16 scales: the kernel's only vectorized (AVX512) path takes bfloat16 a
 bfloat16 scales and zeros; its float32 and float16 paths are scalar loops, 35-400x slower than
 the dense bf16 matmul. With float32 scales the kernel reproduces GGUF's float32 dequantization
 bit for bit, but at bfloat16 d and m + 8d keep 8 significant bits, so the weights it multiplies
-differ from GGUF's by up to half a bfloat16 step of the zero (SmolLM2: |dw| <= 0.0078, where
-rounding the dense weights themselves to bfloat16 moves them by <= 0.002). `dequantize()`
-returns exactly the weights the kernel multiplies, so tests compare against those.
+differ from GGUF's by up to 8 half-steps of the scale plus half a step of the zero (SmolLM2's
+Q4_1 tensors: max |dw| 0.0215, mean 0.00026, at most 0.24% of a tensor's norm; rounding the
+dequantized weights to bfloat16, as the dense path does, moves them by max 0.0137, mean
+0.00017). `dequantize()` returns exactly the weights the kernel multiplies.
 
 Memory: the packed values are half a byte per weight and the scales and zeros 4 bytes per 32
 weights, 0.625 bytes per weight, as much as GGUF's Q4_1 blocks (20 bytes per 32).
