@@ -1,4 +1,4 @@
-"""Load a llama-architecture GGUF file (llama.cpp's format) into minipd, weights served dense.
+"""Load a llama-architecture GGUF file (llama.cpp's format) into minipd.
 
 `config_from_gguf` maps the `llama.*` metadata onto `ModelConfig` (special token ids from
 `tokenizer.ggml.*`). Anything the model cannot reproduce exactly -- another architecture,
@@ -9,6 +9,8 @@ linear -- is refused with a `ValueError` naming it.
 then dequantizes one tensor at a time (F32, F16, BF16, Q8_0, Q4_0, Q4_1, through
 `gguf.quants`) to float32, undoes llama.cpp's Q/K row permutation, and copies it into the
 model in the engine dtype; each float32 copy is dropped before the next tensor is read.
+With `weights="quantized"` the Q4_0/Q4_1 projections are instead kept in their 4-bit blocks
+and multiplied as stored (gguf_quantized.py); that needs bfloat16 on the CPU.
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from gguf.quants import dequantize
 
 from .config import ModelConfig, RopeScaling
 from .gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
+from .gguf_quantized import Q4_TYPES, attach_quantized
 from .llama import LlamaForCausalLM
+from .quantized_linear import kernel_available
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TENSOR_TYPES = tuple(GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"))
 SUPPORTED_ROPE_SCALING = ("none", "linear")
+WEIGHT_FORMATS = ("quantized", "dense")  # 4-bit tensors multiplied as stored, or dequantized to the dtype
 
 ARCHITECTURE_KEY = "general.architecture"
 # llama.cpp's defaults (llama-hparams / llama-model.cpp) when a llama file leaves these out.
@@ -198,17 +203,39 @@ def _check_tensors(file: GGUFFile, model_shapes: dict[str, tuple[int, ...]]) -> 
     return names
 
 
+def has_q4_tensors(file: GGUFFile) -> bool:
+    return any(info.ggml_type in Q4_TYPES for info in file.tensors.values())
+
+
+def quantized_unsupported(file: GGUFFile, device: torch.device | str, dtype: torch.dtype) -> str | None:
+    """Why `file` cannot be served with quantized weights on `device` in `dtype`, or None."""
+    if not has_q4_tensors(file):
+        return f"{file.path} has no Q4_0/Q4_1 tensors"
+    if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or not kernel_available():
+        return "quantized weights are served on the CPU in bfloat16 (torch's int4 kernel), only"
+    return None
+
+
 def load_gguf_weights(
-    file: GGUFFile, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    file: GGUFFile, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, weights: str = "dense"
 ) -> LlamaForCausalLM:
     """Build the model of an already parsed GGUF file (see `load_gguf_model`)."""
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"weights: unknown {weights!r}; choose one of {list(WEIGHT_FORMATS)}")
     config = config_from_gguf(file)
     shapes = _model_shapes(config)
     names = _check_tensors(file, shapes)
+    if weights == "quantized" and (why := quantized_unsupported(file, device, dtype)) is not None:
+        raise ValueError(f"weights: quantized: {why}")
     model = LlamaForCausalLM(config, device=device, dtype=dtype, initialize=False)  # every tensor is loaded below
+    served_quantized: set[str] = set()
+    if weights == "quantized":
+        served_quantized = attach_quantized(model, file, {h: g for g, h in names.items()}, unpermute_qk_rows)
     params = model.state_dict()
     with torch.no_grad():
         for gguf_name, name in names.items():
+            if name in served_quantized:
+                continue
             values = torch.from_numpy(dequantize_tensor(file, file.tensors[gguf_name]))
             if name.endswith("q_proj.weight"):
                 values = unpermute_qk_rows(values, config.num_heads)
@@ -226,10 +253,11 @@ def _model_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_gguf_model(
-    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, weights: str = "dense"
 ) -> LlamaForCausalLM:
     """Build a `LlamaForCausalLM` from the llama GGUF file at `path`, dequantized to `dtype` on
-    `device`. Raises FileNotFoundError when it does not exist and ValueError naming an
+    `device` (`weights="quantized"`: its 4-bit projections kept as stored). Raises
+    FileNotFoundError when it does not exist and ValueError naming an
     unsupported architecture, tensor type or feature, or missing/unexpected/misshapen tensors
     (all checked before the model is allocated)."""
-    return load_gguf_weights(read_gguf(path), device=device, dtype=dtype)
+    return load_gguf_weights(read_gguf(path), device=device, dtype=dtype, weights=weights)

@@ -10,6 +10,10 @@ Two entry points share the weights:
   that need sampling.
 - `forward_reference`: full causal attention over one sequence, no cache; the oracle the
   tests compare the paged path against.
+
+A projection is either dense (a fused bf16/f32 weight, prepacked where that helps) or, once a
+loader calls `use_quantized`, a `QuantizedLinear` of 4-bit weights that replaces the dense
+parameters (both entry points then read only the 4-bit weights); `weights_format` says which.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import nn
 from . import prepacked_linear
 from .config import ModelConfig
 from .paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
+from .quantized_linear import QuantizedLinear
 from .rope import RotaryEmbedding, apply_rope
 
 LayerHook = Callable[[int], None]
@@ -85,24 +90,42 @@ class Attention(nn.Module):
         self.qkv_bias: torch.Tensor | None = None
         self.packed_qkv: torch.Tensor | None = None  # see prepacked_linear.py
         self.packed_o: torch.Tensor | None = None
+        self.quant_qkv: QuantizedLinear | None = None  # see quantized_linear.py
+        self.quant_o: QuantizedLinear | None = None
 
     def fuse(self, copy_values: bool = True) -> None:
         self.qkv_weight, self.qkv_bias = _fuse_linears([self.q_proj, self.k_proj, self.v_proj], copy_values)
 
+    def use_quantized(self, qkv: QuantizedLinear | None, o: QuantizedLinear | None) -> None:
+        """Serve q/k/v and/or o from 4-bit weights; their dense weights are dropped (no bias)."""
+        if qkv is not None:
+            self.quant_qkv, self.qkv_weight = qkv, None
+            del self.q_proj, self.k_proj, self.v_proj
+        if o is not None:
+            self.quant_o = o
+            del self.o_proj
+
     def prepack(self) -> None:
-        self.packed_qkv = prepacked_linear.prepack(self.qkv_weight)
-        self.packed_o = prepacked_linear.prepack(self.o_proj.weight)
+        if self.quant_qkv is None:
+            self.packed_qkv = prepacked_linear.prepack(self.qkv_weight)
+        if self.quant_o is None:
+            self.packed_o = prepacked_linear.prepack(self.o_proj.weight)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Projected q [T, heads, d], rotated k and v [T, kv_heads, d]."""
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = prepacked_linear.linear(x, self.qkv_weight, self.qkv_bias, self.packed_qkv)
+        if self.quant_qkv is not None:
+            qkv = self.quant_qkv(x)
+        else:
+            qkv = prepacked_linear.linear(x, self.qkv_weight, self.qkv_bias, self.packed_qkv)
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
         qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)  # q and k rotated in one go
         return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
     def output(self, o: torch.Tensor) -> torch.Tensor:
         """o_proj of the attention output [T, heads * d]."""
+        if self.quant_o is not None:
+            return self.quant_o(o)
         return prepacked_linear.linear(o, self.o_proj.weight, None, self.packed_o)
 
 
@@ -115,17 +138,37 @@ class MLP(nn.Module):
         self.gate_up_weight: torch.Tensor | None = None
         self.packed_gate_up: torch.Tensor | None = None  # see prepacked_linear.py
         self.packed_down: torch.Tensor | None = None
+        self.quant_gate_up: QuantizedLinear | None = None  # see quantized_linear.py
+        self.quant_down: QuantizedLinear | None = None
 
     def fuse(self, copy_values: bool = True) -> None:
         self.gate_up_weight, _ = _fuse_linears([self.gate_proj, self.up_proj], copy_values)
 
+    def use_quantized(self, gate_up: QuantizedLinear | None, down: QuantizedLinear | None) -> None:
+        """Serve gate/up and/or down from 4-bit weights; their dense weights are dropped."""
+        if gate_up is not None:
+            self.quant_gate_up, self.gate_up_weight = gate_up, None
+            del self.gate_proj, self.up_proj
+        if down is not None:
+            self.quant_down = down
+            del self.down_proj
+
     def prepack(self) -> None:
-        self.packed_gate_up = prepacked_linear.prepack(self.gate_up_weight)
-        self.packed_down = prepacked_linear.prepack(self.down_proj.weight)
+        if self.quant_gate_up is None:
+            self.packed_gate_up = prepacked_linear.prepack(self.gate_up_weight)
+        if self.quant_down is None:
+            self.packed_down = prepacked_linear.prepack(self.down_proj.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = prepacked_linear.linear(x, self.gate_up_weight, None, self.packed_gate_up).chunk(2, dim=-1)
-        return prepacked_linear.linear(F.silu(gate) * up, self.down_proj.weight, None, self.packed_down)
+        if self.quant_gate_up is not None:
+            gate_up = self.quant_gate_up(x)
+        else:
+            gate_up = prepacked_linear.linear(x, self.gate_up_weight, None, self.packed_gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        h = F.silu(gate) * up
+        if self.quant_down is not None:
+            return self.quant_down(h)
+        return prepacked_linear.linear(h, self.down_proj.weight, None, self.packed_down)
 
 
 class DecoderLayer(nn.Module):
@@ -173,6 +216,25 @@ class LlamaForCausalLM(nn.Module):
             layer.self_attn.fuse(copy_values=initialize)
             layer.mlp.fuse(copy_values=initialize)
         self.packed_lm_head: torch.Tensor | None = None
+        self.quant_lm_head: QuantizedLinear | None = None
+
+    @property
+    def weights_format(self) -> str:
+        """ "quantized" when any projection is served from 4-bit weights, else "dense"."""
+        quantized = any(isinstance(m, QuantizedLinear) for m in self.modules())
+        return "quantized" if quantized else "dense"
+
+    def use_quantized_lm_head(self, lm_head: QuantizedLinear | None) -> None:
+        """Serve an untied lm_head from 4-bit weights (a tied one is the embedding, kept dense)."""
+        if lm_head is not None and not self.config.tie_word_embeddings:
+            self.quant_lm_head = lm_head
+            del self.lm_head
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits of the final-normed hidden states x [T, hidden]."""
+        if self.quant_lm_head is not None:
+            return self.quant_lm_head(x).float()
+        return prepacked_linear.linear(x, self.lm_head_weight, None, self.packed_lm_head).float()
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -185,7 +247,8 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.prepack()
             layer.mlp.prepack()
-        self.packed_lm_head = prepacked_linear.prepack(self.lm_head_weight)
+        if self.quant_lm_head is None:
+            self.packed_lm_head = prepacked_linear.prepack(self.lm_head_weight)
         return self.packed_lm_head is not None
 
     @torch.inference_mode()
@@ -216,8 +279,7 @@ class LlamaForCausalLM(nn.Module):
             o = paged_attention(q, kv_pool[i], meta, buffers, attn.scale)
             x = residual + attn.output(o.flatten(1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        x = self.model.norm(x[logits_indices])
-        return prepacked_linear.linear(x, self.lm_head_weight, None, self.packed_lm_head).float()
+        return self.logits(self.model.norm(x[logits_indices]))
 
     @torch.inference_mode()
     def forward_reference(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -230,7 +292,7 @@ class LlamaForCausalLM(nn.Module):
             q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)
             x = x + attn.output(causal_attention(q, k, v, attn.scale).flatten(1))
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return prepacked_linear.linear(self.model.norm(x), self.lm_head_weight, None, self.packed_lm_head).float()
+        return self.logits(self.model.norm(x))
 
 
 def init_random_weights(model: LlamaForCausalLM, seed: int) -> None:

@@ -9,9 +9,15 @@
    time against the raw model loop (`overhead_vs_raw`, target <= 1.1) and against the
    weight-streaming floor, weight bytes / memcpy bandwidth measured next to it
    (`ratio_to_floor`, target <= 1.5 at batch 1); and, within the engine's own steps, its
-   CPU time over that of the forward passes it ran (`engine_vs_its_forward_cpu`).
+   CPU time over that of the forward passes it ran (`engine_vs_its_forward_cpu`). A model
+   served quantized (`--weights`, see minipd's flag) is timed against the same file served
+   dense, back to back in each repeat (`quantized_vs_dense`, engine step time quantized /
+   dense: below 1 is faster), and its floor counts the bytes it reads; the resident weight
+   bytes are reported beside the GGUF file's tensor bytes.
 3. bf16 vs fp32: the engine's decode tokens/s at batch `BF16_BATCH` in both dtypes
    (`bf16_speedup`, target >= 2).
+4. Kernels (bfloat16 on the CPU): one layer's projections at each `--decode-batches` size,
+   torch's int4 kernel against the prepacked bf16 matmul (`kernels`, see engine_kernels.py).
 
 Ratios are medians of per-repeat ratios, each repeat measuring both sides back to back, so
 drift on a shared machine hits both alike; every figure is also given by this process's CPU
@@ -27,13 +33,17 @@ import asyncio
 import math
 import statistics
 
-from benchmarks.engine import engine_decode, engine_serving
+import torch
+
+from benchmarks.engine import engine_decode, engine_kernels, engine_serving
 from benchmarks.loadgen.baseline_plots import plot_engine as plot  # noqa: F401 (bench.py --plot)
 from minipd.engine.engine import Engine, EngineConfig
+from minipd.engine.model_loader import gguf_path
+from minipd.models.gguf_file import read_gguf
 from minipd.workload.lengths import LengthDist
 
 BF16_BATCH = 8
-PARTS = ("serving", "decode", "dtype")  # 1., 2. and 3. above
+PARTS = ("serving", "decode", "dtype", "kernels")  # 1. to 4. above
 TARGETS = {"speedup_vs_hf_static": 3.0, "overhead_vs_raw": 1.1, "ratio_to_floor": 1.5, "bf16_speedup": 2.0}
 QUICK = {
     "num_requests": 8,
@@ -60,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", default="uniform:16:256", help="output lengths (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--hf-batch", type=int, default=8, help="static batch size of HF generate (default: 8)")
+    parser.add_argument(
+        "--weights",
+        default="auto",
+        choices=["auto", "quantized", "dense"],
+        help="a GGUF's 4-bit weights, as minipd's --weights (default: %(default)s)",
+    )
     parser.add_argument("--decode-batches", type=int, nargs="+", default=[1, BF16_BATCH])
     parser.add_argument("--decode-prompt-len", type=int, default=128)
     parser.add_argument("--decode-output-len", type=int, default=32)
@@ -71,12 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (small workload, one repeat)")
 
 
-def _engine(args: argparse.Namespace, dtype: str, num_seqs: int, max_len: int) -> Engine:
+def _engine(args: argparse.Namespace, dtype: str, num_seqs: int, max_len: int, weights: str | None = None) -> Engine:
     blocks_per_seq = -(-max_len // BLOCK_SIZE)
     return Engine(
         EngineConfig.of(
             model=args.model,
             dtype=dtype,
+            weights=weights or args.weights,
             block_size=BLOCK_SIZE,
             num_blocks=num_seqs * blocks_per_seq + 1,
             max_model_len=max_len,
@@ -87,11 +104,12 @@ def _engine(args: argparse.Namespace, dtype: str, num_seqs: int, max_len: int) -
     )
 
 
-async def _decode_part(args: argparse.Namespace, engine: Engine, fp32: Engine | None) -> dict:
+async def _decode_part(args: argparse.Namespace, engine: Engine, fp32: Engine | None, dense: Engine | None) -> dict:
+    """`dense`: the same model served dense, timed beside a quantized `engine` (else None)."""
     vocab = engine.model_config.vocab_size
     n_bytes = engine.run_on_compute_thread(engine_decode.weight_bytes, engine.model)
     rows: dict[int, dict[str, list[engine_decode.Timing]]] = {
-        b: {"engine": [], "raw": [], "floor": []} for b in args.decode_batches
+        b: {"engine": [], "raw": [], "floor": [], "dense": []} for b in args.decode_batches
     }
     speed: dict[str, list[engine_decode.Timing]] = {"bf16": [], "fp32": []}
     length = args.decode_output_len
@@ -113,6 +131,8 @@ async def _decode_part(args: argparse.Namespace, engine: Engine, fp32: Engine | 
             rows[b]["floor"].append(min(before, floor()))
             if not r % 2:
                 rows[b]["raw"].append(engine.run_on_compute_thread(engine_decode.raw_step, engine, batch, length))
+            if dense is not None:  # right after the quantized engine's steps, which the floor brackets
+                rows[b]["dense"].append(await engine_decode.engine_step(dense, batch, length))
         if fp32 is not None:
             batch = engine_decode.prompts(BF16_BATCH, args.decode_prompt_len, vocab, seed=r)
             for dtype, e in (("bf16", engine), ("fp32", fp32)) if r % 2 == 0 else (("fp32", fp32), ("bf16", engine)):
@@ -121,6 +141,9 @@ async def _decode_part(args: argparse.Namespace, engine: Engine, fp32: Engine | 
     if batches:
         out["decode"] = {b: _decode_row(m) for b, m in rows.items()}
         out["weight_bytes"] = n_bytes
+        out["resident_weight_bytes"] = engine.run_on_compute_thread(engine_decode.resident_weight_bytes, engine.model)
+        if dense is not None:
+            out["dense_weight_bytes"] = dense.run_on_compute_thread(engine_decode.weight_bytes, dense.model)
         out["memcpy_gbps"] = n_bytes / statistics.median(t.wall_s for t in rows[batches[0]]["floor"]) * 8 / 1e9
     if fp32 is not None:
         out["bf16_tok_s"] = BF16_BATCH / statistics.median(t.wall_s for t in speed["bf16"])
@@ -143,6 +166,10 @@ def _decode_row(m: dict[str, list]) -> dict:
         row[f"overhead_vs_raw{suffix}"] = _paired(m["engine"], m["raw"], clock)
         row[f"ratio_to_floor{suffix}"] = _paired(m["engine"], m["floor"], clock)
         row[f"raw_ratio_to_floor{suffix}"] = _paired(m["raw"], m["floor"], clock)
+    if m["dense"]:
+        for clock, suffix in (("wall_s", ""), ("cpu_s", "_cpu")):
+            row[f"dense_engine_step{suffix}_ms"] = statistics.median(getattr(t, clock) for t in m["dense"]) * MS
+            row[f"quantized_vs_dense{suffix}"] = _paired(m["engine"], m["dense"], clock)
     # What the engine adds to its own forward passes, within the same steps (CPU time).
     row["engine_vs_its_forward_cpu"] = statistics.median(t.cpu_s / t.forward_cpu_s for t in m["engine"])
     return row
@@ -166,24 +193,36 @@ def run(args: argparse.Namespace) -> dict:
         "repeats": args.repeats,
         "targets": TARGETS,
     }
+    path = gguf_path(args.model)
+    if path is not None:
+        result["gguf_tensor_bytes"] = sum(t.num_bytes for t in read_gguf(path).tensors.values())
 
     async def measure() -> None:
         num_seqs = max(args.num_requests, *args.decode_batches)
         async with _engine(args, args.dtype, num_seqs, max_len) as engine:
             result["torch_threads"] = engine.placement.torch_threads
             result["placement"] = engine.placement.describe()
+            result["weights"] = engine.config.weights
             warm = engine_decode.prompts(2, 16, engine.model_config.vocab_size)
             await engine_decode.engine_step(engine, warm, 4)
             fp32 = _engine(args, "float32", BF16_BATCH, max_len) if "dtype" in args.parts else None
+            compare = "decode" in args.parts and engine.config.weights == "quantized"
+            dense = _engine(args, args.dtype, max(args.decode_batches), max_len, "dense") if compare else None
             try:
-                if fp32 is not None:
-                    await fp32.start()
-                    await engine_decode.engine_step(fp32, warm, 4)
+                for other in (e for e in (fp32, dense) if e is not None):
+                    await other.start()
+                    await engine_decode.engine_step(other, warm, 4)
                 if "decode" in args.parts or fp32 is not None:
-                    result.update(await _decode_part(args, engine, fp32))
+                    result.update(await _decode_part(args, engine, fp32, dense))
             finally:
-                if fp32 is not None:
-                    await fp32.close()
+                for other in (e for e in (fp32, dense) if e is not None):
+                    await other.close()
+            if "kernels" in args.parts and engine.dtype == torch.bfloat16 and engine.device.type == "cpu":
+                rounds = 3 if args.quick else 15
+                kernels = engine.run_on_compute_thread(
+                    engine_kernels.layer_matmuls, engine.model_config, args.decode_batches, rounds
+                )
+                result["kernels"] = kernels
             if "serving" in args.parts:
                 requests = engine_serving.make_requests(
                     args.num_requests, prompt_len, output_len, engine.model_config.vocab_size, args.seed
@@ -217,7 +256,8 @@ def _verdict(value: float, target: float, higher_is_better: bool) -> str:
 
 def print_table(result: dict) -> None:
     t = result["targets"]
-    print(f"engine benchmark, model={result['model']}, {result['dtype']}, {result['placement']}")
+    weights = f"weights {result['weights']}, " if "weights" in result else ""
+    print(f"engine benchmark, model={result['model']}, {result['dtype']}, {weights}{result['placement']}")
     if "serving_tok_s" in result:
         print(
             f"serving: {result['num_requests']} requests, prompts {result['prompt_len']}, outputs "
@@ -239,6 +279,14 @@ def print_table(result: dict) -> None:
         )
     if "decode" in result:
         _print_decode(result)
+    if "kernels" in result:
+        print(
+            f"one layer's projections (prepacked bf16 vs int4, {result['placement']}): "
+            + ", ".join(
+                f"batch {b} {k['dense_ms']:.3f} vs {k['int4_ms']:.3f} ms ({k['int4_vs_dense']:.2f}x)"
+                for b, k in result["kernels"].items()
+            )
+        )
     if "bf16_speedup" in result:
         print(
             f"bf16 vs fp32 decode at batch {BF16_BATCH}: {result['bf16_tok_s']:.1f} vs {result['fp32_tok_s']:.1f} "
@@ -276,6 +324,22 @@ def _print_decode(result: dict) -> None:
     print(
         f"  ratio_to_floor (batch {result['ratio_to_floor_batch']}) {result['ratio_to_floor']:.2f}, by CPU time "
         f"{result['ratio_to_floor_cpu']:.2f} {_verdict(result['ratio_to_floor'], t['ratio_to_floor'], False)}"
+    )
+    if "dense_weight_bytes" in result:
+        print(
+            f"  quantized vs dense ({result['dense_weight_bytes'] / 1e6:.0f} MB) engine step, back to back: "
+            + ", ".join(
+                f"batch {b} {d['engine_step_ms']:.1f} vs {d['dense_engine_step_ms']:.1f} ms, "
+                f"{d['quantized_vs_dense']:.2f}x (CPU {d['quantized_vs_dense_cpu']:.2f}x)"
+                for b, d in result["decode"].items()
+            )
+        )
+    resident = result["resident_weight_bytes"]
+    gguf = result.get("gguf_tensor_bytes")
+    print(
+        f"  resident weights {resident['weights'] / 1e6:.1f} MB"
+        + (f" ({resident['weights'] / gguf:.2f}x the GGUF file's {gguf / 1e6:.1f} MB of tensors)" if gguf else "")
+        + f", plus {resident['prepacked'] / 1e6:.1f} MB of copies prepacked for oneDNN's bf16 matmuls"
     )
 
 

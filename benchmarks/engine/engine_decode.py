@@ -7,7 +7,9 @@
 - raw: the model's forward pass in a loop on prebuilt inputs and attention metadata, argmax
   on the logits (what a step costs with no engine around it), each step timed alone.
 - floor: a decode step reads every weight once, so it cannot beat the time a memcpy of the
-  weights' bytes takes (the bandwidth measured on the same thread, in the same run).
+  weights' bytes takes (the bandwidth measured on the same thread, in the same run); for a
+  model served quantized those are the bytes it reads: the 4-bit projections' packed values,
+  scales and zeros, plus whatever stays dense.
 Everything runs on the engine's compute thread, so all three use the same OpenMP team. Each
 is timed twice: wall time, and this process's CPU time (all threads: the engine's event loop
 counts), which on a machine other jobs share says what the work cost. A step figure is the
@@ -31,6 +33,7 @@ from minipd.engine.model_runner import ModelRunner
 from minipd.engine.request import Request
 from minipd.engine.sampling_params import SamplingParams
 from minipd.engine.scheduler import ScheduledChunk
+from minipd.models.quantized_linear import QuantizedLinear
 
 MEMCPY_ROUNDS = 3  # the fastest of these counts (the floor is a best case)
 
@@ -132,17 +135,38 @@ def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) ->
             bm.free(r.block_ids)
 
 
+def _weights(model) -> list[torch.Tensor]:
+    """The model's parameters and the 4-bit projections' buffers (not the RoPE tables)."""
+    quantized = [b for m in model.modules() if isinstance(m, QuantizedLinear) for b in m.buffers()]
+    return [*model.parameters(), *quantized]
+
+
 def weight_bytes(model) -> int:
-    """Bytes of the weights one decode step reads: every distinct parameter storage, except
-    an untied input embedding (of which a step reads one row per token)."""
+    """Bytes of the weights one decode step reads: every distinct weight storage (4-bit
+    buffers included), except an untied input embedding (of which a step reads one row per
+    token)."""
     skip = set() if model.config.tie_word_embeddings else {model.model.embed_tokens.weight.untyped_storage().data_ptr()}
     seen, total = skip, 0
-    for p in model.parameters():
+    for p in _weights(model):
         storage = p.untyped_storage()
         if storage.data_ptr() not in seen:
             seen.add(storage.data_ptr())
             total += storage.nbytes()
     return total
+
+
+def resident_weight_bytes(model) -> dict[str, int]:
+    """What the weights hold in memory: `weights`, every distinct weight storage (the plain
+    parameters and the 4-bit buffers), and `prepacked`, the copies packed for oneDNN's bf16
+    matmuls that sit beside the plain weights (prepacked_linear.py)."""
+    seen, weights = set(), 0
+    for t in _weights(model):
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            weights += t.untyped_storage().nbytes()
+    copies = [getattr(m, n) for m in model.modules() for n in vars(m) if n.startswith("packed_")]
+    prepacked = sum(t.numel() * t.element_size() for t in copies if isinstance(t, torch.Tensor))
+    return {"weights": weights, "prepacked": prepacked}
 
 
 def memcpy(num_bytes: int) -> Timing:

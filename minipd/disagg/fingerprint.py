@@ -29,6 +29,7 @@ def engine_fingerprint(engine: Engine) -> Fingerprint:
         model=engine.model_config,
         weights_digest=engine.run_on_compute_thread(weights_digest, engine.model),
         dtype=engine.config.dtype,
+        weights=engine.config.weights,
         block_size=engine.config.block_size,
         kv_layout=KV_LAYOUT,
     )

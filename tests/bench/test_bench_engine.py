@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from gguf import GGMLQuantizationType
+from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,6 +63,19 @@ def test_engine_bench_quick_writes_finite_figures(tmp_path):
         assert row["engine_step_ms"] > 0 and row["raw_step_ms"] > 0 and row["floor_ms"] > 0
     assert result["targets"]["speedup_vs_hf_static"] == 3.0
     assert "speedup_vs_hf_static" in stdout and "ratio_to_floor" in stdout and "bf16_speedup" in stdout
+
+
+@pytest.mark.timeout(300)
+def test_engine_bench_times_a_quantized_model_against_it_served_dense(tmp_path):
+    model = write_llama_gguf(tmp_path / "tiny.gguf", TINY, hf_weights(TINY), GGMLQuantizationType.Q4_1)
+    result, stdout = _bench(tmp_path, "engine", "--quick", "--parts", "decode", "--model", str(model))
+    assert _finite(result) and result["weights"] == "quantized"
+    # the floor counts the 4-bit bytes the step reads; the dense comparison reads bf16
+    assert 0 < result["weight_bytes"] < 0.5 * result["dense_weight_bytes"]
+    assert 0 < result["resident_weight_bytes"]["weights"] <= 1.3 * result["gguf_tensor_bytes"]
+    for row in result["decode"].values():
+        assert row["dense_engine_step_ms"] > 0 and row["quantized_vs_dense"] > 0
+    assert "quantized vs dense" in stdout and "resident weights" in stdout
 
 
 @pytest.mark.timeout(300)

@@ -151,7 +151,7 @@ def test_fingerprint_mismatch_is_refused_naming_the_difference(cluster, loop_thr
 def test_prefill_refuses_a_decode_with_another_fingerprint(cluster, loop_thread):
     prefill = cluster.router.registry.instances["prefill-0"]
     decode = cluster.router.registry.instances["decode-0"]
-    odd = msgspec.structs.replace(decode.welcome.fingerprint, dtype="bfloat16")
+    odd = msgspec.structs.replace(decode.welcome.fingerprint, dtype="bfloat16", weights="quantized")
 
     async def prefill_for_odd_decode():
         with pytest.raises(RemoteError) as info:
@@ -170,7 +170,7 @@ def test_prefill_refuses_a_decode_with_another_fingerprint(cluster, loop_thread)
         return str(info.value)
 
     message = loop_thread.run(prefill_for_odd_decode())
-    assert "dtype: 'float32' != 'bfloat16'" in message
+    assert "dtype: 'float32' != 'bfloat16'" in message and "weights: 'dense' != 'quantized'" in message
 
 
 def test_instances_can_register_with_the_router_port(cluster, loop_thread):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import complete, complete_all, greedy
-from gguf_helpers import SMOLLM2, requires_smollm2, smollm2_dir
+from gguf_helpers import PROSE, SMOLLM2, requires_smollm2, smollm2_dir
 
 from minipd.api.chat_template import ChatTemplate
 from minipd.api.protocol import ChatMessage
@@ -31,24 +31,6 @@ PROMPTS = [
     )
     * 3,
 ]
-# Plain English prose for the teacher-forced bf16 comparison (more than 256 tokens).
-PROSE = (
-    "The history of the lighthouse begins with fires lit on hilltops to guide ships home at night. "
-    "Over the centuries these fires moved into towers, and the towers grew taller and brighter as "
-    "engineers learned to focus light with mirrors and, later, with lenses. The most famous of these "
-    "lenses was designed by a French physicist who arranged rings of glass prisms around a lamp so "
-    "that almost all of its light left in a narrow, powerful beam. Keepers lived in small houses at "
-    "the foot of each tower. They trimmed wicks, polished brass, wound the clockwork that turned the "
-    "lens, and wrote the weather into thick logbooks every few hours. On stormy nights they did not "
-    "sleep at all. Today most lighthouses run by themselves: electric lamps switch on at dusk, sensors "
-    "report faults over radio, and satellites have replaced many of them as the sailor's first guide. "
-    "Yet people still visit them in great numbers, climbing the narrow spiral stairs to stand in the "
-    "wind at the top and look out over the water, imagining the long nights of the keepers who once "
-    "lived there and the ships that found their way past the rocks because a light was burning. "
-    "Some towers have become museums, others small hotels, and a few are still kept by volunteers "
-    "who repaint the stripes every summer and tell visitors stories about storms, shipwrecks and "
-    "rescues that happened long before they were born. The sea has not changed very much at all."
-)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +84,7 @@ def test_the_engine_answers_a_chat_question_like_transformers(engine, theirs, lo
 
 
 def test_bf16_greedy_next_token_agrees_with_fp32(engine):
-    bf16, _ = load_model("smollm2", torch.device("cpu"), torch.bfloat16)
+    bf16, _ = load_model("smollm2", torch.device("cpu"), torch.bfloat16, weights="dense")
     assert bf16.model.embed_tokens.weight.dtype == torch.bfloat16
     ids = torch.tensor(engine.tokenizer.encode(PROSE)[:TEACHER_FORCED_POSITIONS])
     assert len(ids) == TEACHER_FORCED_POSITIONS

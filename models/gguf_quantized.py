@@ -1,0 +1,90 @@
+"""GGUF's 4-bit tensors (Q4_0, Q4_1) served as stored: decoded into `QuantizedLinear` modules.
+
+`q4_values` reads a Q4_0/Q4_1 tensor's blocks (ggml's `block_q4_0` / `block_q4_1`: a float16
+d, for Q4_1 a float16 m, then 16 bytes whose low nibbles are elements 0..15 of the block and
+high nibbles 16..31) into q (0..15), scale and zero with w = (q - 8) * scale + zero, which
+equals GGUF's own dequantization in float32 (Q4_0: scale d, zero 0; Q4_1: scale d,
+zero m + 8d, exact in float32 since 8d is).
+
+`attach_quantized` gives a model's projections that are stored in 4 bits (each fused group --
+q/k/v, gate/up -- only when every part is, and the kernel takes its shape) a
+`QuantizedLinear` and returns the parameter names it replaced, which the loader then skips;
+everything else (norms, the embedding, Q8_0 and float tensors) stays dense.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+
+from .gguf_file import GGUFFile, GGUFTensorInfo
+from .llama import LlamaForCausalLM
+from .quantized_linear import GROUP_SIZE, QuantizedLinear
+
+Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+Q4Values = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q [out, in], scale and zero [out, in / 32]
+
+
+def q4_values(file: GGUFFile, info: GGUFTensorInfo) -> Q4Values:
+    """q, scale and zero of a Q4_0/Q4_1 tensor (see the module docstring)."""
+    q4_1 = info.ggml_type == GGMLQuantizationType.Q4_1
+    if info.ggml_type not in Q4_TYPES:
+        raise ValueError(f"gguf: tensor {info.name!r} has type {info.type_name}, not a 4-bit type")
+    rows, cols = info.shape
+    header = 4 if q4_1 else 2
+    blocks = np.asarray(file.tensor_bytes(info)).reshape(rows, cols // GROUP_SIZE, header + GROUP_SIZE // 2)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0]).float()
+    nibbles = torch.from_numpy(blocks[..., header:].copy())
+    q = torch.cat([nibbles & 0xF, nibbles >> 4], dim=-1).reshape(rows, cols)
+    if not q4_1:
+        return q, d, torch.zeros_like(d)
+    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0]).float()
+    return q, d, m + 8 * d
+
+
+def _unpermute(values: Q4Values, num_heads: int, unpermute_rows) -> Q4Values:
+    # llama.cpp's Q/K permutation moves whole rows, and every row's groups move with it.
+    return tuple(unpermute_rows(v, num_heads) for v in values)  # type: ignore[return-value]
+
+
+def attach_quantized(model: LlamaForCausalLM, file: GGUFFile, gguf_names: dict[str, str], unpermute_rows) -> set[str]:
+    """Serve the 4-bit projections of `model` from their blocks; returns the parameter names
+    now served quantized (no longer in the model's state dict). `gguf_names`: parameter name ->
+    GGUF tensor name; `unpermute_rows(tensor, heads)` undoes llama.cpp's Q/K row order."""
+    config = model.config
+    if config.attention_bias:
+        return set()  # the fused q/k/v bias would need the dense path; llama GGUFs have none
+
+    def info(name: str) -> GGUFTensorInfo:
+        return file.tensors[gguf_names[name]]
+
+    def group(names: list[str]) -> QuantizedLinear | None:
+        if not all(info(n).ggml_type in Q4_TYPES for n in names):
+            return None
+        out_features = sum(info(n).shape[0] for n in names)
+        if not QuantizedLinear.supports(out_features, info(names[0]).shape[1]):
+            return None
+        parts = []
+        for n in names:
+            values = q4_values(file, info(n))
+            if n.endswith("q_proj.weight"):
+                values = _unpermute(values, config.num_heads, unpermute_rows)
+            elif n.endswith("k_proj.weight"):
+                values = _unpermute(values, config.num_kv_heads, unpermute_rows)
+            parts.append(values)
+        replaced.update(names)
+        return QuantizedLinear.concat(parts)
+
+    replaced: set[str] = set()
+    for i, layer in enumerate(model.model.layers):
+        p = f"model.layers.{i}."
+        layer.self_attn.use_quantized(
+            group([p + f"self_attn.{x}_proj.weight" for x in "qkv"]), group([p + "self_attn.o_proj.weight"])
+        )
+        layer.mlp.use_quantized(
+            group([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]), group([p + "mlp.down_proj.weight"])
+        )
+    if not config.tie_word_embeddings:
+        model.use_quantized_lm_head(group(["lm_head.weight"]))
+    return replaced

@@ -1,0 +1,81 @@
+"""SmolLM2's Q4_1 weights served as stored (4-bit, the default in bfloat16) against the same file
+dequantized to bfloat16 (`weights="dense"`): greedy next tokens on teacher-forced prose, the
+size of the logit differences, and the engine's decode steps against the quantized model's own
+full-sequence pass. (The transformers comparisons in test_smollm2.py run in float32, where the
+engine serves the weights dense.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import complete, greedy
+from gguf_helpers import PROSE, requires_smollm2
+
+from minipd.disagg.fingerprint import engine_fingerprint
+from minipd.engine.model_loader import load_model
+
+pytestmark = requires_smollm2
+
+TEACHER_FORCED_POSITIONS = 256
+MIN_AGREEMENT = 0.95
+# Measured on these 256 positions (logits up to ~34): greedy agreement 98.0%, largest
+# |logit difference| 1.04, mean 0.116; dense bf16 against float32 differs by 0.62 and 0.091.
+# The bounds leave room for other torch builds, not for a wrong group or row (differences of 10+).
+MAX_LOGIT_DIFFERENCE = 1.5
+MAX_MEAN_LOGIT_DIFFERENCE = 0.2
+DECODE_PROMPT_TOKENS = 64
+DECODE_TOKENS = 64
+# The engine's one-row decode steps against one full-sequence pass over the same weights, in
+# bfloat16: near ties flip a few tokens either way (measured: 96.9% quantized, 100% dense on
+# this prompt; 95.3% and 96.9% on a 100-token one); broken decode weights agree on ~0%.
+MIN_DECODE_AGREEMENT = 0.9
+
+
+@pytest.fixture(scope="module")
+def models():
+    cpu = torch.device("cpu")
+    quantized, tokenizer = load_model("smollm2", cpu, torch.bfloat16)
+    dense, _ = load_model("smollm2", cpu, torch.bfloat16, weights="dense")
+    return quantized, dense, tokenizer
+
+
+def test_bfloat16_serves_the_4_bit_weights_by_default(models):
+    quantized, dense, _ = models
+    assert (quantized.weights_format, dense.weights_format) == ("quantized", "dense")
+    resident = sum(t.nbytes for t in quantized.state_dict().values())
+    assert resident < 0.5 * sum(t.nbytes for t in dense.state_dict().values())
+
+
+def test_quantized_greedy_tokens_and_logits_stay_near_the_dequantized_model(models):
+    quantized, dense, tokenizer = models
+    ids = torch.tensor(tokenizer.encode(PROSE)[:TEACHER_FORCED_POSITIONS])
+    assert len(ids) == TEACHER_FORCED_POSITIONS
+    ours, theirs = quantized.forward_reference(ids), dense.forward_reference(ids)
+    agreement = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
+    assert agreement >= MIN_AGREEMENT, f"quantized agrees with dense on {agreement:.1%} of positions"
+    difference = (ours - theirs).abs()
+    assert difference.max().item() <= MAX_LOGIT_DIFFERENCE and difference.mean().item() <= MAX_MEAN_LOGIT_DIFFERENCE
+    assert difference.max().item() > 0, "the quantized model must not have run the dense weights"
+
+
+def test_the_engine_decodes_from_the_4_bit_weights(make_engine, loop_thread, models):
+    quantized, _, _ = models
+    engine = make_engine(model="smollm2", dtype="bfloat16", num_blocks=64, max_model_len=256, torch_threads=1)
+    assert engine.config.weights == "quantized" and engine.model.weights_format == "quantized"
+    # Decode cannot read dense projections: the model holds none.
+    assert not any(name.endswith("proj.weight") for name in engine.model.state_dict())
+    dense = make_engine(
+        model="smollm2", dtype="bfloat16", num_blocks=16, max_model_len=256, weights="dense", torch_threads=1
+    )
+    differences = engine_fingerprint(engine).differences(engine_fingerprint(dense))
+    # a quantized prefill and a dense decode (or the reverse) refuse each other, saying why
+    assert "weights: 'quantized' != 'dense'" in differences
+    assert any(d.startswith("weights_digest:") for d in differences)
+    prompt = engine.tokenizer.encode(PROSE)[:DECODE_PROMPT_TOKENS]
+    out = loop_thread.run(complete(engine, prompt, greedy(DECODE_TOKENS))).token_ids
+    assert len(out) == DECODE_TOKENS
+    # Each generated token is the full-sequence pass's greedy choice at its position.
+    logits = quantized.forward_reference(torch.tensor(prompt + out))
+    expected = logits[len(prompt) - 1 : -1].argmax(-1).tolist()
+    agreement = sum(a == b for a, b in zip(out, expected)) / DECODE_TOKENS
+    assert agreement >= MIN_DECODE_AGREEMENT, f"decode steps agree with the reference on {agreement:.1%}"
