@@ -23,11 +23,11 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from .config import ModelConfig, RopeScaling
-from .gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
-from .gguf_quantized import Q4_TYPES, attach_quantized
-from .llama import LlamaForCausalLM
-from .quantized_linear import kernel_available
+from minipd.models.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
+from minipd.models.gguf_quantized import Q4_TYPES, attach_quantized
+from minipd.models.llama import LlamaForCausalLM
+from minipd.models.model_config import ModelConfig, RopeScaling
+from minipd.models.quantized_linear import kernel_available
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TENSOR_TYPES = tuple(GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"))

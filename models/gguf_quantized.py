@@ -18,9 +18,9 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from .gguf_file import GGUFFile, GGUFTensorInfo
-from .llama import LlamaForCausalLM
-from .quantized_linear import GROUP_SIZE, QuantizedLinear
+from minipd.models.gguf_file import GGUFFile, GGUFTensorInfo
+from minipd.models.llama import LlamaForCausalLM
+from minipd.models.quantized_linear import GROUP_SIZE, QuantizedLinear
 
 Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 Q4Values = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q [out, in], scale and zero [out, in / 32]

@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import prepacked_linear
-from .config import ModelConfig
-from .paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
-from .quantized_linear import QuantizedLinear
-from .rope import RotaryEmbedding, apply_rope
+from minipd.models import prepacked_linear
+from minipd.models.model_config import ModelConfig
+from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
+from minipd.models.quantized_linear import QuantizedLinear
+from minipd.models.rope import RotaryEmbedding, apply_rope
 
 LayerHook = Callable[[int], None]
 RANDOM_LINEAR_GAIN = 2.0

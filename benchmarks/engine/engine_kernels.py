@@ -17,7 +17,7 @@ import time
 import torch
 
 from minipd.models import prepacked_linear
-from minipd.models.config import ModelConfig
+from minipd.models.model_config import ModelConfig
 from minipd.models.quantized_linear import GROUP_SIZE, QuantizedLinear
 
 MS = 1e3

@@ -12,7 +12,7 @@ import msgspec
 from minipd.control.role import Role
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
-from minipd.models.config import ModelConfig
+from minipd.models.model_config import ModelConfig
 
 PROTOCOL_VERSION = 3  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs
 # TokenOutput.failure_kind, and CallError.kind, of requests that failed for these reasons:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from minipd.models.config import PRESET_SEED, PRESETS, preset_config
 from minipd.models.llama import LlamaForCausalLM, init_random_weights
+from minipd.models.model_config import PRESET_SEED, PRESETS, preset_config
 from minipd.models.packaged_models import PACKAGED_MODELS, packaged_model_path
 from minipd.models.tokenizer import ByteTokenizer, Tokenizer
 

@@ -18,7 +18,7 @@ from minipd.entrypoints.flag_spec import (
     flag,
     parse_address,
 )
-from minipd.models.config import PRESETS
+from minipd.models.model_config import PRESETS
 from minipd.models.packaged_models import PACKAGED_MODELS
 from minipd.transports.backends import BACKENDS
 

@@ -14,7 +14,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
-from minipd.models.config import ModelConfig
+from minipd.models.model_config import ModelConfig
 from minipd.models.packaged_models import PACKAGED_MODELS
 
 SMOLLM2 = PACKAGED_MODELS["smollm2"]
