@@ -19,9 +19,8 @@ import time
 
 import aiohttp
 
+from benchmarks.loadgen.records import RequestRecord
 from contracts.strict_openai import ResponseKind, StrictResponseError, parse_strict
-
-from .records import RequestRecord
 
 SSE_DATA = b"data:"
 SSE_DONE = b"[DONE]"

@@ -18,12 +18,12 @@ from typing import Callable, NamedTuple, Sequence
 
 import aiohttp
 
-from .client import served_model
-from .crossover_model import stall_s
-from .host_load import QuietGuard
-from .probes import DecodeStream, probe_ttft, warm_up_and_calibrate
-from .prompts import PromptBuilder
-from .server_metrics import transfer_totals
+from benchmarks.loadgen.client import served_model
+from benchmarks.loadgen.crossover_model import stall_s
+from benchmarks.loadgen.host_load import QuietGuard
+from benchmarks.loadgen.probes import DecodeStream, probe_ttft, warm_up_and_calibrate
+from benchmarks.loadgen.prompts import PromptBuilder
+from benchmarks.loadgen.server_metrics import transfer_totals
 
 BACKGROUND_PROMPT_LEN = 32
 WARM_TOKENS = 16  # decode tokens before a probe, so the stream is in its steady state

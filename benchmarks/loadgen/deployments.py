@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from .processes import ManagedProcess, Processes, minipd_command
+from benchmarks.loadgen.processes import ManagedProcess, Processes, minipd_command
 
 READY_TIMEOUT_S = 180.0  # several processes importing torch at once on a small machine
 HEALTH_POLL_S = 0.2

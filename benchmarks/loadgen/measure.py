@@ -6,15 +6,14 @@ import asyncio
 import sys
 from typing import NamedTuple, Sequence
 
+from benchmarks.loadgen.host_load import QuietGuard
+from benchmarks.loadgen.prompts import PromptBuilder
+from benchmarks.loadgen.records import RequestRecord, attainment, num_good
+from benchmarks.loadgen.runner import RunnerConfig, RunResult, run_workload
+from benchmarks.loadgen.stats import RunSummary, summarize
 from minipd.slo.latency import percentile
 from minipd.slo.targets import SLO
 from minipd.workload import RequestSpec
-
-from .host_load import QuietGuard
-from .prompts import PromptBuilder
-from .records import RequestRecord, attainment, num_good
-from .runner import RunnerConfig, RunResult, run_workload
-from .stats import RunSummary, summarize
 
 MS_PER_S = 1e3
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .tokenizer_source import SMOLLM2_NAMES, smollm2_gguf
+from benchmarks.loadgen.tokenizer_source import SMOLLM2_NAMES, smollm2_gguf
 
 GGUF_ARCH_KEY = "general.architecture"
 

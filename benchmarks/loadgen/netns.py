@@ -26,7 +26,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .signals import interrupts_deferred
+from benchmarks.loadgen.signals import interrupts_deferred
 
 NS_PREFIX = "mpdbench"
 NS_PATTERN = re.compile(rf"^{NS_PREFIX}-(\d+)-\d+-[pd]$")

@@ -11,9 +11,9 @@ left before the `ShapedLink` (processes first, then the namespaces).
 
 from __future__ import annotations
 
-from .deployments import READY_TIMEOUT_S, Deployment, ServerOptions, parse_announcement, wait_healthy
-from .netns import ShapedLink
-from .processes import Processes, minipd_command
+from benchmarks.loadgen.deployments import READY_TIMEOUT_S, Deployment, ServerOptions, parse_announcement, wait_healthy
+from benchmarks.loadgen.netns import ShapedLink
+from benchmarks.loadgen.processes import Processes, minipd_command
 
 READY_PREFIX = "READY "
 

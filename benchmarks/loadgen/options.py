@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import argparse
 
+from benchmarks.loadgen.deployments import ServerOptions
+from benchmarks.loadgen.prompts import PromptBuilder
+from benchmarks.loadgen.runner import DEFAULT_REQUEST_TIMEOUT_S, RunnerConfig
+from benchmarks.loadgen.tokenizer_source import prompt_tokens
 from minipd.slo.targets import SLO
 from minipd.workload import WORKLOADS, ArrivalProcess, LengthDist, RequestSpec, load_sharegpt, make_workload
-
-from .deployments import ServerOptions
-from .prompts import PromptBuilder
-from .runner import DEFAULT_REQUEST_TIMEOUT_S, RunnerConfig
-from .tokenizer_source import prompt_tokens
 
 BLOCK_ALIGN = 16  # max_model_len is rounded up to whole KV blocks
 SPECIAL_TOKENS_MARGIN = 8  # room for BOS and the like beyond the requested prompt length

@@ -15,11 +15,10 @@ import time
 
 import aiohttp
 
+from benchmarks.loadgen.client import SSE_DATA, SSE_DONE, completion_body, send_completion
+from benchmarks.loadgen.prompts import PromptBuilder
+from benchmarks.loadgen.records import RequestRecord
 from contracts.strict_openai import ResponseKind, parse_strict
-
-from .client import SSE_DATA, SSE_DONE, completion_body, send_completion
-from .prompts import PromptBuilder
-from .records import RequestRecord
 
 STREAM_START_TIMEOUT_S = 120.0
 

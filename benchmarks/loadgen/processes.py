@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 from typing import Callable, TypeVar
 
+from benchmarks.loadgen.signals import interrupts_deferred
 from minipd.entrypoints.flags import CLUSTER_SECRET_ENV
 from minipd.transports.shared_secret import generate_secret_text
-
-from .signals import interrupts_deferred
 
 STOP_GRACE_S = 10.0
 KILL_WAIT_S = 5.0

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from typing import Protocol, Sequence
 
-from .corpus import SENTENCES
+from benchmarks.loadgen.corpus import SENTENCES
 
 MIN_BODY_TOKENS = 1
 

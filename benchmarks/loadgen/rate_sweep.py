@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from typing import Callable, NamedTuple
 
+from benchmarks.loadgen.measure import Measured
 from minipd.slo.goodput import ATTAINMENT_TARGET, bisect_goodput, goodput_from_sweep
 from minipd.slo.targets import SLO
-
-from .measure import Measured
 
 DEFAULT_STOP_BELOW = 0.3
 

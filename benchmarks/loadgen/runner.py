@@ -21,11 +21,10 @@ from typing import NamedTuple, Sequence
 import aiohttp
 import msgspec
 
+from benchmarks.loadgen.client import send_completion, served_model
+from benchmarks.loadgen.prompts import PromptBuilder, prompt_len_tolerance
+from benchmarks.loadgen.records import RequestRecord
 from minipd.workload import RequestSpec
-
-from .client import send_completion, served_model
-from .prompts import PromptBuilder, prompt_len_tolerance
-from .records import RequestRecord
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 WARMUP_TAG = "warmup"

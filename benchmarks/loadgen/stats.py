@@ -13,10 +13,9 @@ from typing import Sequence
 
 import msgspec
 
+from benchmarks.loadgen.records import RequestRecord, attainment, num_good
 from minipd.slo.latency import PERCENTILES, LatencyStats
 from minipd.slo.targets import SLO
-
-from .records import RequestRecord, attainment, num_good
 
 MS_PER_S = 1e3  # tables print milliseconds, as vLLM's do
 
