@@ -18,6 +18,8 @@ import random
 import signal
 from typing import NamedTuple
 
+from stopped_process import until_stopped
+
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
 
@@ -86,7 +88,7 @@ async def play(cluster: ProcessCluster, cell: Cell, seed: int) -> Outcome:
     faulted_at = loop.time()
     pid = cluster.child(name).process.pid
     if cell.action == "stop":
-        await _until_stopped(pid)  # it announces the point just before it stops itself
+        await until_stopped(pid, BOUND_S)  # it announces the point just before it stops itself
     try:
         if cell.then == "kill":
             os.kill(pid, signal.SIGKILL)
@@ -114,17 +116,6 @@ async def _recover(cluster: ProcessCluster, cell: Cell, name: str) -> None:
     elif cell.then == "freeze":
         os.kill(cluster.child(name).process.pid, signal.SIGCONT)
         await cluster.rejoin(name)
-
-
-async def _until_stopped(pid: int) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + BOUND_S
-    while True:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rpartition(")")[2].split()[0] in ("T", "t"):
-                return
-        assert loop.time() < deadline, f"process {pid} never stopped"
-        await asyncio.sleep(0.001)  # condition poll, bounded
 
 
 async def _collect(stream) -> list:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import msgspec
 import torch
+from stopped_process import wait_until_stopped
 
 from minipd.transports import fault_points
 from minipd.transports.backends import create_transport
@@ -28,6 +29,7 @@ BLOCK_SHAPE = (2, 16, 2, 32)
 NUM_LAYERS = 4
 START_TIMEOUT_S = 60.0
 COMMAND_TIMEOUT_S = 30.0
+RESUME_BOUND_S = 10.0  # a peer that announced its fault point stops itself within this
 
 _encode = msgspec.msgpack.encode
 _decode = msgspec.msgpack.decode
@@ -232,6 +234,7 @@ class Peer:
     def resume(self) -> None:
         """Let a peer stopped at a fault point go on (SIGCONT; in-process: release the stall)."""
         if self._process is not None:
+            wait_until_stopped(self._process.pid, RESUME_BOUND_S)  # it announces the point, then stops
             os.kill(self._process.pid, signal.SIGCONT)
         else:
             fault_points.release("kv.mid_payload")
