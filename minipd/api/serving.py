@@ -26,7 +26,7 @@ import uuid
 from typing import Callable, TypeVar
 
 import msgspec
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from minipd.api.backend import OutputStream, ServingBackend
 from minipd.api.chat_template import ChatTemplate
@@ -310,6 +310,11 @@ class OpenAIServing:
         include_usage: bool,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers=SSE_HEADERS)
+        if http_request.version < HttpVersion11:
+            # HTTP/1.0 has no chunked encoding: the stream's end is the connection's end, said
+            # outright (aiohttp would keep a keep-alive connection open, the client waiting)
+            response.force_close()
+            response.headers["Connection"] = "close"
         await response.prepare(http_request)
         for chunk in fmt.opening():
             await self._send(response, chunk)
