@@ -43,8 +43,8 @@ from minipd.api.stream_format import ChatFormat, CompletionFormat
 from minipd.engine.checked_prompt import CheckedPrompt, check_prompt
 from minipd.engine.kv_admission import NoCapacity
 from minipd.engine.prompt_encoder import PromptEncoder
+from minipd.engine.request import INSTANCE_LOST, RequestOutput
 from minipd.engine.request import OVERLOADED as OVERLOADED_KIND
-from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.engine.unavailable import BackendUnavailableError
 
@@ -222,12 +222,19 @@ class OpenAIServing:
 
     def _backend_failure(self, request_id: str, output: RequestOutput) -> ApiError:
         """The answer to a request the backend failed: an overload says so (503, retry later,
-        with the backend's reason: the client did nothing wrong and may try again); any other
-        failure is an internal error whose details stay in the server log."""
+        with the backend's reason: the client did nothing wrong and may try again); a lost
+        instance is a 502 naming it and what happened (the router's words: an instance id and
+        how it was lost, nothing internal); any other failure is an internal error whose
+        details stay in the server log."""
         if output.error_kind == OVERLOADED_KIND:
             log.warning("request %s: %s", request_id, output.error)
             return ApiError(
                 503, f"{output.error}; retry later", type=OVERLOADED, retry_after_s=self.overload_retry_after_s
+            )
+        if output.error_kind == INSTANCE_LOST:
+            log.warning("request %s: %s", request_id, output.error)
+            return ApiError(
+                502, f"request {request_id} failed: {output.error}", type=SERVER_ERROR, code="instance_lost"
             )
         log.error("request %s failed in the backend: %s", request_id, output.error)
         return _engine_failure(request_id)
