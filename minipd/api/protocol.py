@@ -56,7 +56,9 @@ Int = Annotated[int, msgspec.Meta(ge=-MAX_INT - 1, le=MAX_INT)]
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False  # a last chunk, without choices, with the request's usage
-    continuous_usage_stats: bool = False  # vLLM's: every chunk carries the usage so far
+    # vLLM's: with include_usage, every chunk carries the usage so far (without it, none does,
+    # as in vLLM)
+    continuous_usage_stats: bool = False
 
 
 class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -124,7 +126,7 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
 
     @property
     def continuous_usage(self) -> bool:
-        return self.stream_options is not None and self.stream_options.continuous_usage_stats
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The engine's parameters; value checks are left to `SamplingParams.validate`."""

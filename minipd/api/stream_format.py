@@ -1,10 +1,10 @@
 """Response bodies and stream chunks of the two generation endpoints, from engine increments.
 
 `CompletionFormat` writes `text_completion` objects, `ChatFormat` `chat.completion` objects and
-`chat.completion.chunk`s. A chunk carries `usage` only when asked: on every chunk with vLLM's
-`stream_options.continuous_usage_stats` (the counts so far), and in a last chunk without
-choices with `stream_options.include_usage`; otherwise it has no `usage` key, as OpenAI's
-streams have none.
+`chat.completion.chunk`s. A chunk carries `usage` only when asked: in a last chunk without
+choices with `stream_options.include_usage`, and with vLLM's `continuous_usage_stats` besides
+on every chunk (the counts so far); otherwise it has no `usage` key, as OpenAI's streams have
+none.
 """
 
 from __future__ import annotations

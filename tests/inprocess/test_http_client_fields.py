@@ -93,6 +93,13 @@ def test_without_continuous_usage_stats_only_the_last_chunk_has_usage(base):
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == MAX_TOKENS
 
 
+def test_continuous_usage_stats_without_include_usage_adds_no_usage_as_in_vllm(base):
+    body = {**GUIDELLM_CHAT, "stream_options": {"include_usage": False, "continuous_usage_stats": True}}
+    events = stream_events(base, CHAT, body)
+    assert events[-1]["choices"][0]["finish_reason"] == "length"  # no usage chunk after the last token
+    assert all("usage" not in event for event in events)
+
+
 @pytest.mark.parametrize(
     "path, extra, param",
     [
