@@ -83,7 +83,10 @@ class AttemptFailed(Exception):
         overloaded: bool = False,
         lost: bool = False,
     ):
-        super().__init__(str(cause))
+        message = str(cause)
+        if lost and blamed is not None and blamed not in message:  # the client is told which instance
+            message = f"{blamed}: {message}"
+        super().__init__(message)
         self.cause, self.blamed, self.retry, self.stale = cause, blamed, retry, stale
         self.overloaded, self.lost = overloaded, lost
 
