@@ -6,7 +6,8 @@ an API key (`HttpConfig.api_key`), every route but /health requires it (`api_key
 otherwise, before anything else is looked at), the extensions' included. POST bodies must be
 `application/json` (415 otherwise), so a web page cannot drive the API with a "simple"
 cross-origin request (text/plain, forms). Every error, a 404 route or a 413 body included,
-is answered in OpenAI's error format; an unexpected exception is logged and answered as a bare 500. Each app has
+is answered in OpenAI's error format, and so are the requests aiohttp's own parser refuses
+(`http_protocol.py`); an unexpected exception is logged and answered as a bare 500. Each app has
 its own metrics registry (`app[METRICS_KEY]`), so the disaggregated flow can record KV
 transfers on it and several servers can share a process.
 
@@ -31,6 +32,7 @@ from aiohttp import web
 from minipd.api.api_key import ApiKeyGuard
 from minipd.api.backend import ServingBackend
 from minipd.api.errors import NOT_FOUND, OVERLOADED, SERVER_ERROR, ApiError
+from minipd.api.http_protocol import use_json_errors
 from minipd.api.metrics import CONTENT_TYPE, ServingMetrics
 from minipd.api.protocol import ModelCard, ModelList
 from minipd.api.serving import OpenAIServing
@@ -192,6 +194,7 @@ async def start_http_server(
         keepalive_timeout=app[CONFIG_KEY].header_timeout_s,
     )
     await runner.setup()
+    use_json_errors(runner)  # the parser's errors too in OpenAI's format, never echoing the request
     site = web.TCPSite(runner, host, port)
     await site.start()
     return runner, runner.addresses[0][1]

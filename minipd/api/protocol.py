@@ -3,8 +3,11 @@
 Requests forbid unknown fields: a sampling option that is silently ignored produces
 wrong output without any sign, so `{"best_off": 2}` is a 400 naming `best_off`. Known
 OpenAI fields that minipd does not implement are accepted only at their neutral value
-(`UNSUPPORTED_AT_DEFAULT`). Extensions beyond OpenAI (as vLLM has them): `top_k` and
-`ignore_eos`. Chat messages forbid unknown keys too: `tool_calls`, `tool_call_id`,
+(`UNSUPPORTED_AT_DEFAULT`), and so are vLLM's extensions that load clients send at their
+neutral values (`repetition_penalty: 1.0`, `min_p: 0`, `skip_special_tokens: true`, ...).
+vLLM's extensions honoured: `top_k` (-1 disables, as in vLLM), `ignore_eos`,
+`stop_token_ids`, `stream_options.continuous_usage_stats`, and `min_tokens` where nothing can
+end the output before it (`ignore_eos`, no stops). Chat messages forbid unknown keys too: `tool_calls`, `tool_call_id`,
 `function_call`, `refusal` and `audio` name things minipd cannot honour, so they are refused
 naming the key (`messages[0].tool_calls`) rather than dropped.
 
@@ -36,14 +39,26 @@ UNSUPPORTED_AT_DEFAULT: dict[str, Any] = {
     "echo": False,
     "best_of": 1,
     "suffix": "",
+    # vLLM's extensions, which load clients send at their neutral values (`vllm bench serve`
+    # sends repetition_penalty 1.0)
+    "repetition_penalty": 1.0,
+    "min_p": 0.0,
+    "use_beam_search": False,
+    "include_stop_str_in_output": False,
+    "skip_special_tokens": True,  # minipd's text never holds special tokens
+    "spaces_between_special_tokens": True,  # so none are spaced either
 }
+TOP_K_DISABLED = -1  # vLLM's way of saying no top-k cut (minipd's: 0 or null)
 
 
 Int = Annotated[int, msgspec.Meta(ge=-MAX_INT - 1, le=MAX_INT)]
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
-    include_usage: bool = False
+    include_usage: bool = False  # a last chunk, without choices, with the request's usage
+    # vLLM's: with include_usage, every chunk carries the usage so far (without it, none does,
+    # as in vLLM)
+    continuous_usage_stats: bool = False
 
 
 class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -53,9 +68,11 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     max_tokens: Int | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: Int | None = None  # extension; None or 0 disables
+    top_k: Int | None = None  # extension; None, 0 or -1 disables
     seed: Int | None = None
     stop: str | list[str] | None = None
+    stop_token_ids: list[Int] | None = None  # extension
+    min_tokens: Int = 0  # extension; honoured where no stop can come first (check_supported)
     n: Int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -64,6 +81,12 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
     logit_bias: dict[str, float] | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    use_beam_search: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
 
     def check_supported(self) -> None:
         """Raise a 400 naming the first option minipd cannot honour."""
@@ -75,10 +98,35 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
             value = getattr(self, field, None)
             if value is not None and value != neutral:
                 raise bad_request(field, f"not supported by minipd (got {value!r})")
+        self._check_min_tokens()
+
+    def _check_min_tokens(self) -> None:
+        """minipd cannot hold back EOS and stops for a number of tokens; `min_tokens` is
+        honoured where none can end the output early: with `ignore_eos` and no stop strings or
+        stop token ids, every output runs to its limit (max_tokens, or the context's end)."""
+        if self.min_tokens == 0:
+            return
+        if self.min_tokens < 0:
+            raise bad_request("min_tokens", f"must be >= 0, got {self.min_tokens}")
+        limit = self.output_limit()
+        if limit is not None and self.min_tokens > limit:
+            raise bad_request("min_tokens", f"{self.min_tokens} is above the output limit {limit}")
+        if not self.ignore_eos or self.stop or self.stop_token_ids:
+            raise bad_request(
+                "min_tokens", "supported only with ignore_eos and no stop or stop_token_ids (nothing ends it early)"
+            )
+
+    def output_limit(self) -> int | None:
+        """The request's own limit on output tokens, if it sets one."""
+        return self.max_tokens
 
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         """The engine's parameters; value checks are left to `SamplingParams.validate`."""
@@ -87,9 +135,10 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
             max_tokens=max_tokens,
             temperature=DEFAULT_TEMPERATURE if self.temperature is None else self.temperature,
             top_p=DEFAULT_TOP_P if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0,
+            top_k=0 if self.top_k in (None, TOP_K_DISABLED) else self.top_k,
             seed=self.seed,
             stop=stop,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
         )
 
@@ -101,8 +150,11 @@ class CompletionRequest(GenerationRequest, kw_only=True):
     suffix: str | None = None
     logprobs: Int | None = None
 
+    def output_limit(self) -> int:
+        return DEFAULT_COMPLETION_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
     def sampling_params_for(self, max_model_len: int) -> SamplingParams:
-        return self.sampling_params(DEFAULT_COMPLETION_MAX_TOKENS if self.max_tokens is None else self.max_tokens)
+        return self.sampling_params(self.output_limit())
 
 
 class TextPart(msgspec.Struct, tag_field="type", tag="text", forbid_unknown_fields=True):
@@ -126,14 +178,24 @@ class ChatCompletionRequest(GenerationRequest, kw_only=True):
     logprobs: bool | None = None
     top_logprobs: Int | None = None
 
+    add_generation_prompt: bool = True  # vLLM's; minipd's templates always add it
+    continue_final_message: bool = False  # vLLM's; not supported
+
     def check_supported(self) -> None:
         super().check_supported()
         if not self.messages:
             raise bad_request("messages", "must contain at least one message")
+        if not self.add_generation_prompt:
+            raise bad_request("add_generation_prompt", "not supported by minipd (got False)")
+        if self.continue_final_message:
+            raise bad_request("continue_final_message", "not supported by minipd (got True)")
+
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def sampling_params_for(self, max_model_len: int) -> SamplingParams:
         """Without a limit, a chat reply may run to the end of the context."""
-        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        limit = self.output_limit()
         return self.sampling_params(max_model_len if limit is None else limit)
 
 

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import uuid
 from typing import Callable, TypeVar
 
 import msgspec
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from minipd.api.backend import OutputStream, ServingBackend
 from minipd.api.chat_template import ChatTemplate
@@ -34,25 +33,18 @@ from minipd.api.errors import OVERLOADED, SERVER_ERROR, ApiError, bad_request, f
 from minipd.api.json_only import require_json
 from minipd.api.metrics import RequestRecorder, ServingMetrics
 from minipd.api.protocol import (
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatCompletionResponse,
-    ChatDelta,
-    ChatReply,
-    CompletionChoice,
     CompletionRequest,
-    CompletionResponse,
     GenerationRequest,
     Usage,
     make_usage,
 )
+from minipd.api.stream_format import ChatFormat, CompletionFormat
 from minipd.engine.checked_prompt import CheckedPrompt, check_prompt
 from minipd.engine.kv_admission import NoCapacity
 from minipd.engine.prompt_encoder import PromptEncoder
+from minipd.engine.request import INSTANCE_LOST, RequestOutput
 from minipd.engine.request import OVERLOADED as OVERLOADED_KIND
-from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.engine.unavailable import BackendUnavailableError
 
@@ -66,53 +58,6 @@ NO_LENGTH_LIMIT = 2**63  # a backend that knows no max_model_len yet (no instanc
 # asking first only for text/plain and form types: requiring JSON closes that door.
 
 RequestT = TypeVar("RequestT", bound=GenerationRequest)
-
-
-class CompletionFormat:
-    """Shapes engine increments into `text_completion` objects."""
-
-    def __init__(self, request_id: str, model: str):
-        self.request_id, self.model, self.created = request_id, model, int(time.time())
-
-    def opening(self) -> list[CompletionResponse]:
-        return []
-
-    def chunk(self, text: str, finish_reason: str | None) -> CompletionResponse:
-        return self.whole(text, finish_reason, None)
-
-    def usage_chunk(self, usage: Usage) -> CompletionResponse:
-        return CompletionResponse(self.request_id, self.created, self.model, [], usage=usage)
-
-    def whole(self, text: str, finish_reason: str | None, usage: Usage | None) -> CompletionResponse:
-        return CompletionResponse(
-            self.request_id, self.created, self.model, [CompletionChoice(0, text, finish_reason)], usage=usage
-        )
-
-
-class ChatFormat:
-    """Shapes engine increments into `chat.completion` objects and chunks."""
-
-    def __init__(self, request_id: str, model: str):
-        self.request_id, self.model, self.created = request_id, model, int(time.time())
-
-    def opening(self) -> list[ChatCompletionChunk]:
-        return [self._chunk(ChatDelta(content="", role="assistant"), None)]
-
-    def chunk(self, text: str, finish_reason: str | None) -> ChatCompletionChunk:
-        return self._chunk(ChatDelta(content=text), finish_reason)
-
-    def usage_chunk(self, usage: Usage) -> ChatCompletionChunk:
-        return ChatCompletionChunk(self.request_id, self.created, self.model, [], usage=usage)
-
-    def whole(self, text: str, finish_reason: str | None, usage: Usage | None) -> ChatCompletionResponse:
-        return ChatCompletionResponse(
-            self.request_id, self.created, self.model, [ChatChoice(0, ChatReply(text), finish_reason)], usage=usage
-        )
-
-    def _chunk(self, delta: ChatDelta, finish_reason: str | None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            self.request_id, self.created, self.model, [ChatChunkChoice(0, delta, finish_reason)]
-        )
 
 
 def _usage(output: RequestOutput) -> Usage:
@@ -268,7 +213,7 @@ class OpenAIServing:
         try:
             async with stream:
                 if request.stream:
-                    return await self._stream(http_request, stream, fmt, recorder, request.include_usage)
+                    return await self._stream(http_request, stream, fmt, recorder, request, len(checked.token_ids))
                 return await self._collect(stream, fmt, recorder)
         except (asyncio.CancelledError, ConnectionError):
             recorder.on_disconnect()
@@ -277,12 +222,19 @@ class OpenAIServing:
 
     def _backend_failure(self, request_id: str, output: RequestOutput) -> ApiError:
         """The answer to a request the backend failed: an overload says so (503, retry later,
-        with the backend's reason: the client did nothing wrong and may try again); any other
-        failure is an internal error whose details stay in the server log."""
+        with the backend's reason: the client did nothing wrong and may try again); a lost
+        instance is a 502 naming it and what happened (the router's words: an instance id and
+        how it was lost, nothing internal); any other failure is an internal error whose
+        details stay in the server log."""
         if output.error_kind == OVERLOADED_KIND:
             log.warning("request %s: %s", request_id, output.error)
             return ApiError(
                 503, f"{output.error}; retry later", type=OVERLOADED, retry_after_s=self.overload_retry_after_s
+            )
+        if output.error_kind == INSTANCE_LOST:
+            log.warning("request %s: %s", request_id, output.error)
+            return ApiError(
+                502, f"request {request_id} failed: {output.error}", type=SERVER_ERROR, code="instance_lost"
             )
         log.error("request %s failed in the backend: %s", request_id, output.error)
         return _engine_failure(request_id)
@@ -307,14 +259,21 @@ class OpenAIServing:
         stream: OutputStream,
         fmt: CompletionFormat | ChatFormat,
         recorder: RequestRecorder,
-        include_usage: bool,
+        request: GenerationRequest,
+        num_prompt_tokens: int,
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers=SSE_HEADERS)
+        if http_request.version < HttpVersion11:
+            # HTTP/1.0 has no chunked encoding: the stream's end is the connection's end, said
+            # outright (aiohttp would keep a keep-alive connection open, the client waiting)
+            response.force_close()
+            response.headers["Connection"] = "close"
         await response.prepare(http_request)
-        for chunk in fmt.opening():
+        opening_usage = make_usage(num_prompt_tokens, 0, 0) if request.continuous_usage else None
+        for chunk in fmt.opening(opening_usage):
             await self._send(response, chunk)
         try:
-            await self._relay(response, stream, fmt, recorder, include_usage)
+            await self._relay(response, stream, fmt, recorder, request)
         except ConnectionError:
             raise
         except Exception:  # the status line is sent already: report in-band, never with a traceback
@@ -330,7 +289,7 @@ class OpenAIServing:
         stream: OutputStream,
         fmt: CompletionFormat | ChatFormat,
         recorder: RequestRecorder,
-        include_usage: bool,
+        request: GenerationRequest,
     ) -> None:
         async for output in stream:
             recorder.on_output(output)
@@ -341,8 +300,9 @@ class OpenAIServing:
             # UTF-8 sequence, a possible stop string): clients time tokens by events, as
             # vLLM's streams let them.
             if output.token_ids or output.text or output.finished:
-                await self._send(response, fmt.chunk(output.text, output.finish_reason))
-            if output.finished and include_usage:
+                usage = _usage(output) if request.continuous_usage else None  # the counts so far
+                await self._send(response, fmt.chunk(output.text, output.finish_reason, usage))
+            if output.finished and request.include_usage:
                 await self._send(response, fmt.usage_chunk(_usage(output)))
 
     async def _send(self, response: web.StreamResponse, event: msgspec.Struct) -> None:

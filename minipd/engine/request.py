@@ -36,6 +36,9 @@ class TransferInfo(msgspec.Struct):
 
 
 OVERLOADED = "overloaded"  # RequestOutput.error_kind of a request the cluster had no room for
+# RequestOutput.error_kind of a request an instance failed under: it died, was declared dead or
+# went silent past the inter-token timeout; the error names the instance and what happened
+INSTANCE_LOST = "instance_lost"
 
 
 class RequestOutput(msgspec.Struct, kw_only=True):
@@ -50,7 +53,8 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     num_output_tokens: int = 0  # total so far
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     error: str | None = None  # set when the request failed inside the engine
-    # OVERLOADED when it failed for want of capacity (a later retry may succeed), else None
+    # OVERLOADED when it failed for want of capacity (a later retry may succeed), INSTANCE_LOST
+    # when an instance it ran on was lost, else None
     error_kind: str | None = None
     queue_time_s: float | None = None  # arrival to first scheduled, once known
     transfer: TransferInfo | None = None  # disaggregated requests, on the final output

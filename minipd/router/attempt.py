@@ -71,7 +71,8 @@ class AttemptFailed(Exception):
     """One try failed. `blamed`: the instance at fault, left out of the next try (None when no
     instance is); `retry`: whether another try may succeed (False for a request refused as
     invalid, which would be refused anywhere); `stale`: refused for a stale role epoch;
-    `overloaded`: the cluster had no room for it (the client may retry later)."""
+    `overloaded`: the cluster had no room for it (the client may retry later); `lost`: the
+    blamed instance died, was declared dead or went silent (the message names it and says how)."""
 
     def __init__(
         self,
@@ -80,10 +81,14 @@ class AttemptFailed(Exception):
         retry: bool = True,
         stale: bool = False,
         overloaded: bool = False,
+        lost: bool = False,
     ):
-        super().__init__(str(cause))
+        message = str(cause)
+        if lost and blamed is not None and blamed not in message:  # the client is told which instance
+            message = f"{blamed}: {message}"
+        super().__init__(message)
         self.cause, self.blamed, self.retry, self.stale = cause, blamed, retry, stale
-        self.overloaded = overloaded
+        self.overloaded, self.lost = overloaded, lost
 
 
 @contextlib.contextmanager
@@ -96,7 +101,8 @@ def blame(instance: InstanceHandle, peer: InstanceHandle | None = None) -> Itera
         culprit = peer if peer is not None and not peer.is_alive else instance
         invalid = isinstance(exc, RemoteError) and exc.kind == "invalid"
         stale = isinstance(exc, RemoteError) and exc.kind == STALE_EPOCH
-        raise AttemptFailed(exc, culprit.instance_id, retry=not invalid, stale=stale) from exc
+        lost = isinstance(exc, (ChannelClosed, TimeoutError))  # its messages name the instance
+        raise AttemptFailed(exc, culprit.instance_id, retry=not invalid, stale=stale, lost=lost) from exc
 
 
 class Attempt:

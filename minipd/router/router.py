@@ -50,7 +50,7 @@ from minipd.engine.checked_prompt import CheckedPrompt, accept_prompt
 from minipd.engine.generator import GeneratesFromSubmit
 from minipd.engine.kv_admission import KVClaims, claim_blocks, claim_limit
 from minipd.engine.prompt_encoder import PromptEncoder
-from minipd.engine.request import OVERLOADED, RequestOutput
+from minipd.engine.request import INSTANCE_LOST, OVERLOADED, RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.unavailable import BackendUnavailableError
@@ -260,7 +260,8 @@ class Router(GeneratesFromSubmit):
                 )
                 self._abort_on_instances(routed)
                 if not retry:
-                    self._fail(routed, str(failure), OVERLOADED if failure.overloaded else None)
+                    kind = OVERLOADED if failure.overloaded else INSTANCE_LOST if failure.lost else None
+                    self._fail(routed, str(failure), kind)
                     return
                 if failure.blamed is not None:
                     excluded.add(failure.blamed)

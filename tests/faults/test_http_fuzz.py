@@ -108,7 +108,11 @@ sensible = {
     "stream": st.booleans(),
     "ignore_eos": st.booleans(),
     "stop": st.text(min_size=1, max_size=3) | st.lists(st.text(min_size=1, max_size=3), max_size=2),
-    "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
+    "stream_options": st.fixed_dictionaries(
+        {"include_usage": st.booleans()}, optional={"continuous_usage_stats": st.booleans()}
+    ),
+    "stop_token_ids": st.lists(st.integers(0, 300), max_size=2),
+    "min_tokens": st.integers(0, 8),
 }
 OTHER_FIELDS = [
     "n",
@@ -123,6 +127,9 @@ OTHER_FIELDS = [
     "logprobs",
     "top_logprobs",
     "max_completion_tokens",
+    "repetition_penalty",
+    "min_p",
+    "skip_special_tokens",
     "tools",
     "bogus",
 ]

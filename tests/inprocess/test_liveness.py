@@ -14,6 +14,7 @@ import pytest
 from disagg_helpers import CONFIG, LOCAL_PREFILL_MAX_TOKENS
 
 from minipd.control.channel import Channel, serve
+from minipd.engine.request import INSTANCE_LOST
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router_config import RouterConfig
@@ -133,6 +134,7 @@ def test_a_stream_that_stops_fails_after_the_inter_token_timeout(loop_thread):
     first, rest, waited = loop_thread.run(scenario(), timeout=2 * BOUND_S)
     assert first.token_ids and rest[-1].finish_reason == "abort"
     assert "no output from decode-0" in rest[-1].error and "inter-token" in rest[-1].error, rest[-1].error
+    assert rest[-1].error_kind == INSTANCE_LOST  # what the HTTP API answers as a 502 naming it
     assert timeout_s <= waited < BOUND_S
 
 

@@ -12,12 +12,13 @@ from http_helpers import OpenStream, http_json, http_text, sample, scrape
 
 from minipd.api.backend import InstanceStats, ServingBackend
 from minipd.engine.checked_prompt import CheckedPrompt
-from minipd.engine.request import RequestOutput
+from minipd.engine.request import INSTANCE_LOST, RequestOutput
 from minipd.models.tokenizer import ByteTokenizer
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512
 SECRET = "secret internal detail"
+LOST = "decode-0 died: decode-0: connection closed (connection lost)"
 COMPLETIONS = "/v1/completions"
 
 
@@ -55,6 +56,7 @@ class FailingBackend:
     def submit(self, prompt: CheckedPrompt, request_id: str) -> _FailingStream:
         if prompt.token_ids == self.tokenizer.encode("raise"):
             raise RuntimeError(SECRET)
+        lost = prompt.token_ids == self.tokenizer.encode("lost")  # as the router ends it when decode-0 dies
         return _FailingStream(
             [
                 RequestOutput(
@@ -66,7 +68,8 @@ class FailingBackend:
                     text="",
                     finished=True,
                     finish_reason="abort",
-                    error=f"engine step failed: {SECRET}",
+                    error=LOST if lost else f"engine step failed: {SECRET}",
+                    error_kind=INSTANCE_LOST if lost else None,
                 ),
             ]
         )
@@ -105,6 +108,22 @@ def test_failure_mid_stream_is_reported_in_band(serve):
     assert error["type"] == "server_error" and SECRET not in error["message"]
     assert stream.response.readline() == b"\n" and stream.response.readline() == b"data: [DONE]\n"
     stream.close()
+
+
+def test_a_lost_instance_is_named_in_band_mid_stream(serve):
+    served = serve(FailingBackend())
+    stream = OpenStream(served.url, COMPLETIONS, {"prompt": "lost"})
+    assert stream.next_event()["choices"][0]["text"] == "A"
+    error = stream.next_event()["error"]
+    assert error["type"] == "server_error" and error["code"] == "instance_lost"
+    assert LOST in error["message"] and "internal error" not in error["message"]
+    stream.close()
+
+
+def test_a_lost_instance_is_a_502_naming_it(serve):
+    result = http_json("POST", serve(FailingBackend()).url + COMPLETIONS, {"prompt": "lost"})
+    assert result.status == 502 and result.body["error"]["code"] == "instance_lost"
+    assert LOST in result.body["error"]["message"]
 
 
 def test_health_reflects_backend_readiness(serve):

@@ -1,0 +1,73 @@
+"""A stream whose decode instance is killed mid-stream ends with an error naming the instance.
+
+As found: a streamed chat over `minipd --role cluster --http-port` whose decode process was
+SIGKILLed ended with "internal error while generating request ...; see the server log",
+though the README promises an error naming the instance. The HTTP API answered every backend
+failure but an overload as an internal error, and the router did not mark a lost instance's
+failure as such.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import time
+
+import pytest
+from disagg_helpers import ENGINE_ARGV
+
+from contracts.openai_contract import check_body
+from minipd.control.role import Role
+from minipd.entrypoints.process_cluster import ProcessCluster
+from minipd.transports.backends import available_transports
+
+CHAT = "/v1/chat/completions"
+BOUND_S = 30.0  # the stream ends this soon after the kill (the liveness timeout is 5 s)
+ANNOUNCED = "serving the OpenAI API"
+
+
+@pytest.mark.skipif("tcp" not in available_transports(), reason="the tcp transport is not available")
+def test_a_stream_whose_decode_instance_is_killed_ends_with_an_error_naming_it(loop_thread):
+    cluster = ProcessCluster.from_argv(
+        ["--transport", "tcp", *ENGINE_ARGV, "--local-prefill-max-tokens", "-1", "--http-port", "0"]
+    )
+    loop_thread.run(cluster.start(), timeout=180)
+    try:
+        router = next(c for c in cluster.children if c.role is Role.ROUTER)
+        url = next(line for line in router.announcements if ANNOUNCED in line).rsplit(" ", 1)[-1]
+        host, port = url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=BOUND_S)
+        body = {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "a long story, please " * 4}]}],
+            "max_completion_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        connection.request("POST", CHAT, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        assert response.status == 200
+        events = []
+        while len(events) < 2:  # the role chunk, then the first token's
+            line = response.readline()
+            assert line.startswith(b"data: ") or line == b"\n", line
+            if line.startswith(b"data: "):
+                events.append(json.loads(line.removeprefix(b"data: ")))
+                check_body(CHAT, events[-1], stream=True)
+        cluster.child("decode-0").process.send_signal(signal.SIGKILL)  # mid-stream: a token reached us
+        killed_at = time.monotonic()
+        rest = b""
+        while not rest.endswith(b"data: [DONE]\n\n"):
+            line = response.readline()
+            assert line, f"the stream ended without [DONE]: {rest[-500:]!r}"
+            rest += line
+        ended_after = time.monotonic() - killed_at
+        connection.close()
+    finally:
+        loop_thread.run(cluster.stop(), timeout=60)
+    *_, last = [json.loads(line.removeprefix(b"data: ")) for line in rest.split(b"\n") if line.startswith(b"data: {")]
+    error = last["error"]
+    assert error["code"] == "instance_lost" and error["type"] == "server_error", error
+    assert "decode-0" in error["message"] and "internal error" not in error["message"], error
+    assert cluster.configs.process.cluster_secret not in json.dumps(error)  # nothing secret in the words
+    assert ended_after < BOUND_S
