@@ -16,7 +16,11 @@ state; their growth was under 20 MB.
 
 `CAPACITY` entries per cache keep the primitives of about a dozen step sizes: a step's
 layers share them (all layers have the same shapes), so a step of a size not kept rebuilds
-about five primitives, once, and its other layers reuse them.
+about five primitives, once, and its other layers reuse them. Measured on dense bf16 SmolLM2
+(one thread), prompts of 100 distinct lengths served over and over, so that every prefill
+missed the bounded caches while the default ones held every shape: 24.2 ms of CPU per prefill
+bounded against 24.8 ms unbounded (medians of alternating processes, within the noise), and
+`bench.py engine --parts serving` 34.0 tok/s against 33.9.
 
 Each cache reads its capacity once, when it is first used (measured: setting the variables
 after `import torch` but before the first bf16 matmul takes effect), so `bound()` runs at
