@@ -50,13 +50,13 @@ def report(start: dict, end: dict, max_growth_mb: float) -> dict:
         }
         if not restarted and mb_start is not None and mb_end is not None:
             growths.append(mb_end - mb_start)
-    growth = max(growths, default=0.0)
+    growth = round(max(growths, default=0.0), 1)
     failed = []
     if growth > max_growth_mb:
         failed.append(f"rss grew {growth:.0f} MB in one process, more than --max-rss-growth-mb {max_growth_mb:g}")
     return {
         "rss_mb": per_process,
-        "rss_growth_mb": round(growth, 1),
+        "rss_growth_mb": growth,
         "rss_processes_checked": len(growths),
         "max_rss_growth_mb": max_growth_mb,
         "checks_failed": failed,
