@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.json}")
     if getattr(args, "plot", None):
         module.plot(result, args.plot)
-    return 0
+    return 1 if result.get("checks_failed") else 0  # an experiment's own pass/fail checks
 
 
 if __name__ == "__main__":

@@ -11,8 +11,15 @@ again), by turns (see benchmarks/soak/chaos.py). Every request ends one of three
   Must be 0.
 
 Afterwards every instance is given the time to settle, and `leaked_blocks` counts the blocks
-still used, reserved or held for a fence on any of them. Must be 0. `--quick` is the short
-run the test suite makes.
+still used, reserved or held for a fence on any of them. Must be 0.
+
+Memory: the resident set (VmRSS) of every process of the cluster is read when it is up and
+again after the settle (`rss_mb`, see benchmarks/soak/rss.py); `rss_growth_mb` is the largest
+growth of a process that ran the whole soak (a killed one is restarted as a new process, and
+its figures say so). More than `--max-rss-growth-mb` fails the run (exit status 1), as an
+engine whose memory grows with every distinct prompt length would. The instances serve
+bfloat16 by default (`--dtype`), whose per-shape kernel caches were such a growth.
+`--quick` is the short run the test suite makes.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import tempfile
 import time
 
 from benchmarks.loadgen.baseline_plots import plot_soak as plot  # noqa: F401 (bench.py --plot)
+from benchmarks.soak import rss
 from benchmarks.soak.chaos import Chaos
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
@@ -63,6 +71,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a request not ended by then counts as lost (default: %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--dtype",
+        default="bfloat16",
+        choices=["bfloat16", "float32"],
+        help="the instances' dtype (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-rss-growth-mb",
+        type=float,
+        default=rss.DEFAULT_MAX_GROWTH_MB,
+        help="fail if a process's resident memory grew more than this over the run (default: %(default)s)",
+    )
 
 
 def _cluster_argv(args: argparse.Namespace) -> list[str]:
@@ -78,7 +98,7 @@ def _cluster_argv(args: argparse.Namespace) -> list[str]:
         "--lease-s",
         str(args.lease_s),
         "--dtype",
-        "float32",
+        args.dtype,
         "--max-model-len",
         "1100",
         "--num-blocks",
@@ -96,6 +116,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.quick:
         for name, value in QUICK.items():
             setattr(args, name, value)
+    if args.max_rss_growth_mb <= 0:
+        raise ValueError(f"--max-rss-growth-mb must be positive, got {args.max_rss_growth_mb:g}")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     return asyncio.run(_soak(args))
 
@@ -108,6 +130,7 @@ async def _soak(args: argparse.Namespace) -> dict:
         cluster = ProcessCluster.from_argv(_cluster_argv(args), fault_dir=fault_dir)
         await cluster.start()
         try:
+            rss_start = rss.sample(cluster)
             client = await cluster.client()
             chaos = Chaos(cluster, args.chaos_interval_s, args.liveness_timeout_s + 1.0, args.seed)
             stop = asyncio.Event()
@@ -117,10 +140,11 @@ async def _soak(args: argparse.Namespace) -> dict:
             stop.set()
             await chaos_task
             stats = await _settled(cluster)
+            rss_end = rss.sample(cluster)
             await client.close()
         finally:
             await cluster.stop()
-    return _result(args, specs, outcomes, stats, chaos)
+    return _result(args, specs, outcomes, stats, chaos) | rss.report(rss_start, rss_end, args.max_rss_growth_mb)
 
 
 async def _one(client: ClusterClient, spec: RequestSpec, index: int, start: float, args: argparse.Namespace) -> tuple:
@@ -171,6 +195,7 @@ def _result(args, specs, outcomes, stats, chaos: Chaos) -> dict:
     lost = [e for kind, e in outcomes if kind == "lost"]
     return {
         "transport": args.transport,
+        "dtype": args.dtype,
         "duration_s": args.duration_s,
         "rate": args.rate,
         "quick": args.quick,
@@ -203,6 +228,7 @@ def print_table(result: dict) -> None:
             f"  {event['at_s']:>7.1f} s  {event['kind']:<6} {event['target']:<10} "
             f"back after {event['recovered_s']:.1f} s"
         )
+    rss.print_table(result)
     for reason, n in result["failure_reasons"].items():
         print(f"  failed x{n}: {reason}")
     for example in result["lost_examples"]:

@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 import msgspec
 import torch
 
-from minipd.engine import cpu_placement, kv_sink
+from minipd.engine import cpu_placement, kernel_caches, kv_sink
 from minipd.engine.block_manager import BlockManager
 from minipd.engine.checked_prompt import CheckedPrompt, accept_prompt
 from minipd.engine.config import EngineConfig, EngineStats
@@ -59,6 +59,7 @@ class Engine(GeneratesFromSubmit):
         `self.config.dtype` is always the concrete dtype (`self.dtype_choice` says why), and
         `self.config.weights` the weight format the model serves ("quantized" or "dense")."""
         config.validate()
+        kernel_caches.bound()  # before any bf16 matmul of this process, loading included
         self.dtype_choice = resolve_dtype(config.dtype, config.device)
         config = msgspec.structs.replace(config, dtype=self.dtype_choice.name)
         self.config = config
