@@ -18,6 +18,7 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.entrypoints.registration import keep_registered, register
 from minipd.router.control_port import RouterControlPort
+from minipd.router.registry import IncompatibleInstance
 from minipd.router.router import Router
 from minipd.router.router_config import RouterConfig
 from minipd.transports.loopback_hub import LoopbackHub
@@ -133,3 +134,28 @@ def test_an_instance_started_with_router_registers_again_with_a_restarted_router
     assert ports[0] == ports[1] and took < BOUND_S
     assert last.error is None and last.num_output_tokens == PARAMS.max_tokens
     assert last.transfer is not None and last.transfer.prefill_instance == "prefill-0"
+
+
+def test_registering_an_address_whose_instance_is_registered_answers_with_it(loop_thread):
+    """A redial and the instance's own `Register` may race: the second finds the first's member."""
+
+    async def scenario():
+        cluster = await InProcessCluster.start(CONFIG, num_prefill=1, num_decode=1, router_config=ROUTER_CONFIG)
+        try:
+            prefill = cluster.instance("prefill-0")
+            registered = cluster.router.registry.instances["prefill-0"]
+            again = await asyncio.gather(
+                *(cluster.router.add_instance(LOCALHOST, prefill.port, BOUND_S, Role.PREFILL) for _ in range(3))
+            )
+            refused = ""
+            try:
+                await cluster.router.add_instance(LOCALHOST, prefill.port, BOUND_S, Role.DECODE)
+            except IncompatibleInstance as exc:
+                refused = str(exc)
+            return registered, again, len(prefill.routers), refused
+        finally:
+            await cluster.close()
+
+    registered, again, num_routers, refused = loop_thread.run(scenario(), timeout=3 * BOUND_S)
+    assert all(handle is registered for handle in again) and num_routers == 1
+    assert "is a prefill instance, not decode" in refused
