@@ -14,8 +14,10 @@ that connection drops, and every prefill for a decode instance the router report
 (`PeerLost`) at once. A router's `Hello` may ask for liveness: both ends then heartbeat, and
 a router silent for the liveness timeout, or one that evicts us (`Evict`), has its
 connection ended: its requests aborted first (writes to peers end with them), then the
-connection closed. `shutdown(deadline_s)` (SIGTERM) refuses new requests, tells the routers
-(`Draining`), lets the requests under way finish until the deadline, and aborts the rest.
+connection closed. `unrouted` is set while no router is connected (an instance started
+with `--router` then registers again, entrypoints/registration.py). `shutdown(deadline_s)`
+(SIGTERM) refuses new requests, tells the routers (`Draining`), lets the requests under way
+finish until the deadline, and aborts the rest.
 
 Length: one class answers every role's calls, and the roles share its transport, reservations
 and connections; splitting it by role is due once those are settled.
@@ -108,6 +110,8 @@ class Instance(ControlServer):
         self._connecting: dict[str, asyncio.Task] = {}
         self._prefills_to: dict[str, set[str]] = {}  # decode instance id -> ids of prefills for it
         self._routers: set[Channel] = set()  # connections of routers
+        self.unrouted = asyncio.Event()  # set while no router is connected (registration watches it)
+        self.unrouted.set()
         # Prefills under way -> the transport peer their KV goes to (None until connected), and
         # those aborted before that: the receiver must still hear that nothing will come.
         self._prefilling: dict[str, str | None] = {}
@@ -117,6 +121,11 @@ class Instance(ControlServer):
     @property
     def role(self) -> Role:
         return self.guard.role
+
+    @property
+    def routers(self) -> frozenset[Channel]:
+        """The connections of the routers connected now."""
+        return frozenset(self._routers)
 
     # ---- lifecycle --------------------------------------------------------------------
     @classmethod
@@ -192,6 +201,7 @@ class Instance(ControlServer):
     def established(self, channel: Channel, hello: Hello) -> None:
         """A router is connected: it hears of our shutdown, and heartbeats if it asked to."""
         self._routers.add(channel)
+        self.unrouted.clear()
         asyncio.get_running_loop().create_task(self._forget_router(channel))
         if hello.liveness_timeout_s > 0 and self.liveness_timeout_s > 0:
             channel.watch_liveness(
@@ -203,6 +213,8 @@ class Instance(ControlServer):
     async def _forget_router(self, channel: Channel) -> None:
         await channel.closed.wait()
         self._routers.discard(channel)
+        if not self._routers:
+            self.unrouted.set()
 
     def refuses_role(self, role: Role) -> str | None:
         return None if role is Role.ROUTER else f"{self.instance_id} is an instance; only a router may connect to it"

@@ -229,6 +229,7 @@ FLAGS = (
         type=parse_address,
         default=None,
         metavar="HOST:PORT",
-        help="register with this router once serving (default: the router is told by its flags)",
+        help="register with this router once serving, and again whenever no router is connected (after a "
+        "freeze, a partition or a router restart; default: the router is told by its flags)",
     ),
 )

@@ -16,9 +16,10 @@ and KV transfer figures) and shuts down; otherwise serves until Ctrl-C. Every ch
 stopped on exit (SIGTERM, then SIGKILL once its shutdown deadline and a grace period passed).
 
 For tests and the soak benchmark: `restart(name)` replaces a child with a fresh process that
-registers with the router, `rejoin(name)` registers a living child again (after the router
-declared it dead), and `fault_dir` starts the children with fault points enabled
-(`minipd.transports.fault_points`); each child's `FAULT` lines arrive on `Child.faults`.
+registers with the router, `rejoin(name)` registers a living child again at once (the router
+also redials the children it lost by itself, router/instance_links.py), and `fault_dir`
+starts the children with fault points enabled (`minipd.transports.fault_points`); each
+child's `FAULT` lines arrive on `Child.faults`.
 """
 
 from __future__ import annotations

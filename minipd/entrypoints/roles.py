@@ -24,8 +24,6 @@ from minipd.api.admin import router_admin
 from minipd.api.app import start_api
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
-from minipd.control.handshake import open_channel
-from minipd.control.messages import Register
 from minipd.control.role import Role
 from minipd.disagg.instance import Instance
 from minipd.engine.cpu_placement import available_cpus, cpus_text
@@ -37,11 +35,11 @@ from minipd.entrypoints.configs import RoleConfigs
 from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed, warn_if_open_api
 from minipd.entrypoints.process_cluster import prepare_cluster
 from minipd.entrypoints.prompt_demo import run_demo
+from minipd.entrypoints.registration import keep_registered, register
 from minipd.entrypoints.stop_signal import wait_for_stop_signal
 from minipd.router.control_port import RouterControlPort
 from minipd.router.live_controller import LiveRatioController
 from minipd.router.router import Router
-from minipd.transports.shared_secret import SharedSecret
 
 CONNECT_TIMEOUT_S = 60.0
 RELAY_LAST_OUTPUTS_S = 1.0  # a shutting-down router's last outputs (aborts saying why) reach its clients
@@ -100,7 +98,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
     instance_id = configs.instance.name(role, os.getpid())
     control_port = configs.instance.port
     secret = parse_cluster_secret(process.cluster_secret)
-    instance = api = None
+    instance = api = registration = None
     try:
         if control_port is None:
             await engine.start()
@@ -128,8 +126,14 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
         if instance is not None:
             print(f"READY {role.value} {instance.instance_id} {process.host}:{port}", flush=True)
             if configs.instance.router is not None:
-                await _register(configs.instance.router, role, process.host, port, secret)
+                router = configs.instance.router
+                await register(router, role, process.host, port, secret, CONNECT_TIMEOUT_S)
+                registration = asyncio.get_running_loop().create_task(
+                    keep_registered(instance, router, role, process.host, port, secret)
+                )
         await wait_for_stop_signal()
+        if registration is not None:
+            registration.cancel()  # a shutting-down instance does not ask to be registered again
         if api is not None:
             await api.cleanup()  # stops listening, lets its requests finish up to the deadline
             api = None
@@ -141,20 +145,14 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
         print(f"minipd {role.value}: {exc}", file=sys.stderr)
         return 1
     finally:
+        if registration is not None:
+            registration.cancel()
         if api is not None:
             await api.cleanup()
         if instance is not None:
             await instance.close()
         else:
             await engine.close()
-
-
-async def _register(router: tuple[str, int], role: Role, host: str, port: int, secret: SharedSecret | None) -> None:
-    channel, _ = await open_channel(*router, None, "register", role, secret, CONNECT_TIMEOUT_S)
-    try:
-        await channel.call(Register(host=host, port=port), CONNECT_TIMEOUT_S)
-    finally:
-        await channel.close()
 
 
 async def run_router(router: Router, configs: RoleConfigs) -> int:

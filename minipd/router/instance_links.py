@@ -1,6 +1,19 @@
 """The router's connections to its instances: handshake and registration, liveness (an
 instance silent past the liveness timeout is declared dead, `evict`; one whose connection
-closes is lost), and the periodic stats poll.
+closes is lost), readmission, and the periodic stats poll.
+
+Membership heals: every address the router registered an instance at (from `--prefill`,
+`--decode`, `--colocated`, or an instance's `Register`) stays a member. Once a lost member's
+connection has closed (the instance ended everything it did for that connection, or its
+process is gone), the router redials the address, backing off from `REDIAL_FIRST_S` to
+`REDIAL_MAX_S`, until an instance answers there or the same instance id registers elsewhere
+(a restart on a new port). An instance that answers again is readmitted as a new member: a
+new handle (new connection, no prefix or load figures carried over), and only once its
+stats, settled (its aborts applied, its fenced blocks back), show no reservation and no
+fenced block left from before; its peers were told it was lost (fenced) when its old
+connection closed, so no late KV write of the old member lands anywhere. Registering an
+address whose instance is alive and registered answers with that instance (idempotent), so
+a redial and an instance's own `Register` may race.
 
 It owns the channel -> instance table; the router hands it the function that dispatches the
 instances' messages, and asks it which instance a channel belongs to.
@@ -12,8 +25,8 @@ import asyncio
 import logging
 from typing import Callable
 
-from minipd.control.channel import Channel
-from minipd.control.handshake import SharedSecret, open_channel
+from minipd.control.channel import Channel, ChannelClosed, RemoteError
+from minipd.control.handshake import AuthenticationError, SharedSecret, open_channel
 from minipd.control.messages import Evict, GetStats, Message
 from minipd.control.role import Role
 from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
@@ -24,6 +37,14 @@ log = logging.getLogger(__name__)
 
 STATS_INTERVAL_S = 0.5
 STALE_AFTER_POLLS = 3  # stats missing for this many polls (plus one poll's timeout) are stale
+REDIAL_FIRST_S = 0.2  # the first redial of a lost member is at once, the next after this
+REDIAL_MAX_S = 2.0  # the backoff between redials grows to this, and stays there
+REDIAL_TIMEOUT_S = 15.0  # one redial: handshake, and settled stats (the instance settles within 10 s)
+REDIAL_ERRORS = (ConnectionError, OSError, TimeoutError, AuthenticationError, RemoteError, ChannelClosed)
+
+
+class NotSettled(RuntimeError):
+    """An instance that answers again still holds what its old connection left (readmitted later)."""
 
 
 class InstanceLinks:
@@ -41,19 +62,49 @@ class InstanceLinks:
         self._by_channel: dict[Channel, InstanceHandle] = {}
         self._stats_task: asyncio.Task | None = None
         self._closing = False
+        self._members: set[tuple[str, int]] = set()  # addresses redialed when their instance is lost
+        self._redialing: dict[tuple[str, int], asyncio.Task] = {}
+        self._address_locks: dict[tuple[str, int], asyncio.Lock] = {}
 
     def handle_of(self, channel: Channel) -> InstanceHandle | None:
         return self._by_channel.get(channel)
 
+    def at_address(self, address: tuple[str, int]) -> InstanceHandle | None:
+        """The alive, registered instance at `address`, if any."""
+        return next((h for h in self.registry.alive() if h.address == address), None)
+
     async def connect(
         self, host: str, port: int, timeout: float = 30.0, expected_role: Role | None = None
     ) -> InstanceHandle:
-        """Connect to an instance's control port, handshake, and register it.
+        """Connect to an instance's control port, handshake, and register it; the address stays
+        a member (redialed whenever its instance is lost). An address whose instance is
+        registered and alive answers with it.
 
         Raises IncompatibleInstance (fingerprint mismatch, saying what differs, or another role
         than `expected_role`), AuthenticationError (the instance and the router do not share
-        the cluster secret), or ConnectionError/TimeoutError when it cannot be reached.
+        the cluster secret), NotSettled (an instance readmitted at a member address still
+        holds what its old connection left), or ConnectionError/TimeoutError when it cannot be
+        reached (or its old connection does not close within `timeout`).
         """
+        address = (host, port)
+        async with self._address_locks.setdefault(address, asyncio.Lock()):
+            handle = self.at_address(address)
+            if handle is None:
+                handle = await self._connect(host, port, timeout, expected_role, readmit=address in self._members)
+            elif expected_role is not None and handle.role is not expected_role:
+                raise IncompatibleInstance(
+                    f"{host}:{port} is a {handle.role.value} instance, not {expected_role.value}"
+                )
+        self._members.add(address)
+        return handle
+
+    async def _connect(self, host: str, port: int, timeout: float, expected_role: Role | None, readmit: bool):
+        if readmit:
+            # The old member must have ended what it did for us first (it aborts it all, then
+            # closes): nothing it held before is trusted.
+            for old in list(self._by_channel.values()):
+                if old.address == (host, port):
+                    await asyncio.wait_for(old.channel.closed.wait(), timeout)
         channel, welcome = await open_channel(
             host,
             port,
@@ -71,12 +122,18 @@ class InstanceLinks:
                 )
             handle = InstanceHandle(welcome, channel, (host, port))
             handle.stale_after_s = STALE_AFTER_POLLS * STATS_INTERVAL_S + self.config.stats_timeout_s
+            settled = await channel.call(GetStats(settle=readmit), timeout)
+            if readmit and (settled.num_reservations or settled.num_fencing_blocks):
+                raise NotSettled(
+                    f"{welcome.instance_id} at {host}:{port} still holds {settled.num_reservations} reservations "
+                    f"and {settled.num_fencing_blocks} fenced blocks"
+                )
             self.registry.add(handle)
         except BaseException:
             await channel.close()
             raise
         self._by_channel[channel] = handle
-        handle.set_stats(await channel.call(GetStats(), timeout))
+        handle.set_stats(settled)
         if welcome.liveness_timeout_s > 0 and self.config.liveness_timeout_s > 0:
             channel.watch_liveness(
                 self.config.liveness_timeout_s,
@@ -86,7 +143,16 @@ class InstanceLinks:
         asyncio.get_running_loop().create_task(self._watch(handle))
         if self._stats_task is None:
             self._stats_task = asyncio.get_running_loop().create_task(self._poll_stats())
-        log.info("registered %s (%s) at %s:%d", handle.instance_id, handle.role.value, host, port)
+        if readmit:
+            self.counters.num_readmissions += 1
+        log.info(
+            "%s %s (%s) at %s:%d",
+            "readmitted" if readmit else "registered",
+            handle.instance_id,
+            handle.role.value,
+            host,
+            port,
+        )
         return handle
 
     async def close(self) -> None:
@@ -94,6 +160,8 @@ class InstanceLinks:
         self._closing = True
         if self._stats_task is not None:
             self._stats_task.cancel()
+        for task in list(self._redialing.values()):
+            task.cancel()
         for handle in list(self._by_channel.values()):
             await handle.channel.close()
 
@@ -116,18 +184,51 @@ class InstanceLinks:
         if self._closing:
             return
         reason = f"{handle.instance_id}: connection closed ({handle.channel.close_reason})"
-        if not handle.evicted:
-            log.warning("instance %s lost: %s", handle.instance_id, handle.channel.close_reason)
-            self.registry.lose(handle, reason, fenced=True)
-            return
-        if self.registry.instances.get(handle.instance_id) is not None:
+        registered = self.registry.instances.get(handle.instance_id)
+        if registered is not None and registered is not handle:
             # Registered again meanwhile (resumed, or restarted under the same id): its peers must
             # not drop what they do with the registered one; blocks they hold for the old one's
             # writes go back when those writes' ends arrive.
+            handle.mark_lost(reason)
             log.info("the old connection of %s closed; it is registered again", handle.instance_id)
             return
-        # it can write no more: its peers fence its writes
-        self.registry.tell_peer_lost(handle.instance_id, reason, fenced=True)
+        if not handle.evicted:
+            log.warning("instance %s lost: %s", handle.instance_id, handle.channel.close_reason)
+            self.registry.lose(handle, reason, fenced=True)
+        else:
+            # it can write no more: its peers fence its writes
+            self.registry.tell_peer_lost(handle.instance_id, reason, fenced=True)
+        self._redial_later(handle)
+
+    def _redial_later(self, lost: InstanceHandle) -> None:
+        if lost.address in self._members and lost.address not in self._redialing:
+            task = asyncio.get_running_loop().create_task(self._redial(lost.instance_id, lost.address))
+            self._redialing[lost.address] = task
+
+    def _back(self, instance_id: str, address: tuple[str, int]) -> bool:
+        return any(h.instance_id == instance_id or h.address == address for h in self.registry.alive())
+
+    async def _redial(self, instance_id: str, address: tuple[str, int]) -> None:
+        """Redial a lost member's address, backing off, until an instance is registered there
+        or `instance_id` is registered elsewhere."""
+        delay, tries = REDIAL_FIRST_S, 0
+        try:
+            while not self._closing and not self._back(instance_id, address):
+                try:
+                    await self.connect(*address, REDIAL_TIMEOUT_S)
+                    return
+                except IncompatibleInstance as exc:  # another model, or its id registered elsewhere
+                    log.warning("no longer redialing %s:%d: %s", *address, exc)
+                    self._members.discard(address)
+                    return
+                except (NotSettled, *REDIAL_ERRORS) as exc:
+                    tries += 1
+                    level = logging.INFO if tries == 1 else logging.DEBUG
+                    log.log(level, "redialing %s at %s:%d (try %d): %s", instance_id, *address, tries, exc)
+                await asyncio.sleep(delay)  # backoff between redials of an address that does not answer
+                delay = min(2 * delay, REDIAL_MAX_S)
+        finally:
+            self._redialing.pop(address, None)
 
     async def _poll_stats(self) -> None:
         while True:

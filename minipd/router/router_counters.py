@@ -20,6 +20,7 @@ class RouterCounters:
     num_transfer_failures: int = 0
     num_stale_retries: int = 0  # tries refused for a stale role epoch, and retried
     num_evictions: int = 0  # instances declared dead for silence
+    num_readmissions: int = 0  # lost instances that answered again and were registered as new members
     num_recomputes: int = 0  # requests whose KV did not load, prefilled again on their decode instance
     on_transfer_failure: Callable[[str], None] | None = None  # told of each failed KV transfer
 
