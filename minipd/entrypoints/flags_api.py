@@ -123,6 +123,26 @@ FLAGS = (
         default=_CLUSTER.num_colocated,
         help="colocated instances (prefill and decode on one engine) behind the router (default: %(default)s)",
     ),
+    flag(
+        "--max-restarts",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.max_restarts",
+        type=int,
+        default=_CLUSTER.max_restarts,
+        help="a child (instance or router) that dies is logged and restarted after a backoff (0.5 s, doubling up "
+        "to 10 s) and connected to the router again, at most this many times in a row; one more death stops the "
+        "cluster and the launcher exits 1 naming the child. A child that served for "
+        f"{_CLUSTER.stable_after_s:.0f} s counts from 0 again (default: %(default)s)",
+    ),
+    flag(
+        "--exit-on-child-failure",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.exit_on_child_failure",
+        action="store_true",
+        help="restart no child: the first that dies stops the cluster and the launcher exits 1 naming it",
+    ),
     # ---- answering prompts from the command line
     flag(
         "--prompt",
