@@ -139,7 +139,8 @@ class ProcessCluster:
             for spawn in spawns:
                 spawn.cancel()
             await asyncio.gather(*spawns, return_exceptions=True)
-            self.children.extend(s.result() for s in spawns if s.done() and not s.cancelled() and not s.exception())
+            started = [s.result() for s in spawns if not s.cancelled() and s.exception() is None]
+            self.children.extend(c for c in started if c not in self.children)
             await self.stop()
             raise
         self.router_address = router.address
