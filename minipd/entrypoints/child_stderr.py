@@ -42,12 +42,16 @@ class ChildStderr:
         sys.stderr.flush()
         self._held.clear()
 
-    async def last_line(self) -> str:
-        """The child's last non-empty line, once its stderr closed (within `EOF_WAIT_S`)."""
+    async def drained(self) -> None:
+        """Once the child's stderr closed and every line was relayed or held (within `EOF_WAIT_S`)."""
         try:
             await asyncio.wait_for(asyncio.shield(self._task), EOF_WAIT_S)
         except asyncio.TimeoutError:
             pass
+
+    async def last_line(self) -> str:
+        """The child's last non-empty line, once its stderr closed."""
+        await self.drained()
         return next((line.strip() for line in reversed(self._held) if line.strip()), "")
 
     def close(self) -> None:

@@ -47,6 +47,13 @@ async def run_cluster(
     child at once (status 1). A child that fails to start, or dies past `--max-restarts`,
     ends the run with one line saying so (status 1)."""
 
+    def stopping() -> None:
+        print(
+            "minipd cluster: stopping every process gracefully; a second Ctrl-C or SIGTERM kills them at once",
+            file=sys.stderr,
+            flush=True,
+        )
+
     def escalate() -> None:
         print(
             "minipd cluster: stop signal again: killing every process now (requests under way are aborted)",
@@ -55,7 +62,7 @@ async def run_cluster(
         )
         cluster.kill_all()
 
-    with LauncherSignals(escalate) as signals:
+    with LauncherSignals(stopping, escalate) as signals:
         try:
             status = await _serve(cluster, prompts, params, wrap, signals.stop)
         except RuntimeError as exc:

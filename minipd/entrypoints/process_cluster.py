@@ -289,6 +289,7 @@ class ProcessCluster:
         routers = [c for c in self.children if c.role is Role.ROUTER]
         for group in (routers, [c for c in self.children if c.role is not Role.ROUTER]):
             await asyncio.gather(*(self._stop_child(child) for child in group))
+        await asyncio.gather(*(child.stderr.drained() for child in self.children))  # their last lines too
         self._processes = {p for p in self._processes if p.returncode is None}
         if self._pipe is not None and not self._processes:
             self._pipe.close()

@@ -30,18 +30,19 @@ async def wait_for_stop_signal() -> None:
 
 
 class LauncherSignals:
-    """SIGINT and SIGTERM for a launcher's whole run (a context manager): `stop` is set by the
-    first, `escalate` is called on each one after it."""
+    """SIGINT and SIGTERM for a launcher's whole run (a context manager): the first sets
+    `stop` and calls `stopping`, each one after it calls `escalate`."""
 
-    def __init__(self, escalate: Callable[[], None]) -> None:
+    def __init__(self, stopping: Callable[[], None], escalate: Callable[[], None]) -> None:
         self.stop = asyncio.Event()
         self.count = 0
-        self._escalate = escalate
+        self._stopping, self._escalate = stopping, escalate
 
     def _on_signal(self) -> None:
         self.count += 1
         if self.count == 1:
             self.stop.set()
+            self._stopping()
         else:
             self._escalate()
 

@@ -42,13 +42,16 @@ def _completes(base_url: str) -> dict:
 
 
 def test_a_second_sigterm_stops_every_child_at_once(launcher):
-    cluster = launcher("--num-prefill", "1", "--num-decode", "1", "--shutdown-timeout-s", "60")
-    # a request under way would hold a graceful shutdown for up to its 60 s deadline
-    stream = OpenStream(cluster.base_url, "/v1/completions", {"prompt": "x", "max_tokens": 1500, "ignore_eos": True})
+    cluster = launcher(*SMALL[:4], "--shutdown-timeout-s", "60", "--max-model-len", "2048")
+    # a request under way would hold a graceful shutdown until it finished
+    stream = OpenStream(cluster.base_url, "/v1/completions", {"prompt": "x", "max_tokens": 2000, "ignore_eos": True})
     try:
         stream.next_event()
         started = time.monotonic()
         cluster.process.send_signal(signal.SIGTERM)
+        # a signal sent while the same one is still pending merges with it: the second must
+        # come once the first was taken, as a user's second Ctrl-C does
+        cluster.wait_line("stderr", r"^minipd cluster: stopping every process gracefully", GONE_BOUND_S)
         cluster.process.send_signal(signal.SIGTERM)
         status = cluster.exit_status(GONE_BOUND_S)
         took = time.monotonic() - started
