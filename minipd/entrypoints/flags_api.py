@@ -8,6 +8,7 @@ from minipd.api.app import HttpConfig
 from minipd.control.role import Role
 from minipd.entrypoints.config_sections import ClusterConfig, DemoConfig
 from minipd.entrypoints.flag_spec import CLUSTER, DEMO, DEMOS, HTTP, ROUTING, SERVING, flag
+from minipd.entrypoints.supervisor import BACKOFF_FIRST_S, BACKOFF_MAX_S
 
 _HTTP = HttpConfig()
 _CLUSTER = ClusterConfig()
@@ -130,8 +131,8 @@ FLAGS = (
         sets="cluster.max_restarts",
         type=int,
         default=_CLUSTER.max_restarts,
-        help="a child (instance or router) that dies is logged and restarted after a backoff (0.5 s, doubling up "
-        "to 10 s) and connected to the router again, at most this many times in a row; one more death stops the "
+        help=f"a child (instance or router) that dies is logged and restarted after a backoff ({BACKOFF_FIRST_S} s, "
+        f"doubling up to {BACKOFF_MAX_S:.0f} s) and connected to the router again, at most this many times in a row; one more death stops the "
         "cluster and the launcher exits 1 naming the child. A child that served for "
         f"{_CLUSTER.stable_after_s:.0f} s counts from 0 again (default: %(default)s)",
     ),
