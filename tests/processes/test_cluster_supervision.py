@@ -22,7 +22,7 @@ PROMPT = {"prompt": "The KV cache moves", "max_tokens": 4, "ignore_eos": True}
 
 
 @pytest.fixture
-def launcher(request):
+def launcher():
     started: list[Launcher] = []
 
     def start(*flags: str) -> Launcher:
