@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     role = Role(early.role)
     parser = build_parser(role)
     args = parser.parse_args(argv)
+    from minipd.entrypoints.launcher_pipe import watch_launcher
+
+    watch_launcher(args.shutdown_timeout_s)  # started by `--role cluster`: stop when it dies
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.cpus is not None:
         try:

@@ -101,9 +101,12 @@ class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_prefill: int = 1
     num_decode: int = 1
     num_colocated: int = 0
+    max_restarts: int = 5  # of one child in a row; then the launcher gives up and exits 1
+    exit_on_child_failure: bool = False  # the first child that dies ends the launcher
+    stable_after_s: float = 60.0  # a child that served this long counts its restarts from 0 again
 
     def validate(self, transport: str) -> None:
-        for field in ("num_prefill", "num_decode", "num_colocated"):
+        for field in ("num_prefill", "num_decode", "num_colocated", "max_restarts"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{field}: must be >= 0")
         if self.num_decode + self.num_colocated < 1:

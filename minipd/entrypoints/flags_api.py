@@ -8,6 +8,7 @@ from minipd.api.app import HttpConfig
 from minipd.control.role import Role
 from minipd.entrypoints.config_sections import ClusterConfig, DemoConfig
 from minipd.entrypoints.flag_spec import CLUSTER, DEMO, DEMOS, HTTP, ROUTING, SERVING, flag
+from minipd.entrypoints.supervisor import BACKOFF_FIRST_S, BACKOFF_MAX_S
 
 _HTTP = HttpConfig()
 _CLUSTER = ClusterConfig()
@@ -122,6 +123,26 @@ FLAGS = (
         type=int,
         default=_CLUSTER.num_colocated,
         help="colocated instances (prefill and decode on one engine) behind the router (default: %(default)s)",
+    ),
+    flag(
+        "--max-restarts",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.max_restarts",
+        type=int,
+        default=_CLUSTER.max_restarts,
+        help=f"a child (instance or router) that dies is logged and restarted after a backoff ({BACKOFF_FIRST_S} s, "
+        f"doubling up to {BACKOFF_MAX_S:.0f} s) and connected to the router again, at most this many times in a "
+        "row; one more death stops the cluster and the launcher exits 1 naming the child. A child that served for "
+        f"{_CLUSTER.stable_after_s:.0f} s counts from 0 again (default: %(default)s)",
+    ),
+    flag(
+        "--exit-on-child-failure",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.exit_on_child_failure",
+        action="store_true",
+        help="restart no child: the first that dies stops the cluster and the launcher exits 1 naming it",
     ),
     # ---- answering prompts from the command line
     flag(

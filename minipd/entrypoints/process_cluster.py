@@ -1,25 +1,30 @@
-"""`minipd --role cluster`: a whole local cluster as processes on this host.
+"""The processes of a local cluster (`minipd --role cluster`; its run: `cluster_command.py`).
 
 Starts the prefill, decode and colocated instances (`minipd --role prefill|decode|both`),
-waits for each to print its READY line, starts the router pointed at them, and prints where
-to send requests. It runs from the role's checked configs (`configs.RoleConfigs`): the
-instances' cores are planned from its `EngineConfig`. Each child's command line is derived
-from the flags this command parsed (`RoleConfigs.parsed`, `flags.inherited_argv`), with its
-own share of the cores (`cpu_plan.py`: `--cpus`, `--torch-threads`) and passive OpenMP
-waiting in its environment (`openmp_env.py`); secrets go to the children through their
-environment (`flags.inherited_env`). Without
-`--cluster-secret`, a fresh random secret is generated for the cluster, so its control plane
-and KV links are always authenticated; `cluster_secret` holds it for clients in this process
-(`client()`).
-With `--prompt`, answers the prompts through the client API (printing tokens, TTFT, ITL
-and KV transfer figures) and shuts down; otherwise serves until Ctrl-C. Every child is
-stopped on exit (SIGTERM, then SIGKILL once its shutdown deadline and a grace period passed).
+waits for each to print its READY line, and starts the router pointed at them. It runs from
+the role's checked configs (`configs.RoleConfigs`): the instances' cores are planned from its
+`EngineConfig`. Each child's command line is derived from the flags this command parsed
+(`RoleConfigs.parsed`, `flags.inherited_argv`), with its own share of the cores
+(`cpu_plan.py`: `--cpus`, `--torch-threads`) and passive OpenMP waiting in its environment
+(`openmp_env.py`); secrets go to the children through their environment
+(`flags.inherited_env`). Without `--cluster-secret`, a fresh random secret is generated for
+the cluster, so its control plane and KV links are always authenticated; `cluster_secret`
+holds it for clients in this process (`client()`).
 
-For tests and the soak benchmark: `restart(name)` replaces a child with a fresh process that
-registers with the router, `rejoin(name)` registers a living child again at once (the router
-also redials the children it lost by itself, router/instance_links.py), and `fault_dir`
-starts the children with fault points enabled (`minipd.transports.fault_points`); each
-child's `FAULT` lines arrive on `Child.faults`.
+Every child inherits the read end of the launcher's pipe (`launcher_pipe.py`) and stops by
+itself once the launcher is gone, however it died. A child's stderr is held until it is
+ready, then relayed (`child_stderr.py`): one that fails to start raises RuntimeError quoting
+its own error line, and `start` stops the others. `stop` stops every child (the router
+first; SIGTERM, then SIGKILL once its shutdown deadline and a grace period passed);
+`kill_all` kills them at once.
+
+`restart(name)` replaces a child with a fresh process (an instance registers with the
+router; a router takes the old one's ports and connects to every instance): the launcher's
+`Supervisor` uses it, and so do tests and the soak benchmark. `rejoin(name)` registers a
+living child again at once (the router also redials the children it lost by itself,
+router/instance_links.py), and `fault_dir` starts the children
+with fault points enabled (`minipd.transports.fault_points`); each child's `FAULT` lines
+arrive on `Child.faults`.
 """
 
 from __future__ import annotations
@@ -30,21 +35,19 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
 from typing import NamedTuple
 
 from minipd.control.handshake import open_channel
 from minipd.control.messages import Register
 from minipd.control.role import Role
-from minipd.engine.model_loader import load_tokenizer_only
-from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.child_stderr import ChildStderr
 from minipd.entrypoints.configs import RoleConfigs, role_configs
 from minipd.entrypoints.cpu_plan import ROUTER, plan_cluster
 from minipd.entrypoints.credentials import parse_cluster_secret
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
+from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
-from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
-from minipd.entrypoints.stop_signal import wait_for_stop_signal
+from minipd.entrypoints.supervisor import exit_text
 from minipd.router.cluster_client import ClusterClient
 from minipd.transports import fault_points
 from minipd.transports.shared_secret import SharedSecret, generate_secret_text
@@ -64,6 +67,7 @@ class Child(NamedTuple):
     announcements: list[str]  # lines it printed before READY (e.g. where its HTTP API listens)
     argv: list[str]  # its command line after `--role ROLE`
     faults: asyncio.Queue  # (point, detail) of each fault point it reached
+    stderr: ChildStderr  # relayed to the launcher's
 
 
 class ProcessCluster:
@@ -83,6 +87,8 @@ class ProcessCluster:
             [name for name, _ in self._instances()], engine.cpus, engine.torch_threads, engine.cpu_placement
         )
         self.fault_dir = fault_dir
+        self._pipe: LauncherPipe | None = None  # children stop by themselves once it closes
+        self._processes: set[asyncio.subprocess.Process] = set()  # every one started, ready or not
 
     @property
     def args(self) -> argparse.Namespace:
@@ -112,30 +118,47 @@ class ProcessCluster:
         return inherited_argv(args, Role.CLUSTER, role)
 
     async def start(self) -> None:
-        instances = self._instances()
-        try:
-            await asyncio.gather(
-                *(
-                    self._spawn(
-                        name,
-                        role,
-                        ["--instance-id", name, _CONTROL_PORT_FLAG[role], "0", *self._child_argv(name, role)],
-                    )
-                    for name, role in instances
+        """Start the instances together, then the router; the first that fails to start stops
+        the others (RuntimeError quoting its error line)."""
+        spawns = [
+            asyncio.ensure_future(
+                self._spawn(
+                    name, role, ["--instance-id", name, _CONTROL_PORT_FLAG[role], "0", *self._child_argv(name, role)]
                 )
             )
-            order = [name for name, _ in instances]
-            self.children.sort(key=lambda c: order.index(c.name))  # as listed, however they came up
-            addresses = [
-                item
-                for child in self.children
-                for item in (_ROUTER_FLAG[child.role], f"{child.address[0]}:{child.address[1]}")
-            ]
-            router = await self._spawn(ROUTER, Role.ROUTER, [*self._child_argv(ROUTER, Role.ROUTER), *addresses])
+            for name, role in self._instances()
+        ]
+        try:
+            await asyncio.wait(spawns, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [s for s in spawns if s.done() and not s.cancelled() and s.exception() is not None]
+            if failed:
+                raise failed[0].exception()
+            self.children.extend(s.result() for s in spawns)  # as listed, however they came up
+            router = await self._spawn(ROUTER, Role.ROUTER, self._router_argv())
+            self.children.append(router)
         except BaseException:
+            for spawn in spawns:
+                spawn.cancel()
+            await asyncio.gather(*spawns, return_exceptions=True)
+            started = [s.result() for s in spawns if not s.cancelled() and s.exception() is None]
+            self.children.extend(c for c in started if c not in self.children)
             await self.stop()
             raise
         self.router_address = router.address
+
+    def _router_argv(self) -> list[str]:
+        """The router's command line: the instances as they are now; a router that replaces
+        another takes the ports it listened on (its clients find it where they left it)."""
+        argv = [*self._child_argv(ROUTER, Role.ROUTER)]
+        for child in self.children:
+            if child.role is not Role.ROUTER:
+                argv += [_ROUTER_FLAG[child.role], f"{child.address[0]}:{child.address[1]}"]
+        if self.router_address is not None:
+            argv += ["--port", str(self.router_address[1])]
+            http = next((line for line in self.child(ROUTER).announcements if line.startswith(_HTTP_ANNOUNCED)), None)
+            if http is not None:
+                argv += ["--http-port", http.rpartition(":")[2].strip("/")]
+        return argv
 
     def placement_lines(self) -> list[str]:
         """One line per process: its threads and cores."""
@@ -159,18 +182,25 @@ class ProcessCluster:
         return fault_points.clear_armed(self.fault_dir) if self.fault_dir is not None else []
 
     async def restart(self, name: str) -> Child:
-        """Kill child `name` (if it still runs), start a fresh one with the same command line,
-        and register it with the router; returns the new child."""
+        """Kill child `name` (if it still runs) and start a fresh one with the same command
+        line: an instance then registers with the router (unless the router is down: a new
+        router connects to it); a router takes the old one's ports and connects to every
+        instance. Returns the new child; RuntimeError when it did not start (the old one stays
+        listed, dead)."""
         old = self.child(name)
-        if old.process.returncode is None:
-            old.process.kill()
+        _kill(old.process)
         await old.process.wait()
-        index = self.children.index(old)
-        self.children.remove(old)
-        child = await self._spawn(name, old.role, old.argv)
-        self.children.remove(child)
-        self.children.insert(index, child)  # the router stays last: `stop` ends it first
-        await self.rejoin(name)
+        argv = self._router_argv() if old.role is Role.ROUTER else old.argv
+        child = await self._spawn(name, old.role, argv)
+        self.children[self.children.index(old)] = child  # the router stays last: `stop` ends it first
+        router = self.child(ROUTER) if old.role is not Role.ROUTER else None
+        if router is not None and router.process.returncode is None:
+            try:
+                await self.rejoin(name)
+            except Exception as exc:
+                _kill(child.process)
+                await child.process.wait()
+                raise RuntimeError(f"the router did not take the restarted {name}: {exc}") from None
         return child
 
     async def rejoin(self, name: str) -> None:
@@ -195,29 +225,53 @@ class ProcessCluster:
                 env.pop(variable, None)
             else:
                 env[variable] = value
+        if self._pipe is None:
+            self._pipe = LauncherPipe()
+        env.update(self._pipe.child_env())
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "minipd", "--role", role.value, *argv, stdout=asyncio.subprocess.PIPE, env=env
+            sys.executable,
+            "-m",
+            "minipd",
+            "--role",
+            role.value,
+            *argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            pass_fds=self._pipe.pass_fds,
         )
+        self._processes.add(process)
+        stderr = ChildStderr(process.stderr)
         announcements: list[str] = []
         try:
-            address = await asyncio.wait_for(self._wait_ready(name, process, announcements), READY_TIMEOUT_S)
-        except BaseException:
-            process.kill()
+            address = await asyncio.wait_for(self._wait_ready(name, process, announcements, stderr), READY_TIMEOUT_S)
+        except BaseException as exc:
+            _kill(process)
             await process.wait()
+            stderr.close()
+            if isinstance(exc, asyncio.TimeoutError):
+                raise RuntimeError(f"{name} was not ready within {READY_TIMEOUT_S:.0f} s") from None
             raise
-        child = Child(name, role, process, address, announcements, argv, asyncio.Queue())
-        self.children.append(child)
+        stderr.release()
+        child = Child(name, role, process, address, announcements, argv, asyncio.Queue(), stderr)
         asyncio.get_running_loop().create_task(self._drain(child))
         return child
 
+    def kill_all(self) -> None:
+        """SIGKILL every child, ready or still starting: what they were doing is abandoned."""
+        for process in self._processes:
+            _kill(process)
+
     @staticmethod
-    async def _wait_ready(name: str, process: asyncio.subprocess.Process, announcements: list[str]) -> tuple[str, int]:
+    async def _wait_ready(
+        name: str, process: asyncio.subprocess.Process, announcements: list[str], stderr: ChildStderr
+    ) -> tuple[str, int]:
         while True:
             line = (await process.stdout.readline()).decode()
             if not line:
-                raise RuntimeError(
-                    f"{name} exited with status {await process.wait()} before it was ready (its error is above)"
-                )
+                how = exit_text(await process.wait())
+                error = await stderr.last_line()
+                raise RuntimeError(f"{name} failed to start ({how}): {error}" if error else f"{name} exited ({how})")
             if line.startswith("READY "):
                 host, _, port = line.split()[-1].rpartition(":")
                 return host, int(port)
@@ -231,78 +285,43 @@ class ProcessCluster:
                 child.faults.put_nowait((point, " ".join(detail)))
 
     async def stop(self) -> None:
-        """Router first (so no new work reaches the instances), then the instances, together."""
+        """Router first (so no new work reaches the instances), then the instances, together;
+        then the launcher's pipe closes (a child still running would stop by itself)."""
         routers = [c for c in self.children if c.role is Role.ROUTER]
         for group in (routers, [c for c in self.children if c.role is not Role.ROUTER]):
             await asyncio.gather(*(self._stop_child(child) for child in group))
+        await asyncio.gather(*(child.stderr.drained() for child in self.children))  # their last lines too
+        self._processes = {p for p in self._processes if p.returncode is None}
+        if self._pipe is not None and not self._processes:
+            self._pipe.close()
+            self._pipe = None
 
     async def _stop_child(self, child: Child) -> None:
         if child.process.returncode is not None:
             return
         grace_s = self.configs.process.shutdown_timeout_s + STOP_GRACE_S
-        child.process.send_signal(signal.SIGCONT)  # one stopped at a fault point must hear the SIGTERM
-        child.process.send_signal(signal.SIGTERM)
+        try:
+            child.process.send_signal(signal.SIGCONT)  # one stopped at a fault point must hear the SIGTERM
+            child.process.send_signal(signal.SIGTERM)
+        except ProcessLookupError:  # it exited a moment ago
+            pass
         try:
             await asyncio.wait_for(child.process.wait(), grace_s)
         except asyncio.TimeoutError:
             log.warning("%s did not stop in %s s; killing it", child.name, grace_s)
-            child.process.kill()
+            _kill(child.process)
             await child.process.wait()
 
 
-def prepare_cluster(configs: RoleConfigs) -> Coroutine:
-    """`minipd --role cluster`: the run of the cluster its validated configs describe (the
-    router's tokenizer is loaded first, so a bad --model fails before any process starts)."""
-    tokenizer = load_tokenizer_only(configs.serving.model)
-    demo = configs.demo
-    return run_cluster(
-        ProcessCluster(configs), demo.prompts, demo.sampling, chat_wrapper(tokenizer) if demo.chat else None
-    )
+def _kill(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        try:
+            process.kill()
+        except ProcessLookupError:  # it exited, and asyncio has not reaped it yet
+            pass
 
 
-async def run_cluster(
-    cluster: ProcessCluster, prompts: list[str], params: SamplingParams, wrap: Callable[[str], str] | None = None
-) -> int:
-    """Start the cluster, print where it serves, answer `prompts` (each passed through `wrap`
-    first, when given) or serve until Ctrl-C, then stop every process."""
-    stop = asyncio.create_task(wait_for_stop_signal())
-    try:
-        for line in cluster.placement_lines():
-            print(line, flush=True)
-        await cluster.start()
-        host, port = cluster.router_address
-        roles = ", ".join(f"{c.name} at {c.address[0]}:{c.address[1]}" for c in cluster.children[:-1])
-        print(f"cluster ready ({cluster.configs.transport.name} KV transport): {roles}", flush=True)
-        print(
-            f"router: {host}:{port}  (Python: await minipd.ClusterClient.connect({host!r}, {port}, "
-            f"secret=os.environ['MINIPD_CLUSTER_SECRET']))",
-            flush=True,
-        )
-        if cluster.secret_generated:
-            print(
-                "the cluster secret was generated for this run and is known only to its processes; to connect "
-                "clients of your own, start the cluster with MINIPD_CLUSTER_SECRET set",
-                flush=True,
-            )
-        for line in cluster.child("router").announcements:
-            print(line, flush=True)
-        if prompts:
-            client = await cluster.client()
-            try:
-                return await answer_prompts(client, prompts, params, wrap=wrap)
-            finally:
-                await client.close()
-        print("serving; Ctrl-C stops every process", flush=True)
-        await stop
-        return 0
-    except RuntimeError as exc:
-        print(f"minipd cluster: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        stop.cancel()
-        await cluster.stop()
-
-
+_HTTP_ANNOUNCED = "minipd: serving the OpenAI API"
 _NAMES = {Role.PREFILL: "prefill", Role.DECODE: "decode", Role.BOTH: "colocated"}
 _CONTROL_PORT_FLAG = {Role.PREFILL: "--port", Role.DECODE: "--port", Role.BOTH: "--control-port"}
 _ROUTER_FLAG = {Role.PREFILL: "--prefill", Role.DECODE: "--decode", Role.BOTH: "--colocated"}

@@ -30,10 +30,10 @@ from minipd.engine.cpu_placement import available_cpus, cpus_text
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.entrypoints import openmp_env
+from minipd.entrypoints.cluster_command import prepare_cluster
 from minipd.entrypoints.config_sections import ProcessConfig
 from minipd.entrypoints.configs import RoleConfigs
 from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed, warn_if_open_api
-from minipd.entrypoints.process_cluster import prepare_cluster
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.registration import keep_registered, register
 from minipd.entrypoints.stop_signal import wait_for_stop_signal

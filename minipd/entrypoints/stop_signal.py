@@ -1,9 +1,17 @@
-"""Waiting for the signal that stops a long-running role."""
+"""Waiting for the signal that stops a long-running role, and the launcher's signals.
+
+A role (`wait_for_stop_signal`) stops gracefully on its first SIGINT or SIGTERM; its handlers
+are then removed, so a second one ends it at once. The launcher (`LauncherSignals`) keeps
+its handlers until it has stopped every child: the first signal starts the graceful stop,
+and every later one escalates (its children are killed at once) instead of killing the
+launcher mid-shutdown, which would leave them running.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Callable
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -17,5 +25,34 @@ async def wait_for_stop_signal() -> None:
     try:
         await stop.wait()
     finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+class LauncherSignals:
+    """SIGINT and SIGTERM for a launcher's whole run (a context manager): the first sets
+    `stop` and calls `stopping`, each one after it calls `escalate`."""
+
+    def __init__(self, stopping: Callable[[], None], escalate: Callable[[], None]) -> None:
+        self.stop = asyncio.Event()
+        self.count = 0
+        self._stopping, self._escalate = stopping, escalate
+
+    def _on_signal(self) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.stop.set()
+            self._stopping()
+        else:
+            self._escalate()
+
+    def __enter__(self) -> "LauncherSignals":
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)

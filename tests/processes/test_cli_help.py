@@ -32,7 +32,16 @@ ROLE_FLAGS = {
         "--no-layerwise",
         "--http-port",
     },
-    "cluster": {"--num-prefill", "--num-decode", "--transport", "--http-port", "--prompt", "--link-gbps"},
+    "cluster": {
+        "--num-prefill",
+        "--num-decode",
+        "--transport",
+        "--http-port",
+        "--prompt",
+        "--link-gbps",
+        "--max-restarts",
+        "--exit-on-child-failure",
+    },
 }
 
 
