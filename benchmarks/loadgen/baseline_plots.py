@@ -20,34 +20,34 @@ def _bars(ax, groups: list[str], series: dict[str, list[float]], ylabel: str) ->
 
 
 def plot_engine(result: dict, path: str) -> None:
-    """Left: serving tokens/s against HF static batches; right: decode step time per batch
-    against the raw model loop and the weight-streaming floor."""
-    fig, axes = subplots(2, width=5.0)
-    if "serving_tok_s" in result:
-        _bars(
-            axes[0],
-            ["serving"],
-            {
-                "minipd": [result["serving_tok_s"]],
-                f"HF static, batch {result['hf_batch']}": [result["hf_static_tok_s"]],
-            },
-            "output tokens/s",
-        )
-        axes[0].set_title(f"{result['speedup_vs_hf_static']:.2f}x HF static batching", fontsize=10)
+    """Serving tokens/s against HF static batches, and decode step time per batch against the
+    raw model loop and the weight-streaming floor (and, for a quantized model, the same file
+    served dense): one panel for each part that ran."""
     decode = result.get("decode", {})
-    batches = list(decode)
-    if batches:
-        _bars(
-            axes[1],
-            [f"batch {b}" for b in batches],
-            {
-                "engine step": [decode[b]["engine_step_ms"] for b in batches],
-                "raw model loop": [decode[b]["raw_step_ms"] for b in batches],
-                "weight-streaming floor": [decode[b]["floor_ms"] for b in batches],
-            },
-            "decode step (ms)",
-        )
-        axes[1].set_title(f"decode step, {result['dtype']}", fontsize=10)
+    parts = [part for part, ran in (("serving", "serving_tok_s" in result), ("decode", bool(decode))) if ran]
+    fig, axes = subplots(max(1, len(parts)), width=5.0)
+    for part, ax in zip(parts, axes):
+        if part == "serving":
+            _bars(
+                ax,
+                ["serving"],
+                {
+                    "minipd": [result["serving_tok_s"]],
+                    f"HF static, batch {result['hf_batch']}": [result["hf_static_tok_s"]],
+                },
+                "output tokens/s",
+            )
+            ax.set_title(f"{result['speedup_vs_hf_static']:.2f}x HF static batching", fontsize=10)
+            continue
+        batches = list(decode)
+        weights = f" ({result['weights']})" if "weights" in result else ""
+        series = {f"engine step{weights}": [decode[b]["engine_step_ms"] for b in batches]}
+        if all("dense_engine_step_ms" in decode[b] for b in batches):  # a quantized model, timed dense beside it
+            series["engine step (dense)"] = [decode[b]["dense_engine_step_ms"] for b in batches]
+        series["raw model loop"] = [decode[b]["raw_step_ms"] for b in batches]
+        series["weight-streaming floor"] = [decode[b]["floor_ms"] for b in batches]
+        _bars(ax, [f"batch {b}" for b in batches], series, "decode step (ms)")
+        ax.set_title(f"decode step, {result['dtype']}", fontsize=10)
     fig.suptitle(f"engine: {result['model']}, {result['placement']}", fontsize=10)
     save(fig, path)
 
