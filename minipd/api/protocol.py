@@ -7,9 +7,10 @@ OpenAI fields that minipd does not implement are accepted only at their neutral 
 neutral values (`repetition_penalty: 1.0`, `min_p: 0`, `skip_special_tokens: true`, ...).
 vLLM's extensions honoured: `top_k` (-1 disables, as in vLLM), `ignore_eos`,
 `stop_token_ids`, `stream_options.continuous_usage_stats`, and `min_tokens` (EOS, stop tokens
-and stop strings are held back until that many tokens are out, as in vLLM). Chat messages forbid unknown keys too: `tool_calls`, `tool_call_id`,
-`function_call`, `refusal` and `audio` name things minipd cannot honour, so they are refused
-naming the key (`messages[0].tool_calls`) rather than dropped.
+and stop strings are held back until that many tokens are out, as in vLLM). Chat messages
+forbid unknown keys too: `tool_calls`, `tool_call_id`, `function_call`, `refusal` and `audio`
+name things minipd cannot honour, so they are refused naming the key (`messages[0].tool_calls`)
+rather than dropped.
 
 Every integer is bounded to a signed 64 bits (`Int`): the router ships requests to its
 instances as msgpack, which holds no more, and a bigger number is a 400 naming its field.

@@ -37,8 +37,8 @@ from minipd.engine.generator import GeneratesFromSubmit
 from minipd.engine.kv_admission import KVClaims, NoCapacity, claim_blocks
 from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
 from minipd.engine.kv_sink import KVSink
-from minipd.engine.model_loader import load_model
 from minipd.engine.min_tokens import stops_active
+from minipd.engine.model_loader import load_model
 from minipd.engine.model_runner import ChunkResult, ModelRunner, StepFailed
 from minipd.engine.request import FinishReason, Request, RequestOutput, RequestStatus
 from minipd.engine.request_stream import RequestStream
