@@ -3,10 +3,10 @@
 started by hand with `--router`, real processes, real SIGSTOP and SIGCONT.
 
 - The router paused past the liveness bound, 6 s and 30 s (every instance drops it; on resume
-  it finds them all lost, however long the pause was) serves again within `RECOVERY_BOUND_S` of SIGCONT with no manual step:
-  `/health` answers 200, `/admin/instances` lists every instance again (the hand-started one
-  included), requests under light load meanwhile end (completed or with a clear error), and
-  every pool is full.
+  it finds them all lost, however long the pause was) serves again within `RECOVERY_BOUND_S`
+  of SIGCONT with no manual step: `/health` answers 200, `/admin/instances` lists every
+  instance again (the hand-started one included), requests under light load meanwhile end
+  (completed or with a clear error), and every pool is full.
 - A prefill instance paused past the liveness bound is declared lost, the others serve
   meanwhile, and once resumed it is readmitted within `RECOVERY_BOUND_S` and used again (a
   later request's KV comes from it).

@@ -10,10 +10,12 @@ ended as a 500 "internal error": its retry found no decode instance, and said on
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import signal
 import time
+from typing import Iterator
 
 import pytest
 from disagg_helpers import ENGINE_ARGV
@@ -28,8 +30,10 @@ BOUND_S = 30.0  # the stream ends this soon after the kill (the liveness timeout
 ANNOUNCED = "serving the OpenAI API"
 
 
-@pytest.mark.skipif("tcp" not in available_transports(), reason="the tcp transport is not available")
-def test_a_stream_whose_decode_instance_is_killed_ends_with_an_error_naming_it(loop_thread):
+@contextlib.contextmanager
+def _cluster(loop_thread) -> Iterator[tuple[ProcessCluster, str, int]]:
+    """A 1 prefill + 1 decode cluster over tcp, every prompt prefilled remotely; yields it and
+    the host and port of its HTTP API."""
     cluster = ProcessCluster.from_argv(
         ["--transport", "tcp", *ENGINE_ARGV, "--local-prefill-max-tokens", "-1", "--http-port", "0"]
     )
@@ -38,7 +42,15 @@ def test_a_stream_whose_decode_instance_is_killed_ends_with_an_error_naming_it(l
         router = next(c for c in cluster.children if c.role is Role.ROUTER)
         url = next(line for line in router.announcements if ANNOUNCED in line).rsplit(" ", 1)[-1]
         host, port = url.removeprefix("http://").split(":")
-        connection = http.client.HTTPConnection(host, int(port), timeout=BOUND_S)
+        yield cluster, host, int(port)
+    finally:
+        loop_thread.run(cluster.stop(), timeout=60)
+
+
+@pytest.mark.skipif("tcp" not in available_transports(), reason="the tcp transport is not available")
+def test_a_stream_whose_decode_instance_is_killed_ends_with_an_error_naming_it(loop_thread):
+    with _cluster(loop_thread) as (cluster, host, port):
+        connection = http.client.HTTPConnection(host, port, timeout=BOUND_S)
         body = {
             "messages": [{"role": "user", "content": [{"type": "text", "text": "a long story, please " * 4}]}],
             "max_completion_tokens": 400,
@@ -64,8 +76,6 @@ def test_a_stream_whose_decode_instance_is_killed_ends_with_an_error_naming_it(l
             rest += line
         ended_after = time.monotonic() - killed_at
         connection.close()
-    finally:
-        loop_thread.run(cluster.stop(), timeout=60)
     *_, last = [json.loads(line.removeprefix(b"data: ")) for line in rest.split(b"\n") if line.startswith(b"data: {")]
     error = last["error"]
     assert error["code"] == "instance_lost" and error["type"] == "server_error", error
@@ -86,17 +96,10 @@ def _chat(connection: http.client.HTTPConnection, stream: bool) -> None:
 
 @pytest.mark.skipif("tcp" not in available_transports(), reason="the tcp transport is not available")
 def test_requests_whose_only_decode_instance_dies_before_a_token_end_naming_it(loop_thread):
-    cluster = ProcessCluster.from_argv(
-        ["--transport", "tcp", *ENGINE_ARGV, "--local-prefill-max-tokens", "-1", "--http-port", "0"]
-    )
-    loop_thread.run(cluster.start(), timeout=180)
-    try:
-        router = next(c for c in cluster.children if c.role is Role.ROUTER)
-        url = next(line for line in router.announcements if ANNOUNCED in line).rsplit(" ", 1)[-1]
-        host, port = url.removeprefix("http://").split(":")
+    with _cluster(loop_thread) as (cluster, host, port):
         decode = cluster.child("decode-0").process
         decode.send_signal(signal.SIGSTOP)  # no token can come: the requests wait on it
-        whole, streamed = (http.client.HTTPConnection(host, int(port), timeout=BOUND_S) for _ in range(2))
+        whole, streamed = (http.client.HTTPConnection(host, port, timeout=BOUND_S) for _ in range(2))
         _chat(whole, stream=False)
         _chat(streamed, stream=True)
         stream_response = streamed.getresponse()  # its headers: the router is routing it
@@ -109,8 +112,6 @@ def test_requests_whose_only_decode_instance_dies_before_a_token_end_naming_it(l
         ended_after = time.monotonic() - killed_at
         whole.close()
         streamed.close()
-    finally:
-        loop_thread.run(cluster.stop(), timeout=60)
     secret = cluster.configs.process.cluster_secret
     assert whole_response.status == 502, whole_body
     assert whole_body["error"]["code"] == "instance_lost", whole_body
