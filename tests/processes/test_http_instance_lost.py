@@ -100,9 +100,11 @@ def test_requests_whose_only_decode_instance_dies_before_a_token_end_naming_it(l
         decode = cluster.child("decode-0").process
         decode.send_signal(signal.SIGSTOP)  # no token can come: the requests wait on it
         whole, streamed = (http.client.HTTPConnection(host, port, timeout=BOUND_S) for _ in range(2))
+        # The whole one is sent first, the streamed one's headers come once the router routes it:
+        # both are then waiting on the stopped decode instance when it is killed.
         _chat(whole, stream=False)
         _chat(streamed, stream=True)
-        stream_response = streamed.getresponse()  # its headers: the router is routing it
+        stream_response = streamed.getresponse()
         assert stream_response.status == 200
         decode.send_signal(signal.SIGKILL)
         killed_at = time.monotonic()
