@@ -6,10 +6,11 @@ OpenAI fields that minipd does not implement are accepted only at their neutral 
 (`UNSUPPORTED_AT_DEFAULT`), and so are vLLM's extensions that load clients send at their
 neutral values (`repetition_penalty: 1.0`, `min_p: 0`, `skip_special_tokens: true`, ...).
 vLLM's extensions honoured: `top_k` (-1 disables, as in vLLM), `ignore_eos`,
-`stop_token_ids`, `stream_options.continuous_usage_stats`, and `min_tokens` where nothing can
-end the output before it (`ignore_eos`, no stops). Chat messages forbid unknown keys too: `tool_calls`, `tool_call_id`,
-`function_call`, `refusal` and `audio` name things minipd cannot honour, so they are refused
-naming the key (`messages[0].tool_calls`) rather than dropped.
+`stop_token_ids`, `stream_options.continuous_usage_stats`, and `min_tokens` (EOS, stop tokens
+and stop strings are held back until that many tokens are out, as in vLLM). Chat messages
+forbid unknown keys too: `tool_calls`, `tool_call_id`, `function_call`, `refusal` and `audio`
+name things minipd cannot honour, so they are refused naming the key (`messages[0].tool_calls`)
+rather than dropped.
 
 Every integer is bounded to a signed 64 bits (`Int`): the router ships requests to its
 instances as msgpack, which holds no more, and a bigger number is a 400 naming its field.
@@ -72,7 +73,7 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
     seed: Int | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[Int] | None = None  # extension
-    min_tokens: Int = 0  # extension; honoured where no stop can come first (check_supported)
+    min_tokens: Int = 0  # extension; no stop before this many output tokens
     n: Int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -101,9 +102,8 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         self._check_min_tokens()
 
     def _check_min_tokens(self) -> None:
-        """minipd cannot hold back EOS and stops for a number of tokens; `min_tokens` is
-        honoured where none can end the output early: with `ignore_eos` and no stop strings or
-        stop token ids, every output runs to its limit (max_tokens, or the context's end)."""
+        """`min_tokens` must be >= 0 and within the request's own output limit (a chat request
+        without max_tokens is checked against the context's end by the engine)."""
         if self.min_tokens == 0:
             return
         if self.min_tokens < 0:
@@ -111,10 +111,6 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
         limit = self.output_limit()
         if limit is not None and self.min_tokens > limit:
             raise bad_request("min_tokens", f"{self.min_tokens} is above the output limit {limit}")
-        if not self.ignore_eos or self.stop or self.stop_token_ids:
-            raise bad_request(
-                "min_tokens", "supported only with ignore_eos and no stop or stop_token_ids (nothing ends it early)"
-            )
 
     def output_limit(self) -> int | None:
         """The request's own limit on output tokens, if it sets one."""
@@ -140,6 +136,7 @@ class GenerationRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True
             stop=stop,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
         )
 
 

@@ -18,14 +18,17 @@ class Detokenizer:
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
 
-    def update(self, request: Request, token: int, is_stop_token: bool) -> FinishReason | None:
-        """Account for `token` (already appended); returns STOP when a stop condition is met."""
+    def update(
+        self, request: Request, token: int, is_stop_token: bool, stops_active: bool = True
+    ) -> FinishReason | None:
+        """Account for `token` (already appended); returns STOP when a stop condition is met.
+        Stop strings are looked for only when `stops_active` (min_tokens reached)."""
         if is_stop_token:
             return FinishReason.STOP
         previous_len = len(request.output_text)
         request.output_text = self.tokenizer.decode(request.output_token_ids)
         stops = request.sampling.stop
-        if not stops:
+        if not stops or not stops_active:
             return None
         search_from = max(0, previous_len - max(map(len, stops)) + 1)
         hits = [i for i in (request.output_text.find(s, search_from) for s in stops) if i >= 0]

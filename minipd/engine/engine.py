@@ -37,6 +37,7 @@ from minipd.engine.generator import GeneratesFromSubmit
 from minipd.engine.kv_admission import KVClaims, NoCapacity, claim_blocks
 from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
 from minipd.engine.kv_sink import KVSink
+from minipd.engine.min_tokens import stops_active
 from minipd.engine.model_loader import load_model
 from minipd.engine.model_runner import ChunkResult, ModelRunner, StepFailed
 from minipd.engine.request import FinishReason, Request, RequestOutput, RequestStatus
@@ -90,9 +91,9 @@ class Engine(GeneratesFromSubmit):
             raise
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        self.runner = ModelRunner(self.model, self.kv_pool)
-        self.detokenizer = Detokenizer(self.tokenizer)
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
+        self.runner = ModelRunner(self.model, self.kv_pool, self.eos_token_ids)
+        self.detokenizer = Detokenizer(self.tokenizer)
         self._streams: dict[str, RequestStream] = {}
         self.kv_claims = KVClaims()  # of the live requests (kv_admission.py)
         self._pending_aborts: set[str] = set()
@@ -368,8 +369,11 @@ class Engine(GeneratesFromSubmit):
             return
         params = request.sampling
         request.token_ids.append(token)
-        is_stop_token = token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
-        finish = self.detokenizer.update(request, token, is_stop_token)
+        active = stops_active(params, request.num_output_tokens)
+        is_stop_token = active and (
+            token in params.stop_token_ids or (not params.ignore_eos and token in self.eos_token_ids)
+        )
+        finish = self.detokenizer.update(request, token, is_stop_token, active)
         if finish is None and (
             request.num_output_tokens >= params.max_tokens or request.num_tokens >= self.config.scheduler.max_model_len
         ):

@@ -12,6 +12,7 @@ from typing import Callable, Sequence
 import torch
 
 from minipd.engine.decode_groups import split_by_length
+from minipd.engine.min_tokens import suppress_stop_tokens
 from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
 from minipd.models.llama import LayerHook, LlamaForCausalLM
@@ -28,8 +29,9 @@ ChunkResult = int | None | SamplingFailed | StepFailed
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_pool: torch.Tensor):
+    def __init__(self, model: LlamaForCausalLM, kv_pool: torch.Tensor, eos_token_ids: frozenset[int] = frozenset()):
         self.model = model
+        self.eos_token_ids = eos_token_ids  # masked while a request is below its min_tokens
         self.kv_pool = kv_pool
         self.device = kv_pool.device
         self.block_size = kv_pool.shape[3]
@@ -71,7 +73,8 @@ class ModelRunner:
         index = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
         logits = self.model(input_ids, positions, self.kv_pool, meta, index, self.buffers, layer_hook)
         requests = [chunks[i].request for i in sampled_order]
-        tokens = sample(logits, [r.sampling for r in requests], [r.num_output_tokens for r in requests])
+        params, steps = [r.sampling for r in requests], [r.num_output_tokens for r in requests]
+        tokens = sample(suppress_stop_tokens(logits, params, steps, self.eos_token_ids), params, steps)
         by_chunk = dict(zip(sampled_order, tokens))
         return [by_chunk.get(i) for i in range(len(chunks))]
 

@@ -36,6 +36,7 @@ class SamplingParams(msgspec.Struct, kw_only=True):
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0  # no stop before this many output tokens (min_tokens.py)
 
     @property
     def is_greedy(self) -> bool:
@@ -46,6 +47,10 @@ class SamplingParams(msgspec.Struct, kw_only=True):
             raise InvalidRequestError("max_tokens", f"must be a positive integer, got {self.max_tokens!r}")
         if self.max_tokens > MAX_INT:  # the value is not echoed: it may have thousands of digits
             raise InvalidRequestError("max_tokens", "must be below 2**63")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequestError(
+                "min_tokens", f"must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"
+            )
         if not (self.temperature >= 0.0 and math.isfinite(self.temperature)):
             raise InvalidRequestError("temperature", f"must be a finite number >= 0, got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:

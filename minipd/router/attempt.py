@@ -128,7 +128,9 @@ class Attempt:
         self.try_ids.begin(routed)
         decode = registry.pick_decode(exclude=self.excluded)
         if decode is None:
-            raise AttemptFailed(ChannelClosed("no decode instance available"), None, retry=False)
+            lost = "; ".join(registry.lost_decodes.values())  # each names its instance and how
+            why = f"no decode instance available (lost: {lost})" if lost else "no decode instance available"
+            raise AttemptFailed(ChannelClosed(why), None, retry=False, lost=bool(lost))
         hashes = registry.prompt_hashes(routed.token_ids)
         prefill, expected_cached = registry.pick_prefill(hashes, exclude=self.excluded)
         decode_epoch, prefill_epoch = decode.epoch, prefill.epoch if prefill is not None else None

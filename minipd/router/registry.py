@@ -28,6 +28,8 @@ from minipd.engine.block_manager import chain_hashes
 
 log = logging.getLogger(__name__)
 
+MAX_LOST_DECODES_KEPT = 8  # the newest lost decode instances named to a request that finds none
+
 
 class IncompatibleInstance(RuntimeError):
     """An instance whose fingerprint differs from the cluster's; the message says what differs."""
@@ -124,6 +126,9 @@ class InstanceRegistry:
         self.instances: dict[str, InstanceHandle] = {}
         self.fingerprint: Fingerprint | None = None
         self.block_size = 0
+        # decode-capable instances lost and not registered again since: id -> how it was lost,
+        # so a request finding no decode instance is told which died rather than nothing
+        self.lost_decodes: OrderedDict[str, str] = OrderedDict()
 
     def add(self, handle: InstanceHandle) -> None:
         """Register an instance; raises IncompatibleInstance when it cannot share KV with the others."""
@@ -138,6 +143,7 @@ class InstanceRegistry:
         self.fingerprint = fingerprint
         self.block_size = fingerprint.block_size
         self.instances[handle.instance_id] = handle
+        self.lost_decodes.pop(handle.instance_id, None)
 
     def remove(self, instance_id: str) -> InstanceHandle | None:
         return self.instances.pop(instance_id, None)
@@ -147,6 +153,10 @@ class InstanceRegistry:
         end its requests, and tell every other instance, which drops what it does with it."""
         if self.instances.get(handle.instance_id) is handle:
             self.remove(handle.instance_id)
+            if handle.role.serves_decode:
+                self.lost_decodes[handle.instance_id] = reason
+                while len(self.lost_decodes) > MAX_LOST_DECODES_KEPT:
+                    self.lost_decodes.popitem(last=False)
         handle.mark_lost(reason)
         self.tell_peer_lost(handle.instance_id, reason, fenced)
 

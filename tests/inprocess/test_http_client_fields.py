@@ -115,8 +115,7 @@ def test_continuous_usage_stats_without_include_usage_adds_no_usage_as_in_vllm(b
         (CHAT, {"include_stop_str_in_output": True}, "include_stop_str_in_output"),
         (CHAT, {"continue_final_message": True}, "continue_final_message"),
         (CHAT, {"add_generation_prompt": False}, "add_generation_prompt"),
-        (CHAT, {"min_tokens": 4, "ignore_eos": False}, "min_tokens"),
-        (CHAT, {"min_tokens": 4, "stop": ["."]}, "min_tokens"),
+        (CHAT, {"min_tokens": -1, "ignore_eos": False}, "min_tokens"),
         (CHAT, {"min_tokens": MAX_TOKENS + 1}, "min_tokens"),
         (CHAT, {"top_k": -2}, "top_k"),
     ],
@@ -177,3 +176,20 @@ def test_stop_token_ids_end_the_output_at_that_token(base, engine, loop_thread):
     assert result.status == 200, result.body
     assert result.body["choices"][0]["finish_reason"] == "stop"
     assert result.body["usage"]["completion_tokens"] == stop_at + 1  # the stop token counts, as in vLLM
+
+
+def test_min_tokens_holds_back_stop_token_ids_and_stop_strings_without_ignore_eos(base, engine, loop_thread):
+    prompt = "count with me"
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True)
+
+    async def greedy_tokens() -> list[int]:
+        return [t async for output in engine.generate(prompt, params) for t in output.token_ids]
+
+    first = loop_thread.run(greedy_tokens())[0]
+    body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stop_token_ids": [first]}
+    early = http_json("POST", base + COMPLETIONS, body)
+    assert early.body["usage"]["completion_tokens"] == 1, early.body  # the stop token ends it at once
+    held = http_json("POST", base + COMPLETIONS, {**body, "min_tokens": MAX_TOKENS, "stop": ["e", " "]})
+    assert held.status == 200, held.body
+    assert held.body["usage"]["completion_tokens"] == MAX_TOKENS
+    assert held.body["choices"][0]["finish_reason"] == "length"

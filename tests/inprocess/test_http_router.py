@@ -12,6 +12,7 @@ from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
 from minipd.engine.engine import EngineConfig
+from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.router.router_config import RouterConfig
 
@@ -77,6 +78,26 @@ def test_disaggregated_text_equals_colocated_and_transfers_are_measured(router_u
     assert sample(samples, "minipd_time_to_first_token_seconds_count") == 1
     roles = {dict(labels)["role"] for name, labels in samples if name == "minipd_instance_role"}
     assert roles == {"prefill", "decode"}
+
+
+def test_min_tokens_holds_back_a_stop_token_on_prefill_and_decode_alike(
+    router_url, colocated_url, cluster, loop_thread
+):
+    params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+
+    async def greedy_tokens() -> list[int]:
+        engine = cluster.instances[0].engine
+        return [t async for output in engine.generate(PROMPT, params) for t in output.token_ids]
+
+    first = loop_thread.run(greedy_tokens())[0]  # the token the prefill instance samples
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 10, "temperature": 0, "stop_token_ids": [first]}
+    assert http_json("POST", f"{router_url}/v1/completions", body).body["usage"]["completion_tokens"] == 1
+    held = {**body, "min_tokens": 10}
+    routed = http_json("POST", f"{router_url}/v1/completions", held)
+    local = http_json("POST", f"{colocated_url}/v1/completions", held)
+    assert routed.status == local.status == 200, routed.body
+    assert routed.body["usage"]["completion_tokens"] == 10
+    assert routed.body["choices"][0]["text"] == local.body["choices"][0]["text"]
 
 
 def test_disconnect_mid_stream_aborts_on_every_instance(router_url, cluster, loop_thread):

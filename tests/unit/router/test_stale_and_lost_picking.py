@@ -35,3 +35,16 @@ def test_lost_and_draining_instances_are_never_picked():
     assert r.pick_decode() is ok
     assert r.pick_decode(exclude={"ok"}) is None
     assert not lost.is_alive and lost.lost_reason == "declared dead: no heartbeat"
+
+
+def test_a_lost_decode_instance_is_remembered_until_it_registers_again():
+    decode, prefill = handle("d-0", Role.DECODE), handle("p-0", Role.PREFILL)
+    r = registry(decode, prefill)
+    r.tell_peer_lost = lambda *args: None  # what the peers are told is not the point here
+    r.lose(prefill, "p-0: connection closed", fenced=True)
+    assert r.lost_decodes == {}  # only decode instances are named to a request finding none
+    r.lose(decode, "d-0: connection closed (peer closed the connection)", fenced=True)
+    assert r.pick_decode() is None
+    assert r.lost_decodes == {"d-0": "d-0: connection closed (peer closed the connection)"}
+    r.add(handle("d-0", Role.DECODE))  # restarted under the same id
+    assert r.lost_decodes == {}
