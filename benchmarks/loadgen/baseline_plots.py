@@ -127,12 +127,18 @@ def plot_soak(result: dict, path: str) -> None:
     """The faults over time, and how the requests ended."""
     fig, (timeline, outcome) = subplots(2, width=5.0)
     targets = sorted({e["target"] for e in result["chaos"]})
+    colors = {"router-pause": "tab:purple", "instance-pause": "tab:blue", "kill": "tab:red"}
     for event in result["chaos"]:
         row = targets.index(event["target"])
-        color = "tab:red" if event["kind"] == "kill" else "tab:purple"
-        timeline.barh(row, event["recovered_s"], left=event["at_s"], color=color, height=0.5)
+        timeline.barh(row, event["fault_s"] or 0.1, left=event["at_s"], color=colors.get(event["kind"]), height=0.5)
+        back = event["recovery_s"]  # None: never back at full capacity
+        timeline.barh(
+            row, 5.0 if back is None else back, left=event["at_s"] + event["fault_s"], color="tab:gray", height=0.5
+        )
     timeline.set_yticks(range(len(targets)), targets)
-    timeline.set_xlabel("seconds (red: killed until restarted; purple: frozen until resumed)")
+    timeline.set_xlabel(
+        "seconds (purple: router paused; blue: instance paused; red: killed; gray: until full capacity)"
+    )
     timeline.set_title(f"faults during {result['duration_s']:.0f} s of load", fontsize=9)
     labels = ["completed", "failed (said why)", "lost", "leaked blocks"]
     values = [result["completed"], result["failed"], result["lost"], result["leaked_blocks"]]
