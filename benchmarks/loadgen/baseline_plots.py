@@ -130,15 +130,15 @@ def plot_soak(result: dict, path: str) -> None:
     colors = {"router-pause": "tab:purple", "instance-pause": "tab:blue", "kill": "tab:red"}
     for event in result["chaos"]:
         row = targets.index(event["target"])
-        timeline.barh(row, event["fault_s"] or 0.1, left=event["at_s"], color=colors.get(event["kind"]), height=0.5)
-        back = event["recovery_s"]  # None: never back at full capacity
-        timeline.barh(
-            row, 5.0 if back is None else back, left=event["at_s"] + event["fault_s"], color="tab:gray", height=0.5
-        )
+        fault_s, back = max(event["fault_s"], 0.3), event["recovery_s"]  # a kill is an instant; None: never back
+        timeline.barh(row, fault_s, left=event["at_s"], color=colors.get(event["kind"]), height=0.5)
+        end = event["at_s"] + fault_s
+        timeline.barh(row, 5.0 if back is None else back, left=end, color="tab:gray", height=0.5)
+        label = "never" if back is None else f"{back:.2f} s"
+        timeline.annotate(label, (end + (back or 5.0), row + 0.3), fontsize=7)
     timeline.set_yticks(range(len(targets)), targets)
-    timeline.set_xlabel(
-        "seconds (purple: router paused; blue: instance paused; red: killed; gray: until full capacity)"
-    )
+    timeline.set_xlabel("s: router paused (purple), instance paused (blue), killed (red), then to full capacity (gray)")
+    timeline.xaxis.label.set_fontsize(7)
     timeline.set_title(f"faults during {result['duration_s']:.0f} s of load", fontsize=9)
     labels = ["completed", "failed (said why)", "lost", "leaked blocks"]
     values = [result["completed"], result["failed"], result["lost"], result["leaked_blocks"]]
