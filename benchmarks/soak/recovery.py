@@ -14,6 +14,10 @@ Until then it polls (every `POLL_S`) and sends a fresh probe after every failed 
 call that fails (the router is still catching up) counts as "not yet". It raises
 `NotRecovered` past `bound_s`, naming what was missing. The probe is not one of the soak's
 requests: it is counted in neither `completed` nor `failed`.
+
+After a router pause the first listing may come before the resumed router noticed its lost
+instances; the probe must then still complete, so the figure is never "listed but unable to
+serve", though it may be a few tens of ms shorter than the readmission itself.
 """
 
 from __future__ import annotations
