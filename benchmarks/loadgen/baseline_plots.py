@@ -127,12 +127,18 @@ def plot_soak(result: dict, path: str) -> None:
     """The faults over time, and how the requests ended."""
     fig, (timeline, outcome) = subplots(2, width=5.0)
     targets = sorted({e["target"] for e in result["chaos"]})
+    colors = {"router-pause": "tab:purple", "instance-pause": "tab:blue", "kill": "tab:red"}
     for event in result["chaos"]:
         row = targets.index(event["target"])
-        color = "tab:red" if event["kind"] == "kill" else "tab:purple"
-        timeline.barh(row, event["recovered_s"], left=event["at_s"], color=color, height=0.5)
+        fault_s, back = max(event["fault_s"], 0.3), event["recovery_s"]  # a kill is an instant; None: never back
+        timeline.barh(row, fault_s, left=event["at_s"], color=colors.get(event["kind"]), height=0.5)
+        end = event["at_s"] + fault_s
+        timeline.barh(row, 5.0 if back is None else back, left=end, color="tab:gray", height=0.5)
+        label = "never" if back is None else f"{back:.2f} s"
+        timeline.annotate(label, (end + (back or 5.0), row + 0.3), fontsize=7)
     timeline.set_yticks(range(len(targets)), targets)
-    timeline.set_xlabel("seconds (red: killed until restarted; purple: frozen until resumed)")
+    timeline.set_xlabel("s: router paused (purple), instance paused (blue), killed (red), then to full capacity (gray)")
+    timeline.xaxis.label.set_fontsize(7)
     timeline.set_title(f"faults during {result['duration_s']:.0f} s of load", fontsize=9)
     labels = ["completed", "failed (said why)", "lost", "leaked blocks"]
     values = [result["completed"], result["failed"], result["lost"], result["leaked_blocks"]]

@@ -1,9 +1,17 @@
-"""soak: a mixed workload through a local process cluster while instances are killed and frozen.
+"""soak: a mixed workload through a local process cluster while its processes are paused and killed.
 
 Requests of the `mixed` workload (long prompts with short answers, short prompts with long
-answers) arrive by a Poisson process; every `--chaos-interval-s` one instance is killed
-(kill -9, then restarted) or frozen past the liveness bound (then resumed and registered
-again), by turns (see benchmarks/soak/chaos.py). Every request ends one of three ways:
+answers) arrive by a Poisson process; every `--chaos-interval-s` one fault, by turns (see
+benchmarks/soak/chaos.py): the router paused (SIGSTOP) past the liveness bound, an instance
+paused past it until the router declared it lost, an instance killed (kill -9). Nothing
+is done by hand to recover: the cluster's membership heals by itself after a pause, and the
+launcher's `Supervisor` (run beside the soak, as `minipd --role cluster` runs it) restarts a
+killed child. Each fault's `recovery_s` is the time from its end (the SIGCONT, the kill)
+until the cluster served at full capacity again: every instance listed alive by the router
+and a probe request sent after that completed (benchmarks/soak/recovery.py). A fault not
+recovered from within its bound fails the run (exit status 1), as does a supervisor that
+gave up. The faults keep coming, after the load if need be, until each kind ran once.
+Every request ends one of three ways:
 
 - completed: every token it asked for, no error;
 - failed: it ended early with an error saying why (e.g. the decode instance streaming it died);
@@ -30,6 +38,7 @@ import collections
 import logging
 import random
 import re
+import statistics
 import tempfile
 import time
 
@@ -38,11 +47,12 @@ from benchmarks.soak import rss
 from benchmarks.soak.chaos import Chaos
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
+from minipd.entrypoints.supervisor import Supervisor
 from minipd.router.cluster_client import ClusterClient
 from minipd.workload import ArrivalProcess, RequestSpec, make_workload
 
 SETTLE_S = 60.0  # after the run, every pool must be full again within this
-QUICK = {"duration_s": 20.0, "chaos_interval_s": 5.0, "rate": 2.0}
+QUICK = {"duration_s": 16.0, "chaos_interval_s": 2.0, "rate": 2.0}
 VOCAB = 256  # the tiny preset's byte tokens
 
 
@@ -57,12 +67,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--rate", type=float, default=2.0, help="requests per second (default: %(default)s)")
     parser.add_argument(
-        "--chaos-interval-s", type=float, default=15.0, help="one kill or freeze this often (default: %(default)s)"
+        "--chaos-interval-s", type=float, default=15.0, help="one pause or kill this often (default: %(default)s)"
     )
     parser.add_argument("--transport", default="tcp", choices=["tcp", "ucx", "nixl"])
     parser.add_argument("--num-prefill", type=int, default=2)
     parser.add_argument("--num-decode", type=int, default=2)
-    parser.add_argument("--liveness-timeout-s", type=float, default=2.0)
+    parser.add_argument(
+        "--liveness-timeout-s",
+        type=float,
+        default=3.0,
+        help="the cluster's liveness bound; every pause lasts longer (default: %(default)s)",
+    )
     parser.add_argument("--lease-s", type=float, default=3.0)
     parser.add_argument(
         "--request-timeout-s",
@@ -132,19 +147,27 @@ async def _soak(args: argparse.Namespace) -> dict:
         try:
             rss_start = rss.sample(cluster)
             client = await cluster.client()
-            chaos = Chaos(cluster, args.chaos_interval_s, args.liveness_timeout_s + 1.0, args.seed)
-            stop = asyncio.Event()
-            chaos_task = asyncio.create_task(chaos.run(stop))
-            start = time.monotonic()
-            outcomes = await asyncio.gather(*(_one(client, spec, i, start, args) for i, spec in enumerate(specs)))
-            stop.set()
-            await chaos_task
-            stats = await _settled(cluster)
-            rss_end = rss.sample(cluster)
+            supervisor = asyncio.create_task(Supervisor(cluster, cluster.configs.cluster).run())
+            try:
+                chaos = Chaos(cluster, client, args.liveness_timeout_s, args.chaos_interval_s, args.seed)
+                stop = asyncio.Event()
+                chaos_task = asyncio.create_task(chaos.run(stop))
+                start = time.monotonic()
+                outcomes = await asyncio.gather(*(_one(client, spec, i, start, args) for i, spec in enumerate(specs)))
+                stop.set()
+                await chaos_task
+                stats = await _settled(cluster)
+                rss_end = rss.sample(cluster)
+            finally:
+                supervisor.cancel()  # before the stop: a child stopped on purpose is not restarted
+                given_up = await asyncio.gather(supervisor, return_exceptions=True)
             await client.close()
         finally:
             await cluster.stop()
-    return _result(args, specs, outcomes, stats, chaos) | rss.report(rss_start, rss_end, args.max_rss_growth_mb)
+    result = _result(args, specs, outcomes, stats, chaos) | rss.report(rss_start, rss_end, args.max_rss_growth_mb)
+    result["checks_failed"] += [str(e) for e in given_up if isinstance(e, Exception)]
+    result["checks_failed"] += [f"{e.kind} of {e.target}: {e.error}" for e in chaos.events if e.recovery_s is None]
+    return result
 
 
 async def _one(client: ClusterClient, spec: RequestSpec, index: int, start: float, args: argparse.Namespace) -> tuple:
@@ -212,7 +235,22 @@ def _result(args, specs, outcomes, stats, chaos: Chaos) -> dict:
             for s in stats
         },
         "chaos": [event._asdict() for event in chaos.events],
+        "recovery_s": _recovery_by_kind(chaos),
     }
+
+
+def _recovery_by_kind(chaos: Chaos) -> dict:
+    """Per fault kind: how many, and the median and worst time to full capacity (None: never)."""
+    by_kind = {}
+    for kind in sorted({e.kind for e in chaos.events}):
+        times = [e.recovery_s for e in chaos.events if e.kind == kind]
+        done = sorted(t for t in times if t is not None)
+        by_kind[kind] = {
+            "faults": len(times),
+            "median_s": statistics.median(done) if done else None,
+            "max_s": max(done) if len(done) == len(times) else None,
+        }
+    return by_kind
 
 
 def print_table(result: dict) -> None:
@@ -223,10 +261,13 @@ def print_table(result: dict) -> None:
     )
     print(f"{'completed':>10} {'failed':>7} {'lost':>5} {'leaked blocks':>14}")
     print(f"{result['completed']:>10} {result['failed']:>7} {result['lost']:>5} {result['leaked_blocks']:>14}")
+    print(f"  {'at':>7}    {'fault':<15} {'target':<10} {'lasted':>7} {'full capacity after':>20}")
     for event in result["chaos"]:
+        back = "NEVER" if event["recovery_s"] is None else f"{event['recovery_s']:.2f} s"
+        dropped = " (declared lost)" if event["dropped"] else ""
         print(
-            f"  {event['at_s']:>7.1f} s  {event['kind']:<6} {event['target']:<10} "
-            f"back after {event['recovered_s']:.1f} s"
+            f"  {event['at_s']:>7.1f} s  {event['kind']:<15} {event['target']:<10} "
+            f"{event['fault_s']:>5.1f} s {back:>20}{dropped}"
         )
     rss.print_table(result)
     for reason, n in result["failure_reasons"].items():
