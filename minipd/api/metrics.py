@@ -56,6 +56,12 @@ class InstanceCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         running = GaugeMetricFamily("minipd_requests_running", "Requests running on an instance", labels=["instance"])
         waiting = GaugeMetricFamily("minipd_requests_waiting", "Requests waiting on an instance", labels=["instance"])
+        prefilling = GaugeMetricFamily(
+            "minipd_requests_prefilling", "Running requests whose prompt is not all computed yet", labels=["instance"]
+        )
+        decoding = GaugeMetricFamily(
+            "minipd_requests_decoding", "Running requests past their prompt, generating", labels=["instance"]
+        )
         blocks = {
             state: GaugeMetricFamily(f"minipd_kv_blocks_{state}", text, labels=["instance"])
             for state, text in (
@@ -77,6 +83,8 @@ class InstanceCollector(Collector):
             name, stats, usage = instance.name, instance.stats, instance.stats.blocks
             running.add_metric([name], stats.num_running)
             waiting.add_metric([name], stats.num_waiting)
+            prefilling.add_metric([name], stats.num_prefilling)
+            decoding.add_metric([name], stats.num_running - stats.num_prefilling)
             for state, value in (
                 ("total", usage.num_blocks),
                 ("free", usage.num_free),
@@ -86,7 +94,7 @@ class InstanceCollector(Collector):
                 blocks[state].add_metric([name], value)
             role.add_metric([name, instance.role.value], 1)
             stale.add_metric([name], int(instance.stale))
-        yield from (running, waiting, *blocks.values(), role, stale)
+        yield from (running, waiting, prefilling, decoding, *blocks.values(), role, stale)
 
 
 class ServingMetrics:

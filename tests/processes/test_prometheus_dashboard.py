@@ -28,6 +28,7 @@ import openai
 import pytest
 import yaml
 from http_helpers import start_cluster, stop
+from prometheus_client.parser import text_string_to_metric_families
 
 from minipd.api.metrics import LATENCY_BUCKETS_S
 
@@ -38,6 +39,7 @@ PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 API_KEY = "prometheus-test-key-0123456789"
 RATE_WINDOW = "5m"  # $__rate_interval and $__range: longer than the whole test, so every sample counts
 NUM_LONG, NUM_SHORT, MAX_TOKENS = 4, 3, 8
+DECODING_MAX_TOKENS = 400  # the first request: long enough to be seen decoding on the router's /metrics
 PROMETHEUS_TIMEOUT_S = 60.0
 SCRAPE_TIMEOUT_S = 30.0
 
@@ -148,14 +150,21 @@ def observed(tmp_path_factory):
         ttfts = []
         prompts = [f"Request {i}: " + "disaggregated prefill and decode " * 8 for i in range(NUM_LONG)]
         prompts += [f"s{i}" for i in range(NUM_SHORT)]
-        for prompt in prompts:
+        decoding_seen = {}
+        for i, prompt in enumerate(prompts):
             started = time.monotonic()
             stream = client.completions.create(
-                model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, stream=True, extra_body={"ignore_eos": True}
+                model="tiny",
+                prompt=prompt,
+                max_tokens=DECODING_MAX_TOKENS if i == 0 else MAX_TOKENS,
+                stream=True,
+                extra_body={"ignore_eos": True},
             )
             chunks = iter(stream)
             next(chunks)
             ttfts.append(time.monotonic() - started)
+            if i == 0:
+                decoding_seen = poll_decoding(cluster.base_url)
             for _ in chunks:
                 pass
         prometheus.wait_for("sum(minipd_requests_total)", lambda v: v == len(prompts), "scraped after the requests")
@@ -163,6 +172,7 @@ def observed(tmp_path_factory):
         prometheus.wait_for("sum(minipd_kv_blocks_total - minipd_kv_blocks_free)", lambda v: v == 0, "pools full")
         prometheus.wait_for("sum(minipd_requests_running + minipd_requests_waiting)", lambda v: v == 0, "idle")
         measured = {"ttft_min": min(ttfts), "ttft_max": max(ttfts), "requests": len(prompts)}
+        measured["decoding_seen"] = decoding_seen
         yield prometheus, {**measured, "router": cluster.base_url}
     finally:
         if prometheus is not None:
@@ -173,6 +183,25 @@ def observed(tmp_path_factory):
                 prometheus.process.kill()
                 prometheus.process.wait(10)
         stop(cluster)
+
+
+def poll_decoding(router: str, timeout: float = 10.0) -> dict[str, float]:
+    """The router's per-instance `minipd_requests_decoding`, polled (with the key) until one
+    instance decodes or `timeout` passes; the last reading."""
+    request = urllib.request.Request(f"{router}/metrics", headers={"Authorization": f"Bearer {API_KEY}"})
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            text = response.read().decode()
+        decoding = {
+            s.labels["instance"]: s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == "minipd_requests_decoding"
+        }
+        if any(decoding.values()) or time.monotonic() > deadline:
+            return decoding
+        time.sleep(0.05)  # poll interval of a bounded wait, not a synchronisation
 
 
 def panel_targets() -> list[tuple[str, str]]:
@@ -216,6 +245,12 @@ def test_the_scrape_works_through_the_api_key_only(observed):
     assert prometheus.scalar('up{job="minipd"}') == 1
 
 
+def test_the_decode_instance_reports_the_request_it_decodes(observed):
+    _, client = observed
+    decoding = client["decoding_seen"]
+    assert sorted(decoding.values()) == [0, 1], decoding  # the prefill instance decodes nothing
+
+
 def by_label(prometheus: Prometheus, expr: str, label: str) -> dict[str, float]:
     return {s["metric"].get(label, ""): float(s["value"][1]) for s in prometheus.query(expr)}
 
@@ -233,6 +268,8 @@ def test_the_panels_show_the_requests_sent_and_where_they_were_prefilled(observe
     roles = by_label(prometheus, "sum by (role) (minipd_instance_role)", "role")
     assert roles == {"prefill": 1, "decode": 1}
     assert prometheus.scalar("sum(minipd_kv_transfer_bytes_total)") > 0
+    instances = by_label(prometheus, "max by (instance) (minipd_requests_decoding)", "instance")
+    assert len(instances) == 2 and set(instances.values()) == {0}  # idle now: nothing prefills or decodes
     assert prometheus.scalar("sum(minipd_request_aborts_total) + sum(minipd_kv_transfer_failures_total)") == 0
 
 

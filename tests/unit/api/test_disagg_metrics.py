@@ -5,8 +5,12 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from minipd.api.backend import InstanceStats
 from minipd.api.disagg_decisions import DECISIONS, DisaggDecisionCollector
 from minipd.api.metrics import PHASES, ServingMetrics
+from minipd.control.role import Role
+from minipd.engine.block_manager import BlockUsage
+from minipd.engine.config import EngineStats
 from minipd.engine.request import RequestOutput, TransferInfo
 from minipd.policy.local_prefill import Placement
 from minipd.router.router_counters import RouterCounters
@@ -82,3 +86,11 @@ def test_disagg_decisions_count_each_placement_under_its_decision_name():
     assert decision("local_prefill_load") == 1
     assert decision("local_prefill_no_prefill_instance") == 0
     assert set(DECISIONS) == set(Placement)  # a new placement must get a decision name
+
+
+def test_each_instance_exports_its_running_requests_split_into_prefilling_and_decoding():
+    stats = EngineStats(5, 1, 0, BlockUsage(64, 40, 24, 0), num_prefilling=2)
+    metrics = ServingMetrics(lambda: [InstanceStats("d0", Role.DECODE, stats)])
+    values = samples(metrics.exposition())
+    assert values[("minipd_requests_prefilling", frozenset({("instance", "d0")}))] == 2
+    assert values[("minipd_requests_decoding", frozenset({("instance", "d0")}))] == 3
