@@ -265,6 +265,10 @@ def test_the_panels_show_the_requests_sent_and_where_they_were_prefilled(observe
     assert sum(decisions.values()) == client["requests"]
     phases = by_label(prometheus, "sum by (phase) (minipd_disagg_phase_seconds_count)", "phase")
     assert set(phases.values()) == {NUM_LONG}, phases  # every phase of every remote prefill, none of the local ones
+    spent = by_label(prometheus, "sum by (phase) (minipd_disagg_phase_seconds_sum)", "phase")
+    # measured, not defaulted (the exposed part may be 0: a layerwise transfer can hide entirely)
+    assert all(spent[p] > 0 for p in ("reserve", "prefill_compute", "kv_transfer", "first_token")), spent
+    assert spent["first_token"] > max(spent["prefill_compute"], spent["reserve"])  # TTFT contains both
     roles = by_label(prometheus, "sum by (role) (minipd_instance_role)", "role")
     assert roles == {"prefill": 1, "decode": 1}
     assert prometheus.scalar("sum(minipd_kv_transfer_bytes_total)") > 0
