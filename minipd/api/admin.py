@@ -15,7 +15,8 @@ Both are guarded by the app's API key like every other route; the POST takes onl
 /metrics gains (`RouterCollector`, read from the router at scrape time):
 `minipd_role_switches{instance,from_role,to_role}`, `minipd_role_switch_seconds` (the last
 switch's time, drain included and excluded), `minipd_instance_role_epoch{instance}`,
-`minipd_local_prefill_decisions{placement}` and `minipd_stale_epoch_retries`.
+`minipd_local_prefill_decisions{placement}` and `minipd_stale_epoch_retries`; and
+`minipd_disagg_decisions_total{decision}` (disagg_decisions.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from minipd.api.app import METRICS_KEY
+from minipd.api.disagg_decisions import DisaggDecisionCollector
 from minipd.api.errors import NOT_FOUND, SERVER_ERROR, ApiError, from_decode_error
 from minipd.api.json_only import require_json
 from minipd.control.messages import DRAIN_TIMEOUT
@@ -138,5 +140,6 @@ def router_admin(router: Router) -> Callable[[web.Application], None]:
     def install(app: web.Application) -> None:
         AdminRoutes(router).install(app)
         app[METRICS_KEY].registry.register(RouterCollector(router))
+        app[METRICS_KEY].registry.register(DisaggDecisionCollector(router.counters))
 
     return install

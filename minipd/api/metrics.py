@@ -5,7 +5,9 @@ TTFT is arrival at the front to the first token leaving it; ITL is each gap betw
 token-carrying increments; end-to-end is arrival to the last increment; queue time is
 the engine's arrival-to-first-scheduled. Request-level series are recorded by
 `RequestRecorder` (one per request), which also records the KV transfer that a final
-output reports in `RequestOutput.transfer`; failed transfers are recorded by
+output reports in `RequestOutput.transfer`; each disaggregated request also observes its
+phases in `minipd_disagg_phase_seconds{phase}` (PHASES: the figures its `TransferInfo`
+carries, and its TTFT as measured here); failed transfers are recorded by
 `record_transfer_failure`, which the app wires to its backend. On a colocated instance the
 transfer series stay at zero. Instance gauges are read from the backend at scrape time, from the
 instances' latest reports (polled all at once, each with a short timeout): an instance that
@@ -23,13 +25,22 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from minipd.api.backend import InstanceStats
-from minipd.engine.request import FinishReason, RequestOutput
+from minipd.engine.request import FinishReason, RequestOutput, TransferInfo
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.0)
 TRANSFER_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+PHASE_BUCKETS_S = (0.0001, 0.00025, 0.0005, *LATENCY_BUCKETS_S)
+# minipd_disagg_phase_seconds{phase}, in the order a disaggregated request goes through them
+PHASE_RESERVE = "reserve"  # the router's reserve call on the decode instance, busy waits included
+PHASE_PREFILL_COMPUTE = "prefill_compute"  # the prefill instance's prefill step
+PHASE_KV_TRANSFER = "kv_transfer"  # first KV write to the last byte acknowledged
+PHASE_KV_TRANSFER_EXPOSED = "kv_transfer_exposed"  # end of prefill compute to the last byte acknowledged
+PHASE_FIRST_TOKEN = "first_token"  # arrival at this front to the first token leaving it
+PHASES = (PHASE_RESERVE, PHASE_PREFILL_COMPUTE, PHASE_KV_TRANSFER, PHASE_KV_TRANSFER_EXPOSED, PHASE_FIRST_TOKEN)
 
 ABORT_CLIENT_DISCONNECT = "client_disconnect"
 ABORT_ENGINE_ERROR = "engine_error"
@@ -45,6 +56,12 @@ class InstanceCollector(Collector):
     def collect(self) -> Iterable[Metric]:
         running = GaugeMetricFamily("minipd_requests_running", "Requests running on an instance", labels=["instance"])
         waiting = GaugeMetricFamily("minipd_requests_waiting", "Requests waiting on an instance", labels=["instance"])
+        prefilling = GaugeMetricFamily(
+            "minipd_requests_prefilling", "Running requests whose prompt is not all computed yet", labels=["instance"]
+        )
+        decoding = GaugeMetricFamily(
+            "minipd_requests_decoding", "Running requests past their prompt, generating", labels=["instance"]
+        )
         blocks = {
             state: GaugeMetricFamily(f"minipd_kv_blocks_{state}", text, labels=["instance"])
             for state, text in (
@@ -66,6 +83,8 @@ class InstanceCollector(Collector):
             name, stats, usage = instance.name, instance.stats, instance.stats.blocks
             running.add_metric([name], stats.num_running)
             waiting.add_metric([name], stats.num_waiting)
+            prefilling.add_metric([name], stats.num_prefilling)
+            decoding.add_metric([name], stats.num_running - stats.num_prefilling)
             for state, value in (
                 ("total", usage.num_blocks),
                 ("free", usage.num_free),
@@ -75,7 +94,7 @@ class InstanceCollector(Collector):
                 blocks[state].add_metric([name], value)
             role.add_metric([name, instance.role.value], 1)
             stale.add_metric([name], int(instance.stale))
-        yield from (running, waiting, *blocks.values(), role, stale)
+        yield from (running, waiting, prefilling, decoding, *blocks.values(), role, stale)
 
 
 class ServingMetrics:
@@ -114,6 +133,13 @@ class ServingMetrics:
             registry=r,
             buckets=TRANSFER_BUCKETS_S,
         )
+        self.phases = Histogram(
+            "minipd_disagg_phase_seconds",
+            "Phases of a disaggregated request (prefilled on another instance than its decode one)",
+            ["phase"],
+            registry=r,
+            buckets=PHASE_BUCKETS_S,
+        )
         self.requests = Counter("minipd_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
         self.prompt_tokens = Counter("minipd_prompt_tokens", "Prompt tokens of finished requests", registry=r)
         self.generation_tokens = Counter("minipd_generation_tokens", "Generated tokens", registry=r)
@@ -124,6 +150,8 @@ class ServingMetrics:
             self.requests.labels(reason.value)
         for cause in (ABORT_CLIENT_DISCONNECT, ABORT_ENGINE_ERROR, ABORT_OTHER):
             self.aborts.labels(cause)
+        for phase in PHASES:
+            self.phases.labels(phase)
         r.register(InstanceCollector(instance_stats))
 
     def record_transfer(self, num_bytes: int, seconds: float, exposed_seconds: float) -> None:
@@ -131,6 +159,19 @@ class ServingMetrics:
         self.transfer_bytes.inc(num_bytes)
         self.transfer.observe(seconds)
         self.transfer_exposed.observe(exposed_seconds)
+
+    def record_phases(self, transfer: TransferInfo, ttft_s: float | None) -> None:
+        """A disaggregated request finished: the phases its transfer record carries, and its TTFT
+        (None when no token reached the client, which then has no first-token phase)."""
+        for phase, seconds in (
+            (PHASE_RESERVE, transfer.reserve_s),
+            (PHASE_PREFILL_COMPUTE, transfer.compute_s),
+            (PHASE_KV_TRANSFER, transfer.transfer_s),
+            (PHASE_KV_TRANSFER_EXPOSED, transfer.exposed_s),
+            (PHASE_FIRST_TOKEN, ttft_s),
+        ):
+            if seconds is not None:
+                self.phases.labels(phase).observe(seconds)
 
     def record_transfer_failure(self) -> None:
         self.transfer_failures.inc()
@@ -151,6 +192,7 @@ class RequestRecorder:
         self._metrics = metrics
         self._arrival = time.monotonic()
         self._last_token_time: float | None = None
+        self._ttft_s: float | None = None
         self._queue_recorded = False
         self._num_prompt_tokens = 0
         self._num_output_tokens = 0
@@ -164,7 +206,8 @@ class RequestRecorder:
             self._queue_recorded = True
         if output.token_ids:
             if self._last_token_time is None:
-                m.ttft.observe(now - self._arrival)
+                self._ttft_s = now - self._arrival
+                m.ttft.observe(self._ttft_s)
             else:
                 m.itl.observe(now - self._last_token_time)
             self._last_token_time = now
@@ -174,6 +217,7 @@ class RequestRecorder:
         if output.finished:
             if output.transfer is not None:
                 m.record_transfer(output.transfer.num_bytes, output.transfer.transfer_s, output.transfer.exposed_s)
+                m.record_phases(output.transfer, self._ttft_s)
             if output.error is not None:
                 m.aborts.labels(ABORT_ENGINE_ERROR).inc()
             elif output.finish_reason == FinishReason.ABORT.value:

@@ -61,6 +61,7 @@ class RouterBackend:
                     s.num_waiting,
                     0,
                     BlockUsage(s.num_blocks, s.num_free_blocks, s.num_used_blocks, s.num_cached_blocks),
+                    num_prefilling=s.num_prefilling,
                 ),
                 stale=s.instance_id in stale,
             )

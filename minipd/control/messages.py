@@ -237,6 +237,7 @@ class Stats(Reply, tag="stats"):
     epoch: int = 0  # role epoch (as in Welcome)
     switching: bool = False  # draining for a role switch: it takes no new work
     num_fencing_blocks: int = 0  # blocks of dropped reservations held until no late byte can land
+    num_prefilling: int = 0  # of num_running, those whose prompt is not all computed yet (EngineStats)
 
 
 # ---- role switch ---------------------------------------------------------------------------

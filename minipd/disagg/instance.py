@@ -519,4 +519,5 @@ class Instance(ControlServer):
             epoch=self.guard.epoch,
             switching=self.guard.switching,
             num_fencing_blocks=self.reservations.num_fencing_blocks,
+            num_prefilling=s.num_prefilling,
         )

@@ -75,3 +75,4 @@ class EngineStats(msgspec.Struct):
     num_waiting: int
     num_preemptions: int  # since start
     blocks: BlockUsage
+    num_prefilling: int = 0  # of the running requests, those whose prompt is not all computed yet

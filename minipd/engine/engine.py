@@ -310,6 +310,7 @@ class Engine(GeneratesFromSubmit):
             len(self.scheduler.waiting),
             self.scheduler.num_preemptions,
             self.block_manager.usage(),
+            num_prefilling=self.scheduler.num_prefilling(),
         )
 
     # ---- the loop ---------------------------------------------------------------------

@@ -33,6 +33,7 @@ class TransferInfo(msgspec.Struct):
     compute_s: float  # the prefill step
     transfer_s: float  # first write to the last byte acknowledged
     exposed_s: float  # end of prefill compute to the last byte acknowledged
+    reserve_s: float = 0.0  # the router's reserve call on the decode instance, busy waits included
 
 
 OVERLOADED = "overloaded"  # RequestOutput.error_kind of a request the cluster had no room for

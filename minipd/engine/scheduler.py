@@ -138,6 +138,11 @@ class Scheduler:
         block_ids, request.block_ids = request.block_ids, []
         return block_ids
 
+    def num_prefilling(self) -> int:
+        """Running requests whose prompt's KV is not all computed yet; the other running ones
+        decode (an adopted request arrives with its prompt's KV, so it decodes from the start)."""
+        return sum(1 for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
+
     def num_blocks_needed(self) -> int:
         """Blocks the queued requests need for their next step beyond those they hold: the
         whole sequence of every waiting request that holds none (an upper bound: prefix-cache

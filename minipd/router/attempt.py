@@ -199,17 +199,20 @@ class Attempt:
         to free blocks, backing off, up to `kv_wait_s`. Past that the request fails as overloaded,
         blaming no instance and not tried again: the cluster is out of KV capacity, which another
         try right away would not change (admission, `kv_admission_ratio`, keeps this rare). The
-        time spent waiting is added to `routed.decode_wait_s`."""
+        time spent waiting is added to `routed.decode_wait_s`; the whole call's is `routed.reserve_s`."""
         routed, config = self.routed, self.config
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + config.kv_wait_s
+        started = loop.time()
+        deadline = started + config.kv_wait_s
         wait_s = BUSY_RETRY_MIN_S
         reserve = Reserve(
             request_id=routed.wire_id, token_ids=routed.token_ids, prefill_instance=prefill_id, epoch=epoch
         )
         while True:
             try:
-                return await decode.channel.call(reserve, config.call_timeout_s)
+                reserved = await decode.channel.call(reserve, config.call_timeout_s)
+                routed.reserve_s = loop.time() - started
+                return reserved
             except RemoteError as exc:
                 if exc.kind != "busy":
                     raise
@@ -280,6 +283,7 @@ class Attempt:
             prefilled.compute_s,
             prefilled.transfer_s,
             prefilled.exposed_s,
+            reserve_s=routed.reserve_s,
         )
         routed.timestamps = (prefilled.compute_end_at, prefilled.first_write_at)
         return prefilled.first_token

@@ -42,6 +42,7 @@ class RoutedRequest:
         self.first_token_s = 0.0
         self.last_token_s: float | None = None
         self.num_later_tokens = 0  # output tokens after the first, relayed so far
+        self.reserve_s = 0.0  # the last try's reserve call on its decode instance, busy waits included
         self.decode_wait_s = 0.0  # waiting for KV room on a decode instance (its pool was full)
         self.prefilled_locally = False  # placed on its decode instance for prefill too
 

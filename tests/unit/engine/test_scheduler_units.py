@@ -314,3 +314,14 @@ def test_any_load_of_local_and_adopted_requests_drains_with_every_block_back(loa
             break
     assert finished == len(arrivals), f"stuck: running={s.running} waiting={s.waiting} free={bm.num_free_blocks}"
     assert bm.usage().num_used == 0
+
+
+def test_running_requests_count_as_prefilling_until_their_whole_prompt_is_computed():
+    s = make(budget=16)
+    s.add(request("a", 30))  # three chunks of prompt under a 16-token budget
+    assert s.num_prefilling() == 0  # waiting, not running
+    run(s)
+    assert len(s.running) == 1 and s.num_prefilling() == 1
+    run(s)
+    assert s.num_prefilling() == 0  # its last chunk ran and sampled: it decodes now
+    assert len(s.running) == 1
