@@ -14,6 +14,7 @@
     python bench.py controller --json controller.json --plot controller.png
     python bench.py validate --profile profile.json --json validate.json --plot validate.png
     python bench.py soak --json soak.json       # kills and freezes under load: nothing lost, nothing leaked
+    python bench.py peer --peer-url http://127.0.0.1:8080 --json peer.json --plot peer.png  # minipd / llama-server
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -74,6 +75,10 @@ EXPERIMENTS = {
     "soak": (
         "benchmarks.soak.soak_bench",
         "a mixed workload under periodic kills and freezes: completed, failed, lost, leaked blocks",
+    ),
+    "peer": (
+        "benchmarks.peer.peer_bench",
+        "the same workloads against minipd and another OpenAI server (llama-server), as ratios",
     ),
 }
 
