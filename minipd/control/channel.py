@@ -104,9 +104,12 @@ class Channel:
 
     # ---- sending ----------------------------------------------------------------------
     def send(self, message: Message) -> None:
-        """Queue a message for sending (ordered); a closed channel drops it with a debug log.
+        """Queue a message for sending (ordered); a closed channel drops it with a debug log,
+        and so does one whose transport is already closed while its read loop has not yet seen
+        the end (uvloop raises on that write: a sender such as the router telling every peer of a
+        loss must not die of it, or what it does next, the loss's redial, never happens).
         Raises FrameTooLarge (sending nothing) if it encodes above `max_send_bytes`."""
-        if self.closed.is_set():
+        if self.closed.is_set() or self._writer.transport.is_closing():
             log.debug("%s: dropping %s on a closed channel", self.name, type(message).__name__)
             return
         payload = self._encoder.encode(message)
