@@ -117,5 +117,8 @@ class Reservations:
             for request_id, reservation in list(self.held.items()):
                 if reservation.deadline <= now and self.held.get(request_id) is reservation:
                     log.info("%s: lease of %s expired", self.instance_id, request_id)
-                    await self.drop(request_id)
-                    self._on_expired(request_id, reservation)
+                    try:
+                        await self.drop(request_id)
+                        self._on_expired(request_id, reservation)
+                    except Exception:  # one expiry that fails must not end the sweep: later leases would never expire
+                        log.exception("%s: expiring the lease of %s failed", self.instance_id, request_id)
