@@ -238,6 +238,7 @@ class Stats(Reply, tag="stats"):
     switching: bool = False  # draining for a role switch: it takes no new work
     num_fencing_blocks: int = 0  # blocks of dropped reservations held until no late byte can land
     num_prefilling: int = 0  # of num_running, those whose prompt is not all computed yet (EngineStats)
+    num_steps: int = 0  # engine steps run since start (the dashboard's step rate)
 
 
 # ---- role switch ---------------------------------------------------------------------------

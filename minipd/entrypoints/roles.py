@@ -25,6 +25,8 @@ from minipd.api.app import start_api
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
 from minipd.control.role import Role
+from minipd.dashboard.routes import engine_dashboard, router_dashboard
+from minipd.dashboard.routes import print_address as print_dashboard_address
 from minipd.disagg.instance import Instance
 from minipd.engine.cpu_placement import available_cpus, cpus_text
 from minipd.engine.engine import Engine, EngineConfig
@@ -120,9 +122,11 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
             serving = configs.serving
-            api = await start_api(
-                EngineBackend(engine, serving.model_name, kv_admission_ratio=serving.kv_admission_ratio), http
+            backend, dashboard = engine_dashboard(
+                engine, EngineBackend(engine, serving.model_name, kv_admission_ratio=serving.kv_admission_ratio)
             )
+            api = await start_api(backend, http, extensions=[dashboard])
+            print_dashboard_address(api, http.host)
         if instance is not None:
             print(f"READY {role.value} {instance.instance_id} {process.host}:{port}", flush=True)
             if configs.instance.router is not None:
@@ -169,11 +173,13 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
             # the API key middleware guards the admin routes as it guards the rest of the API
-            api = await start_api(
+            backend, dashboard = router_dashboard(
+                router,
                 RouterBackend(router, configs.serving.served_model_name or router.model_name),
-                http,
-                extensions=[router_admin(router)],
+                controller.policy.slo if controller is not None else None,
             )
+            api = await start_api(backend, http, extensions=[router_admin(router), dashboard])
+            print_dashboard_address(api, http.host)
         if controller is not None:
             live_controller = LiveRatioController(router, controller.policy, controller.options)
             live_controller.start()
