@@ -200,7 +200,7 @@ function instanceCard(row, canSwitch) {
       button.disabled = true;
       showMessage("switching " + row.instance + " to " + select.value + "…");
       controls.switchRole(row.instance, select.value)
-        .then((r) => showMessage(row.instance + " is " + r.role + " now (" + r.total_s.toFixed(2) + " s)"))
+        .then((r) => showMessage(row.instance + " is " + r.to_role + " now, epoch " + r.epoch + " (" + r.total_s.toFixed(2) + " s)"))
         .catch((err) => showMessage("switch " + row.instance + ": " + err.message))
         .finally(() => { button.disabled = false; });
     });
