@@ -35,7 +35,6 @@ from minipd.dashboard.observed_backend import ObservedBackend
 from minipd.dashboard.request_window import RequestWindow
 from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
 from minipd.dashboard.sse import KEEPALIVE, SnapshotHub
-from minipd.entrypoints.config_sections import DEFAULT_CONTROLLER_SLO
 from minipd.slo.targets import SLO
 
 if TYPE_CHECKING:
@@ -58,7 +57,6 @@ PAGE_HEADERS = {
 KEEPALIVE_S = 5.0  # a comment when no snapshot came for this long, so proxies keep the stream open
 MAX_VIEWERS = 32
 MAX_SLO_MS = 3_600_000.0
-DEFAULT_SLO = SLO.parse(DEFAULT_CONTROLLER_SLO)  # the controller's default, when none runs
 
 
 class SloRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -144,9 +142,9 @@ def print_address(runner: web.AppRunner, host: str, out: TextIO = sys.stdout) ->
     print(f"minipd: dashboard on http://{host}:{runner.addresses[0][1]}/dashboard", file=out, flush=True)
 
 
-def router_dashboard(router: Router, backend: ServingBackend, default_slo: SLO | None = None) -> tuple:
+def router_dashboard(router: Router, backend: ServingBackend, default_slo: SLO) -> tuple:
     """(backend to serve, app extension) for the router's front; the SLO is the controller's
-    while one runs, else `default_slo`, else the controller's default."""
+    while one runs, else `default_slo` (until one is set from the page)."""
     from minipd.router.live_controller import LiveRatioController
 
     def controller():
@@ -157,7 +155,7 @@ def router_dashboard(router: Router, backend: ServingBackend, default_slo: SLO |
     builder = SnapshotBuilder(
         window,
         RouterInstances(router),
-        DashboardSLO.from_slo(default_slo or DEFAULT_SLO, "default"),
+        DashboardSLO.from_slo(default_slo, "default"),
         "router",
         {"role_switch": True},
         controller,
@@ -166,11 +164,11 @@ def router_dashboard(router: Router, backend: ServingBackend, default_slo: SLO |
     return ObservedBackend(backend, window), dashboard.install
 
 
-def engine_dashboard(engine: Engine, backend: ServingBackend, name: str = "local") -> tuple:
+def engine_dashboard(engine: Engine, backend: ServingBackend, default_slo: SLO, name: str = "local") -> tuple:
     """(backend to serve, app extension) for a colocated engine's front (no role switch there)."""
     window = RequestWindow()
     builder = SnapshotBuilder(
-        window, EngineInstances(engine, name), DashboardSLO.from_slo(DEFAULT_SLO, "default"), "colocated", {}
+        window, EngineInstances(engine, name), DashboardSLO.from_slo(default_slo, "default"), "colocated", {}
     )
     dashboard = Dashboard(builder)
     return ObservedBackend(backend, window), dashboard.install

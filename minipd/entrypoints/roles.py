@@ -33,7 +33,7 @@ from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.entrypoints import openmp_env
 from minipd.entrypoints.cluster_command import prepare_cluster
-from minipd.entrypoints.config_sections import ProcessConfig
+from minipd.entrypoints.config_sections import DEFAULT_CONTROLLER_SLO, ProcessConfig
 from minipd.entrypoints.configs import RoleConfigs
 from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed, warn_if_open_api
 from minipd.entrypoints.prompt_demo import run_demo
@@ -42,9 +42,11 @@ from minipd.entrypoints.stop_signal import wait_for_stop_signal
 from minipd.router.control_port import RouterControlPort
 from minipd.router.live_controller import LiveRatioController
 from minipd.router.router import Router
+from minipd.slo.targets import SLO
 
 CONNECT_TIMEOUT_S = 60.0
 RELAY_LAST_OUTPUTS_S = 1.0  # a shutting-down router's last outputs (aborts saying why) reach its clients
+DASHBOARD_SLO = SLO.parse(DEFAULT_CONTROLLER_SLO)  # what the dashboard judges against when no controller runs
 RETRY_CONNECT_S = 0.2  # how often a router retries an instance that is still loading its model
 
 
@@ -123,7 +125,9 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
             warn_if_open_api(http.host, http.api_key)
             serving = configs.serving
             backend, dashboard = engine_dashboard(
-                engine, EngineBackend(engine, serving.model_name, kv_admission_ratio=serving.kv_admission_ratio)
+                engine,
+                EngineBackend(engine, serving.model_name, kv_admission_ratio=serving.kv_admission_ratio),
+                DASHBOARD_SLO,
             )
             api = await start_api(backend, http, extensions=[dashboard])
             print_dashboard_address(api, http.host)
@@ -176,7 +180,7 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
             backend, dashboard = router_dashboard(
                 router,
                 RouterBackend(router, configs.serving.served_model_name or router.model_name),
-                controller.policy.slo if controller is not None else None,
+                controller.policy.slo if controller is not None else DASHBOARD_SLO,
             )
             api = await start_api(backend, http, extensions=[router_admin(router), dashboard])
             print_dashboard_address(api, http.host)
