@@ -5,7 +5,9 @@ in-place role switches (role_switch_driver.py), one instance at a time.
 - `colocated`: every instance not `both` becomes `both` (any order: `both` keeps whatever
   the instance served, and adds the other half);
 - `split` with `prefill` = N (1 <= N < instances): the N that are prefill already stay, then
-  those that are `both`, then decode ones, by id; the rest are decode. The switches into
+  those that are `both`, then decode ones; among equals, those that were prefill before the
+  last change to colocated first (so a flip there and back restores the split), then by id;
+  the rest are decode. The switches into
   decode run first, so that an instance leaving decode is never the last that can decode.
 `change_mode(router, ...)` carries the plan out, one switch after another: each drains what
 its instance runs before it moves, and every other instance serves meanwhile, so no request
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import msgspec
 
@@ -56,9 +58,12 @@ class ModeChangeFailed(RuntimeError):
         self.done, self.cause = done, cause
 
 
-def plan_mode(instances: Sequence[InstanceHandle], mode: str, prefill: int | None) -> list[tuple[str, Role]]:
+def plan_mode(
+    instances: Sequence[InstanceHandle], mode: str, prefill: int | None, before: Mapping[str, Role] = {}
+) -> list[tuple[str, Role]]:
     """The (instance id, new role) switches that make `instances` serve in `mode`, in order;
-    InvalidRequestError naming `mode` or `prefill` for a mode or split that cannot be."""
+    InvalidRequestError naming `mode` or `prefill` for a mode or split that cannot be.
+    `before`: the roles instances had before the cluster last went colocated."""
     if mode not in MODES:
         raise InvalidRequestError("mode", f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     by_id = sorted(instances, key=lambda h: h.instance_id)
@@ -74,7 +79,9 @@ def plan_mode(instances: Sequence[InstanceHandle], mode: str, prefill: int | Non
             f"must leave at least one of each role: 1 to {len(by_id) - 1} of {len(by_id)} instances, got {prefill}",
         )
     preference = {Role.PREFILL: 0, Role.BOTH: 1, Role.DECODE: 2}
-    ranked = sorted(by_id, key=lambda h: (preference[h.role], h.instance_id))
+    ranked = sorted(
+        by_id, key=lambda h: (preference[h.role], before.get(h.instance_id) is not Role.PREFILL, h.instance_id)
+    )
     to_prefill = {h.instance_id for h in ranked[:prefill]}
     to_decode = [
         (h.instance_id, Role.DECODE) for h in by_id if h.instance_id not in to_prefill and h.role is not Role.DECODE
@@ -91,6 +98,7 @@ class ModeChanger:
     def __init__(self, router: Router):
         self.router = router
         self._lock = asyncio.Lock()
+        self._before_colocated: dict[str, Role] = {}
 
     @property
     def changing(self) -> bool:
@@ -111,8 +119,11 @@ class ModeChanger:
             busy = sorted(h.instance_id for h in instances if h.draining)
             if busy:
                 raise SwitchConflict("mode", f"{', '.join(busy)} switching roles or shutting down; try again after")
+            plan = plan_mode(instances, mode, prefill, self._before_colocated)
+            if mode == COLOCATED and plan:
+                self._before_colocated = {h.instance_id: h.role for h in instances}
             done: list[SwitchReport] = []
-            for instance_id, role in plan_mode(instances, mode, prefill):
+            for instance_id, role in plan:
                 try:
                     done.append(await self.router.switch_role(instance_id, role, drain_timeout_s))
                 except (SwitchFailed, SwitchConflict, UnknownInstance) as exc:  # lost, or moved by another meanwhile
