@@ -4,8 +4,8 @@ Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decod
 renewing the reservation's lease while it progresses); `decode` answers `Reserve` and
 `Decode` (hold blocks, receive the KV, decode); every role answers `Generate` (prefill and
 decode here, used for colocated serving and for short prompts), `Abort`, `PeerLost`,
-`GetStats` and `SwitchRole` (an in-place role switch; new work carries the role epoch it was
-meant for, see role_switch.py).
+`GetStats`, `SwitchRole` (an in-place role switch; new work carries the role epoch it was
+meant for, see role_switch.py) and `SetLinkCap` (the transport's egress cap, at runtime).
 
 Only routers may connect (with a cluster secret, only those that prove it), and the
 transport, given the same secret, takes KV only from the instance a reservation names, over
@@ -49,6 +49,7 @@ from minipd.control.messages import (
     Renew,
     Reserve,
     Reserved,
+    SetLinkCap,
     Stats,
     SwitchRole,
     TokenOutput,
@@ -59,6 +60,7 @@ from minipd.control.server import ControlServer
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
 from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressing
+from minipd.disagg.link_cap import set_link_cap
 from minipd.disagg.reservations import Reservation, Reservations
 from minipd.disagg.role_switch import RoleGuard
 from minipd.engine import cpu_placement
@@ -254,6 +256,8 @@ class Instance(ControlServer):
                     await self._generate(channel, message)
             case SwitchRole():
                 await self.guard.handle_switch(channel, message, self._reset_pool)
+            case SetLinkCap():
+                channel.reply(message, set_link_cap(self.transport, message.gbps))
             case Renew():
                 self.reservations.renew(message.request_id)
             case Abort():

@@ -21,6 +21,7 @@ import time
 from collections.abc import Coroutine
 
 from minipd.api.admin import router_admin
+from minipd.api.admin_controls import router_controls
 from minipd.api.app import start_api
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
@@ -38,7 +39,7 @@ from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.registration import keep_registered, register
 from minipd.entrypoints.stop_signal import wait_for_stop_signal
 from minipd.router.control_port import RouterControlPort
-from minipd.router.live_controller import LiveRatioController
+from minipd.router.controller_switch import ControllerSwitch
 from minipd.router.router import Router
 
 CONNECT_TIMEOUT_S = 60.0
@@ -156,9 +157,10 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
 
 
 async def run_router(router: Router, configs: RoleConfigs) -> int:
-    process, http, controller = configs.process, configs.http, configs.ratio_controller
+    process, http, policy = configs.process, configs.http, configs.controller_policy
     server = RouterControlPort(router, process.max_connections)
-    api = live_controller = None
+    api = None
+    controller = ControllerSwitch(router, policy.policy, policy.options)
     try:
         warn_if_exposed("the router", process.host, router.secret)
         deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
@@ -172,11 +174,10 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
             api = await start_api(
                 RouterBackend(router, configs.serving.served_model_name or router.model_name),
                 http,
-                extensions=[router_admin(router)],
+                extensions=[router_admin(router), router_controls(router, controller)],
             )
-        if controller is not None:
-            live_controller = LiveRatioController(router, controller.policy, controller.options)
-            live_controller.start()
+        if configs.ratio_controller is not None:
+            controller.start()
         print(f"READY router router {process.host}:{port}", flush=True)
         await wait_for_stop_signal()
         loop = asyncio.get_running_loop()
@@ -194,8 +195,7 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
         print(f"minipd router: {exc}", file=sys.stderr)
         return 1
     finally:
-        if live_controller is not None:
-            await live_controller.close()
+        await controller.stop()
         if api is not None:
             await api.cleanup()
         await server.close()
