@@ -54,6 +54,7 @@ from minipd.engine.request import INSTANCE_LOST, OVERLOADED, RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.unavailable import BackendUnavailableError
+from minipd.registry.membership import LOCAL_CLAIMS, SwitchClaims
 from minipd.router.attempt import Attempt, AttemptFailed
 from minipd.router.instance_links import InstanceLinks
 from minipd.router.latency_observer import LatencyObserver
@@ -94,6 +95,7 @@ class Router(GeneratesFromSubmit):
         self.counters = RouterCounters()
         self.links = InstanceLinks(self.registry, config, self.counters, secret, self._on_message)
         self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
+        self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (registry/membership.py)
         self.latency_observer: LatencyObserver | None = None  # told of every first token and token gap
 
     # ---- instances --------------------------------------------------------------------
@@ -148,7 +150,7 @@ class Router(GeneratesFromSubmit):
         role reaches it, what it runs finishes, its pool is reset, and it serves as `role` with
         a new epoch. Raises UnknownInstance, InvalidRequestError (`role`), SwitchConflict or
         SwitchFailed (the instance then serves on in its old role)."""
-        report = await switch_instance_role(self.registry, instance_id, role, drain_timeout_s)
+        report = await switch_instance_role(self.registry, instance_id, role, drain_timeout_s, self.switch_claims)
         self.role_changes.append(report)
         return report
 

@@ -1,0 +1,70 @@
+"""What the router and the instances need from a registry, with no registry library imported.
+
+- `SwitchClaims`: a router asks for the right to switch an instance away from the role epoch
+  it saw; `claim(...)` is an async context manager held for the whole switch. The embedded
+  default (`LOCAL_CLAIMS`) grants every claim: one router, whose own checks (already
+  switching, the last decode instance) suffice. The etcd one (epoch_cas.py) grants it to one
+  router only and raises SwitchConflict for the others.
+- `router_membership(router, url, ttl_s)` / `instance_presence(instance, ...)`: the etcd side
+  of a router (watch the prefix, connect to what appears) and of an instance (publish itself
+  under a lease), imported only with `--registry`; the embedded default is none of them
+  (instances register over the router's control port, entrypoints/registration.py).
+- `require_etcd_client()`: ValueError naming the flag and the extra when the client library
+  is missing, checked at start-up before anything loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from typing import TYPE_CHECKING, AsyncContextManager, Protocol
+
+from minipd.control.role import Role
+
+if TYPE_CHECKING:
+    from minipd.disagg.instance import Instance
+    from minipd.registry.etcd_url import RegistryUrl
+    from minipd.router.router import Router
+
+ETCD_EXTRA = "etcd"
+
+
+class SwitchClaims(Protocol):
+    def claim(self, instance_id: str, epoch: int, target: Role) -> AsyncContextManager[None]:
+        """Held while switching `instance_id` from role epoch `epoch` to `target`; raises
+        SwitchConflict when another router holds or won it, or the epoch moved on."""
+
+
+class _LocalClaims:
+    @contextlib.asynccontextmanager
+    async def claim(self, instance_id: str, epoch: int, target: Role):
+        yield
+
+
+LOCAL_CLAIMS: SwitchClaims = _LocalClaims()
+
+
+class Lifecycle(Protocol):
+    async def start(self, timeout: float) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def require_etcd_client() -> None:
+    if importlib.util.find_spec("aetcd") is None:
+        raise ValueError(
+            f"registry: --registry etcd://... needs the etcd client, which is not installed: "
+            f"pip install 'minipd[{ETCD_EXTRA}]'"
+        )
+
+
+def router_membership(router: "Router", url: "RegistryUrl", ttl_s: int) -> Lifecycle:
+    from minipd.registry.router_membership import EtcdRouterMembership
+
+    return EtcdRouterMembership(router, url, ttl_s)
+
+
+def instance_presence(instance: "Instance", url: "RegistryUrl", host: str, port: int, ttl_s: int) -> Lifecycle:
+    from minipd.registry.publisher import InstancePublisher
+
+    return InstancePublisher(instance, url, host, port, ttl_s)
