@@ -1,7 +1,8 @@
 """The processes of a local cluster (`minipd --role cluster`; its run: `cluster_command.py`).
 
 Starts the prefill, decode and colocated instances (`minipd --role prefill|decode|both`),
-waits for each to print its READY line, and starts the router pointed at them. It runs from
+waits for each to print its READY line, and starts the router pointed at them (with
+`--registry`, the router finds them in etcd instead, and a restarted instance there too). It runs from
 the role's checked configs (`configs.RoleConfigs`): the instances' cores are planned from its
 `EngineConfig`. Each child's command line is derived from the flags this command parsed
 (`RoleConfigs.parsed`, `flags.inherited_argv`), with its own share of the cores

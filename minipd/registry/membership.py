@@ -1,10 +1,7 @@
-"""What the router and the instances need from a registry, with no registry library imported.
+"""What the role runners need from a registry, with no registry library imported.
 
-- `SwitchClaims`: a router asks for the right to switch an instance away from the role epoch
-  it saw; `claim(...)` is an async context manager held for the whole switch. The embedded
-  default (`LOCAL_CLAIMS`) grants every claim: one router, whose own checks (already
-  switching, the last decode instance) suffice. The etcd one (epoch_cas.py) grants it to one
-  router only and raises SwitchConflict for the others.
+- the router depends on `router.switch_claims.SwitchClaims` only (the embedded default grants
+  every claim; the etcd one, epoch_cas.py, one router only);
 - `router_membership(router, url, ttl_s)` / `instance_presence(instance, ...)`: the etcd side
   of a router (watch the prefix, connect to what appears) and of an instance (publish itself
   under a lease), imported only with `--registry`; the embedded default is none of them
@@ -15,11 +12,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-from typing import TYPE_CHECKING, AsyncContextManager, Protocol
-
-from minipd.control.role import Role
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from minipd.disagg.instance import Instance
@@ -27,21 +21,6 @@ if TYPE_CHECKING:
     from minipd.router.router import Router
 
 ETCD_EXTRA = "etcd"
-
-
-class SwitchClaims(Protocol):
-    def claim(self, instance_id: str, epoch: int, target: Role) -> AsyncContextManager[None]:
-        """Held while switching `instance_id` from role epoch `epoch` to `target`; raises
-        SwitchConflict when another router holds or won it, or the epoch moved on."""
-
-
-class _LocalClaims:
-    @contextlib.asynccontextmanager
-    async def claim(self, instance_id: str, epoch: int, target: Role):
-        yield
-
-
-LOCAL_CLAIMS: SwitchClaims = _LocalClaims()
 
 
 class Lifecycle(Protocol):

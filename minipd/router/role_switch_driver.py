@@ -29,8 +29,8 @@ from minipd.control.channel import ChannelClosed, RemoteError
 from minipd.control.messages import RoleSwitched, SwitchRole
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.engine.sampling_params import InvalidRequestError
-from minipd.registry.membership import LOCAL_CLAIMS, SwitchClaims
 from minipd.router.registry import InstanceRegistry
+from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
 
 log = logging.getLogger(__name__)
 

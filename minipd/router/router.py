@@ -54,7 +54,6 @@ from minipd.engine.request import INSTANCE_LOST, OVERLOADED, RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.unavailable import BackendUnavailableError
-from minipd.registry.membership import LOCAL_CLAIMS, SwitchClaims
 from minipd.router.attempt import Attempt, AttemptFailed
 from minipd.router.instance_links import InstanceLinks
 from minipd.router.latency_observer import LatencyObserver
@@ -63,6 +62,7 @@ from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchRepo
 from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
+from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
 from minipd.router.try_ids import TryIds
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Router(GeneratesFromSubmit):
         self.counters = RouterCounters()
         self.links = InstanceLinks(self.registry, config, self.counters, secret, self._on_message)
         self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
-        self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (registry/membership.py)
+        self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (switch_claims.py)
         self.latency_observer: LatencyObserver | None = None  # told of every first token and token gap
 
     # ---- instances --------------------------------------------------------------------
