@@ -106,7 +106,7 @@ class Instance(ControlServer):
         self.lease_s = lease_s
         self.liveness_timeout_s = liveness_timeout_s
         self.fingerprint = engine_fingerprint(engine)
-        self._compute = cpu_placement.compute_key(engine.config.device, engine.placement)
+        self.compute = cpu_placement.compute_key(engine.config.device, engine.placement)
         self.reservations = Reservations(engine, transport, lease_s, instance_id, self._lease_expired)
         self._peer_ids: dict[str, str] = {}  # decode instance id -> transport peer id
         self._connecting: dict[str, asyncio.Task] = {}
@@ -197,7 +197,7 @@ class Instance(ControlServer):
             max_num_seqs=self.engine.config.scheduler.max_num_seqs,
             epoch=self.guard.epoch,
             liveness_timeout_s=self.liveness_timeout_s if hello.liveness_timeout_s > 0 else 0.0,
-            compute=self._compute,
+            compute=self.compute,
         )
 
     def established(self, channel: Channel, hello: Hello) -> None:

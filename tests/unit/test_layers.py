@@ -21,6 +21,7 @@ EVERY_LAYER = {
     "minipd",
     "entrypoints",
     "api",
+    "registry",
     "router",
     "disagg",
     "control",
@@ -46,6 +47,8 @@ ALLOWED: dict[str, set[str]] = {
     "disagg": {"disagg", "control", "engine", "models", "transports"},
     "router": {"router", "control", "engine", "models", "policy", "slo"},
     "api": {"api", "router", "control", "engine", "policy", "slo", "models", "loadgen", "workload"},
+    # membership in etcd: drives a router's links and publishes an instance
+    "registry": {"registry", "router", "disagg", "control", "engine", "models", "transports", "policy", "slo"},
     # the top: the command line and the package's own exports may import every layer
     "entrypoints": EVERY_LAYER,
     "minipd": EVERY_LAYER,
