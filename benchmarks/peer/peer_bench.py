@@ -2,6 +2,7 @@
 
     python bench.py peer --peer-url http://127.0.0.1:8080 --model smollm2 --json peer.json --plot peer.png
     python bench.py peer --peer-url http://127.0.0.1:8080 --minipd-url http://127.0.0.1:8000
+    python bench.py peer --peer-binary build/bin/llama-server --model smollm2 --cpus 0 --torch-threads 1
 
 Both servers get the same requests (same workload, seed and concurrency) in one run, alternating
 minipd, peer, minipd, peer ... per repeat so a slow spell of the machine hits both. Each figure
@@ -9,8 +10,10 @@ minipd, peer, minipd, peer ... per repeat so a slow spell of the machine hits bo
 repeats, reported as minipd/peer (ITL and TTFT: below 1 is minipd faster; tok/s: above 1).
 Without `--minipd-url` the bench starts `minipd --role both` itself, pinned to `--cpus` with
 `--torch-threads` threads (start the peer pinned the same way, e.g. `taskset -c 1 llama-server`;
-docs/benchmarks.md says how to build and run llama-server). Without `--peer-url` nothing runs:
-the bench says why and exits 2. `--quick` runs a few requests on the tiny model.
+docs/benchmarks.md says how to build and run llama-server). `--peer-binary` starts the peer
+itself instead, on the same GGUF file, cores and thread count as minipd (benchmarks/peer/
+peer_server.py), and stops it at the end. Without a peer nothing runs: the bench says why and
+exits 2. `--quick` runs a few requests on the tiny model.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from benchmarks.loadgen.deployments import start_server
 from benchmarks.loadgen.measure import Measured, measure
 from benchmarks.loadgen.plotting import save, subplots
 from benchmarks.loadgen.processes import Processes, minipd_command
+from benchmarks.peer.peer_server import model_file, start_peer
 from minipd.workload import WORKLOADS, ArrivalProcess, LengthDist
 
 NO_PEER = (
@@ -56,7 +60,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_client_arguments(parser)
     options.add_server_arguments(parser)
     g = parser.add_argument_group("peer comparison")
-    g.add_argument("--peer-url", default=None, help="the OpenAI-compatible server compared against (required)")
+    g.add_argument("--peer-url", default=None, help="the OpenAI-compatible server compared against")
+    g.add_argument(
+        "--peer-binary",
+        default=None,
+        metavar="PATH",
+        help="instead of --peer-url: start this llama-server on --model's GGUF file, pinned to --peer-cpus with "
+        "--torch-threads threads, and stop it at the end",
+    )
+    g.add_argument(
+        "--peer-model", default=None, metavar="FILE", help="GGUF file of the started peer (default: --model's)"
+    )
+    g.add_argument("--peer-cpus", default=None, help="cores of the started peer (default: --cpus, as minipd's)")
+    g.add_argument(
+        "--peer-slots", type=int, default=None, help="parallel slots of the started peer (default: top concurrency)"
+    )
     g.add_argument("--minipd-url", default=None, help="a running minipd instead of one started by the bench")
     g.add_argument(
         "--workloads", nargs="+", choices=WORKLOADS, default=["decode-heavy", "mixed"], help="(default: %(default)s)"
@@ -94,31 +112,42 @@ def _start_minipd(processes: Processes, args: argparse.Namespace, specs: list) -
 
 
 def run(args: argparse.Namespace) -> dict:
-    if not args.peer_url:
+    if not args.peer_url and not args.peer_binary:
         print(NO_PEER, file=sys.stderr)
         raise SystemExit(2)  # a missing flag, as argparse exits for one
+    if args.peer_url and args.peer_binary:
+        print("peer: give --peer-url or --peer-binary, not both", file=sys.stderr)
+        raise SystemExit(2)
     if args.quick:
         vars(args).update(QUICK)
     if args.repeats < 1 or min(args.concurrencies) < 1:
         raise ValueError("--repeats and --concurrencies must be at least 1")
+    peer_model = model_file(args.peer_model or args.model) if args.peer_binary else None
     num_prompts = args.num_prompts or 16
     builder = options.prompt_builder(args)
     cells = []
     with Processes() as processes:
-        minipd_url = args.minipd_url
-        if minipd_url is None:
-            longest = [
-                spec
-                for w in args.workloads
-                for spec in options.workload(
-                    argparse.Namespace(**{**vars(args), "workload": w}),
-                    ArrivalProcess.fixed_concurrency(1),
-                    num_prompts,
-                    builder,
-                )
-            ]
-            minipd_url = _start_minipd(processes, args, longest)
-        urls = {"minipd": minipd_url.rstrip("/"), "peer": args.peer_url.rstrip("/")}
+        every_spec = [
+            spec
+            for w in args.workloads
+            for spec in options.workload(
+                argparse.Namespace(**{**vars(args), "workload": w}),
+                ArrivalProcess.fixed_concurrency(1),
+                num_prompts,
+                builder,
+            )
+        ]
+        minipd_url = args.minipd_url or _start_minipd(processes, args, every_spec)
+        peer_url = args.peer_url or start_peer(
+            processes,
+            args.peer_binary,
+            peer_model,
+            args.peer_cpus or args.cpus,
+            args.torch_threads,
+            args.peer_slots or max(args.concurrencies),
+            options.server_options(args, every_spec).max_model_len,
+        )
+        urls = {"minipd": minipd_url.rstrip("/"), "peer": peer_url.rstrip("/")}
         for workload in args.workloads:
             wargs = argparse.Namespace(**{**vars(args), "workload": workload})
             for concurrency in args.concurrencies:
@@ -149,6 +178,9 @@ def run(args: argparse.Namespace) -> dict:
         "minipd_url": urls["minipd"],
         "peer_url": urls["peer"],
         "minipd_started": args.minipd_url is None,
+        "peer_started": args.peer_binary,
+        "peer_cpus": (args.peer_cpus or args.cpus) if args.peer_binary else None,
+        "peer_model": str(peer_model) if peer_model else None,
         "model": args.model,
         "cpus": args.cpus if args.minipd_url is None else None,
         "seed": args.seed,

@@ -264,6 +264,20 @@ class RoleSwitched(Reply, tag="role_switched"):
     num_drained: int  # requests that were in flight when the switch began
 
 
+# ---- the KV link cap ------------------------------------------------------------------------
+class SetLinkCap(Call, tag="set_link_cap"):
+    """Router -> instance: cap this instance's outgoing KV bandwidth at `gbps` Gbit/s (None or
+    0: uncapped) from its next KV write on. Answered by `LinkCapSet`, or `CallError` "invalid"
+    (a negative or non-finite rate)."""
+
+    gbps: float | None = None
+
+
+class LinkCapSet(Reply, tag="link_cap_set"):
+    gbps: float | None  # the cap now in force
+    previous_gbps: float | None
+
+
 class Register(Call, tag="register"):
     """Instance -> router: "I am serving at host:port"; the router connects back and handshakes."""
 
@@ -316,6 +330,8 @@ AnyMessage = (
     | ClusterStats
     | SwitchRole
     | RoleSwitched
+    | SetLinkCap
+    | LinkCapSet
     | Heartbeat
     | Evict
     | Draining

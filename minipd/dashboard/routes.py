@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Callable, TextIO
 
 import msgspec
 from aiohttp import web
@@ -142,14 +142,12 @@ def print_address(runner: web.AppRunner, host: str, out: TextIO = sys.stdout) ->
     print(f"minipd: dashboard on http://{host}:{runner.addresses[0][1]}/dashboard", file=out, flush=True)
 
 
-def router_dashboard(router: Router, backend: ServingBackend, default_slo: SLO) -> tuple:
-    """(backend to serve, app extension) for the router's front; the SLO is the controller's
-    while one runs, else `default_slo` (until one is set from the page)."""
-    from minipd.router.live_controller import LiveRatioController
-
-    def controller():
-        observer = router.latency_observer  # the controller registers itself there while it runs
-        return observer if isinstance(observer, LiveRatioController) else None
+def router_dashboard(
+    router: Router, backend: ServingBackend, default_slo: SLO, controller: Callable[[], object | None]
+) -> tuple:
+    """(backend to serve, app extension) for the router's front; `controller()` is the ratio
+    controller running now (None: off); the SLO is its own while it runs, else `default_slo`
+    (until one is set from the page)."""
 
     window = RequestWindow()
     builder = SnapshotBuilder(
@@ -157,7 +155,8 @@ def router_dashboard(router: Router, backend: ServingBackend, default_slo: SLO) 
         RouterInstances(router),
         DashboardSLO.from_slo(default_slo, "default"),
         "router",
-        {"role_switch": True},
+        # the router's control calls (api/admin.py, api/admin_controls.py) the page may make
+        {"role_switch": True, "cluster_mode": True, "link_cap": True, "load": True, "controller": True},
         controller,
     )
     dashboard = Dashboard(builder)

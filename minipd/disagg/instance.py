@@ -4,8 +4,8 @@ Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decod
 renewing the reservation's lease while it progresses); `decode` answers `Reserve` and
 `Decode` (hold blocks, receive the KV, decode); every role answers `Generate` (prefill and
 decode here, used for colocated serving and for short prompts), `Abort`, `PeerLost`,
-`GetStats` and `SwitchRole` (an in-place role switch; new work carries the role epoch it was
-meant for, see role_switch.py).
+`GetStats`, `SwitchRole` (an in-place role switch; new work carries the role epoch it was
+meant for, see role_switch.py) and `SetLinkCap` (the transport's egress cap, at runtime).
 
 Only routers may connect (with a cluster secret, only those that prove it), and the
 transport, given the same secret, takes KV only from the instance a reservation names, over
@@ -49,6 +49,7 @@ from minipd.control.messages import (
     Renew,
     Reserve,
     Reserved,
+    SetLinkCap,
     Stats,
     SwitchRole,
     TokenOutput,
@@ -59,6 +60,7 @@ from minipd.control.server import ControlServer
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
 from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressing
+from minipd.disagg.link_cap import set_link_cap
 from minipd.disagg.reservations import Reservation, Reservations
 from minipd.disagg.role_switch import RoleGuard
 from minipd.engine import cpu_placement
@@ -104,7 +106,7 @@ class Instance(ControlServer):
         self.lease_s = lease_s
         self.liveness_timeout_s = liveness_timeout_s
         self.fingerprint = engine_fingerprint(engine)
-        self._compute = cpu_placement.compute_key(engine.config.device, engine.placement)
+        self.compute = cpu_placement.compute_key(engine.config.device, engine.placement)
         self.reservations = Reservations(engine, transport, lease_s, instance_id, self._lease_expired)
         self._peer_ids: dict[str, str] = {}  # decode instance id -> transport peer id
         self._connecting: dict[str, asyncio.Task] = {}
@@ -195,7 +197,7 @@ class Instance(ControlServer):
             max_num_seqs=self.engine.config.scheduler.max_num_seqs,
             epoch=self.guard.epoch,
             liveness_timeout_s=self.liveness_timeout_s if hello.liveness_timeout_s > 0 else 0.0,
-            compute=self._compute,
+            compute=self.compute,
         )
 
     def established(self, channel: Channel, hello: Hello) -> None:
@@ -254,6 +256,8 @@ class Instance(ControlServer):
                     await self._generate(channel, message)
             case SwitchRole():
                 await self.guard.handle_switch(channel, message, self._reset_pool)
+            case SetLinkCap():
+                channel.reply(message, set_link_cap(self.transport, message.gbps))
             case Renew():
                 self.reservations.renew(message.request_id)
             case Abort():

@@ -21,6 +21,7 @@ import time
 from collections.abc import Coroutine
 
 from minipd.api.admin import router_admin
+from minipd.api.admin_controls import router_controls
 from minipd.api.app import start_api
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
@@ -39,8 +40,9 @@ from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.registration import keep_registered, register
 from minipd.entrypoints.stop_signal import wait_for_stop_signal
+from minipd.registry.membership import instance_presence, require_etcd_client, router_membership
 from minipd.router.control_port import RouterControlPort
-from minipd.router.live_controller import LiveRatioController
+from minipd.router.controller_switch import ControllerSwitch
 from minipd.router.router import Router
 from minipd.slo.targets import SLO
 
@@ -54,6 +56,8 @@ def prepare(configs: RoleConfigs) -> Coroutine:
     """Load what the role must load before serving (ValueError or FileNotFoundError say what
     failed) and return the role's coroutine; the configs were validated when built."""
     role = configs.role
+    if configs.process.registry is not None:
+        require_etcd_client()  # ValueError naming the flag and the extra
     if role is Role.ROUTER:
         secret = parse_cluster_secret(configs.process.cluster_secret)
         print(
@@ -102,7 +106,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
     instance_id = configs.instance.name(role, os.getpid())
     control_port = configs.instance.port
     secret = parse_cluster_secret(process.cluster_secret)
-    instance = api = registration = None
+    instance = api = registration = presence = None
     try:
         if control_port is None:
             await engine.start()
@@ -131,6 +135,9 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
             )
             api = await start_api(backend, http, extensions=[dashboard])
             print_dashboard_address(api, http.host)
+        if instance is not None and process.registry is not None:
+            presence = instance_presence(instance, process.registry, process.host, port, process.registry_ttl_s)
+            await presence.start(CONNECT_TIMEOUT_S)  # routers watching the registry find it from here on
         if instance is not None:
             print(f"READY {role.value} {instance.instance_id} {process.host}:{port}", flush=True)
             if configs.instance.router is not None:
@@ -148,6 +155,9 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
         if instance is not None:
             await instance.shutdown(process.shutdown_timeout_s)
             instance = None
+        if presence is not None:
+            await presence.close()  # its key goes once its requests are done: routers drop it then
+            presence = None
         return 0
     except Exception as exc:
         print(f"minipd {role.value}: {exc}", file=sys.stderr)
@@ -155,6 +165,8 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
     finally:
         if registration is not None:
             registration.cancel()
+        if presence is not None:
+            await presence.close()
         if api is not None:
             await api.cleanup()
         if instance is not None:
@@ -164,15 +176,19 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
 
 
 async def run_router(router: Router, configs: RoleConfigs) -> int:
-    process, http, controller = configs.process, configs.http, configs.ratio_controller
+    process, http, policy = configs.process, configs.http, configs.controller_policy
     server = RouterControlPort(router, process.max_connections)
-    api = live_controller = None
+    api = membership = None
+    controller = ControllerSwitch(router, policy.policy, policy.options)
     try:
         warn_if_exposed("the router", process.host, router.secret)
         deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
         for role, addresses in configs.endpoints.by_role():
             for host, port in addresses:
                 await _add_with_retry(router, host, port, role, deadline)
+        if process.registry is not None:
+            membership = router_membership(router, process.registry, process.registry_ttl_s)
+            await membership.start(CONNECT_TIMEOUT_S)  # connected to every instance published so far
         port = await server.serve(process.host, configs.endpoints.port)
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
@@ -180,13 +196,15 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
             backend, dashboard = router_dashboard(
                 router,
                 RouterBackend(router, configs.serving.served_model_name or router.model_name),
-                controller.policy.slo if controller is not None else DASHBOARD_SLO,
+                policy.policy.slo,
+                lambda: controller.controller,  # the running controller, if any (switched at runtime)
             )
-            api = await start_api(backend, http, extensions=[router_admin(router), dashboard])
+            api = await start_api(
+                backend, http, extensions=[router_admin(router), router_controls(router, controller), dashboard]
+            )
             print_dashboard_address(api, http.host)
-        if controller is not None:
-            live_controller = LiveRatioController(router, controller.policy, controller.options)
-            live_controller.start()
+        if configs.ratio_controller is not None:
+            controller.start()
         print(f"READY router router {process.host}:{port}", flush=True)
         await wait_for_stop_signal()
         loop = asyncio.get_running_loop()
@@ -204,8 +222,9 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
         print(f"minipd router: {exc}", file=sys.stderr)
         return 1
     finally:
-        if live_controller is not None:
-            await live_controller.close()
+        await controller.stop()
+        if membership is not None:
+            await membership.close()
         if api is not None:
             await api.cleanup()
         await server.close()

@@ -103,7 +103,7 @@ class LiveRatioController:
         self.policy = RatioController(config)
         self._per_request_tpot = config.slo.decode_bound[0] == "tpot"
         self.moves: list[MoveRecord] = []
-        self.last_decision: Decision | None = None  # the policy's latest answer (the dashboard shows it)
+        self.last_decision: Decision | None = None  # the latest, hold or move
         self._late: set[str] = set()  # requests reported late, whose first token is not to count
         self._in_flight = 0
         self._moving: set[asyncio.Task] = set()
@@ -133,7 +133,8 @@ class LiveRatioController:
         serving = self.router.registry.serving()
         prefill = [h for h in serving if h.role is Role.PREFILL]
         decode = [h for h in serving if h.role is Role.DECODE]
-        decision = self.last_decision = self.policy.decide(now, len(prefill), len(decode), self._in_flight)
+        decision = self.policy.decide(now, len(prefill), len(decode), self._in_flight)
+        self.last_decision = decision
         log.debug(
             "ratio controller: %s (%s); ttft attainment %.2f, decode %.2f; %dP:%dD",
             decision.move.value,

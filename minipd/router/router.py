@@ -62,6 +62,7 @@ from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchRepo
 from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
+from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
 from minipd.router.try_ids import TryIds
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Router(GeneratesFromSubmit):
         self.counters = RouterCounters()
         self.links = InstanceLinks(self.registry, config, self.counters, secret, self._on_message)
         self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
+        self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (switch_claims.py)
         self.latency_observer: LatencyObserver | None = None  # told of every first token and token gap
 
     # ---- instances --------------------------------------------------------------------
@@ -148,7 +150,7 @@ class Router(GeneratesFromSubmit):
         role reaches it, what it runs finishes, its pool is reset, and it serves as `role` with
         a new epoch. Raises UnknownInstance, InvalidRequestError (`role`), SwitchConflict or
         SwitchFailed (the instance then serves on in its old role)."""
-        report = await switch_instance_role(self.registry, instance_id, role, drain_timeout_s)
+        report = await switch_instance_role(self.registry, instance_id, role, drain_timeout_s, self.switch_claims)
         self.role_changes.append(report)
         return report
 

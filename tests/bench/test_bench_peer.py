@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +30,14 @@ def peer_url():
         yield start_server(processes, "peer-standin", argv)
 
 
-def bench(*flags: str) -> subprocess.CompletedProcess:
+def bench(*flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "bench.py", "peer", *flags], cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+        [sys.executable, "bench.py", "peer", *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        env=env,
     )
 
 
@@ -65,3 +71,52 @@ def test_no_peer_runs_nothing_and_says_why(tmp_path):
     assert run.returncode == 2
     assert "nothing ran: no peer given" in run.stderr and "--peer-url" in run.stderr
     assert not out.exists()
+
+
+@pytest.mark.timeout(180)
+def test_peer_binary_is_started_pinned_like_minipd_and_stopped(tmp_path):
+    """`--peer-binary`: the bench starts the peer with llama-server's flags on the given GGUF file,
+    pinned to the peer's cores with minipd's thread count and a slot per request in flight,
+    measures it, and stops it at the end."""
+    record, model = tmp_path / "record.json", tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")  # the stand-in serves tiny; the bench only checks the file is there
+    binary = tmp_path / "llama-server"
+    binary.write_text(f'#!/bin/sh\nPYTHONPATH={ROOT} exec {sys.executable} {ROOT}/tests/support/peer_standin.py "$@"\n')
+    binary.chmod(0o755)
+    peer_cpu = sorted(os.sched_getaffinity(0))[-1]
+    out = tmp_path / "peer.json"
+    run = bench(
+        "--quick",
+        "--no-progress",
+        "--peer-binary",
+        str(binary),
+        "--peer-model",
+        str(model),
+        "--peer-cpus",
+        str(peer_cpu),
+        "--json",
+        str(out),
+        env={**os.environ, "PEER_STANDIN_RECORD": str(record)},
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    started = json.loads(record.read_text())
+    assert result["peer_started"] == str(binary) and result["peer_model"] == str(model)
+    assert started["m"] == str(model) and started["cpus"] == [peer_cpu]
+    assert started["t"] == started["tb"] == 1  # --torch-threads, minipd's default here
+    assert started["np"] == max(QUICK["concurrencies"])
+    assert result["peer_url"] == f"http://127.0.0.1:{started['port']}"
+    assert all(c["peer"]["completed"] == c["peer"]["num_requests"] > 0 for c in result["cells"])
+    with pytest.raises(ProcessLookupError):  # stopped with the bench
+        os.kill(started["pid"], 0)
+
+
+def test_peer_binary_needs_a_gguf_file(tmp_path):
+    run = bench("--quick", "--peer-binary", "/bin/true")  # --quick serves tiny, which has no GGUF file
+    assert run.returncode == 2
+    assert "--peer-binary" in run.stderr and "not a GGUF file" in run.stderr
+
+
+def test_peer_url_and_binary_exclude_each_other():
+    run = bench("--quick", "--peer-url", "http://127.0.0.1:1", "--peer-binary", "/bin/true")
+    assert run.returncode == 2 and "not both" in run.stderr

@@ -53,20 +53,21 @@ const controls = {
   switchRole(instance, role) { return postJSON("/admin/switch_role", {instance, role}); },
   /** Set the SLO the page judges against (every viewer's), in milliseconds. */
   setSlo(ttftMs, itlMs) { return postJSON("/dashboard/slo", {ttft_ms: ttftMs, itl_ms: itlMs}); },
-  // HOOK flipCluster(mode, split): the whole cluster colocated ("both" everywhere) or split P:D.
-  flipCluster(mode, split) { return notYet("flip_cluster", "/admin/cluster_mode", {mode, split}); },
-  // HOOK setLinkCap(instance, bytesPerS): the KV link cap of one instance at runtime ("starve the link").
-  setLinkCap(instance, bytesPerS) { return notYet("link_cap", "/admin/link_cap", {instance, bytes_per_s: bytesPerS}); },
-  // HOOK startLoad(spec) / stopLoad(): the router's built-in load generator.
-  startLoad(spec) { return notYet("load", "/admin/load/start", spec); },
-  stopLoad() { return notYet("load", "/admin/load/stop", {}); },
-  // HOOK setController(on, slo): the ratio controller on or off, and its SLO.
-  setController(on, slo) { return notYet("controller", "/admin/controller", {on, slo}); },
+  // HOOKS for the router's other control calls (api/admin_controls.py); the page has no buttons for them yet.
+  /** The whole cluster colocated ("both" everywhere), or split into `prefill` prefill instances and the rest decode. */
+  flipCluster(mode, prefill) { return ifAvailable("cluster_mode", "/admin/cluster_mode", mode === "split" ? {mode, prefill} : {mode}); },
+  /** One instance's outgoing KV bandwidth cap in Gbit/s, from its next write on (null: uncapped): "starve the link". */
+  setLinkCap(instance, gbps) { return ifAvailable("link_cap", "/admin/link_cap", {instance, gbps}); },
+  /** Start the router's built-in load generator (a LoadRequest: workload, rate or concurrency, bounds), or stop it. */
+  startLoad(spec) { return ifAvailable("load", "/admin/load", spec); },
+  stopLoad() { return ifAvailable("load", "/admin/load/stop", {}); },
+  /** The ratio controller on or off, with its SLO ({ttft_ms, itl_ms}) and target (each optional). */
+  setController(on, slo, target) { return ifAvailable("controller", "/admin/controller", {on, slo, target}); },
 };
 window.minipdControls = controls;
 
 /** A control the server may not have: call it only when the snapshot lists it. */
-function notYet(name, path, body) {
+function ifAvailable(name, path, body) {
   if (!latest || !latest.controls || !latest.controls[name]) return Promise.reject(new Error(name + ": not available on this server"));
   return postJSON(path, body);
 }
