@@ -23,7 +23,7 @@ import numpy as np
 from minipd.engine.request import RequestOutput
 
 DEFAULT_WINDOW_S = 60.0
-DEFAULT_MAX_SAMPLES = 200_000  # per kind: tokens of a busy minute at 64 instances
+DEFAULT_MAX_SAMPLES = 100_000  # per kind: beyond it the window is shorter than window_s, percentiles as good
 DEFAULT_MAX_RECORDS = 50  # the request table's rows
 
 
@@ -47,6 +47,31 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     reserve_s: float = 0.0
 
 
+class Samples:
+    """Timed samples, oldest first, at most `capacity` (the oldest go first beyond it); times
+    and values in two deques, so the values reach numpy without a tuple per sample."""
+
+    def __init__(self, capacity: int):
+        self.at: deque[float] = deque(maxlen=capacity)
+        self.values: deque[float] = deque(maxlen=capacity)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def append(self, at: float, value: float) -> None:
+        self.at.append(at)
+        self.values.append(value)
+
+    def drop_before(self, horizon: float) -> None:
+        at, values = self.at, self.values
+        while at and at[0] < horizon:
+            at.popleft()
+            values.popleft()
+
+    def array(self) -> np.ndarray:
+        return np.fromiter(self.values, dtype=float, count=len(self.values))
+
+
 class _Transfer(msgspec.Struct, frozen=True):
     at: float  # monotonic
     prefill: str
@@ -65,8 +90,8 @@ class RequestWindow:
         if not window_s > 0:
             raise ValueError(f"window_s: must be positive, got {window_s}")
         self.window_s, self.clock = window_s, clock
-        self.ttft: deque[tuple[float, float]] = deque(maxlen=max_samples)  # (at, seconds)
-        self.itl: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        self.ttft = Samples(max_samples)  # seconds, stamped with when they were measured
+        self.itl = Samples(max_samples)
         self.transfers: deque[_Transfer] = deque(maxlen=max_samples)
         self.records: deque[RequestRecord] = deque(maxlen=max_records)
         self.num_requests = 0  # finished since start
@@ -74,10 +99,10 @@ class RequestWindow:
 
     # ---- fed by the observed backend ----------------------------------------------------
     def first_token(self, ttft_s: float) -> None:
-        self.ttft.append((self.clock(), ttft_s))
+        self.ttft.append(self.clock(), ttft_s)
 
     def gap(self, gap_s: float) -> None:
-        self.itl.append((self.clock(), gap_s))
+        self.itl.append(self.clock(), gap_s)
 
     def finished(self, output: RequestOutput, ttft_s: float | None, mean_itl_s: float | None) -> None:
         transfer = output.transfer
@@ -110,17 +135,16 @@ class RequestWindow:
     def prune(self) -> None:
         """Drop the samples older than the window."""
         horizon = self.clock() - self.window_s
-        for samples in (self.ttft, self.itl):
-            while samples and samples[0][0] < horizon:
-                samples.popleft()
+        self.ttft.drop_before(horizon)
+        self.itl.drop_before(horizon)
         while self.transfers and self.transfers[0].at < horizon:
             self.transfers.popleft()
 
     def ttft_values(self) -> np.ndarray:
-        return np.fromiter((v for _, v in self.ttft), dtype=float, count=len(self.ttft))
+        return self.ttft.array()
 
     def itl_values(self) -> np.ndarray:
-        return np.fromiter((v for _, v in self.itl), dtype=float, count=len(self.itl))
+        return self.itl.array()
 
     def link_bytes(self) -> dict[tuple[str, str], tuple[int, int]]:
         """(prefill, decode) -> (KV bytes, requests) moved over that pair within the window."""
