@@ -5,6 +5,8 @@ Each stream `submit` returns is wrapped: as the front takes an output from it (t
 before it relays it to the client) the first token-carrying one records a TTFT from the
 submission, every later one a gap, and the final one the request's record. Nothing else
 changes: aborting, leaving `async with` early and the outputs themselves are the inner stream's.
+A stream left before its final output (the client went away) is recorded as an abort, as
+/metrics counts it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class ObservedStream:
         self._last: float | None = None
         self._num_gaps = 0
         self._iterator = None
+        self._finished = False
 
     def abort(self) -> None:
         self.inner.abort()
@@ -54,6 +57,12 @@ class ObservedStream:
         return self
 
     async def __aexit__(self, *exc) -> None:
+        if not self._finished:  # left before its final output (the client went away): /metrics counts an abort
+            self._finished = True
+            self.window.finished(
+                RequestOutput(request_id=self.request_id, token_ids=[], text="", finished=True, finish_reason="abort"),
+                *self._figures(),
+            )
         return await self.inner.__aexit__(*exc)
 
     def __aiter__(self) -> ObservedStream:
@@ -76,7 +85,12 @@ class ObservedStream:
                 self.window.gap(now - self._last)
                 self._num_gaps += 1
             self._last = now
-        if output.finished:
-            ttft = None if self._first is None else self._first - self._submitted
-            mean_itl = (self._last - self._first) / self._num_gaps if self._num_gaps else None
-            self.window.finished(output, ttft, mean_itl)
+        if output.finished and not self._finished:
+            self._finished = True
+            self.window.finished(output, *self._figures())
+
+    def _figures(self) -> tuple[float | None, float | None]:
+        """(TTFT, mean gap) so far; None where there is none."""
+        ttft = None if self._first is None else self._first - self._submitted
+        mean_itl = (self._last - self._first) / self._num_gaps if self._num_gaps else None
+        return ttft, mean_itl

@@ -7,6 +7,7 @@ process clusters on `tiny` (router, one prefill and one decode process, TCP KV t
 - its role-switch button switches an instance: the page and /admin/instances both say so;
 - with `--api-key` and no key the page shows the key prompt and no data, its data routes
   answer 401 (a key in the URL is no key), and once the key is typed the data shows;
+- a colocated instance (`--role both --port`) shows its one engine, and the requests it served;
 - the browser console has no error in any of these (read from Chromium's log).
 Every test saves a screenshot of the page when it fails (under its pytest tmp dir).
 """
@@ -20,7 +21,7 @@ import urllib.request
 
 import openai
 import pytest
-from http_helpers import http_json, scrape, start_cluster, stop, wait_until_pools_full
+from http_helpers import http_json, scrape, start_cluster, start_colocated, stop, wait_until_pools_full
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -244,3 +245,25 @@ def test_slo_set_from_the_page_is_the_one_judged(cluster, browser, tmp_path):
         snapshot = http_json("GET", f"{cluster.base_url}/dashboard/snapshot").body
         assert snapshot["slo"] == {"ttft_s": 1.234, "itl_s": 0.056, "source": "page"}
         assert console_errors(browser) == []
+
+
+def test_a_colocated_instance_shows_its_engine_and_its_requests(browser, tmp_path):
+    server = start_colocated(tmp_path, "--model", "tiny", "--dtype", "float32")
+    try:
+        with screenshot_on_failure(browser, tmp_path):
+            client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", timeout=60)
+            for i in range(2):
+                client.completions.create(model="tiny", prompt=f"colocated {i}", max_tokens=4)
+            browser.get(f"{server.base_url}/dashboard")
+            wait_for(
+                browser,
+                lambda d: d.find_element(By.ID, "total-requests").text == "2" and len(cards(d)) == 1,
+                "its engine and 2 requests",
+            )
+            (shown,) = cards(browser).values()
+            assert shown["role"] == "both" and shown["liveness"] == "alive"
+            assert browser.find_element(By.ID, "pool-colocated").find_elements(By.CSS_SELECTOR, ".inst")
+            assert browser.find_elements(By.CSS_SELECTOR, ".inst .switch-to") == []  # no role switch on one engine
+            assert console_errors(browser) == []
+    finally:
+        stop(server)

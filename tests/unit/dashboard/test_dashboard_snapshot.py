@@ -253,3 +253,19 @@ def test_observed_backend_feeds_the_window_and_passes_everything_through():
     (record,) = window.records
     assert record.kv_bytes == 100 and record.prefill_instance == "p" and record.mean_itl_s is not None
     assert window.num_requests == 1 and window.link_bytes() == {("p", "d"): (100, 1)}
+
+
+def test_a_stream_left_before_its_end_counts_as_an_abort():
+    inner = SimpleNamespace(submit=lambda prompt, rid: _Stream([_output(tokens=(1,)), _output(tokens=(2,))]))
+    window = RequestWindow()
+    backend = ObservedBackend(inner, window)
+
+    async def leave_early():
+        stream = backend.submit(None, "r1")
+        async with stream:
+            async for _ in stream:
+                break  # the client went away after its first token
+
+    asyncio.run(leave_early())
+    (record,) = window.records
+    assert record.finish_reason == "abort" and record.ttft_s is not None and window.num_requests == 1
