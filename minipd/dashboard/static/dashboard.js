@@ -350,7 +350,7 @@ function renderController(s) {
   const c = s.controller, body = $("controller-body");
   $("controller-state").textContent = c ? "on" : "off";
   body.replaceChildren();
-  if (!c) { body.append(el("p", "muted", "Not running on this server (start the router with --ratio-controller).")); return; }
+  if (!c) { body.append(el("p", "muted", "Off: start the router with --ratio-controller, or turn it on with POST /admin/controller.")); return; }
   const slo = Object.entries(c.slo).map(([k, v]) => k.replace("_ms", "") + " " + v + " ms").join(", ");
   body.append(el("p", "", "SLO " + slo + " · target " + pct(c.target) + " · window " + c.window_s + " s · cool-down " + c.cooldown_s + " s"));
   const d = c.last_decision;
