@@ -19,7 +19,11 @@ is no instance's fault: it follows the router's `kv_load_failure` policy, `recom
 decode instance prefills the prompt itself) or `fail` (the request ends, saying why).
 
 Each try has its own id on the instances (try_ids.py), so an instance that saw an earlier
-try, and remembers it as aborted, never takes a later one for it.
+try, and remembers it as aborted, never takes a later one for it. Traced, every message of the
+try carries its span (or its recompute's) as the instances' parent (request_spans.py).
+
+Length: the stages of one try read top-down in one place, each with the message it sends;
+splitting them would scatter the blame and retry rules that tie them together.
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from minipd.engine.request import RequestOutput
 from minipd.policy.local_prefill import Placement
 from minipd.tracing import names
+from minipd.tracing.outputs import end_with_output
 from minipd.tracing.spans import Span, start_span
 
 if TYPE_CHECKING:
@@ -47,10 +49,8 @@ def placement_decided(
 ) -> None:
     """The pick and the placement decision, named as `minipd_disagg_decisions_total` names it,
     with the figures it was decided on."""
-    from minipd.api.disagg_decisions import DECISIONS  # the metric's names (a module above this one)
-
     remote = prefill is not None and not placement.is_local
-    decision = DECISIONS[placement if prefill is not None else Placement.LOCAL_NO_PREFILL]
+    decision = (placement if prefill is not None else Placement.LOCAL_NO_PREFILL).decision
     attributes = {
         "minipd.try_id": routed.wire_id,
         "minipd.decode_instance": decode.instance_id,
@@ -64,6 +64,12 @@ def placement_decided(
         attributes["minipd.placement.prefill_inflight_tokens"] = prefill.num_inflight_tokens
     span.set(attributes)
     span.event(names.PICKED, {"minipd.decode_instance": decode.instance_id})
+
+
+def end_try(span: Span | None, output: RequestOutput) -> None:
+    """A try that ended the request with its final output (None: not traced)."""
+    if span is not None:
+        end_with_output(span, output)
 
 
 def end_failed_try(span: Span, stale: bool, retried: bool, blamed: str | None, error: str) -> None:

@@ -208,8 +208,7 @@ class Router(GeneratesFromSubmit):
         A text prompt is tokenized here, on the loop; servers validate off the loop and pass
         a CheckedPrompt (checked_prompt.py), whose invariants only are checked here.
         `layerwise` overrides the router's KV streaming mode for this request (experiments).
-        `traceparent`: the caller's W3C trace context, the parent of the request's span when
-        tracing is on (ignored when invalid)."""
+        `traceparent`: the caller's W3C trace context, its span's parent (ignored when invalid)."""
         if not self.accepting:
             raise BackendUnavailableError("the router is shutting down", SHUTDOWN_RETRY_AFTER_S)
         if not self.registry.instances:
@@ -250,8 +249,7 @@ class Router(GeneratesFromSubmit):
             try_span = routed.try_span = request_spans.start_try(routed.span, number) if routed.span else None
             try:
                 output = await attempt.run()
-                if try_span is not None:
-                    end_with_output(try_span, output)
+                request_spans.end_try(try_span, output)
                 self.finish(routed, output)
                 return
             except AttemptFailed as failure:
