@@ -461,6 +461,7 @@ class Instance(ControlServer):
                         "minipd.first_token": report.first_token,
                     }
                 )
+                span.end()  # before the reply: the router's Decode follows it
             channel.reply(
                 message,
                 Prefilled(
