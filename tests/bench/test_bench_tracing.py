@@ -29,5 +29,6 @@ def test_tracing_quick(tmp_path):
         assert sum(mode["num_requests"]) > 0 and sum(mode["num_failed"]) == 0, mode
     assert result["exported"]["posts"] > 0 and result["exported"]["bytes"] > 0
     ratios = result["ratio_on_over_off"]
-    assert ratios["p90_ttft"] and all(math.isfinite(r) and r > 0 for r in ratios["p90_ttft"] + ratios["p90_itl"])
+    assert ratios["p90_ttft"] and all(math.isfinite(r) and r > 0 for r in ratios["p90_ttft"])
+    assert len(ratios["p90_itl"]) == len(ratios["p90_ttft"])  # null where the untraced P90 ITL was 0
     assert "traced / untraced P90 TTFT" in run.stdout
