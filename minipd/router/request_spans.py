@@ -66,6 +66,12 @@ def placement_decided(
     span.event(names.PICKED, {"minipd.decode_instance": decode.instance_id})
 
 
+def end_request(span: Span | None, last: RequestOutput, error: str | None = None) -> None:
+    """The request ended with its `last` output (failed with `error`; None: not traced)."""
+    if span is not None:
+        end_with_output(span, last, error)
+
+
 def end_try(span: Span | None, output: RequestOutput) -> None:
     """A try that ended the request with its final output (None: not traced)."""
     if span is not None:

@@ -66,7 +66,6 @@ from minipd.router.router_counters import RouterCounters
 from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
 from minipd.router.try_ids import TryIds
 from minipd.tracing.exporter import tracer
-from minipd.tracing.outputs import end_with_output
 
 log = logging.getLogger(__name__)
 
@@ -318,8 +317,7 @@ class Router(GeneratesFromSubmit):
     def finish(self, routed: RoutedRequest, last: RequestOutput) -> None:
         """End the request once with its final output from an instance."""
         if self._forget(routed):
-            if routed.span is not None:
-                end_with_output(routed.span, last)
+            request_spans.end_request(routed.span, last)
             routed.stream.put(last)
             self._finished.set()
 
@@ -333,8 +331,7 @@ class Router(GeneratesFromSubmit):
         if routed.task is not None and routed.task is not asyncio.current_task():
             routed.task.cancel()
         last = RequestOutput.aborted(routed.request_id, error, len(routed.token_ids), error_kind)
-        if routed.span is not None:
-            end_with_output(routed.span, last, error or "aborted")
+        request_spans.end_request(routed.span, last, error or "aborted")
         routed.stream.put(last)
 
     def _forget(self, routed: RoutedRequest) -> bool:
