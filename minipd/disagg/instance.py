@@ -236,9 +236,9 @@ class Instance(ControlServer):
                     return
                 self.track(channel, message.request_id)
                 span = instance_spans.start(names.RESERVE, message, self.instance_id, self.role)
-                self._reserve(channel, message)
-                if span is not None:
-                    instance_spans.end_reserve(span, self.reservations.held.get(message.request_id))
+                self._reserve(channel, message, span)
+                if span is not None:  # refused (the span of a reservation ended before its reply)
+                    instance_spans.end_reserve(span, None)
             case Prefill():
                 if self._refuse_while_draining(channel, message) or self.guard.refused(channel, message):
                     return
@@ -314,7 +314,7 @@ class Instance(ControlServer):
         return True
 
     # ---- decode role ------------------------------------------------------------------
-    def _reserve(self, channel: Channel, message: Reserve) -> None:
+    def _reserve(self, channel: Channel, message: Reserve, span: Span | None = None) -> None:
         if self._refuse(self.role.serves_decode, "decode", channel, message):
             return
         request_id = message.request_id
@@ -337,6 +337,8 @@ class Instance(ControlServer):
             return
         self.reservations.add(request_id, message.token_ids, block_ids, num_cached, channel)
         self.guard.work.hold(request_id)  # until its decode stream ends or the reservation is dropped
+        if span is not None:  # before the reply: the router's Prefill follows it
+            instance_spans.end_reserve(span, self.reservations.held[request_id])
         channel.reply(message, Reserved(num_cached_tokens=num_cached, dst_block_ids=dst, lease_s=self.lease_s))
         fault_points.hit("decode.reserved", request_id)
 
@@ -519,15 +521,15 @@ class Instance(ControlServer):
                 async for output in stream:
                     if output.finish_reason == "abort" and output.error is None and not self.accepting:
                         output.error = f"{self.instance_id} shut down before the request finished"
+                    if span is not None:  # ended before the last output goes: the router's try ends after it
+                        if num_sent == 0:
+                            span.event(names.FIRST_TOKEN)
+                        if output.finished:
+                            end_with_output(span, output, "aborted" if output.finish_reason == "abort" else None)
                     channel.send(TokenOutput(request_id=stream.request_id, output=output))
                     num_sent += 1
                     if num_sent == 2:
                         fault_points.hit("decode.streaming", stream.request_id)
-                    if span is not None:
-                        if num_sent == 1:
-                            span.event(names.FIRST_TOKEN)
-                        if output.finished:
-                            end_with_output(span, output, "aborted" if output.finish_reason == "abort" else None)
         finally:
             if span is not None:
                 span.end("ended before it finished")  # a no-op once ended with its last output

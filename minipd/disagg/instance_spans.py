@@ -24,7 +24,9 @@ def start(name: str, message: Reserve | Prefill | Decode | Generate, instance_id
 
 def end_reserve(span: Span, reservation: Reservation | None) -> None:
     """A Reserve answered: blocks held (with the prefix the decode instance had), or refused
-    (a full pool: the router asks again)."""
+    (a full pool: the router asks again); a no-op once ended."""
+    if span.ended:
+        return
     span.set({"minipd.reserved": reservation is not None})
     if reservation is not None:
         span.set({"minipd.cached_tokens": reservation.num_cached_tokens, "minipd.blocks": len(reservation.block_ids)})

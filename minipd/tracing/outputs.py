@@ -7,7 +7,10 @@ from minipd.tracing.spans import Span
 
 
 def end_with_output(span: Span, output: RequestOutput | None, error: str | None = None) -> None:
-    """End `span` with the final `output` (None: it never came, `error` says why)."""
+    """End `span` with the final `output` (None: it never came, `error` says why); a no-op
+    once it ended."""
+    if span.ended:
+        return
     if output is not None:
         span.set(
             {
