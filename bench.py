@@ -14,6 +14,7 @@
     python bench.py controller --json controller.json --plot controller.png
     python bench.py validate --profile profile.json --json validate.json --plot validate.png
     python bench.py soak --json soak.json       # kills and freezes under load: nothing lost, nothing leaked
+    python bench.py tracing --json tracing.json  # --otlp-traces-endpoint on vs off at slo's load
     python bench.py peer --peer-url http://127.0.0.1:8080 --json peer.json --plot peer.png  # minipd / llama-server
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
@@ -80,6 +81,7 @@ EXPERIMENTS = {
         "benchmarks.peer.peer_bench",
         "the same workloads against minipd and another OpenAI server (llama-server), as ratios",
     ),
+    "tracing": ("benchmarks.tracing.tracing_bench", "what --otlp-traces-endpoint costs at slo's load: on vs off"),
 }
 
 

@@ -47,6 +47,7 @@ from minipd.engine.request import INSTANCE_LOST, RequestOutput
 from minipd.engine.request import OVERLOADED as OVERLOADED_KIND
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.engine.unavailable import BackendUnavailableError
+from minipd.tracing.exporter import tracer
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +187,11 @@ class OpenAIServing:
                 retry_after_s=self.overload_retry_after_s,
             )
 
-    def _submit(self, prompt: CheckedPrompt, prompt_param: str, request_id: str) -> OutputStream:
+    def _submit(
+        self, prompt: CheckedPrompt, prompt_param: str, request_id: str, traceparent: str | None
+    ) -> OutputStream:
         try:
-            return self.backend.submit(prompt, request_id)
+            return self.backend.submit(prompt, request_id, traceparent=traceparent)
         except InvalidRequestError as exc:
             raise self._invalid(exc, prompt_param) from None
         except BackendUnavailableError as exc:
@@ -209,7 +212,9 @@ class OpenAIServing:
     ) -> web.StreamResponse:
         self._admit()
         checked = await self._check(prompt, request, prompt_param)
-        stream = self._submit(checked, prompt_param, fmt.request_id)
+        # the client's trace context (W3C Trace Context), read only while this process exports traces
+        traceparent = http_request.headers.get("traceparent") if tracer() is not None else None
+        stream = self._submit(checked, prompt_param, fmt.request_id, traceparent)
         try:
             async with stream:
                 if request.stream:

@@ -7,17 +7,23 @@ messages, or has a field of the wrong type, is refused by the decoder (nothing i
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from minipd.control.role import Role
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
 from minipd.models.model_config import ModelConfig
+from minipd.tracing.traceparent import TRACEPARENT_CHARS, TRACEPARENT_PATTERN
 
 PROTOCOL_VERSION = 3  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs
 # TokenOutput.failure_kind, and CallError.kind, of requests that failed for these reasons:
 FAILURE_KV_LOAD = "kv_load"  # the KV did not arrive in the reservation (no fault of the decode instance)
 FAILURE_SHUTDOWN = "shutdown"  # the instance is shutting down and took nothing new
+# The trace a call belongs to (minipd/tracing): a version-00 W3C traceparent, checked by the
+# decoder like any field; None: not traced.
+TraceParentText = Annotated[str, msgspec.Meta(max_length=TRACEPARENT_CHARS, pattern=TRACEPARENT_PATTERN)]
 
 
 class Fingerprint(msgspec.Struct, frozen=True):
@@ -138,6 +144,7 @@ class Reserve(Call, tag="reserve"):
     token_ids: list[int]
     prefill_instance: str
     epoch: int | None = None  # the role epoch the sender saw; a stale one is refused (None: unchecked)
+    traceparent: TraceParentText | None = None  # the router's span of this try
 
 
 class Reserved(Reply, tag="reserved"):
@@ -159,6 +166,7 @@ class Prefill(Call, tag="prefill"):
     layerwise: bool = True
     epoch: int | None = None  # as in Reserve
     lease_s: float = 0.0  # the reservation's lease: the prefill instance renews it (`Renew`) while it progresses
+    traceparent: TraceParentText | None = None  # as in Reserve
 
 
 class Prefilled(Reply, tag="prefilled"):
@@ -177,6 +185,7 @@ class Decode(Message, tag="decode"):
 
     first_token: int
     sampling: SamplingParams
+    traceparent: TraceParentText | None = None  # as in Reserve
 
 
 class KVLanded(Message, tag="kv_landed"):
@@ -199,6 +208,7 @@ class Generate(Message, tag="generate"):
     token_ids: list[int]
     sampling: SamplingParams
     epoch: int | None = None  # as in Reserve
+    traceparent: TraceParentText | None = None  # as in Reserve
 
 
 class TokenOutput(Message, tag="tokens"):

@@ -34,8 +34,8 @@ class ObservedBackend:
     def vocab_size(self) -> int:
         return self.backend.vocab_size
 
-    def submit(self, prompt: CheckedPrompt, request_id: str) -> OutputStream:
-        return ObservedStream(self.backend.submit(prompt, request_id), self.window)
+    def submit(self, prompt: CheckedPrompt, request_id: str, *, traceparent: str | None = None) -> OutputStream:
+        return ObservedStream(self.backend.submit(prompt, request_id, traceparent=traceparent), self.window)
 
 
 class ObservedStream:

@@ -40,6 +40,7 @@ class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True):
     cpus: tuple[int, ...] | None = None  # the cores it is pinned to; None: not pinned
     registry: RegistryUrl | None = None  # None: the embedded default (registration over the control port)
     registry_ttl_s: int = DEFAULT_REGISTRY_TTL_S  # of its registry lease
+    otlp_traces_endpoint: str | None = None  # where spans go (minipd/tracing); None: not traced
 
     def __repr__(self) -> str:  # never print the secret
         return f"ProcessConfig(host={self.host!r}, cluster_secret={'<set>' if self.cluster_secret else None})"

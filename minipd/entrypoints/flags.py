@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from minipd.control.role import Role
-from minipd.entrypoints import flags_api, flags_engine, flags_process, flags_registry, flags_router
+from minipd.entrypoints import flags_api, flags_engine, flags_process, flags_registry, flags_router, flags_tracing
 from minipd.entrypoints.flag_spec import (  # noqa: F401  (the names callers import from here)
     API_KEY_ENV,
     CLUSTER_SECRET_ENV,
@@ -31,6 +31,7 @@ from minipd.entrypoints.flag_spec import (  # noqa: F401  (the names callers imp
 
 FLAGS: tuple[Flag, ...] = (
     *flags_process.FLAGS,
+    *flags_tracing.FLAGS,
     *flags_engine.FLAGS,
     *flags_router.FLAGS,
     *flags_registry.FLAGS,

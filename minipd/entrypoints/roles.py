@@ -45,6 +45,8 @@ from minipd.router.control_port import RouterControlPort
 from minipd.router.controller_switch import ControllerSwitch
 from minipd.router.router import Router
 from minipd.slo.targets import SLO
+from minipd.tracing import exporter as trace_exporter
+from minipd.tracing.names import INSTANCE_SERVICE, ROUTER_SERVICE
 
 CONNECT_TIMEOUT_S = 60.0
 RELAY_LAST_OUTPUTS_S = 1.0  # a shutting-down router's last outputs (aborts saying why) reach its clients
@@ -58,6 +60,8 @@ def prepare(configs: RoleConfigs) -> Coroutine:
     role = configs.role
     if configs.process.registry is not None:
         require_etcd_client()  # ValueError naming the flag and the extra
+    if configs.process.otlp_traces_endpoint is not None:  # the SDK is there, the URL one (else ValueError)
+        trace_exporter.check_endpoint(configs.process.otlp_traces_endpoint)
     if role is Role.ROUTER:
         secret = parse_cluster_secret(configs.process.cluster_secret)
         print(
@@ -107,6 +111,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
     control_port = configs.instance.port
     secret = parse_cluster_secret(process.cluster_secret)
     instance = api = registration = presence = None
+    _start_tracing(process, INSTANCE_SERVICE, instance_id, role)
     try:
         if control_port is None:
             await engine.start()
@@ -173,6 +178,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
             await instance.close()
         else:
             await engine.close()
+        trace_exporter.shutdown()  # the last spans out before the process exits
 
 
 async def run_router(router: Router, configs: RoleConfigs) -> int:
@@ -180,6 +186,7 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
     server = RouterControlPort(router, process.max_connections)
     api = membership = None
     controller = ControllerSwitch(router, policy.policy, policy.options)
+    _start_tracing(process, ROUTER_SERVICE, "router", Role.ROUTER)
     try:
         warn_if_exposed("the router", process.host, router.secret)
         deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
@@ -229,6 +236,12 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
             await api.cleanup()
         await server.close()
         await router.close()
+        trace_exporter.shutdown()  # the last spans out before the process exits
+
+
+def _start_tracing(process: ProcessConfig, service: str, instance_id: str, role: Role) -> None:
+    if process.otlp_traces_endpoint is not None:
+        trace_exporter.configure(process.otlp_traces_endpoint, service, instance_id, role.value)
 
 
 async def _add_with_retry(router: Router, host: str, port: int, role: Role, deadline: float) -> None:

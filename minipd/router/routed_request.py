@@ -15,6 +15,7 @@ from minipd.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from minipd.router.registry import InstanceHandle
+    from minipd.tracing.spans import Span
 
 
 class RoutedRequest:
@@ -45,6 +46,9 @@ class RoutedRequest:
         self.reserve_s = 0.0  # the last try's reserve call on its decode instance, busy waits included
         self.decode_wait_s = 0.0  # waiting for KV room on a decode instance (its pool was full)
         self.prefilled_locally = False  # placed on its decode instance for prefill too
+        # its spans (router/request_spans.py), None while it is not traced
+        self.span: Span | None = None
+        self.try_span: Span | None = None  # the current try's (or its recompute's): the instances' parent
 
     def decode_wait_so_far(self, now: float) -> float:
         """Time this request has spent waiting on decode: for KV room, or, prefilled on its

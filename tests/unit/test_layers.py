@@ -34,6 +34,7 @@ EVERY_LAYER = {
     "slo",
     "models",
     "transports",
+    "tracing",
 }
 ALLOWED: dict[str, set[str]] = {
     "models": {"models"},
@@ -43,11 +44,12 @@ ALLOWED: dict[str, set[str]] = {
     "loadgen": {"loadgen", "slo", "workload"},
     "policy": {"policy", "slo", "workload"},
     "engine": {"engine", "models"},
+    "tracing": {"tracing", "engine", "models"},
     "planner": {"planner", "policy", "slo", "workload", "engine", "models"},
-    "control": {"control", "engine", "models", "transports"},
-    "disagg": {"disagg", "control", "engine", "models", "transports"},
-    "router": {"router", "control", "engine", "models", "policy", "slo"},
-    "api": {"api", "router", "control", "engine", "policy", "slo", "models", "loadgen", "workload"},
+    "control": {"control", "engine", "models", "transports", "tracing"},
+    "disagg": {"disagg", "control", "engine", "models", "transports", "tracing"},
+    "router": {"router", "control", "engine", "models", "policy", "slo", "tracing"},
+    "api": {"api", "router", "control", "engine", "policy", "slo", "models", "loadgen", "workload", "tracing"},
     # membership in etcd: drives a router's links and publishes an instance
     "registry": {"registry", "router", "disagg", "control", "engine", "models", "transports", "policy", "slo"},
     "dashboard": {"dashboard", "api", "router", "control", "engine", "policy", "slo", "models"},

@@ -34,7 +34,7 @@ class IdleBackend:
     max_model_len = 64
     vocab_size = 0
 
-    def submit(self, prompt, request_id):
+    def submit(self, prompt, request_id, *, traceparent=None):
         raise AssertionError("no request in these tests")
 
     async def ready(self) -> bool:

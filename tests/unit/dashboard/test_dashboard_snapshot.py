@@ -231,7 +231,7 @@ def test_observed_backend_feeds_the_window_and_passes_everything_through():
         model_name="m",
         max_model_len=64,
         vocab_size=5,
-        submit=lambda prompt, rid: _Stream(outputs),
+        submit=lambda prompt, rid, traceparent=None: _Stream(outputs),
         num_waiting=lambda: 7,
     )
     window = RequestWindow()
@@ -239,7 +239,7 @@ def test_observed_backend_feeds_the_window_and_passes_everything_through():
     assert (backend.model_name, backend.max_model_len, backend.num_waiting()) == ("m", 64, 7)
 
     async def consume():
-        stream = backend.submit(None, "r1")
+        stream = backend.submit(None, "r1", traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
         seen = []
         async with stream:
             async for output in stream:
@@ -256,7 +256,9 @@ def test_observed_backend_feeds_the_window_and_passes_everything_through():
 
 
 def test_a_stream_left_before_its_end_counts_as_an_abort():
-    inner = SimpleNamespace(submit=lambda prompt, rid: _Stream([_output(tokens=(1,)), _output(tokens=(2,))]))
+    inner = SimpleNamespace(
+        submit=lambda prompt, rid, traceparent=None: _Stream([_output(tokens=(1,)), _output(tokens=(2,))])
+    )
     window = RequestWindow()
     backend = ObservedBackend(inner, window)
 
