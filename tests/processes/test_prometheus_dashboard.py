@@ -197,6 +197,7 @@ def test_the_panels_show_the_requests_sent_and_where_they_were_prefilled(observe
     assert spent["first_token"] > max(spent["prefill_compute"], spent["reserve"], spent["adopt"])  # TTFT holds them
     roles = by_label(prometheus, "sum by (role) (minipd_instance_role)", "role")
     assert roles == {"prefill": 1, "decode": 1}
+    assert by_label(prometheus, "count by (role) (minipd_instance_role)", "role") == roles  # switched back
     assert prometheus.scalar("sum(minipd_kv_transfer_bytes_total)") > 0
     instances = by_label(prometheus, "max by (instance) (minipd_requests_decoding)", "instance")
     assert len(instances) == 2 and set(instances.values()) == {0}  # idle now: nothing prefills or decodes
