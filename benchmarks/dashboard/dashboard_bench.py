@@ -110,9 +110,13 @@ def run(args: argparse.Namespace) -> dict:
                 prometheus.wait_for('up{job="minipd"}', lambda v: v == 1, "scraped through the API key")
                 started = time.time()
                 report = drive(base_url, api_key, options)
-                finished = report.completed + report.failed
+                # every request sent ended as finished or as an overload (503), as scraped
+                ended = report.sent + report.overloads_sent
                 prometheus.wait_for(
-                    "sum(minipd_requests_total)", lambda v: v >= finished, "scraped after the load", SETTLE_TIMEOUT_S
+                    "sum(minipd_requests_total) + sum(minipd_request_overloads_total)",
+                    lambda v: v >= ended,
+                    "scraped after the load",
+                    SETTLE_TIMEOUT_S,
                 )
                 end = time.time()
                 panels = _evaluate(prometheus, dashboard, args.rate_window, started, end, args.step_s)
