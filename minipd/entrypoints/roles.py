@@ -23,6 +23,7 @@ from collections.abc import Coroutine
 from minipd.api.admin import router_admin
 from minipd.api.admin_controls import router_controls
 from minipd.api.app import start_api
+from minipd.api.controller_metrics import controller_metrics
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
 from minipd.control.role import Role
@@ -195,7 +196,7 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
             api = await start_api(
                 RouterBackend(router, configs.serving.served_model_name or router.model_name),
                 http,
-                extensions=[router_admin(router), router_controls(router, controller)],
+                extensions=[router_admin(router), router_controls(router, controller), controller_metrics(controller)],
             )
         if configs.ratio_controller is not None:
             controller.start()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -55,6 +56,7 @@ class ControllerSwitch:
         self.router, self.config, self.options = router, config, options
         self.controller: LiveRatioController | None = None
         self._past_moves: list[MoveRecord] = []
+        self.decision_counts: Counter = Counter()  # every controller's decisions, across restarts (/metrics)
 
     @property
     def on(self) -> bool:
@@ -63,7 +65,9 @@ class ControllerSwitch:
     def start(self) -> None:
         """Turn it on with the current policy (no-op when on); on the router's event loop."""
         if self.controller is None:
-            self.controller = LiveRatioController(self.router, self.config, self.options)
+            self.controller = LiveRatioController(
+                self.router, self.config, self.options, decision_counts=self.decision_counts
+            )
             self.controller.start()
 
     async def stop(self) -> None:
