@@ -98,8 +98,10 @@ class LiveRatioController:
         config: ControllerConfig,
         options: LiveControllerOptions = DEFAULT_OPTIONS,
         clock: Callable[[], float] = time.monotonic,
+        may_decide: Callable[[], bool] = lambda: True,
     ):
         self.router, self.options, self.clock = router, options, clock
+        self.may_decide = may_decide  # checked before each decision: False while not the elected leader
         self.policy = RatioController(config)
         self._per_request_tpot = config.slo.decode_bound[0] == "tpot"
         self.moves: list[MoveRecord] = []
@@ -199,7 +201,8 @@ class LiveRatioController:
         while True:
             await asyncio.sleep(self.options.interval_s)  # the policy's period, not a synchronisation
             try:
-                self.tick()
+                if self.may_decide():
+                    self.tick()
             except Exception:  # a failing decision must not stop the controller (nor the router)
                 log.exception("ratio controller: decision failed")
 
