@@ -127,7 +127,7 @@ class ControllerElection:
             self._elected_at = started
 
     async def _step_down(self) -> None:
-        self._elected_at = None
+        self._elected_at = self.leader_id = None  # until the next campaign tells who leads
         await self._on_deposed()
         await self._revoke()  # frees the key at once if it is still ours
 
