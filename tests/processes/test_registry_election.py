@@ -183,7 +183,8 @@ def test_a_frozen_leader_is_replaced_and_once_resumed_is_not_leader(etcd):
     try:
         (leader,) = wait_until(lambda: leaders(routers), TIMEOUT_S, "one router elected")
         (follower,) = [r for r in routers if r is not leader]
-        frozen = time.monotonic()
+        wait_until(lambda: controller_state(leader)["last_decision"], TIMEOUT_S, "the leader decides")
+        frozen, frozen_wall = time.monotonic(), time.time()
         os.kill(leader.popen.pid, signal.SIGSTOP)  # its connections stay open: only its lease can tell
         wait_until(lambda: controller_state(follower)["leader"], TAKEOVER_BOUND_S + 2.0, "the follower took over")
         takeover_s = time.monotonic() - frozen
@@ -191,6 +192,8 @@ def test_a_frozen_leader_is_replaced_and_once_resumed_is_not_leader(etcd):
         os.kill(leader.popen.pid, signal.SIGCONT)
         first = controller_state(leader)  # its first answer after running again
         assert first["leader"] is False, first
+        # no decision since it resumed (its controller, if not stopped yet, is held by the guard)
+        assert first["last_decision"] is None or first["last_decision"]["decided_at"] < frozen_wall, first
         assert leader_gauge(leader) == 0.0
         wait_until(lambda: not controller_state(leader)["on"], TIMEOUT_S, "the old leader's controller stopped")
         new_leader = controller_state(follower)["leader_id"]
