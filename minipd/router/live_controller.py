@@ -103,9 +103,11 @@ class LiveRatioController:
         options: LiveControllerOptions = DEFAULT_OPTIONS,
         clock: Callable[[], float] = time.monotonic,
         decision_counts: Counter[tuple[Move, str]] | None = None,
+        may_decide: Callable[[], bool] = lambda: True,
     ):
         """`decision_counts`: where to count decisions (one kept across restarts), else a new one."""
         self.router, self.options, self.clock = router, options, clock
+        self.may_decide = may_decide  # checked before each decision: False while not the elected leader
         self.policy = RatioController(config)
         self._per_request_tpot = config.slo.decode_bound[0] == "tpot"
         self.moves: list[MoveRecord] = []
@@ -220,7 +222,8 @@ class LiveRatioController:
         while True:
             await asyncio.sleep(self.options.interval_s)  # the policy's period, not a synchronisation
             try:
-                self.tick()
+                if self.may_decide():
+                    self.tick()
             except Exception:  # a failing decision must not stop the controller (nor the router)
                 log.exception("ratio controller: decision failed")
 
