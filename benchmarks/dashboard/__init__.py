@@ -1,2 +1,1 @@
-"""The dashboard in a real browser: Debian's headless Chromium driven by Selenium (`browser`),
-and the script that takes the README's screenshot from a live cluster (`screenshot`)."""
+"""`bench.py dashboard`: the Grafana dashboard's panels over a live cluster scraped by a real Prometheus."""

@@ -14,7 +14,7 @@ router/cluster_mode.py, router/link_cap.py, router/controller_switch.py and buil
   is under way already (start) or none is (stop).
 - `POST /admin/controller` `{"on": bool, "slo": {"ttft_ms": T, "itl_ms": I | "tpot_ms": P},
   "target": F}` (every field optional): turn the ratio controller on or off and set its
-  policy; `GET /admin/controller`: its `ControllerState`.
+  policy; `GET /admin/controller`: its `ControllerState` (with `leader`, `leader_id`).
 Every body is JSON (415 otherwise), decoded strictly (400 naming an unknown or mistyped
 field), and every route sits behind the app's API key (401 without it). Bad values are 400s
 naming the field, an unknown instance a 404.
@@ -29,8 +29,9 @@ from typing import Any, Callable
 import msgspec
 from aiohttp import web
 
-from minipd.api.app import CONFIG_KEY
+from minipd.api.app import CONFIG_KEY, METRICS_KEY
 from minipd.api.builtin_load import BuiltinLoad, LoadConflict, LoadRequest, TokenizerPrompts
+from minipd.api.controller_leader_metrics import ControllerLeaderCollector
 from minipd.api.errors import NOT_FOUND, SERVER_ERROR, ApiError, from_decode_error
 from minipd.api.json_only import require_json
 from minipd.engine.sampling_params import InvalidRequestError
@@ -191,5 +192,6 @@ def router_controls(router: Router, controller: ControllerSwitch) -> Callable[[w
     def install(app: web.Application) -> None:
         load = BuiltinLoad(TokenizerPrompts(router.tokenizer), lambda: router.max_model_len, app[CONFIG_KEY].api_key)
         AdminControls(router, controller, load).install(app)
+        app[METRICS_KEY].registry.register(ControllerLeaderCollector(controller))
 
     return install

@@ -31,7 +31,13 @@ from minipd.api.backend import OutputStream, ServingBackend
 from minipd.api.chat_template import ChatTemplate
 from minipd.api.errors import OVERLOADED, SERVER_ERROR, ApiError, bad_request, from_decode_error
 from minipd.api.json_only import require_json
-from minipd.api.metrics import RequestRecorder, ServingMetrics
+from minipd.api.metrics import (
+    OVERLOAD_KV_CAPACITY,
+    OVERLOAD_UNAVAILABLE,
+    OVERLOAD_WAITING_LIMIT,
+    RequestRecorder,
+    ServingMetrics,
+)
 from minipd.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -180,6 +186,7 @@ class OpenAIServing:
             return
         num_waiting = self.backend.num_waiting()
         if num_waiting >= limit:
+            self.metrics.record_overload(OVERLOAD_WAITING_LIMIT)
             raise ApiError(
                 503,
                 f"overloaded: {num_waiting} requests are waiting (limit {limit}); retry later",
@@ -195,8 +202,10 @@ class OpenAIServing:
         except InvalidRequestError as exc:
             raise self._invalid(exc, prompt_param) from None
         except BackendUnavailableError as exc:
+            self.metrics.record_overload(OVERLOAD_UNAVAILABLE)
             raise ApiError(503, f"unavailable: {exc}", type=OVERLOADED, retry_after_s=exc.retry_after_s) from None
         except NoCapacity as exc:
+            self.metrics.record_overload(OVERLOAD_KV_CAPACITY)
             raise ApiError(
                 503, f"overloaded: {exc}; retry later", type=OVERLOADED, retry_after_s=self.overload_retry_after_s
             ) from None
@@ -233,6 +242,7 @@ class OpenAIServing:
         details stay in the server log."""
         if output.error_kind == OVERLOADED_KIND:
             log.warning("request %s: %s", request_id, output.error)
+            self.metrics.record_overload(OVERLOAD_KV_CAPACITY)
             return ApiError(
                 503, f"{output.error}; retry later", type=OVERLOADED, retry_after_s=self.overload_retry_after_s
             )

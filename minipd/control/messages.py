@@ -194,6 +194,9 @@ class KVLanded(Message, tag="kv_landed"):
 
     landed_at: float = 0.0  # time.time() on the decode instance
     error: str | None = None
+    # the adopt that followed: from the KV landed and the Decode arriving, whichever is later,
+    # to the sequence queued with its first token (None: not adopted, or not measured)
+    adopt_s: float | None = None
 
 
 class Renew(Message, tag="renew"):

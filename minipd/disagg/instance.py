@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S, Channel
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
@@ -355,6 +356,7 @@ class Instance(ControlServer):
                 span,
             )
             return
+        received_at = time.time()  # a wall clock, as the transport's landed_at
         try:
             landed = await self.transport.wait_landed(request_id, DEFAULT_LAND_TIMEOUT_S)
         except TransferError as exc:
@@ -362,7 +364,6 @@ class Instance(ControlServer):
             channel.send(KVLanded(request_id=request_id, error=str(exc)))
             self._send_failure(channel, request_id, f"the KV did not load: {exc}", FAILURE_KV_LOAD, span)
             return
-        channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at))
         if span is not None:
             span.event(names.KV_LANDED, {"minipd.kv.bytes": landed.num_bytes}, at_s=landed.landed_at)
         try:
@@ -375,9 +376,13 @@ class Instance(ControlServer):
                 request_id,
             )
         except InvalidRequestError as exc:
+            channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at))
             self.engine.release_blocks(reservation.block_ids)
             self._send_failure(channel, request_id, f"{type(exc).__name__}: {exc}", span=span)
             return
+        # sent before the first token, so the router has the figures when the request finishes
+        adopt_s = max(0.0, time.time() - max(received_at, landed.landed_at))
+        channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at, adopt_s=adopt_s))
         await self._forward(channel, stream, span)
 
     def _lease_expired(self, request_id: str, reservation: Reservation) -> None:

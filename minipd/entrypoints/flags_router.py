@@ -165,7 +165,8 @@ FLAGS = (
         sets="ratio_controller.on",
         action="store_true",
         help="move one instance at a time between prefill and decode, in place, when measured TTFT or ITL "
-        "misses --controller-slo over a sliding window (docs/planner.md)",
+        "misses --controller-slo over a sliding window (docs/planner.md); with --registry, only on the router "
+        "elected among those given this flag",
     ),
     flag(
         "--controller-slo",

@@ -23,6 +23,7 @@ from collections.abc import Coroutine
 from minipd.api.admin import router_admin
 from minipd.api.admin_controls import router_controls
 from minipd.api.app import start_api
+from minipd.api.controller_metrics import controller_metrics
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
 from minipd.control.role import Role
@@ -40,7 +41,7 @@ from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.registration import keep_registered, register
 from minipd.entrypoints.stop_signal import wait_for_stop_signal
-from minipd.registry.membership import instance_presence, require_etcd_client, router_membership
+from minipd.registry.membership import controller_election, instance_presence, require_etcd_client, router_membership
 from minipd.router.control_port import RouterControlPort
 from minipd.router.controller_switch import ControllerSwitch
 from minipd.router.router import Router
@@ -184,7 +185,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
 async def run_router(router: Router, configs: RoleConfigs) -> int:
     process, http, policy = configs.process, configs.http, configs.controller_policy
     server = RouterControlPort(router, process.max_connections)
-    api = membership = None
+    api = membership = election = None
     controller = ControllerSwitch(router, policy.policy, policy.options)
     _start_tracing(process, ROUTER_SERVICE, "router", Role.ROUTER)
     try:
@@ -207,10 +208,21 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
                 lambda: controller.controller,  # the running controller, if any (switched at runtime)
             )
             api = await start_api(
-                backend, http, extensions=[router_admin(router), router_controls(router, controller), dashboard]
+                backend,
+                http,
+                extensions=[
+                    router_admin(router),
+                    router_controls(router, controller),
+                    controller_metrics(controller),
+                    dashboard,
+                ],
             )
             print_dashboard_address(api, http.host)
-        if configs.ratio_controller is not None:
+        if configs.ratio_controller is not None and membership is not None:
+            # several routers may serve these instances: the controller runs on the elected one
+            election = controller_election(controller, process.registry, process.registry_ttl_s, membership.name)
+            election.start()
+        elif configs.ratio_controller is not None:
             controller.start()
         print(f"READY router router {process.host}:{port}", flush=True)
         await wait_for_stop_signal()
@@ -229,6 +241,8 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
         print(f"minipd router: {exc}", file=sys.stderr)
         return 1
     finally:
+        if election is not None:
+            await election.close()
         await controller.stop()
         if membership is not None:
             await membership.close()

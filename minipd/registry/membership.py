@@ -6,6 +6,8 @@
   of a router (watch the prefix, connect to what appears) and of an instance (publish itself
   under a lease), imported only with `--registry`; the embedded default is none of them
   (instances register over the router's control port, entrypoints/registration.py).
+- `controller_election(controller, url, ttl_s, name)`: the ratio controller run by one of
+  several routers at a time (election.py);
 - `require_etcd_client()`: ValueError naming the flag and the extra when the client library
   is missing, checked at start-up before anything loads.
 """
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from minipd.disagg.instance import Instance
     from minipd.registry.etcd_url import RegistryUrl
+    from minipd.router.controller_switch import ControllerSwitch
     from minipd.router.router import Router
 
 ETCD_EXTRA = "etcd"
@@ -47,3 +50,14 @@ def instance_presence(instance: "Instance", url: "RegistryUrl", host: str, port:
     from minipd.registry.publisher import InstancePublisher
 
     return InstancePublisher(instance, url, host, port, ttl_s)
+
+
+def controller_election(controller: "ControllerSwitch", url: "RegistryUrl", ttl_s: int, name: str):
+    """A `ControllerElection` that starts `controller` while this router is elected and stops
+    it when deposed; `controller.election` is set to it (its state shows the leadership)."""
+    from minipd.registry.election import ControllerElection
+    from minipd.registry.etcd_client import EtcdEndpoints
+
+    election = ControllerElection(EtcdEndpoints(url), url.prefix, ttl_s, name, controller.start, controller.stop)
+    controller.election = election
+    return election

@@ -6,13 +6,16 @@ restart begins a fresh sliding window (the old samples were judged against the o
 move under way when the controller stops or restarts finishes first. Started without
 `--ratio-controller`, the router keeps the controller's flags (or their defaults) as the
 policy to turn on with. `state()` is what the dashboard and `GET /admin/controller` show: on
-or off, the policy, the last decision and every move so far (across restarts).
+or off, the policy, the last decision and every move so far (across restarts), and the
+leadership: with an `election` (registry/election.py, several routers) the controller
+decides only while `election.leader`; without one this router is its own leader while on.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -44,6 +47,8 @@ class ControllerState(msgspec.Struct, frozen=True, kw_only=True):
     interval_s: float
     last_decision: DecisionView | None
     moves: list[MoveRecord]  # the latest MAX_MOVES_SHOWN, oldest first
+    leader: bool = False  # this router runs the cluster's controller now
+    leader_id: str | None = None  # the elected router's name (None: no election)
 
 
 def _finite(value: float) -> float | None:
@@ -55,6 +60,12 @@ class ControllerSwitch:
         self.router, self.config, self.options = router, config, options
         self.controller: LiveRatioController | None = None
         self._past_moves: list[MoveRecord] = []
+        self.decision_counts: Counter = Counter()  # every controller's decisions, across restarts (/metrics)
+        self.election = None  # a ControllerElection when several routers share the instances
+
+    @property
+    def leader(self) -> bool:
+        return self.on and (self.election is None or self.election.leader)
 
     @property
     def on(self) -> bool:
@@ -63,7 +74,13 @@ class ControllerSwitch:
     def start(self) -> None:
         """Turn it on with the current policy (no-op when on); on the router's event loop."""
         if self.controller is None:
-            self.controller = LiveRatioController(self.router, self.config, self.options)
+            self.controller = LiveRatioController(
+                self.router,
+                self.config,
+                self.options,
+                decision_counts=self.decision_counts,
+                may_decide=lambda: self.election is None or self.election.leader,
+            )
             self.controller.start()
 
     async def stop(self) -> None:
@@ -111,6 +128,8 @@ class ControllerSwitch:
             interval_s=self.options.interval_s,
             last_decision=None if decision is None else self._view(decision, controller),
             moves=moves[-MAX_MOVES_SHOWN:],
+            leader=self.leader,
+            leader_id=None if self.election is None else self.election.leader_id,
         )
 
     @staticmethod

@@ -60,9 +60,10 @@ class RoutedRequest:
         if self.kv_failure is not None and not self.kv_failure.done():
             self.kv_failure.set_result(error)
 
-    def record_landing(self, landed_at: float) -> None:
+    def record_landing(self, landed_at: float, adopt_s: float | None = None) -> None:
         """Measure the transfer to the receiver's landing time (the last byte acknowledged),
-        which replaces the sender's view; both clocks are wall clocks, exact on one host."""
+        which replaces the sender's view; both clocks are wall clocks, exact on one host.
+        `adopt_s`: the decode instance's adopt that followed, as it measured it."""
         if self.transfer is None:
             return
         compute_end_at, first_write_at = self.timestamps
@@ -70,4 +71,5 @@ class RoutedRequest:
             self.transfer,
             transfer_s=max(0.0, landed_at - first_write_at),
             exposed_s=max(0.0, landed_at - compute_end_at),
+            adopt_s=adopt_s,
         )

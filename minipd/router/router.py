@@ -296,7 +296,7 @@ class Router(GeneratesFromSubmit):
                     routed.outputs.put_nowait(message)
             case KVLanded(error=None):
                 if routed is not None:
-                    routed.record_landing(message.landed_at)
+                    routed.record_landing(message.landed_at, message.adopt_s)
             case KVLanded():
                 self.counters.transfer_failed(f"{message.request_id} on {channel.name}: {message.error}")
                 if routed is not None:

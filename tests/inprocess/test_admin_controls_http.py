@@ -209,6 +209,7 @@ def test_a_link_cap_slows_the_next_transfer_and_lifting_it_speeds_it_up_again(ur
 def test_the_ratio_controller_is_turned_on_given_an_slo_and_turned_off(url, cluster, controller):
     on = http_json("POST", f"{url}/admin/controller", {"on": True})
     assert on.status == 200 and on.body["on"] is True
+    assert on.body["leader"] is True and on.body["leader_id"] is None  # no registry: no election
     assert on.body["slo"] == {"ttft_ms": 1000.0, "itl_ms": 100.0}
     assert cluster.router.latency_observer is controller.controller  # it hears every token now
     decided = wait_for(lambda: http_json("GET", f"{url}/admin/controller").body["last_decision"], "a decision")
@@ -222,6 +223,7 @@ def test_the_ratio_controller_is_turned_on_given_an_slo_and_turned_off(url, clus
     )
     off = http_json("POST", f"{url}/admin/controller", {"on": False})
     assert off.status == 200 and off.body["on"] is False and off.body["last_decision"] is None
+    assert off.body["leader"] is False
     assert cluster.router.latency_observer is None
     assert roles(cluster) == {"prefill-0": "prefill", "decode-0": "decode"}
 

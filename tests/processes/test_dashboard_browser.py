@@ -25,7 +25,7 @@ from http_helpers import http_json, scrape, start_cluster, start_colocated, stop
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from benchmarks.dashboard.browser import close_browser, console_errors, open_browser
+from benchmarks.browser.chromium import close_browser, console_errors, open_browser
 
 API_KEY = "dashboard-test-key-0123456789"
 PAGE_TIMEOUT_S = 60.0  # a snapshot comes every second; this bounds a wait for a change, on a busy machine

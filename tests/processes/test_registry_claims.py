@@ -10,7 +10,7 @@ import logging
 
 import msgspec
 import pytest
-from etcd_server import EtcdServer, needs_etcd
+from etcd_server import etcd_fixture, needs_etcd  # noqa: F401 (the fixture `etcd`)
 
 from minipd.control.messages import Fingerprint
 from minipd.control.role import Role
@@ -27,16 +27,6 @@ from minipd.router.router import Router
 
 pytestmark = needs_etcd
 TIMEOUT_S = 20.0
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    server = EtcdServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
 
 
 def record(instance_id: str, epoch: int, port: int = 9) -> InstanceRecord:

@@ -12,11 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import queue
 import signal
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -24,10 +20,10 @@ import urllib.request
 import msgspec
 import pytest
 from disagg_helpers import CONFIG, ENGINE_ARGV
-from etcd_server import EtcdServer, needs_etcd, wait_until
+from etcd_server import EtcdServer, etcd_fixture, needs_etcd, wait_until  # noqa: F401 (the fixture `etcd`)
+from minipd_process import Process
 from role_switch_helpers import assert_all_served, complete_all, load_prompts
 
-from minipd.entrypoints.flag_spec import CLUSTER_SECRET_ENV
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.transports.backends import available_transports
 
@@ -35,20 +31,9 @@ pytestmark = [needs_etcd, pytest.mark.skipif("tcp" not in available_transports()
 
 TTL_S = 2
 PREFIX = "/etcdtest"
-READY_TIMEOUT_S = 120.0
 OUTPUT = 8
 JOIN_BOUND_S = 1.0  # a new instance is used within a second of publishing itself
 DROP_BOUND_S = TTL_S + 2.0  # the lease's TTL, plus etcd's expiry sweep and the watch
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    server = EtcdServer()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
 
 
 @pytest.fixture(scope="module")
@@ -85,48 +70,6 @@ def cluster(etcd, loop_thread):
         for process in extra:
             process.stop()
         loop_thread.run(processes.stop(), timeout=120)
-
-
-class Process:
-    """A `minipd` process started by hand (an instance joining, a second router)."""
-
-    def __init__(self, argv: list[str], secret: str):
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "minipd", *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, CLUSTER_SECRET_ENV: secret},
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-        self.announcements: list[str] = []
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            assert line is not None, f"{argv} exited with {self.popen.wait()}"
-            if line.startswith("READY "):
-                break
-            self.announcements.append(line)
-
-    def _read(self) -> None:
-        for line in self.popen.stdout:
-            self.lines.put(line.rstrip())
-        self.lines.put(None)
-
-    @property
-    def http_url(self) -> str:
-        return next(line for line in self.announcements if "serving the OpenAI API" in line).rsplit(" on ", 1)[1]
-
-    def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGCONT)
-            self.popen.terminate()
-            try:
-                self.popen.wait(60)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(30)
 
 
 def start_instance(processes: ProcessCluster, etcd: EtcdServer, name: str, role: str = "decode") -> Process:

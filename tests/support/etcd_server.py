@@ -92,6 +92,17 @@ class EtcdServer:
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
+@pytest.fixture(scope="module", name="etcd")
+def etcd_fixture():
+    """One etcd for the test module that imports this fixture, removed with its data after it."""
+    server = EtcdServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.05):
     """Poll `predicate` until it returns something truthy (returned); AssertionError after `timeout`."""
     deadline = time.monotonic() + timeout

@@ -254,3 +254,42 @@ def test_a_late_prompt_prefilled_on_its_decode_instance_is_decode_trouble(loop_t
         return decision
 
     assert loop_thread.run(scenario()).move is expected
+
+
+def test_a_controller_that_may_not_decide_moves_nothing_until_it_may(loop_thread):
+    """The elected-leader guard: asked before each decision, so a deposed router decides nothing."""
+
+    async def scenario():
+        busy, idle = handle("decode-busy", Role.DECODE, running=5), handle("decode-idle", Role.DECODE, running=1)
+        router = FakeRouter(handle("prefill-0", Role.PREFILL), busy, idle)
+        clock, allowed, asked = Clock(), [False], []
+        enough_asked = asyncio.Event()
+
+        def may_decide() -> bool:
+            asked.append(allowed[0])
+            if asked.count(False) >= 5:
+                enough_asked.set()
+            return allowed[0]
+
+        config = ControllerConfig(
+            slo=SLO(ttft_s=TTFT_S, itl_s=ITL_S), window_s=10.0, cooldown_s=5.0, min_samples=MIN_SAMPLES
+        )
+        ctl = LiveRatioController(
+            router, config, LiveControllerOptions(interval_s=0.01), clock=clock, may_decide=may_decide
+        )
+        feed(ctl, clock, ttft_s=2 * TTFT_S, gap_s=ITL_S / 2)  # failing TTFT: a move is due
+        ctl.start()
+        await asyncio.wait_for(enough_asked.wait(), 10.0)
+        held = (ctl.last_decision, list(router.switches))
+        allowed[0] = True
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while not router.switches:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)  # the controller's own period
+        router.release.set()
+        await ctl.close()
+        return held, router.switches
+
+    (decision, switches_meanwhile), switches = loop_thread.run(scenario())
+    assert decision is None and switches_meanwhile == []
+    assert switches == [("decode-idle", Role.PREFILL)]

@@ -1,6 +1,6 @@
 """Take `docs/figures/dashboard.png`: the dashboard of a live cluster under load, in headless Chromium.
 
-    python -m benchmarks.dashboard.screenshot [--out docs/figures/dashboard.png] [--model tiny]
+    python -m benchmarks.browser.dashboard_screenshot [--out docs/figures/dashboard.png] [--model tiny]
 
 Starts `minipd --role cluster --http-port 0` (two prefill and two decode instances; CPU
 placement as the launcher plans it), sends streamed completions from a few client threads for
@@ -25,7 +25,7 @@ from pathlib import Path
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from benchmarks.dashboard.browser import close_browser, open_browser
+from benchmarks.browser.chromium import close_browser, open_browser
 
 ROOT = Path(__file__).resolve().parents[2]
 ANNOUNCE = "minipd: dashboard on "
