@@ -19,7 +19,7 @@ import os
 from typing import Any
 
 from minipd.control.role import Role
-from minipd.entrypoints import flags_api, flags_engine, flags_process, flags_router
+from minipd.entrypoints import flags_api, flags_engine, flags_process, flags_ray, flags_router
 from minipd.entrypoints.flag_spec import (  # noqa: F401  (the names callers import from here)
     API_KEY_ENV,
     CLUSTER_SECRET_ENV,
@@ -29,7 +29,13 @@ from minipd.entrypoints.flag_spec import (  # noqa: F401  (the names callers imp
     parse_address,
 )
 
-FLAGS: tuple[Flag, ...] = (*flags_process.FLAGS, *flags_engine.FLAGS, *flags_router.FLAGS, *flags_api.FLAGS)
+FLAGS: tuple[Flag, ...] = (
+    *flags_process.FLAGS,
+    *flags_engine.FLAGS,
+    *flags_router.FLAGS,
+    *flags_api.FLAGS,
+    *flags_ray.FLAGS,
+)
 
 
 def build_parser(role: Role | None) -> argparse.ArgumentParser:

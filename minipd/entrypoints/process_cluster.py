@@ -35,6 +35,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from typing import NamedTuple
 
 from minipd.control.handshake import open_channel
@@ -214,8 +215,10 @@ class ProcessCluster:
         finally:
             await channel.close()
 
-    async def _spawn(self, name: str, role: Role, argv: list[str]) -> Child:
-        env = dict(os.environ)
+    def _child_env(self, role: Role, base: dict[str, str]) -> dict[str, str]:
+        """`base` with what a `role` child needs: passive OpenMP waiting, the fault points, and
+        the secrets it inherits (never on its command line)."""
+        env = dict(base)
         if self.configs.engine.cpu_placement:
             env = passive_env(env)  # read when torch loads
         if self.fault_dir is not None:
@@ -225,33 +228,15 @@ class ProcessCluster:
                 env.pop(variable, None)
             else:
                 env[variable] = value
+        return env
+
+    async def _spawn(self, name: str, role: Role, argv: list[str]) -> Child:
         if self._pipe is None:
             self._pipe = LauncherPipe()
-        env.update(self._pipe.child_env())
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "minipd",
-            "--role",
-            role.value,
-            *argv,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            pass_fds=self._pipe.pass_fds,
+        env = {**self._child_env(role, dict(os.environ)), **self._pipe.child_env()}
+        process, address, announcements, stderr = await spawn_process(
+            name, role, argv, env, self._pipe.pass_fds, self._processes.add
         )
-        self._processes.add(process)
-        stderr = ChildStderr(process.stderr)
-        announcements: list[str] = []
-        try:
-            address = await asyncio.wait_for(self._wait_ready(name, process, announcements, stderr), READY_TIMEOUT_S)
-        except BaseException as exc:
-            _kill(process)
-            await process.wait()
-            stderr.close()
-            if isinstance(exc, asyncio.TimeoutError):
-                raise RuntimeError(f"{name} was not ready within {READY_TIMEOUT_S:.0f} s") from None
-            raise
         stderr.release()
         child = Child(name, role, process, address, announcements, argv, asyncio.Queue(), stderr)
         asyncio.get_running_loop().create_task(self._drain(child))
@@ -261,21 +246,6 @@ class ProcessCluster:
         """SIGKILL every child, ready or still starting: what they were doing is abandoned."""
         for process in self._processes:
             _kill(process)
-
-    @staticmethod
-    async def _wait_ready(
-        name: str, process: asyncio.subprocess.Process, announcements: list[str], stderr: ChildStderr
-    ) -> tuple[str, int]:
-        while True:
-            line = (await process.stdout.readline()).decode()
-            if not line:
-                how = exit_text(await process.wait())
-                error = await stderr.last_line()
-                raise RuntimeError(f"{name} failed to start ({how}): {error}" if error else f"{name} exited ({how})")
-            if line.startswith("READY "):
-                host, _, port = line.split()[-1].rpartition(":")
-                return host, int(port)
-            announcements.append(line.rstrip())
 
     @staticmethod
     async def _drain(child: Child) -> None:
@@ -311,6 +281,60 @@ class ProcessCluster:
             log.warning("%s did not stop in %s s; killing it", child.name, grace_s)
             _kill(child.process)
             await child.process.wait()
+
+
+async def spawn_process(
+    name: str,
+    role: Role,
+    argv: list[str],
+    env: dict[str, str],
+    pass_fds: tuple[int, ...],
+    started: Callable[[asyncio.subprocess.Process], None] = lambda process: None,
+) -> tuple[asyncio.subprocess.Process, tuple[str, int], list[str], ChildStderr]:
+    """Start `minipd --role ROLE ARGV` and wait for its READY line (`started` sees the process
+    first); returns it, its address, the lines it printed before READY and its held stderr
+    (the caller releases it). One that fails or is not ready in `READY_TIMEOUT_S` is killed:
+    RuntimeError quoting its own error line."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "minipd",
+        "--role",
+        role.value,
+        *argv,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+        pass_fds=pass_fds,
+    )
+    started(process)
+    stderr = ChildStderr(process.stderr)
+    announcements: list[str] = []
+    try:
+        address = await asyncio.wait_for(_wait_ready(name, process, announcements, stderr), READY_TIMEOUT_S)
+    except BaseException as exc:
+        _kill(process)
+        await process.wait()
+        stderr.close()
+        if isinstance(exc, asyncio.TimeoutError):
+            raise RuntimeError(f"{name} was not ready within {READY_TIMEOUT_S:.0f} s") from None
+        raise
+    return process, address, announcements, stderr
+
+
+async def _wait_ready(
+    name: str, process: asyncio.subprocess.Process, announcements: list[str], stderr: ChildStderr
+) -> tuple[str, int]:
+    while True:
+        line = (await process.stdout.readline()).decode()
+        if not line:
+            how = exit_text(await process.wait())
+            error = await stderr.last_line()
+            raise RuntimeError(f"{name} failed to start ({how}): {error}" if error else f"{name} exited ({how})")
+        if line.startswith("READY "):
+            host, _, port = line.split()[-1].rpartition(":")
+            return host, int(port)
+        announcements.append(line.rstrip())
 
 
 def _kill(process: asyncio.subprocess.Process) -> None:
