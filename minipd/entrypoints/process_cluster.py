@@ -165,6 +165,11 @@ class ProcessCluster:
         """One line per process: its threads and cores."""
         return [f"placement: {name}: {share.describe()}" for name, share in self.placement.items()]
 
+    def ready_lines(self) -> list[str]:
+        """Lines to print once the cluster is ready, about where its processes run (none here:
+        `placement_lines` said it all)."""
+        return []
+
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
 
