@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 60.0  # for Ray to find a node with room for an instance
 CALL_MARGIN_S = 30.0  # on top of an actor's own bounded work (a busy node, a slow Ray)
-SHUTDOWN_TIMEOUT_S = 60.0  # for ray.shutdown to end the local Ray
 
 
 class RayProcess:
@@ -122,6 +121,18 @@ class RayCluster(ProcessCluster):
 
     # ---- Ray
     def _connect(self) -> None:
+        """Start or join Ray, on the launcher's own thread (Ray's driver must live and shut down
+        on one thread; from another, a local Ray's shutdown aborts the process). `ray.init`
+        replaces the SIGTERM handler with its own exit; the launcher's is put back."""
+        launcher_handler = signal.getsignal(signal.SIGTERM)
+        try:
+            self._init()
+        finally:
+            signal.signal(signal.SIGTERM, launcher_handler)
+        self._connected = True
+        self._node = ray.get_runtime_context().get_node_id()
+
+    def _init(self) -> None:
         address = self.configs.cluster.ray_address
         if address is None:
             self.temp_dir = tempfile.mkdtemp(prefix="minipd-ray-")
@@ -129,12 +140,10 @@ class RayCluster(ProcessCluster):
             ray.init(num_cpus=cpus, _temp_dir=self.temp_dir, namespace=f"minipd-{self._run}", log_to_driver=True)
         else:
             ray.init(address=address, namespace=f"minipd-{self._run}", log_to_driver=True)
-        self._connected = True
-        self._node = ray.get_runtime_context().get_node_id()
 
     async def start(self) -> None:
         try:
-            await asyncio.to_thread(self._connect)  # off the loop thread: Ray keeps its SIGTERM handler away
+            self._connect()  # blocks the loop for Ray's start; a stop signal meanwhile is handled after it
         except Exception as exc:
             await self._disconnect()
             where = self.configs.cluster.ray_address or "a local Ray"
@@ -233,10 +242,7 @@ class RayCluster(ProcessCluster):
                     log.debug("ray.kill: %s", exc)
             self._actors.clear()
             self._secret_refs.clear()
-            try:
-                await asyncio.wait_for(asyncio.to_thread(ray.shutdown), SHUTDOWN_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                log.warning("Ray did not shut down within %s s", SHUTDOWN_TIMEOUT_S)
+            ray.shutdown()  # on the thread that runs the launcher: from another one, a local Ray's shutdown aborts
             self._connected = False
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
