@@ -34,13 +34,12 @@ import asyncio
 import logging
 import os
 import signal
-import sys
-from collections.abc import Callable
 from typing import NamedTuple
 
 from minipd.control.handshake import open_channel
 from minipd.control.messages import Register
 from minipd.control.role import Role
+from minipd.entrypoints.child_spawn import kill_process, spawn_process
 from minipd.entrypoints.child_stderr import ChildStderr
 from minipd.entrypoints.configs import RoleConfigs, role_configs
 from minipd.entrypoints.cpu_plan import ROUTER, plan_cluster
@@ -48,14 +47,12 @@ from minipd.entrypoints.credentials import parse_cluster_secret
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
-from minipd.entrypoints.supervisor import exit_text
 from minipd.router.cluster_client import ClusterClient
 from minipd.transports import fault_points
 from minipd.transports.shared_secret import SharedSecret, generate_secret_text
 
 log = logging.getLogger(__name__)
 
-READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0  # after a child's own shutdown deadline
 REGISTER_TIMEOUT_S = 30.0
 
@@ -194,7 +191,7 @@ class ProcessCluster:
         instance. Returns the new child; RuntimeError when it did not start (the old one stays
         listed, dead)."""
         old = self.child(name)
-        _kill(old.process)
+        kill_process(old.process)
         await old.process.wait()
         argv = self._router_argv() if old.role is Role.ROUTER else old.argv
         child = await self._spawn(name, old.role, argv)
@@ -204,7 +201,7 @@ class ProcessCluster:
             try:
                 await self.rejoin(name)
             except Exception as exc:
-                _kill(child.process)
+                kill_process(child.process)
                 await child.process.wait()
                 raise RuntimeError(f"the router did not take the restarted {name}: {exc}") from None
         return child
@@ -250,7 +247,7 @@ class ProcessCluster:
     def kill_all(self) -> None:
         """SIGKILL every child, ready or still starting: what they were doing is abandoned."""
         for process in self._processes:
-            _kill(process)
+            kill_process(process)
 
     @staticmethod
     async def _drain(child: Child) -> None:
@@ -284,70 +281,8 @@ class ProcessCluster:
             await asyncio.wait_for(child.process.wait(), grace_s)
         except asyncio.TimeoutError:
             log.warning("%s did not stop in %s s; killing it", child.name, grace_s)
-            _kill(child.process)
+            kill_process(child.process)
             await child.process.wait()
-
-
-async def spawn_process(
-    name: str,
-    role: Role,
-    argv: list[str],
-    env: dict[str, str],
-    pass_fds: tuple[int, ...],
-    started: Callable[[asyncio.subprocess.Process], None] = lambda process: None,
-) -> tuple[asyncio.subprocess.Process, tuple[str, int], list[str], ChildStderr]:
-    """Start `minipd --role ROLE ARGV` and wait for its READY line (`started` sees the process
-    first); returns it, its address, the lines it printed before READY and its held stderr
-    (the caller releases it). One that fails or is not ready in `READY_TIMEOUT_S` is killed:
-    RuntimeError quoting its own error line."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "minipd",
-        "--role",
-        role.value,
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        pass_fds=pass_fds,
-    )
-    started(process)
-    stderr = ChildStderr(process.stderr)
-    announcements: list[str] = []
-    try:
-        address = await asyncio.wait_for(_wait_ready(name, process, announcements, stderr), READY_TIMEOUT_S)
-    except BaseException as exc:
-        _kill(process)
-        await process.wait()
-        stderr.close()
-        if isinstance(exc, asyncio.TimeoutError):
-            raise RuntimeError(f"{name} was not ready within {READY_TIMEOUT_S:.0f} s") from None
-        raise
-    return process, address, announcements, stderr
-
-
-async def _wait_ready(
-    name: str, process: asyncio.subprocess.Process, announcements: list[str], stderr: ChildStderr
-) -> tuple[str, int]:
-    while True:
-        line = (await process.stdout.readline()).decode()
-        if not line:
-            how = exit_text(await process.wait())
-            error = await stderr.last_line()
-            raise RuntimeError(f"{name} failed to start ({how}): {error}" if error else f"{name} exited ({how})")
-        if line.startswith("READY "):
-            host, _, port = line.split()[-1].rpartition(":")
-            return host, int(port)
-        announcements.append(line.rstrip())
-
-
-def _kill(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        try:
-            process.kill()
-        except ProcessLookupError:  # it exited, and asyncio has not reaped it yet
-            pass
 
 
 _HTTP_ANNOUNCED = "minipd: serving the OpenAI API"

@@ -30,10 +30,11 @@ import uuid
 import ray
 
 from minipd.control.role import Role
+from minipd.entrypoints.child_spawn import READY_TIMEOUT_S
 from minipd.entrypoints.configs import RoleConfigs
 from minipd.entrypoints.cpu_plan import ROUTER
 from minipd.entrypoints.flags import inherited_env
-from minipd.entrypoints.process_cluster import READY_TIMEOUT_S, Child, ProcessCluster
+from minipd.entrypoints.process_cluster import Child, ProcessCluster
 from minipd.entrypoints.ray_instance import InstanceSupervisor
 
 log = logging.getLogger(__name__)

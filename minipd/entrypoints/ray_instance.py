@@ -30,9 +30,9 @@ import ray
 
 from minipd.control.role import Role
 from minipd.engine.cpu_placement import cpus_text, default_torch_threads
+from minipd.entrypoints.child_spawn import spawn_process
 from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
-from minipd.entrypoints.process_cluster import spawn_process
 
 UNSPECIFIED_HOSTS = ("0.0.0.0", "::", "")
 
