@@ -14,7 +14,9 @@
     python bench.py controller --json controller.json --plot controller.png
     python bench.py validate --profile profile.json --json validate.json --plot validate.png
     python bench.py soak --json soak.json       # kills and freezes under load: nothing lost, nothing leaked
+    python bench.py tracing --json tracing.json  # --otlp-traces-endpoint on vs off at slo's load
     python bench.py peer --peer-url http://127.0.0.1:8080 --json peer.json --plot peer.png  # minipd / llama-server
+    python bench.py dashboard --json dashboard.json --plot grafana_panels.png  # a real Prometheus, every panel
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -79,6 +81,11 @@ EXPERIMENTS = {
     "peer": (
         "benchmarks.peer.peer_bench",
         "the same workloads against minipd and another OpenAI server (llama-server), as ratios",
+    ),
+    "tracing": ("benchmarks.tracing.tracing_bench", "what --otlp-traces-endpoint costs at slo's load: on vs off"),
+    "dashboard": (
+        "benchmarks.dashboard.dashboard_bench",
+        "the Grafana dashboard's panels over a live cluster, scraped by a real Prometheus, drawn as a grid",
     ),
 }
 

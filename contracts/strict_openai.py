@@ -148,3 +148,9 @@ def parse_strict(raw: Any, kind: ResponseKind) -> BaseModel:
 
 for _kind in ResponseKind:  # openai's models defer building their validators to the first use;
     _kind.value.model_rebuild(force=True)  # build them now, so no timed request pays for it
+
+
+def strict_completion_chunk(raw: Any) -> BaseModel:
+    """One streamed `/v1/completions` event, checked strictly: the load client's parser in the
+    benchmarks (`minipd.loadgen.client.ChunkParser`)."""
+    return parse_strict(raw, ResponseKind.COMPLETION_CHUNK)

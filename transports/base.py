@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import ClassVar
@@ -114,7 +115,8 @@ class Transport(ABC):
         self.layout = PoolLayout.from_tensor(pool)
         self.instance_id = instance_id
         self.stall_timeout_s = stall_timeout_s
-        self._limiter = LinkLimiter(link_gbps) if link_gbps else None
+        self._limiter: LinkLimiter | None = None
+        self.set_link_gbps(link_gbps)
         self._ledger = ReceiveLedger(self.layout)
         self._peers: dict[str, PoolDescription] = {}
         self._sending: dict[str, _Sending] = {}
@@ -124,6 +126,19 @@ class Transport(ABC):
         self._closed = False
 
     # ---- lifecycle -------------------------------------------------------------------
+
+    @property
+    def link_gbps(self) -> float | None:
+        """The egress cap in Gbit/s, None when uncapped."""
+        return self._limiter.gbps if self._limiter is not None else None
+
+    def set_link_gbps(self, gbps: float | None) -> None:
+        """Cap egress at `gbps` Gbit/s (None or 0: uncapped) from the next write issued on;
+        writes already waiting for the link keep the pace they were booked at. ValueError for
+        a negative or non-finite rate."""
+        if gbps is not None and gbps != 0 and not (gbps > 0 and math.isfinite(gbps)):
+            raise ValueError(f"link_gbps: must be a positive number of Gbit/s, got {gbps}")
+        self._limiter = LinkLimiter(gbps) if gbps else None
 
     async def start(self) -> None:
         """Register the pool and start receiving. Called once, on the event loop."""

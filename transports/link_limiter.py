@@ -24,6 +24,7 @@ class LinkLimiter:
     def __init__(self, gbps: float, burst_bytes: int = DEFAULT_BURST_BYTES) -> None:
         if gbps <= 0:
             raise ValueError(f"link limit must be > 0 Gbit/s, got {gbps}")
+        self.gbps = gbps
         self.bytes_per_second = gbps * GIGA / BITS_PER_BYTE
         self._burst_seconds = burst_bytes / self.bytes_per_second
         self._link_free_at = 0.0

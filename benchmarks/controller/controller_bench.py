@@ -40,7 +40,7 @@ from benchmarks.loadgen.deployments import Deployment, start_disaggregated
 from benchmarks.loadgen.measure import MS_PER_S, Measured, measure
 from benchmarks.loadgen.plotting import save, slo_line, subplots
 from benchmarks.loadgen.processes import Processes
-from benchmarks.loadgen.records import attainment
+from minipd.loadgen.records import attainment
 from minipd.slo.targets import SLO
 from minipd.workload import ArrivalProcess, LengthDist, RequestSpec, make_workload
 

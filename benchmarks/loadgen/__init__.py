@@ -1,10 +1,11 @@
 """The library the experiments in benchmarks/<name>/ share; not an experiment itself (bench.py
-runs none of it directly). Mostly the load generator behind `bench.py serve|slo|linkbw|crossover`:
+runs none of it directly). The load client itself (one streamed completion, prompts, the
+runner, per-request records) is `minipd.loadgen`, so the router's built-in load uses it too;
+here is what the experiments add around it:
 
-client          one streamed completion, timed as vllm bench serve times it
-prompts, corpus, tokenizer_source   prompts of a requested token length
-runner, measure one workload against endpoints: warm-up, pacing, records, summary
-records, stats   per-request metrics and which met an SLO; a run's summary as vLLM prints it
+tokenizer_source   which tokenizer measures prompts, from --model / --tokenizer
+measure         one workload against endpoints, rerun when the host was busy, and its summary
+stats           a run's summary as vLLM prints it
                 (the SLO, statistics and goodput searches are minipd.slo's, in seconds)
 rate_sweep      request-rate sweeps of several deployments, interleaved
 deployments, processes, signals     minipd started through its command line, always stopped

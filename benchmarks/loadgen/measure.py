@@ -7,10 +7,10 @@ import sys
 from typing import NamedTuple, Sequence
 
 from benchmarks.loadgen.host_load import QuietGuard
-from benchmarks.loadgen.prompts import PromptBuilder
-from benchmarks.loadgen.records import RequestRecord, attainment, num_good
-from benchmarks.loadgen.runner import RunnerConfig, RunResult, run_workload
 from benchmarks.loadgen.stats import RunSummary, summarize
+from minipd.loadgen.prompts import PromptBuilder
+from minipd.loadgen.records import RequestRecord, attainment, num_good
+from minipd.loadgen.runner import RunnerConfig, RunResult, run_workload
 from minipd.slo.latency import percentile
 from minipd.slo.targets import SLO
 from minipd.workload import RequestSpec

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 
 from benchmarks.loadgen.deployments import ServerOptions
-from benchmarks.loadgen.prompts import PromptBuilder
-from benchmarks.loadgen.runner import DEFAULT_REQUEST_TIMEOUT_S, RunnerConfig
 from benchmarks.loadgen.tokenizer_source import prompt_tokens
+from contracts.strict_openai import strict_completion_chunk
+from minipd.loadgen.prompts import PromptBuilder
+from minipd.loadgen.runner import DEFAULT_REQUEST_TIMEOUT_S, RunnerConfig
 from minipd.slo.targets import SLO
 from minipd.workload import WORKLOADS, ArrivalProcess, LengthDist, RequestSpec, load_sharegpt, make_workload
 
@@ -160,6 +161,7 @@ def runner_config(args: argparse.Namespace, concurrency: int | None = None) -> R
         max_foreign_cpu=args.max_foreign_cpu,
         quiet_wait_s=args.quiet_wait_s,
         max_reruns=args.max_reruns,
+        parse_chunk=strict_completion_chunk,
     )
 
 

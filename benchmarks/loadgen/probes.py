@@ -15,10 +15,10 @@ import time
 
 import aiohttp
 
-from benchmarks.loadgen.client import SSE_DATA, SSE_DONE, completion_body, send_completion
-from benchmarks.loadgen.prompts import PromptBuilder
-from benchmarks.loadgen.records import RequestRecord
-from contracts.strict_openai import ResponseKind, parse_strict
+from contracts.strict_openai import ResponseKind, parse_strict, strict_completion_chunk
+from minipd.loadgen.client import SSE_DATA, SSE_DONE, completion_body, send_completion
+from minipd.loadgen.prompts import PromptBuilder
+from minipd.loadgen.records import RequestRecord
 
 STREAM_START_TIMEOUT_S = 120.0
 
@@ -85,7 +85,7 @@ async def probe_ttft(
     """(send time, first token time) of a one-token completion; RuntimeError if it fails."""
     record = RequestRecord(index=0, scheduled_s=0.0, sent_s=0.0, url=url, prompt_len=prompt_len, output_len=1)
     start = time.perf_counter()
-    await send_completion(session, record, model, prompt, timeout_s)
+    await send_completion(session, record, model, prompt, timeout_s, strict_completion_chunk)
     if not record.success:
         raise RuntimeError(f"probe of {prompt_len} tokens failed: {record.error}")
     return start, start + record.ttft_s
@@ -97,7 +97,7 @@ async def warm_up_and_calibrate(
     """One unmeasured request; sets `builder.special_tokens` from the server's prompt count."""
     prompt = builder.prompt("warmup", 0, prompt_len)
     record = RequestRecord(index=-1, scheduled_s=0.0, sent_s=0.0, url=url, prompt_len=prompt_len, output_len=1)
-    await send_completion(session, record, model, prompt, timeout_s)
+    await send_completion(session, record, model, prompt, timeout_s, strict_completion_chunk)
     if not record.success:
         raise RuntimeError(f"warm-up request to {url} failed: {record.error}")
     if record.usage_reported:

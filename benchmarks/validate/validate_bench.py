@@ -51,8 +51,6 @@ from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import ServerOptions, start_disaggregated
 from benchmarks.loadgen.measure import MS_PER_S, measure
 from benchmarks.loadgen.processes import Processes
-from benchmarks.loadgen.records import attainment
-from benchmarks.loadgen.runner import RunResult
 from benchmarks.profile import profile_bench
 from benchmarks.validate import validate_probe
 from benchmarks.validate.validate_compare import (
@@ -67,6 +65,8 @@ from benchmarks.validate.validate_compare import (
     simulated_figures,
 )
 from benchmarks.validate.validate_report import plot, print_table, profile_summary  # noqa: F401 (bench.py calls the first two here)
+from minipd.loadgen.records import attainment
+from minipd.loadgen.runner import RunResult
 from minipd.planner import step_log_fit, step_log_speed
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.kv_link import KVLink

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from benchmarks.loadgen.measure import MS_PER_S
-from benchmarks.loadgen.records import RequestRecord
+from minipd.loadgen.records import RequestRecord
 from minipd.planner.sim_result import SimResult
 from minipd.slo.histogram import LogHistogram
 from minipd.slo.latency import percentile

@@ -26,7 +26,7 @@ import numpy as np
 
 from benchmarks.loadgen.deployments import Deployment
 from benchmarks.loadgen.measure import MS_PER_S, measure
-from benchmarks.loadgen.runner import RunResult
+from minipd.loadgen.runner import RunResult
 from minipd.planner.cluster_spec import ClusterSpec, SimOptions
 from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.simulator import Simulator

@@ -67,8 +67,9 @@ class ServingBackend(Protocol):
     max_model_len: int  # longest prompt + output, in tokens (0: not known yet)
     vocab_size: int  # the model's token ids are below this (0: not known yet)
 
-    def submit(self, prompt: CheckedPrompt, request_id: str) -> OutputStream:
-        """Enqueue one validated request; returns its output stream at once.
+    def submit(self, prompt: CheckedPrompt, request_id: str, *, traceparent: str | None = None) -> OutputStream:
+        """Enqueue one validated request; returns its output stream at once. `traceparent`:
+        the client's W3C trace context header as it came (unchecked), while tracing is on.
 
         Raises `InvalidRequestError` (its `field` names the bad input) for a request that
         can never be served, and `BackendUnavailableError` (engine/unavailable.py) for one

@@ -23,12 +23,7 @@ from prometheus_client.registry import Collector
 from minipd.policy.local_prefill import Placement
 from minipd.router.router_counters import RouterCounters
 
-DECISIONS = {
-    Placement.REMOTE: "remote_prefill",
-    Placement.LOCAL_SHORT: "local_prefill_size",
-    Placement.LOCAL_PREFILL_BUSY: "local_prefill_load",
-    Placement.LOCAL_NO_PREFILL: "local_prefill_no_prefill_instance",
-}
+DECISIONS = {placement: placement.decision for placement in Placement}  # named in minipd/policy/local_prefill.py
 
 
 class DisaggDecisionCollector(Collector):

@@ -14,6 +14,8 @@ from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.engine import Engine
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO, claim_limit, validate_ratio
 from minipd.engine.unavailable import BackendUnavailableError
+from minipd.tracing.exporter import tracer
+from minipd.tracing.traced_stream import traced_stream
 
 NOT_RUNNING_RETRY_AFTER_S = 1  # an engine that is not running yet is usually starting up
 
@@ -37,10 +39,14 @@ class EngineBackend:
         self.vocab_size = engine.model_config.vocab_size
         self.instance_name = instance_name
 
-    def submit(self, prompt: CheckedPrompt, request_id: str) -> OutputStream:
+    def submit(self, prompt: CheckedPrompt, request_id: str, *, traceparent: str | None = None) -> OutputStream:
+        """Traced (this process exports traces), the request's span ends with its stream."""
         if not self.engine.is_running:
             raise BackendUnavailableError("the engine is not running", retry_after_s=NOT_RUNNING_RETRY_AFTER_S)
-        return self.engine.submit(prompt, None, request_id, kv_limit_blocks=self.kv_limit_blocks)
+        stream = self.engine.submit(prompt, None, request_id, kv_limit_blocks=self.kv_limit_blocks)
+        if tracer() is None:
+            return stream
+        return traced_stream(stream, traceparent, self.instance_name, len(prompt.token_ids))
 
     async def ready(self) -> bool:
         return self.engine.is_running

@@ -39,12 +39,28 @@ PHASE_RESERVE = "reserve"  # the router's reserve call on the decode instance, b
 PHASE_PREFILL_COMPUTE = "prefill_compute"  # the prefill instance's prefill step
 PHASE_KV_TRANSFER = "kv_transfer"  # first KV write to the last byte acknowledged
 PHASE_KV_TRANSFER_EXPOSED = "kv_transfer_exposed"  # end of prefill compute to the last byte acknowledged
+# decode side: the KV landed and the decode order arrived (the later of the two) to the
+# sequence queued with its first token (the landing checked, the blocks adopted)
+PHASE_ADOPT = "adopt"
 PHASE_FIRST_TOKEN = "first_token"  # arrival at this front to the first token leaving it
-PHASES = (PHASE_RESERVE, PHASE_PREFILL_COMPUTE, PHASE_KV_TRANSFER, PHASE_KV_TRANSFER_EXPOSED, PHASE_FIRST_TOKEN)
+PHASES = (
+    PHASE_RESERVE,
+    PHASE_PREFILL_COMPUTE,
+    PHASE_KV_TRANSFER,
+    PHASE_KV_TRANSFER_EXPOSED,
+    PHASE_ADOPT,
+    PHASE_FIRST_TOKEN,
+)
 
 ABORT_CLIENT_DISCONNECT = "client_disconnect"
 ABORT_ENGINE_ERROR = "engine_error"
 ABORT_OTHER = "other"  # aborted inside the backend (shutdown, lost instance)
+
+# minipd_request_overloads_total{cause}: requests answered 503 for want of capacity
+OVERLOAD_WAITING_LIMIT = "waiting_limit"  # --max-waiting-requests were waiting already
+OVERLOAD_KV_CAPACITY = "kv_capacity"  # no KV room: refused at admission, or none freed in time
+OVERLOAD_UNAVAILABLE = "unavailable"  # nothing to serve it (no instance reachable)
+OVERLOAD_CAUSES = (OVERLOAD_WAITING_LIMIT, OVERLOAD_KV_CAPACITY, OVERLOAD_UNAVAILABLE)
 
 
 class InstanceCollector(Collector):
@@ -146,12 +162,17 @@ class ServingMetrics:
         self.transfer_bytes = Counter("minipd_kv_transfer_bytes", "KV bytes transferred", registry=r)
         self.transfer_failures = Counter("minipd_kv_transfer_failures", "KV transfers that failed", registry=r)
         self.aborts = Counter("minipd_request_aborts", "Aborted requests by cause", ["cause"], registry=r)
+        self.overloads = Counter(
+            "minipd_request_overloads", "Requests answered 503 for want of capacity, by cause", ["cause"], registry=r
+        )
         for reason in FinishReason:  # export zeros, so a rate() sees the first request
             self.requests.labels(reason.value)
         for cause in (ABORT_CLIENT_DISCONNECT, ABORT_ENGINE_ERROR, ABORT_OTHER):
             self.aborts.labels(cause)
         for phase in PHASES:
             self.phases.labels(phase)
+        for cause in OVERLOAD_CAUSES:
+            self.overloads.labels(cause)
         r.register(InstanceCollector(instance_stats))
 
     def record_transfer(self, num_bytes: int, seconds: float, exposed_seconds: float) -> None:
@@ -162,12 +183,14 @@ class ServingMetrics:
 
     def record_phases(self, transfer: TransferInfo, ttft_s: float | None) -> None:
         """A disaggregated request finished: the phases its transfer record carries, and its TTFT
-        (None when no token reached the client, which then has no first-token phase)."""
+        (None when no token reached the client, which then has no first-token phase; an adopt
+        the decode instance did not report has no adopt phase)."""
         for phase, seconds in (
             (PHASE_RESERVE, transfer.reserve_s),
             (PHASE_PREFILL_COMPUTE, transfer.compute_s),
             (PHASE_KV_TRANSFER, transfer.transfer_s),
             (PHASE_KV_TRANSFER_EXPOSED, transfer.exposed_s),
+            (PHASE_ADOPT, transfer.adopt_s),
             (PHASE_FIRST_TOKEN, ttft_s),
         ):
             if seconds is not None:
@@ -175,6 +198,10 @@ class ServingMetrics:
 
     def record_transfer_failure(self) -> None:
         self.transfer_failures.inc()
+
+    def record_overload(self, cause: str) -> None:
+        """A request is answered 503 for want of capacity (one of OVERLOAD_CAUSES)."""
+        self.overloads.labels(cause).inc()
 
     def start_request(self) -> "RequestRecorder":
         """Call on arrival of a request; the recorder times it from now."""

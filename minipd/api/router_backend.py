@@ -37,11 +37,11 @@ class RouterBackend:
     def vocab_size(self) -> int:
         return self.router.vocab_size
 
-    def submit(self, prompt: CheckedPrompt, request_id: str) -> OutputStream:
+    def submit(self, prompt: CheckedPrompt, request_id: str, *, traceparent: str | None = None) -> OutputStream:
         """`Router.submit` refuses a request while the router shuts down (BackendUnavailableError)."""
         if self.router.accepting and not self.router.registry.decode_candidates():
             raise BackendUnavailableError("no decode instance is reachable", NO_INSTANCE_RETRY_AFTER_S)
-        return self.router.submit(prompt, None, request_id)
+        return self.router.submit(prompt, None, request_id, traceparent=traceparent)
 
     async def ready(self) -> bool:
         return await self.router.ready()

@@ -31,7 +31,13 @@ from minipd.api.backend import OutputStream, ServingBackend
 from minipd.api.chat_template import ChatTemplate
 from minipd.api.errors import OVERLOADED, SERVER_ERROR, ApiError, bad_request, from_decode_error
 from minipd.api.json_only import require_json
-from minipd.api.metrics import RequestRecorder, ServingMetrics
+from minipd.api.metrics import (
+    OVERLOAD_KV_CAPACITY,
+    OVERLOAD_UNAVAILABLE,
+    OVERLOAD_WAITING_LIMIT,
+    RequestRecorder,
+    ServingMetrics,
+)
 from minipd.api.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -47,6 +53,7 @@ from minipd.engine.request import INSTANCE_LOST, RequestOutput
 from minipd.engine.request import OVERLOADED as OVERLOADED_KIND
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.engine.unavailable import BackendUnavailableError
+from minipd.tracing.exporter import tracer
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +186,7 @@ class OpenAIServing:
             return
         num_waiting = self.backend.num_waiting()
         if num_waiting >= limit:
+            self.metrics.record_overload(OVERLOAD_WAITING_LIMIT)
             raise ApiError(
                 503,
                 f"overloaded: {num_waiting} requests are waiting (limit {limit}); retry later",
@@ -186,14 +194,18 @@ class OpenAIServing:
                 retry_after_s=self.overload_retry_after_s,
             )
 
-    def _submit(self, prompt: CheckedPrompt, prompt_param: str, request_id: str) -> OutputStream:
+    def _submit(
+        self, prompt: CheckedPrompt, prompt_param: str, request_id: str, traceparent: str | None
+    ) -> OutputStream:
         try:
-            return self.backend.submit(prompt, request_id)
+            return self.backend.submit(prompt, request_id, traceparent=traceparent)
         except InvalidRequestError as exc:
             raise self._invalid(exc, prompt_param) from None
         except BackendUnavailableError as exc:
+            self.metrics.record_overload(OVERLOAD_UNAVAILABLE)
             raise ApiError(503, f"unavailable: {exc}", type=OVERLOADED, retry_after_s=exc.retry_after_s) from None
         except NoCapacity as exc:
+            self.metrics.record_overload(OVERLOAD_KV_CAPACITY)
             raise ApiError(
                 503, f"overloaded: {exc}; retry later", type=OVERLOADED, retry_after_s=self.overload_retry_after_s
             ) from None
@@ -209,7 +221,9 @@ class OpenAIServing:
     ) -> web.StreamResponse:
         self._admit()
         checked = await self._check(prompt, request, prompt_param)
-        stream = self._submit(checked, prompt_param, fmt.request_id)
+        # the client's trace context (W3C Trace Context), read only while this process exports traces
+        traceparent = http_request.headers.get("traceparent") if tracer() is not None else None
+        stream = self._submit(checked, prompt_param, fmt.request_id, traceparent)
         try:
             async with stream:
                 if request.stream:
@@ -228,6 +242,7 @@ class OpenAIServing:
         details stay in the server log."""
         if output.error_kind == OVERLOADED_KIND:
             log.warning("request %s: %s", request_id, output.error)
+            self.metrics.record_overload(OVERLOAD_KV_CAPACITY)
             return ApiError(
                 503, f"{output.error}; retry later", type=OVERLOADED, retry_after_s=self.overload_retry_after_s
             )

@@ -7,17 +7,23 @@ messages, or has a field of the wrong type, is refused by the decoder (nothing i
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from minipd.control.role import Role
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
 from minipd.models.model_config import ModelConfig
+from minipd.tracing.traceparent import TRACEPARENT_CHARS, TRACEPARENT_PATTERN
 
 PROTOCOL_VERSION = 3  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs
 # TokenOutput.failure_kind, and CallError.kind, of requests that failed for these reasons:
 FAILURE_KV_LOAD = "kv_load"  # the KV did not arrive in the reservation (no fault of the decode instance)
 FAILURE_SHUTDOWN = "shutdown"  # the instance is shutting down and took nothing new
+# The trace a call belongs to (minipd/tracing): a version-00 W3C traceparent, checked by the
+# decoder like any field; None: not traced.
+TraceParentText = Annotated[str, msgspec.Meta(max_length=TRACEPARENT_CHARS, pattern=TRACEPARENT_PATTERN)]
 
 
 class Fingerprint(msgspec.Struct, frozen=True):
@@ -138,6 +144,7 @@ class Reserve(Call, tag="reserve"):
     token_ids: list[int]
     prefill_instance: str
     epoch: int | None = None  # the role epoch the sender saw; a stale one is refused (None: unchecked)
+    traceparent: TraceParentText | None = None  # the router's span of this try
 
 
 class Reserved(Reply, tag="reserved"):
@@ -159,6 +166,7 @@ class Prefill(Call, tag="prefill"):
     layerwise: bool = True
     epoch: int | None = None  # as in Reserve
     lease_s: float = 0.0  # the reservation's lease: the prefill instance renews it (`Renew`) while it progresses
+    traceparent: TraceParentText | None = None  # as in Reserve
 
 
 class Prefilled(Reply, tag="prefilled"):
@@ -177,6 +185,7 @@ class Decode(Message, tag="decode"):
 
     first_token: int
     sampling: SamplingParams
+    traceparent: TraceParentText | None = None  # as in Reserve
 
 
 class KVLanded(Message, tag="kv_landed"):
@@ -185,6 +194,9 @@ class KVLanded(Message, tag="kv_landed"):
 
     landed_at: float = 0.0  # time.time() on the decode instance
     error: str | None = None
+    # the adopt that followed: from the KV landed and the Decode arriving, whichever is later,
+    # to the sequence queued with its first token (None: not adopted, or not measured)
+    adopt_s: float | None = None
 
 
 class Renew(Message, tag="renew"):
@@ -199,6 +211,7 @@ class Generate(Message, tag="generate"):
     token_ids: list[int]
     sampling: SamplingParams
     epoch: int | None = None  # as in Reserve
+    traceparent: TraceParentText | None = None  # as in Reserve
 
 
 class TokenOutput(Message, tag="tokens"):
@@ -263,6 +276,20 @@ class RoleSwitched(Reply, tag="role_switched"):
     num_drained: int  # requests that were in flight when the switch began
 
 
+# ---- the KV link cap ------------------------------------------------------------------------
+class SetLinkCap(Call, tag="set_link_cap"):
+    """Router -> instance: cap this instance's outgoing KV bandwidth at `gbps` Gbit/s (None or
+    0: uncapped) from its next KV write on. Answered by `LinkCapSet`, or `CallError` "invalid"
+    (a negative or non-finite rate)."""
+
+    gbps: float | None = None
+
+
+class LinkCapSet(Reply, tag="link_cap_set"):
+    gbps: float | None  # the cap now in force
+    previous_gbps: float | None
+
+
 class Register(Call, tag="register"):
     """Instance -> router: "I am serving at host:port"; the router connects back and handshakes."""
 
@@ -315,6 +342,8 @@ AnyMessage = (
     | ClusterStats
     | SwitchRole
     | RoleSwitched
+    | SetLinkCap
+    | LinkCapSet
     | Heartbeat
     | Evict
     | Draining

@@ -4,8 +4,8 @@ Roles: `prefill` answers `Prefill` (compute the prompt, stream the KV to a decod
 renewing the reservation's lease while it progresses); `decode` answers `Reserve` and
 `Decode` (hold blocks, receive the KV, decode); every role answers `Generate` (prefill and
 decode here, used for colocated serving and for short prompts), `Abort`, `PeerLost`,
-`GetStats` and `SwitchRole` (an in-place role switch; new work carries the role epoch it was
-meant for, see role_switch.py).
+`GetStats`, `SwitchRole` (an in-place role switch; new work carries the role epoch it was
+meant for, see role_switch.py) and `SetLinkCap` (the transport's egress cap, at runtime).
 
 Only routers may connect (with a cluster secret, only those that prove it), and the
 transport, given the same secret, takes KV only from the instance a reservation names, over
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S, Channel
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
@@ -49,6 +50,7 @@ from minipd.control.messages import (
     Renew,
     Reserve,
     Reserved,
+    SetLinkCap,
     Stats,
     SwitchRole,
     TokenOutput,
@@ -56,9 +58,11 @@ from minipd.control.messages import (
 )
 from minipd.control.role import Role
 from minipd.control.server import ControlServer
+from minipd.disagg import instance_spans
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
 from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressing
+from minipd.disagg.link_cap import set_link_cap
 from minipd.disagg.reservations import Reservation, Reservations
 from minipd.disagg.role_switch import RoleGuard
 from minipd.engine import cpu_placement
@@ -67,6 +71,9 @@ from minipd.engine.engine import Engine, NoCapacity
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError
+from minipd.tracing import names
+from minipd.tracing.outputs import end_with_output
+from minipd.tracing.spans import Span
 from minipd.transports import fault_points
 from minipd.transports.backends import create_transport
 from minipd.transports.base import Transport
@@ -104,7 +111,7 @@ class Instance(ControlServer):
         self.lease_s = lease_s
         self.liveness_timeout_s = liveness_timeout_s
         self.fingerprint = engine_fingerprint(engine)
-        self._compute = cpu_placement.compute_key(engine.config.device, engine.placement)
+        self.compute = cpu_placement.compute_key(engine.config.device, engine.placement)
         self.reservations = Reservations(engine, transport, lease_s, instance_id, self._lease_expired)
         self._peer_ids: dict[str, str] = {}  # decode instance id -> transport peer id
         self._connecting: dict[str, asyncio.Task] = {}
@@ -195,7 +202,7 @@ class Instance(ControlServer):
             max_num_seqs=self.engine.config.scheduler.max_num_seqs,
             epoch=self.guard.epoch,
             liveness_timeout_s=self.liveness_timeout_s if hello.liveness_timeout_s > 0 else 0.0,
-            compute=self._compute,
+            compute=self.compute,
         )
 
     def established(self, channel: Channel, hello: Hello) -> None:
@@ -229,7 +236,10 @@ class Instance(ControlServer):
                 if self._refuse_while_draining(channel, message) or self.guard.refused(channel, message):
                     return
                 self.track(channel, message.request_id)
-                self._reserve(channel, message)
+                span = instance_spans.start(names.RESERVE, message, self.instance_id, self.role)
+                self._reserve(channel, message, span)
+                if span is not None:  # refused (the span of a reservation ended before its reply)
+                    instance_spans.end_reserve(span, None)
             case Prefill():
                 if self._refuse_while_draining(channel, message) or self.guard.refused(channel, message):
                     return
@@ -254,6 +264,8 @@ class Instance(ControlServer):
                     await self._generate(channel, message)
             case SwitchRole():
                 await self.guard.handle_switch(channel, message, self._reset_pool)
+            case SetLinkCap():
+                channel.reply(message, set_link_cap(self.transport, message.gbps))
             case Renew():
                 self.reservations.renew(message.request_id)
             case Abort():
@@ -303,7 +315,7 @@ class Instance(ControlServer):
         return True
 
     # ---- decode role ------------------------------------------------------------------
-    def _reserve(self, channel: Channel, message: Reserve) -> None:
+    def _reserve(self, channel: Channel, message: Reserve, span: Span | None = None) -> None:
         if self._refuse(self.role.serves_decode, "decode", channel, message):
             return
         request_id = message.request_id
@@ -326,11 +338,14 @@ class Instance(ControlServer):
             return
         self.reservations.add(request_id, message.token_ids, block_ids, num_cached, channel)
         self.guard.work.hold(request_id)  # until its decode stream ends or the reservation is dropped
+        if span is not None:  # before the reply: the router's Prefill follows it
+            instance_spans.end_reserve(span, self.reservations.held[request_id])
         channel.reply(message, Reserved(num_cached_tokens=num_cached, dst_block_ids=dst, lease_s=self.lease_s))
         fault_points.hit("decode.reserved", request_id)
 
     async def _decode(self, channel: Channel, message: Decode) -> None:
         request_id = message.request_id
+        span = instance_spans.start(names.DECODE, message, self.instance_id, self.role)
         reservation = self.reservations.take(request_id)
         if reservation is None:
             self._send_failure(
@@ -338,16 +353,19 @@ class Instance(ControlServer):
                 request_id,
                 f"{self.instance_id} holds no reservation for it (its lease expired or it was aborted)",
                 FAILURE_KV_LOAD,
+                span,
             )
             return
+        received_at = time.time()  # a wall clock, as the transport's landed_at
         try:
             landed = await self.transport.wait_landed(request_id, DEFAULT_LAND_TIMEOUT_S)
         except TransferError as exc:
             await self.reservations.release(request_id, reservation.block_ids)  # once no late byte can land
             channel.send(KVLanded(request_id=request_id, error=str(exc)))
-            self._send_failure(channel, request_id, f"the KV did not load: {exc}", FAILURE_KV_LOAD)
+            self._send_failure(channel, request_id, f"the KV did not load: {exc}", FAILURE_KV_LOAD, span)
             return
-        channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at))
+        if span is not None:
+            span.event(names.KV_LANDED, {"minipd.kv.bytes": landed.num_bytes}, at_s=landed.landed_at)
         try:
             stream = self.engine.adopt(
                 reservation.token_ids,
@@ -358,10 +376,14 @@ class Instance(ControlServer):
                 request_id,
             )
         except InvalidRequestError as exc:
+            channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at))
             self.engine.release_blocks(reservation.block_ids)
-            self._send_failure(channel, request_id, f"{type(exc).__name__}: {exc}")
+            self._send_failure(channel, request_id, f"{type(exc).__name__}: {exc}", span=span)
             return
-        await self._forward(channel, stream)
+        # sent before the first token, so the router has the figures when the request finishes
+        adopt_s = max(0.0, time.time() - max(received_at, landed.landed_at))
+        channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at, adopt_s=adopt_s))
+        await self._forward(channel, stream, span)
 
     def _lease_expired(self, request_id: str, reservation: Reservation) -> None:
         self.guard.work.release(request_id)
@@ -392,6 +414,8 @@ class Instance(ControlServer):
             self.untrack(channel, request_id)
             return
         renewals = None
+        span = instance_spans.start(names.PREFILL, message, self.instance_id, self.role)
+        failure: str | None = "ended before it finished"  # what the span ends with
         self._prefilling[request_id] = None
         self._prefills_to.setdefault(message.decode_instance, set()).add(request_id)
         try:
@@ -409,6 +433,7 @@ class Instance(ControlServer):
                 message.dst_block_ids,
                 message.num_skip_blocks,
                 message.layerwise,
+                span,
             )
             stream = self.engine.submit_prefill(message.token_ids, message.sampling, request_id, sender)
             sender.request = stream.request
@@ -423,14 +448,27 @@ class Instance(ControlServer):
                 )
             report = await asyncio.wait_for(sender.result, DEFAULT_PREFILL_TIMEOUT_S)
         except InvalidRequestError as exc:
+            failure = str(exc)
             channel.reply(message, CallError(message=str(exc), kind="invalid"))
         except TransferError as exc:
+            failure = f"KV transfer failed: {exc}"
             channel.reply(
                 message, CallError(message=f"prefill of {request_id}: KV transfer failed: {exc}", kind="transfer")
             )
         except Exception as exc:
+            failure = f"failed: {exc}"
             channel.reply(message, CallError(message=f"prefill of {request_id} failed: {exc}"))
         else:
+            failure = None
+            if span is not None:
+                span.set(
+                    {
+                        "minipd.cached_tokens": stream.request.num_cached_tokens,
+                        "minipd.compute_s": report.compute_s,
+                        "minipd.first_token": report.first_token,
+                    }
+                )
+                span.end()  # before the reply: the router's Decode follows it
             channel.reply(
                 message,
                 Prefilled(
@@ -445,6 +483,8 @@ class Instance(ControlServer):
                 ),
             )
         finally:  # whatever happened, nothing keeps computing for it (a no-op once it finished)
+            if span is not None:
+                span.end(failure)
             self.engine.abort(request_id)
             if renewals is not None:
                 renewals.cancel()
@@ -469,27 +509,42 @@ class Instance(ControlServer):
 
     # ---- any role ---------------------------------------------------------------------
     async def _generate(self, channel: Channel, message: Generate) -> None:
+        span = instance_spans.start(names.GENERATE, message, self.instance_id, self.role)
         try:
             # the router validated the prompt: the engine checks its invariants only
             stream = self.engine.submit(CheckedPrompt(message.token_ids, message.sampling), None, message.request_id)
         except InvalidRequestError as exc:
-            self._send_failure(channel, message.request_id, str(exc))
+            self._send_failure(channel, message.request_id, str(exc), span=span)
             return
-        await self._forward(channel, stream)
+        await self._forward(channel, stream, span)
 
-    async def _forward(self, channel: Channel, stream: RequestStream) -> None:
+    async def _forward(self, channel: Channel, stream: RequestStream, span: Span | None = None) -> None:
+        """Relay the stream's outputs to the router; `span` (traced) ends with the last one."""
         num_sent = 0
-        async with stream:
-            async for output in stream:
-                if output.finish_reason == "abort" and output.error is None and not self.accepting:
-                    output.error = f"{self.instance_id} shut down before the request finished"
-                channel.send(TokenOutput(request_id=stream.request_id, output=output))
-                num_sent += 1
-                if num_sent == 2:
-                    fault_points.hit("decode.streaming", stream.request_id)
+        try:
+            async with stream:
+                async for output in stream:
+                    if output.finish_reason == "abort" and output.error is None and not self.accepting:
+                        output.error = f"{self.instance_id} shut down before the request finished"
+                    if span is not None:  # ended before the last output goes: the router's try ends after it
+                        if num_sent == 0:
+                            span.event(names.FIRST_TOKEN)
+                        if output.finished:
+                            end_with_output(span, output, "aborted" if output.finish_reason == "abort" else None)
+                    channel.send(TokenOutput(request_id=stream.request_id, output=output))
+                    num_sent += 1
+                    if num_sent == 2:
+                        fault_points.hit("decode.streaming", stream.request_id)
+        finally:
+            if span is not None:
+                span.end("ended before it finished")  # a no-op once ended with its last output
         self.untrack(channel, stream.request_id)
 
-    def _send_failure(self, channel: Channel, request_id: str, reason: str, kind: str = "") -> None:
+    def _send_failure(
+        self, channel: Channel, request_id: str, reason: str, kind: str = "", span: Span | None = None
+    ) -> None:
+        if span is not None:
+            span.end(reason)
         self.untrack(channel, request_id)
         channel.send(
             TokenOutput(request_id=request_id, output=RequestOutput.aborted(request_id, reason), failure_kind=kind)

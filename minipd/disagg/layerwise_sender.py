@@ -9,6 +9,10 @@ after the last chunk (for comparison).
 
 Blocks the decode instance already holds (its prefix cache) are skipped; blocks found in the
 prefill instance's own prefix cache are sent like computed ones.
+
+Traced (a prefill `span` given), each chunk is a child span of it (its first layer written
+to its last), and the transfer one more (first write to the last completed), with an event
+per layer handed to the transport and per layer whose write completed (kv_trace.py).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import logging
 import time
 from typing import NamedTuple
 
+from minipd.disagg.kv_trace import KVTrace
 from minipd.engine.engine import Engine
 from minipd.engine.request import Request
+from minipd.tracing.spans import Span
 from minipd.transports import fault_points
 from minipd.transports.base import Transport
 from minipd.transports.block_run import coalesce_runs
@@ -57,6 +63,7 @@ class LayerwiseKVSender:
         dst_block_ids: list[int],
         num_skip_blocks: int,
         layerwise: bool = True,
+        span: Span | None = None,
     ):
         self.engine, self.transport = engine, transport
         self.peer_id, self.request_id = peer_id, request_id
@@ -68,10 +75,13 @@ class LayerwiseKVSender:
         self.result: asyncio.Future[SendReport] = asyncio.get_running_loop().create_future()
         self._num_sent = [num_skip_blocks] * self.num_layers  # leading blocks of each layer sent
         self._first_write_time: float | None = None
+        self.trace = KVTrace(span, self.num_layers) if span is not None else None
 
     def on_layer(self, layer: int, num_final_tokens: int) -> None:
         if layer == 0 and self._first_write_time is None:
             fault_points.hit("prefill.computing", self.request_id)
+        if self.trace is not None:
+            self.trace.on_layer(layer, num_final_tokens)
         if self.layerwise and not self.result.done():
             try:
                 self._send_final(layer, self.request.block_ids, num_final_tokens)
@@ -86,6 +96,8 @@ class LayerwiseKVSender:
         asyncio.get_running_loop().create_task(self._finish(first_token, block_ids, compute))
 
     def on_failed(self, reason: str) -> None:
+        if self.trace is not None:
+            self.trace.failed(reason)
         if not self.result.done():
             self.result.set_exception(PrefillFailed(reason))
         asyncio.get_running_loop().create_task(self.transport.abort(self.request_id, peer_id=self.peer_id))
@@ -108,7 +120,9 @@ class LayerwiseKVSender:
         self._num_sent[layer] = end
         skip = self.num_skip_blocks
         runs = coalesce_runs(block_ids[start:end], self.dst_block_ids[start - skip : end - skip])
-        self.transport.write_layer(self.peer_id, self.request_id, layer, runs)
+        write = self.transport.write_layer(self.peer_id, self.request_id, layer, runs)
+        if self.trace is not None:
+            self.trace.layer_sent(layer, end - start, write)
 
     async def _finish(self, first_token: int, block_ids: list[int], compute: tuple[float, float]) -> None:
         try:
@@ -117,18 +131,21 @@ class LayerwiseKVSender:
             if not self.result.done():
                 first_write = self._first_write_time or compute[1]
                 to_wall = time.time() - time.perf_counter()
-                self.result.set_result(
-                    SendReport(
-                        first_token,
-                        sent.num_bytes,
-                        compute[1] - compute[0],
-                        done - first_write,
-                        max(0.0, done - compute[1]),
-                        compute[1] + to_wall,
-                        first_write + to_wall,
-                    )
+                report = SendReport(
+                    first_token,
+                    sent.num_bytes,
+                    compute[1] - compute[0],
+                    done - first_write,
+                    max(0.0, done - compute[1]),
+                    compute[1] + to_wall,
+                    first_write + to_wall,
                 )
+                if self.trace is not None:
+                    self.trace.sent(report.num_bytes, report.transfer_s, report.exposed_s)
+                self.result.set_result(report)
         except Exception as exc:
+            if self.trace is not None:
+                self.trace.failed(str(exc))
             if not self.result.done():
                 self.result.set_exception(exc)
         finally:

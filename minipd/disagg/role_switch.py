@@ -106,6 +106,7 @@ class RoleGuard:
         self.switching_to: Role | None = None  # set while a switch drains the instance
         self.draining = asyncio.Event()  # set while it is so (for observers and tests)
         self.work = InFlightWork()
+        self.on_switched: list[Callable[[], None]] = []  # called once a switch took the new role
 
     @property
     def switching(self) -> bool:
@@ -204,6 +205,8 @@ class RoleGuard:
         finally:
             self.switching_to = None
             self.draining.clear()
+        for listener in self.on_switched:  # e.g. the registry publisher (registry/publisher.py)
+            listener()
         return RoleSwitched(
             role=target,
             epoch=self.epoch,

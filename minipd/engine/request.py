@@ -34,6 +34,9 @@ class TransferInfo(msgspec.Struct):
     transfer_s: float  # first write to the last byte acknowledged
     exposed_s: float  # end of prefill compute to the last byte acknowledged
     reserve_s: float = 0.0  # the router's reserve call on the decode instance, busy waits included
+    # the decode instance's adopt: from the KV landed and the decode order there (whichever is
+    # later) to the sequence queued with its first token; None until the decode side reports it
+    adopt_s: float | None = None
 
 
 OVERLOADED = "overloaded"  # RequestOutput.error_kind of a request the cluster had no room for

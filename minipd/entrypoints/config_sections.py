@@ -22,10 +22,12 @@ from minipd.engine.config import EngineConfig
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
 from minipd.engine.sampling_params import SamplingParams
 from minipd.policy.ratio_controller import ControllerConfig
+from minipd.registry.etcd_url import RegistryUrl
 from minipd.router.live_controller import LiveControllerOptions
 from minipd.transports.backends import backend_options
 
 Address = tuple[str, int]
+DEFAULT_REGISTRY_TTL_S = 5
 
 
 class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,6 +38,9 @@ class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_connections: int = DEFAULT_MAX_CONNECTIONS  # per listener
     cluster_secret: str | None = None  # as given; `credentials.parse_cluster_secret` checks it
     cpus: tuple[int, ...] | None = None  # the cores it is pinned to; None: not pinned
+    registry: RegistryUrl | None = None  # None: the embedded default (registration over the control port)
+    registry_ttl_s: int = DEFAULT_REGISTRY_TTL_S  # of its registry lease
+    otlp_traces_endpoint: str | None = None  # where spans go (minipd/tracing); None: not traced
 
     def __repr__(self) -> str:  # never print the secret
         return f"ProcessConfig(host={self.host!r}, cluster_secret={'<set>' if self.cluster_secret else None})"

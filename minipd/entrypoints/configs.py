@@ -59,6 +59,8 @@ class RoleConfigs:
     cluster: ClusterConfig
     demo: DemoConfig
     ratio_controller: RatioController | None  # None: the P:D ratio stays as started
+    # the controller's flags, on or not: what `POST /admin/controller` turns on (None: a role without them)
+    controller_policy: RatioController | None
     # The command line as parsed: only for passing flags on to child processes
     # (flags.inherited_argv), which must see them as the user typed them.
     parsed: argparse.Namespace
@@ -111,6 +113,7 @@ def role_configs(role: Role, args: argparse.Namespace) -> RoleConfigs:
         cluster=cluster,
         demo=demo,
         ratio_controller=_ratio_controller(values.get("ratio_controller", {})),
+        controller_policy=_controller_policy(values.get("ratio_controller", {})),
         parsed=args,
     )
 
@@ -158,11 +161,16 @@ def _http(role: Role, values: dict[str, Any], process: ProcessConfig, serving: S
 
 
 def _ratio_controller(values: dict[str, Any]) -> RatioController | None:
-    """The controller's policy and options with --ratio-controller, else None; the configs'
-    own checks name the flag."""
-    if not values.get("on"):
+    """The controller's policy and options with --ratio-controller, else None."""
+    return _controller_policy(values) if values.get("on") else None
+
+
+def _controller_policy(values: dict[str, Any]) -> RatioController | None:
+    """The controller's policy and options from its flags, on or not; None for a role without
+    them. The configs' own checks name the flag."""
+    if "policy" not in values:
         return None
-    policy = dict(values.get("policy", {}))
+    policy = dict(values["policy"])
     try:
         slo = SLO.parse(policy.pop("slo"))
     except ValueError as exc:

@@ -1,7 +1,7 @@
 """Every command-line flag of `minipd`, declared once, and what is derived from the table.
 
 The table is split by purpose (`flags_process.py`, `flags_engine.py`, `flags_router.py`,
-`flags_api.py`; what an entry is: `flag_spec.py`) and joined here in --help order. Each entry
+`flags_registry.py`, `flags_api.py`; what an entry is: `flag_spec.py`) and joined here in --help order. Each entry
 says which roles' parsers have it, which config field it sets (`configs.py` fills the configs
 from there), and which child roles a launcher passes its parsed value on to (`inherit`):
 `minipd --role cluster` builds each child's command line with `inherited_argv`, from the values
@@ -19,7 +19,15 @@ import os
 from typing import Any
 
 from minipd.control.role import Role
-from minipd.entrypoints import flags_api, flags_engine, flags_process, flags_ray, flags_router
+from minipd.entrypoints import (
+    flags_api,
+    flags_engine,
+    flags_process,
+    flags_ray,
+    flags_registry,
+    flags_router,
+    flags_tracing,
+)
 from minipd.entrypoints.flag_spec import (  # noqa: F401  (the names callers import from here)
     API_KEY_ENV,
     CLUSTER_SECRET_ENV,
@@ -31,8 +39,10 @@ from minipd.entrypoints.flag_spec import (  # noqa: F401  (the names callers imp
 
 FLAGS: tuple[Flag, ...] = (
     *flags_process.FLAGS,
+    *flags_tracing.FLAGS,
     *flags_engine.FLAGS,
     *flags_router.FLAGS,
+    *flags_registry.FLAGS,
     *flags_api.FLAGS,
     *flags_ray.FLAGS,
 )

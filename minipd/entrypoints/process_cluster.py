@@ -1,7 +1,8 @@
 """The processes of a local cluster (`minipd --role cluster`; its run: `cluster_command.py`).
 
 Starts the prefill, decode and colocated instances (`minipd --role prefill|decode|both`),
-waits for each to print its READY line, and starts the router pointed at them. It runs from
+waits for each to print its READY line, and starts the router pointed at them (with
+`--registry`, the router finds them in etcd instead, and a restarted instance there too). It runs from
 the role's checked configs (`configs.RoleConfigs`): the instances' cores are planned from its
 `EngineConfig`. Each child's command line is derived from the flags this command parsed
 (`RoleConfigs.parsed`, `flags.inherited_argv`), with its own share of the cores
@@ -149,7 +150,7 @@ class ProcessCluster:
         another takes the ports it listened on (its clients find it where they left it)."""
         argv = [*self._child_argv(ROUTER, Role.ROUTER)]
         for child in self.children:
-            if child.role is not Role.ROUTER:
+            if child.role is not Role.ROUTER and self.args.registry is None:  # else it finds them there
                 argv += [_ROUTER_FLAG[child.role], f"{child.address[0]}:{child.address[1]}"]
         if self.router_address is not None:
             argv += ["--port", str(self.router_address[1])]
@@ -197,7 +198,7 @@ class ProcessCluster:
         child = await self._spawn(name, old.role, argv)
         self.children[self.children.index(old)] = child  # the router stays last: `stop` ends it first
         router = self.child(ROUTER) if old.role is not Role.ROUTER else None
-        if router is not None and router.process.returncode is None:
+        if router is not None and router.process.returncode is None and self.args.registry is None:
             try:
                 await self.rejoin(name)
             except Exception as exc:

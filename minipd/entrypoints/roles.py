@@ -21,7 +21,9 @@ import time
 from collections.abc import Coroutine
 
 from minipd.api.admin import router_admin
+from minipd.api.admin_controls import router_controls
 from minipd.api.app import start_api
+from minipd.api.controller_metrics import controller_metrics
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
 from minipd.control.role import Role
@@ -37,9 +39,12 @@ from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.registration import keep_registered, register
 from minipd.entrypoints.stop_signal import wait_for_stop_signal
+from minipd.registry.membership import instance_presence, require_etcd_client, router_membership
 from minipd.router.control_port import RouterControlPort
-from minipd.router.live_controller import LiveRatioController
+from minipd.router.controller_switch import ControllerSwitch
 from minipd.router.router import Router
+from minipd.tracing import exporter as trace_exporter
+from minipd.tracing.names import INSTANCE_SERVICE, ROUTER_SERVICE
 
 CONNECT_TIMEOUT_S = 60.0
 RELAY_LAST_OUTPUTS_S = 1.0  # a shutting-down router's last outputs (aborts saying why) reach its clients
@@ -50,6 +55,10 @@ def prepare(configs: RoleConfigs) -> Coroutine:
     """Load what the role must load before serving (ValueError or FileNotFoundError say what
     failed) and return the role's coroutine; the configs were validated when built."""
     role = configs.role
+    if configs.process.registry is not None:
+        require_etcd_client()  # ValueError naming the flag and the extra
+    if configs.process.otlp_traces_endpoint is not None:  # the SDK is there, the URL one (else ValueError)
+        trace_exporter.check_endpoint(configs.process.otlp_traces_endpoint)
     if role is Role.ROUTER:
         secret = parse_cluster_secret(configs.process.cluster_secret)
         print(
@@ -98,7 +107,8 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
     instance_id = configs.instance.name(role, os.getpid())
     control_port = configs.instance.port
     secret = parse_cluster_secret(process.cluster_secret)
-    instance = api = registration = None
+    instance = api = registration = presence = None
+    _start_tracing(process, INSTANCE_SERVICE, instance_id, role)
     try:
         if control_port is None:
             await engine.start()
@@ -123,6 +133,9 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
             api = await start_api(
                 EngineBackend(engine, serving.model_name, kv_admission_ratio=serving.kv_admission_ratio), http
             )
+        if instance is not None and process.registry is not None:
+            presence = instance_presence(instance, process.registry, process.host, port, process.registry_ttl_s)
+            await presence.start(CONNECT_TIMEOUT_S)  # routers watching the registry find it from here on
         if instance is not None:
             print(f"READY {role.value} {instance.instance_id} {process.host}:{port}", flush=True)
             if configs.instance.router is not None:
@@ -140,6 +153,9 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
         if instance is not None:
             await instance.shutdown(process.shutdown_timeout_s)
             instance = None
+        if presence is not None:
+            await presence.close()  # its key goes once its requests are done: routers drop it then
+            presence = None
         return 0
     except Exception as exc:
         print(f"minipd {role.value}: {exc}", file=sys.stderr)
@@ -147,24 +163,32 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
     finally:
         if registration is not None:
             registration.cancel()
+        if presence is not None:
+            await presence.close()
         if api is not None:
             await api.cleanup()
         if instance is not None:
             await instance.close()
         else:
             await engine.close()
+        trace_exporter.shutdown()  # the last spans out before the process exits
 
 
 async def run_router(router: Router, configs: RoleConfigs) -> int:
-    process, http, controller = configs.process, configs.http, configs.ratio_controller
+    process, http, policy = configs.process, configs.http, configs.controller_policy
     server = RouterControlPort(router, process.max_connections)
-    api = live_controller = None
+    api = membership = None
+    controller = ControllerSwitch(router, policy.policy, policy.options)
+    _start_tracing(process, ROUTER_SERVICE, "router", Role.ROUTER)
     try:
         warn_if_exposed("the router", process.host, router.secret)
         deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
         for role, addresses in configs.endpoints.by_role():
             for host, port in addresses:
                 await _add_with_retry(router, host, port, role, deadline)
+        if process.registry is not None:
+            membership = router_membership(router, process.registry, process.registry_ttl_s)
+            await membership.start(CONNECT_TIMEOUT_S)  # connected to every instance published so far
         port = await server.serve(process.host, configs.endpoints.port)
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
@@ -172,11 +196,10 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
             api = await start_api(
                 RouterBackend(router, configs.serving.served_model_name or router.model_name),
                 http,
-                extensions=[router_admin(router)],
+                extensions=[router_admin(router), router_controls(router, controller), controller_metrics(controller)],
             )
-        if controller is not None:
-            live_controller = LiveRatioController(router, controller.policy, controller.options)
-            live_controller.start()
+        if configs.ratio_controller is not None:
+            controller.start()
         print(f"READY router router {process.host}:{port}", flush=True)
         await wait_for_stop_signal()
         loop = asyncio.get_running_loop()
@@ -194,12 +217,19 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
         print(f"minipd router: {exc}", file=sys.stderr)
         return 1
     finally:
-        if live_controller is not None:
-            await live_controller.close()
+        await controller.stop()
+        if membership is not None:
+            await membership.close()
         if api is not None:
             await api.cleanup()
         await server.close()
         await router.close()
+        trace_exporter.shutdown()  # the last spans out before the process exits
+
+
+def _start_tracing(process: ProcessConfig, service: str, instance_id: str, role: Role) -> None:
+    if process.otlp_traces_endpoint is not None:
+        trace_exporter.configure(process.otlp_traces_endpoint, service, instance_id, role.value)
 
 
 async def _add_with_retry(router: Router, host: str, port: int, role: Role, deadline: float) -> None:

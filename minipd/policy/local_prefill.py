@@ -33,6 +33,20 @@ class Placement(enum.Enum):
     def is_local(self) -> bool:
         return self is not Placement.REMOTE
 
+    @property
+    def decision(self) -> str:
+        """Its name where operators read it (`minipd_disagg_decisions_total{decision}`, the
+        router's spans): why the prompt went where it did, not the enum's name."""
+        return _DECISIONS[self]
+
+
+_DECISIONS = {
+    Placement.REMOTE: "remote_prefill",
+    Placement.LOCAL_SHORT: "local_prefill_size",
+    Placement.LOCAL_PREFILL_BUSY: "local_prefill_load",
+    Placement.LOCAL_NO_PREFILL: "local_prefill_no_prefill_instance",
+}
+
 
 class LocalPrefillThresholds(msgspec.Struct, frozen=True):
     max_local_tokens: int = 16  # rule 1; 0 turns it off (a prompt has at least one uncached token)

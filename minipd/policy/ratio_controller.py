@@ -47,12 +47,32 @@ class Move(enum.Enum):
         return {Move.TO_PREFILL: "decode", Move.TO_DECODE: "prefill"}[self]
 
 
+# A decision's `cause`: why it moved or held, one of a fixed few (a metric label; `reason`
+# says the same in words, with the figures).
+CAUSE_IN_FLIGHT = "moves_in_flight"
+CAUSE_COOLDOWN = "cooldown"
+CAUSE_FEW_SAMPLES = "too_few_samples"
+CAUSE_WITHIN_BAND = "within_hysteresis"
+CAUSE_TTFT = "ttft_short"  # moved to prefill: TTFT falls short
+CAUSE_DECODE = "decode_short"  # moved to decode: ITL (or TPOT) falls short
+CAUSE_TTFT_AT_MIN = "ttft_short_decode_at_min"
+CAUSE_DECODE_AT_MIN = "decode_short_prefill_at_min"
+# every (move, cause) a decision can be
+DECISION_CAUSES = (
+    *((Move.HOLD, c) for c in (CAUSE_IN_FLIGHT, CAUSE_COOLDOWN, CAUSE_FEW_SAMPLES, CAUSE_WITHIN_BAND)),
+    *((Move.HOLD, c) for c in (CAUSE_TTFT_AT_MIN, CAUSE_DECODE_AT_MIN)),
+    (Move.TO_PREFILL, CAUSE_TTFT),
+    (Move.TO_DECODE, CAUSE_DECODE),
+)
+
+
 class Decision(NamedTuple):
     time_s: float
     move: Move
     reason: str
     ttft_attainment: float  # nan when not measured
     decode_attainment: float
+    cause: str = CAUSE_WITHIN_BAND  # one of the CAUSE_ constants
 
 
 class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,12 +145,13 @@ class RatioController:
         self._tokens_ok += ok
         self._tokens_all += count
 
-    def _window_start(self, now: float) -> float:
+    def window_start(self, now: float) -> float:
+        """Where the samples the next decision weighs begin: `window_s` ago, or at the last move."""
         start = now - self.config.window_s
         return start if self._last_move_s is None else max(start, self._last_move_s)
 
     def _token_attainment(self, now: float) -> tuple[float, int]:
-        start = self._window_start(now)
+        start = self.window_start(now)
         tokens = self._tokens
         while tokens and tokens[0][0] < start:
             _, ok, count = tokens.popleft()
@@ -141,7 +162,7 @@ class RatioController:
         return self._tokens_ok / self._tokens_all, len(tokens)
 
     def _attainment(self, samples: deque, now: float) -> tuple[float, int]:
-        start = self._window_start(now)
+        start = self.window_start(now)
         while samples and samples[0][0] < start:
             samples.popleft()
         if not samples:
@@ -158,27 +179,29 @@ class RatioController:
         if n_wait and (not n_dec or wait < dec):
             dec, n_dec = wait, max(n_dec, n_wait)
         if moves_in_flight >= c.max_in_flight:
-            return Decision(now, Move.HOLD, "moves in flight", ttft, dec)
+            return Decision(now, Move.HOLD, "moves in flight", ttft, dec, CAUSE_IN_FLIGHT)
         if self._last_move_s is not None and now - self._last_move_s < c.cooldown_s:
-            return Decision(now, Move.HOLD, "cooling down", ttft, dec)
+            return Decision(now, Move.HOLD, "cooling down", ttft, dec, CAUSE_COOLDOWN)
         if n_ttft < c.min_samples and n_dec < c.min_samples:
-            return Decision(now, Move.HOLD, "too few samples", ttft, dec)
+            return Decision(now, Move.HOLD, "too few samples", ttft, dec, CAUSE_FEW_SAMPLES)
         # A side with too few samples shows neither trouble nor headroom (a shortfall of 0):
         # when every request is stuck waiting for decode room, prefill has nothing to report.
         ttft_short = c.target - ttft if n_ttft >= c.min_samples else 0.0
         dec_short = c.target - dec if n_dec >= c.min_samples else 0.0
-        move, reason = Move.HOLD, "within the hysteresis band"
+        move, reason, cause = Move.HOLD, "within the hysteresis band", CAUSE_WITHIN_BAND
         if ttft_short > c.hysteresis and ttft_short > dec_short + c.hysteresis:
             if num_decode > c.min_decode:
                 move, reason = Move.TO_PREFILL, f"ttft attainment {ttft:.2f} < {self._decode_kind} {dec:.2f}"
+                cause = CAUSE_TTFT
             else:
-                reason = "ttft fails but decode is at its minimum"
+                reason, cause = "ttft fails but decode is at its minimum", CAUSE_TTFT_AT_MIN
         elif dec_short > c.hysteresis and dec_short > ttft_short + c.hysteresis:
             if num_prefill > c.min_prefill:
                 move, reason = Move.TO_DECODE, f"decode attainment {dec:.2f} < ttft {ttft:.2f}"
+                cause = CAUSE_DECODE
             else:
-                reason = f"{self._decode_kind} fails but prefill is at its minimum"
-        decision = Decision(now, move, reason, ttft, dec)
+                reason, cause = f"{self._decode_kind} fails but prefill is at its minimum", CAUSE_DECODE_AT_MIN
+        decision = Decision(now, move, reason, ttft, dec, cause)
         if move.moves:
             self._last_move_s = now
             self.decisions.append(decision)

@@ -19,7 +19,11 @@ is no instance's fault: it follows the router's `kv_load_failure` policy, `recom
 decode instance prefills the prompt itself) or `fail` (the request ends, saying why).
 
 Each try has its own id on the instances (try_ids.py), so an instance that saw an earlier
-try, and remembers it as aborted, never takes a later one for it.
+try, and remembers it as aborted, never takes a later one for it. Traced, every message of the
+try carries its span (or its recompute's) as the instances' parent (request_spans.py).
+
+Length: the stages of one try read top-down in one place, each with the message it sends;
+splitting them would scatter the blame and retry rules that tie them together.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from minipd.control.messages import (
     TokenOutput,
 )
 from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.router import request_spans
 from minipd.router.latency_observer import LatencyObserver, relay_tokens
 from minipd.router.prefill_site import decide_placement
 from minipd.router.registry import InstanceHandle, InstanceRegistry
@@ -52,6 +57,8 @@ from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
 from minipd.router.try_ids import TryIds
+from minipd.tracing import names
+from minipd.tracing.spans import Span
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +152,16 @@ class Attempt:
             self.config.local_prefill,
         )
         self.counters.placements[placement] += 1
+        if routed.try_span is not None:
+            request_spans.placement_decided(
+                routed.try_span,
+                routed,
+                decode,
+                prefill,
+                placement,
+                uncached_on_decode,
+                len(registry.prefill_candidates(self.excluded)),
+            )
         routed.prefilled_locally = prefill is None or placement.is_local
         routed.instances = {decode.instance_id}
         decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
@@ -162,7 +179,13 @@ class Attempt:
                 prefill.remember_prefix(hashes, prefill.stats.num_blocks if prefill.stats else len(hashes))
                 with blame(decode):
                     return await self._stream_from(
-                        decode, Decode(request_id=routed.wire_id, first_token=first_token, sampling=routed.params)
+                        decode,
+                        Decode(
+                            request_id=routed.wire_id,
+                            first_token=first_token,
+                            sampling=routed.params,
+                            traceparent=_traceparent(routed.try_span),
+                        ),
                     )
             except KVLoadFailed as failure:
                 return await self._kv_load_failed(prefill, decode, str(failure), decode_epoch)
@@ -172,7 +195,13 @@ class Attempt:
         with blame(decode):
             return await self._stream_from(
                 decode,
-                Generate(request_id=routed.wire_id, token_ids=routed.token_ids, sampling=routed.params, epoch=epoch),
+                Generate(
+                    request_id=routed.wire_id,
+                    token_ids=routed.token_ids,
+                    sampling=routed.params,
+                    epoch=epoch,
+                    traceparent=_traceparent(routed.try_span),
+                ),
             )
 
     async def _kv_load_failed(
@@ -192,7 +221,18 @@ class Attempt:
         routed.transfer = None
         routed.prefilled_locally = True
         self.try_ids.begin(routed)  # the recompute is a try of its own, under a fresh id
-        return await self._prefill_locally(decode, decode_epoch)
+        if routed.try_span is None:
+            return await self._prefill_locally(decode, decode_epoch)
+        recompute = routed.try_span = routed.try_span.child(
+            names.RECOMPUTE, {"minipd.try_id": routed.wire_id, "minipd.recompute.reason": what}
+        )
+        try:
+            output = await self._prefill_locally(decode, decode_epoch)
+            recompute.end(output.error)
+            return output
+        except BaseException as exc:
+            recompute.end(str(exc) or type(exc).__name__)
+            raise
 
     async def _reserve(self, decode: InstanceHandle, prefill_id: str, epoch: int | None) -> Reserved:
         """Reserve blocks on `decode`; while its pool is full ("busy"), wait for running requests
@@ -206,7 +246,11 @@ class Attempt:
         deadline = started + config.kv_wait_s
         wait_s = BUSY_RETRY_MIN_S
         reserve = Reserve(
-            request_id=routed.wire_id, token_ids=routed.token_ids, prefill_instance=prefill_id, epoch=epoch
+            request_id=routed.wire_id,
+            token_ids=routed.token_ids,
+            prefill_instance=prefill_id,
+            epoch=epoch,
+            traceparent=_traceparent(routed.try_span),
         )
         while True:
             try:
@@ -227,6 +271,8 @@ class Attempt:
                         overloaded=True,
                     ) from exc
             self.counters.num_busy_waits += 1
+            if routed.try_span is not None:
+                routed.try_span.event(names.DECODE_BUSY, {"minipd.wait_s": wait_s})
             await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation
             routed.decode_wait_s += wait_s
             wait_s = min(BUSY_RETRY_MAX_S, 2 * wait_s)
@@ -255,6 +301,7 @@ class Attempt:
                     layerwise=routed.layerwise,
                     epoch=epoch,
                     lease_s=reserved.lease_s,
+                    traceparent=_traceparent(routed.try_span),
                 ),
                 self.config.call_timeout_s,
             )
@@ -305,6 +352,8 @@ class Attempt:
                 if received.failure_kind == FAILURE_KV_LOAD:
                     raise KVLoadFailed(output.error)
                 raise InstanceFailed(output.error)
+            if output.token_ids and not routed.first_token_sent and routed.span is not None:
+                routed.span.event(names.FIRST_TOKEN)
             routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
             if output.token_ids:
                 relay_tokens(self.observer, routed, len(output.token_ids))
@@ -330,3 +379,8 @@ async def _next_output(routed: RoutedRequest, decode: InstanceHandle, timeout: f
     if not done:
         raise TimeoutError(f"no output from {decode.instance_id} for {timeout} s (the inter-token timeout)")
     raise ChannelClosed(f"{decode.instance_id} died: {decode.lost_reason or decode.channel.close_reason}")
+
+
+def _traceparent(span: Span | None) -> str | None:
+    """What a message carries to the instances: the try's span as their parent."""
+    return None if span is None else span.traceparent

@@ -63,6 +63,7 @@ class InstanceLinks:
         self._stats_task: asyncio.Task | None = None
         self._closing = False
         self._members: set[tuple[str, int]] = set()  # addresses redialed when their instance is lost
+        self._seen: set[tuple[str, int]] = set()  # every address ever registered: a new instance there is readmitted
         self._redialing: dict[tuple[str, int], asyncio.Task] = {}
         self._address_locks: dict[tuple[str, int], asyncio.Lock] = {}
 
@@ -90,13 +91,22 @@ class InstanceLinks:
         async with self._address_locks.setdefault(address, asyncio.Lock()):
             handle = self.at_address(address)
             if handle is None:
-                handle = await self._connect(host, port, timeout, expected_role, readmit=address in self._members)
+                handle = await self._connect(host, port, timeout, expected_role, readmit=address in self._seen)
             elif expected_role is not None and handle.role is not expected_role:
                 raise IncompatibleInstance(
                     f"{host}:{port} is a {handle.role.value} instance, not {expected_role.value}"
                 )
         self._members.add(address)
+        self._seen.add(address)
         return handle
+
+    def forget(self, address: tuple[str, int]) -> None:
+        """`address` is no longer a member: not redialed when its instance is lost (the
+        registry dropped it); a later `connect` there readmits it as usual."""
+        self._members.discard(address)
+        task = self._redialing.pop(address, None)
+        if task is not None:
+            task.cancel()
 
     async def _connect(self, host: str, port: int, timeout: float, expected_role: Role | None, readmit: bool):
         if readmit:

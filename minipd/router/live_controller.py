@@ -22,7 +22,9 @@ carries out its moves. Top-down:
    adds little to it; among those, the one with the least work to drain; each move and its outcome are logged
    and kept in `moves` (the router keeps every completed switch in `role_changes`, which
    /metrics and /admin/instances show).
-Colocated instances are never moved.
+Colocated instances are never moved. Every decision is counted by move and cause in
+`decision_counts`, the latest kept in `last_decision`, and the latencies behind them in
+`latencies` (controller_latency.py); /metrics shows all three (api/controller_metrics.py).
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from typing import TYPE_CHECKING, Callable
 
 import msgspec
 
 from minipd.control.role import Role
 from minipd.policy.ratio_controller import ControllerConfig, Decision, Move, RatioController
+from minipd.router.controller_latency import ControllerLatencies
 from minipd.router.registry import InstanceHandle
 from minipd.router.role_switch_driver import SwitchConflict, SwitchFailed, UnknownInstance
 
@@ -98,11 +102,19 @@ class LiveRatioController:
         config: ControllerConfig,
         options: LiveControllerOptions = DEFAULT_OPTIONS,
         clock: Callable[[], float] = time.monotonic,
+        decision_counts: Counter[tuple[Move, str]] | None = None,
     ):
+        """`decision_counts`: where to count decisions (one kept across restarts), else a new one."""
         self.router, self.options, self.clock = router, options, clock
         self.policy = RatioController(config)
         self._per_request_tpot = config.slo.decode_bound[0] == "tpot"
         self.moves: list[MoveRecord] = []
+        # (move, cause) -> decisions
+        self.decision_counts: Counter[tuple[Move, str]] = Counter() if decision_counts is None else decision_counts
+        self.last_decision: Decision | None = None  # the latest, hold or move
+        self.latencies = ControllerLatencies(
+            config.target, self._per_request_tpot, config.decode_wait_fraction * self.policy.ttft_bound_s
+        )
         self._late: set[str] = set()  # requests reported late, whose first token is not to count
         self._in_flight = 0
         self._moving: set[asyncio.Task] = set()
@@ -115,9 +127,16 @@ class LiveRatioController:
             self._late.discard(request_id)
             return
         self.policy.observe_ttft(now, ttft_s, decode_wait_s)
+        self.latencies.first_token(now, ttft_s, decode_wait_s)
 
     def tokens(self, now: float, gap_s: float, count: int, tpot_s: float) -> None:
         self.policy.observe_tokens(now, tpot_s if self._per_request_tpot else gap_s, count)
+        self.latencies.tokens(now, gap_s, count, tpot_s)
+
+    def latency_figures(self) -> dict[str, float | None]:
+        """The estimated and observed TTFT and ITL over the policy's window now (seconds, at
+        its target quantile; None without samples): see controller_latency.py."""
+        return self.latencies.quantiles(self.policy.window_start(self.clock()))
 
     # ---- deciding ----------------------------------------------------------------------
     def tick(self) -> Decision:
@@ -129,10 +148,14 @@ class LiveRatioController:
             if routed.request_id not in self._late and now - routed.arrival_s > self.policy.ttft_bound_s:
                 self._late.add(routed.request_id)
                 self.policy.observe_late(now, routed.decode_wait_so_far(now))
+                self.latencies.late(now, now - routed.arrival_s, routed.decode_wait_so_far(now))
         serving = self.router.registry.serving()
         prefill = [h for h in serving if h.role is Role.PREFILL]
         decode = [h for h in serving if h.role is Role.DECODE]
         decision = self.policy.decide(now, len(prefill), len(decode), self._in_flight)
+        self.decision_counts[decision.move, decision.cause] += 1
+        self.last_decision = decision
+        self.latencies.prune(self.policy.window_start(now))  # bounded by the window
         log.debug(
             "ratio controller: %s (%s); ttft attainment %.2f, decode %.2f; %dP:%dD",
             decision.move.value,

@@ -5,14 +5,16 @@ registry only; the router records the report):
 1. check the request: a known, live instance (else UnknownInstance), an instance role (else
    InvalidRequestError naming `role`), not its role already, not switching already, and not
    the last instance that can decode when the new role cannot (else SwitchConflict);
-2. mark the handle draining: from the decision on, no new work picks it (a try that picked
+2. claim the switch (`claims`: with a registry, only one router wins it, epoch_cas.py; else
+   SwitchConflict), held until the switch ended;
+3. mark the handle draining: from the decision on, no new work picks it (a try that picked
    it just before is refused by the instance for its stale epoch and retried elsewhere);
-3. `SwitchRole` with the epoch the router knows: the instance drains, resets its pool and
+4. `SwitchRole` with the epoch the router knows: the instance drains, resets its pool and
    answers with its new role and epoch (or refuses: SwitchFailed, and it serves on as
    before);
-4. the handle takes the new role and epoch and forgets the prefixes it remembered; the
+5. the handle takes the new role and epoch and forgets the prefixes it remembered; the
    instance is picked for work of its new role from the next request on.
-The report times the whole switch from the decision (step 1) to step 4, and the instance's
+The report times the whole switch from the decision (step 1) to step 5, and the instance's
 drain and reset within it.
 """
 
@@ -28,6 +30,7 @@ from minipd.control.messages import RoleSwitched, SwitchRole
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.router.registry import InstanceRegistry
+from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +94,11 @@ def parse_role(role: Role | str) -> Role:
 
 
 async def switch_instance_role(
-    registry: InstanceRegistry, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    registry: InstanceRegistry,
+    instance_id: str,
+    role: Role | str,
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S,
+    claims: SwitchClaims = LOCAL_CLAIMS,
 ) -> SwitchReport:
     start, decided_at = time.perf_counter(), time.time()
     handle = registry.instances.get(instance_id)
@@ -112,21 +119,22 @@ async def switch_instance_role(
         raise SwitchConflict(
             "role", f"{instance_id} is the last instance that can decode; the cluster could not serve without it"
         )
-    previous = handle.role
-    handle.draining = True
-    log.info("switching %s from %s to %s", instance_id, previous.value, target.value)
-    try:
-        reply: RoleSwitched = await handle.channel.call(
-            SwitchRole(role=target, epoch=handle.epoch, drain_timeout_s=drain_timeout_s),
-            drain_timeout_s + REPLY_MARGIN_S,
-        )
-    except RemoteError as exc:
-        raise SwitchFailed(f"{instance_id} did not switch to {target.value}: {exc}", exc.kind) from exc
-    except (ChannelClosed, TimeoutError) as exc:
-        raise SwitchFailed(f"{instance_id} did not switch to {target.value}: {exc}", "lost") from exc
-    finally:
-        handle.draining = False
-    handle.take_role(reply.role, reply.epoch)
+    previous, epoch = handle.role, handle.epoch
+    async with claims.claim(instance_id, epoch, target):
+        handle.draining = True
+        log.info("switching %s from %s to %s", instance_id, previous.value, target.value)
+        try:
+            reply: RoleSwitched = await handle.channel.call(
+                SwitchRole(role=target, epoch=epoch, drain_timeout_s=drain_timeout_s),
+                drain_timeout_s + REPLY_MARGIN_S,
+            )
+        except RemoteError as exc:
+            raise SwitchFailed(f"{instance_id} did not switch to {target.value}: {exc}", exc.kind) from exc
+        except (ChannelClosed, TimeoutError) as exc:
+            raise SwitchFailed(f"{instance_id} did not switch to {target.value}: {exc}", "lost") from exc
+        finally:
+            handle.draining = False
+        handle.take_role(reply.role, reply.epoch)
     report = SwitchReport(
         instance_id=instance_id,
         from_role=previous,

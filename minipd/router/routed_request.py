@@ -15,6 +15,7 @@ from minipd.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from minipd.router.registry import InstanceHandle
+    from minipd.tracing.spans import Span
 
 
 class RoutedRequest:
@@ -45,6 +46,9 @@ class RoutedRequest:
         self.reserve_s = 0.0  # the last try's reserve call on its decode instance, busy waits included
         self.decode_wait_s = 0.0  # waiting for KV room on a decode instance (its pool was full)
         self.prefilled_locally = False  # placed on its decode instance for prefill too
+        # its spans (router/request_spans.py), None while it is not traced
+        self.span: Span | None = None
+        self.try_span: Span | None = None  # the current try's (or its recompute's): the instances' parent
 
     def decode_wait_so_far(self, now: float) -> float:
         """Time this request has spent waiting on decode: for KV room, or, prefilled on its
@@ -56,9 +60,10 @@ class RoutedRequest:
         if self.kv_failure is not None and not self.kv_failure.done():
             self.kv_failure.set_result(error)
 
-    def record_landing(self, landed_at: float) -> None:
+    def record_landing(self, landed_at: float, adopt_s: float | None = None) -> None:
         """Measure the transfer to the receiver's landing time (the last byte acknowledged),
-        which replaces the sender's view; both clocks are wall clocks, exact on one host."""
+        which replaces the sender's view; both clocks are wall clocks, exact on one host.
+        `adopt_s`: the decode instance's adopt that followed, as it measured it."""
         if self.transfer is None:
             return
         compute_end_at, first_write_at = self.timestamps
@@ -66,4 +71,5 @@ class RoutedRequest:
             self.transfer,
             transfer_s=max(0.0, landed_at - first_write_at),
             exposed_s=max(0.0, landed_at - compute_end_at),
+            adopt_s=adopt_s,
         )

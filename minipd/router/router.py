@@ -54,6 +54,7 @@ from minipd.engine.request import INSTANCE_LOST, OVERLOADED, RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.unavailable import BackendUnavailableError
+from minipd.router import request_spans
 from minipd.router.attempt import Attempt, AttemptFailed
 from minipd.router.instance_links import InstanceLinks
 from minipd.router.latency_observer import LatencyObserver
@@ -62,7 +63,9 @@ from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchRepo
 from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
+from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
 from minipd.router.try_ids import TryIds
+from minipd.tracing.exporter import tracer
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,7 @@ class Router(GeneratesFromSubmit):
         self.counters = RouterCounters()
         self.links = InstanceLinks(self.registry, config, self.counters, secret, self._on_message)
         self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
+        self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (switch_claims.py)
         self.latency_observer: LatencyObserver | None = None  # told of every first token and token gap
 
     # ---- instances --------------------------------------------------------------------
@@ -148,7 +152,7 @@ class Router(GeneratesFromSubmit):
         role reaches it, what it runs finishes, its pool is reset, and it serves as `role` with
         a new epoch. Raises UnknownInstance, InvalidRequestError (`role`), SwitchConflict or
         SwitchFailed (the instance then serves on in its old role)."""
-        report = await switch_instance_role(self.registry, instance_id, role, drain_timeout_s)
+        report = await switch_instance_role(self.registry, instance_id, role, drain_timeout_s, self.switch_claims)
         self.role_changes.append(report)
         return report
 
@@ -193,6 +197,7 @@ class Router(GeneratesFromSubmit):
         request_id: str | None = None,
         *,
         layerwise: bool | None = None,
+        traceparent: str | None = None,
     ) -> RequestStream:
         """Validate and start routing; returns the stream of outputs (engine/generator.py: the
         shape every runner of requests shares). Raises InvalidRequestError,
@@ -201,7 +206,8 @@ class Router(GeneratesFromSubmit):
 
         A text prompt is tokenized here, on the loop; servers validate off the loop and pass
         a CheckedPrompt (checked_prompt.py), whose invariants only are checked here.
-        `layerwise` overrides the router's KV streaming mode for this request (experiments)."""
+        `layerwise` overrides the router's KV streaming mode for this request (experiments).
+        `traceparent`: the caller's W3C trace context, its span's parent (ignored when invalid)."""
         if not self.accepting:
             raise BackendUnavailableError("the router is shutting down", SHUTDOWN_RETRY_AFTER_S)
         if not self.registry.instances:
@@ -219,6 +225,8 @@ class Router(GeneratesFromSubmit):
         routed = RoutedRequest(
             request_id, token_ids, params, stream, self.config.layerwise if layerwise is None else layerwise
         )
+        if tracer() is not None:
+            routed.span = request_spans.start_request(routed, traceparent)
         self._requests[request_id] = routed
         routed.task = asyncio.get_running_loop().create_task(self._route(routed))
         return stream
@@ -233,12 +241,15 @@ class Router(GeneratesFromSubmit):
     async def _route(self, routed: RoutedRequest) -> None:
         excluded: set[str] = set()
         failed = 0  # failed tries; a stale-epoch refusal is none (each one excludes an instance, so they end)
-        while True:
+        for number in itertools.count(1):
             attempt = Attempt(
                 self.registry, self.config, self.counters, self.try_ids, routed, excluded, self.latency_observer
             )
+            try_span = routed.try_span = request_spans.start_try(routed.span, number) if routed.span else None
             try:
-                self.finish(routed, await attempt.run())
+                output = await attempt.run()
+                request_spans.end_try(try_span, output)
+                self.finish(routed, output)
                 return
             except AttemptFailed as failure:
                 if routed.request_id not in self._requests:
@@ -248,6 +259,8 @@ class Router(GeneratesFromSubmit):
                 else:
                     failed += 1
                 retry = failure.retry and failed < MAX_ATTEMPTS and not routed.first_token_sent
+                if try_span is not None:
+                    request_spans.end_failed_try(try_span, failure.stale, retry, failure.blamed, str(failure))
                 log.log(
                     logging.INFO if failure.stale else logging.WARNING,
                     "%s: attempt %d %s%s: %s%s",
@@ -271,6 +284,9 @@ class Router(GeneratesFromSubmit):
                 log.exception("%s: routing failed", routed.request_id)
                 self._fail(routed, f"internal error: {type(exc).__name__}")
                 return
+            finally:
+                if try_span is not None:
+                    try_span.end("aborted")  # a no-op for a try ended above
 
     def _on_message(self, channel: Channel, message: Message) -> None:
         routed = self.try_ids.get(message.request_id)
@@ -280,7 +296,7 @@ class Router(GeneratesFromSubmit):
                     routed.outputs.put_nowait(message)
             case KVLanded(error=None):
                 if routed is not None:
-                    routed.record_landing(message.landed_at)
+                    routed.record_landing(message.landed_at, message.adopt_s)
             case KVLanded():
                 self.counters.transfer_failed(f"{message.request_id} on {channel.name}: {message.error}")
                 if routed is not None:
@@ -301,6 +317,7 @@ class Router(GeneratesFromSubmit):
     def finish(self, routed: RoutedRequest, last: RequestOutput) -> None:
         """End the request once with its final output from an instance."""
         if self._forget(routed):
+            request_spans.end_request(routed.span, last)
             routed.stream.put(last)
             self._finished.set()
 
@@ -313,7 +330,9 @@ class Router(GeneratesFromSubmit):
         self._abort_on_instances(routed)
         if routed.task is not None and routed.task is not asyncio.current_task():
             routed.task.cancel()
-        routed.stream.put(RequestOutput.aborted(routed.request_id, error, len(routed.token_ids), error_kind))
+        last = RequestOutput.aborted(routed.request_id, error, len(routed.token_ids), error_kind)
+        request_spans.end_request(routed.span, last, error or "aborted")
+        routed.stream.put(last)
 
     def _forget(self, routed: RoutedRequest) -> bool:
         """Drop a live request and its KV claim; False if it had ended already."""

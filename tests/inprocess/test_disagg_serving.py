@@ -79,6 +79,8 @@ def test_disaggregated_equals_colocated(cluster, colocated, loop_thread, kind):
         assert transfer is not None and transfer.prefill_instance == "prefill-0"
         sent_blocks = -(-len(p) // BLOCK_SIZE) - transfer.decode_cached_tokens // BLOCK_SIZE
         assert transfer.num_bytes == sent_blocks * block_bytes
+        # the decode instance measured its adopt (wall clock: above 0, far below a step of the test)
+        assert transfer.adopt_s is not None and 0 < transfer.adopt_s < 1.0, transfer
 
 
 def kv_bytes_per_block(cluster) -> int:

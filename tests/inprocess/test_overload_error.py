@@ -6,9 +6,11 @@ internal error, which would tell the client nothing and hide a retryable conditi
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 from http_helpers import http_post
+from prometheus_client.parser import text_string_to_metric_families
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.router_backend import RouterBackend
@@ -62,9 +64,23 @@ def _post(url: str, body: dict):
     return http_post(f"{url}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
 
 
+def kv_overloads(url: str) -> float:
+    """The server's `minipd_request_overloads_total{cause="kv_capacity"}`."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return next(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "minipd_request_overloads_total" and s.labels == {"cause": "kv_capacity"}
+    )
+
+
 def test_a_request_with_no_decode_room_is_answered_503_overloaded_with_the_reason(full_decode_pool, url):
+    before = kv_overloads(url)
     result = _post(url, {"prompt": PROMPT, "max_tokens": 4})
     assert result.status == 503, result.body
+    assert kv_overloads(url) == before + 1  # counted once, under its cause
     error = result.body["error"]
     assert error["type"] == "overloaded_error"
     assert "had no room for the prompt's KV" in error["message"] and "retry later" in error["message"]
@@ -72,8 +88,10 @@ def test_a_request_with_no_decode_room_is_answered_503_overloaded_with_the_reaso
 
 
 def test_a_streamed_request_gets_the_overload_in_band(full_decode_pool, url):
+    before = kv_overloads(url)
     result = _post(url, {"prompt": PROMPT, "max_tokens": 4, "stream": True})
     assert result.status == 200  # the status line went out before the router knew
+    assert kv_overloads(url) == before + 1
     events = [json.loads(line[6:]) for line in result.body["raw"].splitlines() if line.startswith("data: {")]
     errors = [e["error"] for e in events if "error" in e]
     assert len(errors) == 1 and errors[0]["type"] == "overloaded_error"
@@ -90,5 +108,7 @@ def test_the_python_api_marks_the_failure_as_an_overload(full_decode_pool, clust
 
 
 def test_a_request_that_fits_is_served_as_usual(cluster, url):
+    before = kv_overloads(url)
     result = _post(url, {"prompt": PROMPT, "max_tokens": 4})
     assert result.status == 200 and result.body["choices"][0]["text"] is not None
+    assert kv_overloads(url) == before  # no overload counted

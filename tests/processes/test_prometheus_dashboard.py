@@ -1,156 +1,85 @@
 """The shipped Grafana dashboard's every query, evaluated by a real Prometheus scraping a live cluster.
 
 A process cluster on `tiny` (router, one prefill and one decode process, TCP KV transport)
-serves with `--api-key`; Debian's `prometheus` (2.42) scrapes its router every second with
-the shipped scrape configuration (deploy/prometheus/prometheus.yml), the key sent as
-`authorization: {credentials: ...}`. Known requests go through (long prompts prefilled
-remotely, short ones locally by size), and once Prometheus has scraped after the last one,
-every `expr` of every panel in deploy/grafana/minipd.json, with Grafana's variables replaced
-by concrete values, goes through Prometheus's /api/v1/query: each must return data, every
-value finite and non-negative, and the panels whose figures the test knows must show them
-(counts equal to the requests sent, latency quantiles within what the client measured).
+serves with `--api-key` and the ratio controller on; Debian's `prometheus` (2.42) scrapes its
+router every second with the shipped scrape configuration (deploy/prometheus/prometheus.yml),
+the key sent as `authorization: {credentials: ...}` (benchmarks/dashboard/prometheus_server.py).
+The prefill instance is switched to decode and back through the admin API; then known requests
+go through (long prompts prefilled remotely, short ones locally by size), and one request that
+claims more KV than `--kv-admission-ratio` leaves is refused as an overload while the first
+decodes. Once Prometheus has scraped after the last one, every `expr` of every panel in
+deploy/grafana/minipd.json, with Grafana's variables replaced by concrete values, goes through
+Prometheus's /api/v1/query: each must return data, every value finite and non-negative, and the
+panels whose figures the test knows must show them (counts equal to the requests sent, the
+switches made and the overload caused, latency quantiles within what the client measured).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import openai
 import pytest
-import yaml
 from http_helpers import start_cluster, stop
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.dashboard.prometheus_server import (
+    Prometheus,
+    api_post,
+    load_dashboard,
+    panel_queries,
+    start_prometheus,
+)
 from minipd.api.metrics import LATENCY_BUCKETS_S
 
-ROOT = Path(__file__).resolve().parents[2]
-DASHBOARD = ROOT / "deploy" / "grafana" / "minipd.json"
-SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 API_KEY = "prometheus-test-key-0123456789"
 RATE_WINDOW = "5m"  # $__rate_interval and $__range: longer than the whole test, so every sample counts
 NUM_LONG, NUM_SHORT, MAX_TOKENS = 4, 3, 8
 DECODING_MAX_TOKENS = 400  # the first request: long enough to be seen decoding on the router's /metrics
-PROMETHEUS_TIMEOUT_S = 60.0
-SCRAPE_TIMEOUT_S = 30.0
+# KV admission at 5% of the decode pool (51 of 1024 blocks): the first request's claim (~30
+# blocks) leaves no room for OVERLOAD_MAX_TOKENS (~57 blocks) while it runs; any other fits alone
+KV_ADMISSION_RATIO = "0.05"
+OVERLOAD_MAX_TOKENS = 900
+CONTROLLER_FLAGS = (
+    "--ratio-controller",
+    "--controller-interval-s",
+    "0.25",
+    "--controller-min-samples",
+    "2",
+    "--controller-window-s",
+    "600",  # every sample of the test stays in its window
+)
+SWITCHED = "prefill-0"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def grafana_variables(dashboard: dict) -> dict[str, str]:
-    """Concrete values for every variable the queries may use: the dashboard's constants and
-    Grafana's built-in intervals."""
-    values = {"__rate_interval": RATE_WINDOW, "__interval": RATE_WINDOW, "__range": RATE_WINDOW}
-    for variable in dashboard["templating"]["list"]:
-        if variable["type"] == "constant":
-            values[variable["name"]] = variable["query"]
-    return values
-
-
-def concrete(expr: str, variables: dict[str, str]) -> str:
-    for name in sorted(variables, key=len, reverse=True):  # $__rate_interval before $__range...
-        expr = expr.replace(f"${{{name}}}", variables[name]).replace(f"${name}", variables[name])
-    assert "$" not in expr, f"a Grafana variable the test does not know: {expr}"
-    return expr
-
-
-class Prometheus:
-    def __init__(self, base_url: str, process: subprocess.Popen, log_path: Path):
-        self.base_url, self.process, self.log_path = base_url, process, log_path
-
-    def query(self, expr: str) -> list[dict]:
-        url = f"{self.base_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        try:
-            with urllib.request.urlopen(url, timeout=10) as response:
-                body = json.load(response)
-        except urllib.error.HTTPError as error:
-            raise AssertionError(f"Prometheus refused {expr!r}: {error.read().decode()}") from None
-        assert body["status"] == "success", body
-        assert body["data"]["resultType"] == "vector", (expr, body["data"]["resultType"])
-        return body["data"]["result"]
-
-    def scalar(self, expr: str) -> float | None:
-        result = self.query(expr)
-        return float(result[0]["value"][1]) if result else None
-
-    def wait_for(self, expr: str, predicate, what: str) -> None:
-        deadline = time.monotonic() + SCRAPE_TIMEOUT_S
-        while True:
-            value = self.scalar(expr)
-            if value is not None and predicate(value):
-                return
-            assert self.process.poll() is None, self.log_path.read_text()
-            assert time.monotonic() < deadline, f"{what}: {expr} is {value} after {SCRAPE_TIMEOUT_S} s"
-            time.sleep(0.2)  # poll interval of a bounded wait, not a synchronisation
-
-
-def start_prometheus(tmp: Path, target: str) -> Prometheus:
-    """Prometheus with the shipped scrape configuration, pointed at `target` with the test's key."""
-    config = yaml.safe_load(SCRAPE_CONFIG.read_text())
-    config["global"]["scrape_interval"] = config["global"]["evaluation_interval"] = "1s"
-    (job,) = config["scrape_configs"]
-    assert job["authorization"]["credentials"]  # the shipped example shows where the key goes
-    job["authorization"]["credentials"] = API_KEY
-    job["static_configs"] = [{"targets": [target]}]
-    (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log_path = tmp / "prometheus.log"
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={tmp / 'prometheus.yml'}",
-                f"--storage.tsdb.path={tmp / 'data'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    prometheus = Prometheus(f"http://127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + PROMETHEUS_TIMEOUT_S
-    while True:
-        assert process.poll() is None, f"prometheus exited: {log_path.read_text()}"
-        try:
-            with urllib.request.urlopen(f"{prometheus.base_url}/-/ready", timeout=2) as response:
-                if response.status == 200:
-                    return prometheus
-        except OSError:
-            pass  # not listening yet
-        assert time.monotonic() < deadline, f"prometheus not ready in {PROMETHEUS_TIMEOUT_S} s"
-        time.sleep(0.2)  # poll interval of a bounded wait, not a synchronisation
+def switch_role(base_url: str, instance: str, role: str) -> dict:
+    status, body = api_post(base_url, "/admin/switch_role", {"instance": instance, "role": role}, API_KEY)
+    assert status == 200, body
+    return body
 
 
 @pytest.fixture(scope="module")
 def observed(tmp_path_factory):
     """(prometheus, what the client measured): the cluster served the known requests and
     Prometheus scraped it after the last one."""
-    if not Path(PROMETHEUS).exists():
-        pytest.fail(f"{PROMETHEUS} missing: install Debian's prometheus package (.ci/run does)")
     tmp = tmp_path_factory.mktemp("prometheus")
-    cluster = start_cluster(tmp, "--model", "tiny", "--dtype", "float32", "--api-key", API_KEY)
+    flags = ("--model", "tiny", "--dtype", "float32", "--api-key", API_KEY)
+    cluster = start_cluster(tmp, *flags, "--kv-admission-ratio", KV_ADMISSION_RATIO, *CONTROLLER_FLAGS)
     prometheus = None
     try:
         target = urllib.parse.urlsplit(cluster.base_url).netloc
-        prometheus = start_prometheus(tmp, target)
+        prometheus = start_prometheus(tmp, target, API_KEY)
         prometheus.wait_for('up{job="minipd"}', lambda v: v == 1, "scraped through the API key")
+        switches = [switch_role(cluster.base_url, SWITCHED, role) for role in ("decode", "prefill")]
         client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key=API_KEY, timeout=60)
         ttfts = []
         prompts = [f"Request {i}: " + "disaggregated prefill and decode " * 8 for i in range(NUM_LONG)]
         prompts += [f"s{i}" for i in range(NUM_SHORT)]
-        decoding_seen = {}
+        decoding_seen, overload = {}, None
         for i, prompt in enumerate(prompts):
             started = time.monotonic()
             stream = client.completions.create(
@@ -165,23 +94,25 @@ def observed(tmp_path_factory):
             ttfts.append(time.monotonic() - started)
             if i == 0:
                 decoding_seen = poll_decoding(cluster.base_url)
+                body = {"model": "tiny", "prompt": "x", "max_tokens": OVERLOAD_MAX_TOKENS}
+                overload = api_post(cluster.base_url, "/v1/completions", body, API_KEY)
             for _ in chunks:
                 pass
         prometheus.wait_for("sum(minipd_requests_total)", lambda v: v == len(prompts), "scraped after the requests")
         # every pool back to full, as Prometheus saw it (the gauges follow the instances' reports)
         prometheus.wait_for("sum(minipd_kv_blocks_total - minipd_kv_blocks_free)", lambda v: v == 0, "pools full")
         prometheus.wait_for("sum(minipd_requests_running + minipd_requests_waiting)", lambda v: v == 0, "idle")
+        # the controller decided on the requests' samples since (past too few samples), as scraped
+        prometheus.wait_for(
+            'sum(minipd_controller_decisions_total{reason!="too_few_samples"})', lambda v: v > 0, "decided"
+        )
+        prometheus.wait_for("count(minipd_controller_observed_itl_seconds)", lambda v: v == 1, "controller figures")
         measured = {"ttft_min": min(ttfts), "ttft_max": max(ttfts), "requests": len(prompts)}
-        measured["decoding_seen"] = decoding_seen
+        measured.update(decoding_seen=decoding_seen, overload=overload, switches=switches)
         yield prometheus, {**measured, "router": cluster.base_url}
     finally:
         if prometheus is not None:
-            prometheus.process.terminate()
-            try:
-                prometheus.process.wait(10)
-            except subprocess.TimeoutExpired:
-                prometheus.process.kill()
-                prometheus.process.wait(10)
+            prometheus.stop()
         stop(cluster)
 
 
@@ -205,17 +136,11 @@ def poll_decoding(router: str, timeout: float = 10.0) -> dict[str, float]:
 
 
 def panel_targets() -> list[tuple[str, str]]:
-    dashboard = json.loads(DASHBOARD.read_text())
-    variables = grafana_variables(dashboard)
-    return [
-        (panel["title"], concrete(target["expr"], variables))
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-    ]
+    return [(q.panel, q.expr) for q in panel_queries(load_dashboard(), RATE_WINDOW)]
 
 
 def test_the_dashboard_is_grafana_shaped_with_a_prometheus_datasource_variable():
-    dashboard = json.loads(DASHBOARD.read_text())
+    dashboard = load_dashboard()
     (datasource,) = [v for v in dashboard["templating"]["list"] if v["type"] == "datasource"]
     assert datasource["query"] == "prometheus"
     assert {"title", "panels", "schemaVersion", "uid"} <= dashboard.keys()
@@ -267,10 +192,12 @@ def test_the_panels_show_the_requests_sent_and_where_they_were_prefilled(observe
     assert set(phases.values()) == {NUM_LONG}, phases  # every phase of every remote prefill, none of the local ones
     spent = by_label(prometheus, "sum by (phase) (minipd_disagg_phase_seconds_sum)", "phase")
     # measured, not defaulted (the exposed part may be 0: a layerwise transfer can hide entirely)
-    assert all(spent[p] > 0 for p in ("reserve", "prefill_compute", "kv_transfer", "first_token")), spent
-    assert spent["first_token"] > max(spent["prefill_compute"], spent["reserve"])  # TTFT contains both
+    measured_phases = ("reserve", "prefill_compute", "kv_transfer", "adopt", "first_token")
+    assert all(spent[p] > 0 for p in measured_phases), spent
+    assert spent["first_token"] > max(spent["prefill_compute"], spent["reserve"], spent["adopt"])  # TTFT holds them
     roles = by_label(prometheus, "sum by (role) (minipd_instance_role)", "role")
     assert roles == {"prefill": 1, "decode": 1}
+    assert by_label(prometheus, "count by (role) (minipd_instance_role)", "role") == roles  # switched back
     assert prometheus.scalar("sum(minipd_kv_transfer_bytes_total)") > 0
     instances = by_label(prometheus, "max by (instance) (minipd_requests_decoding)", "instance")
     assert len(instances) == 2 and set(instances.values()) == {0}  # idle now: nothing prefills or decodes
@@ -287,3 +214,50 @@ def test_the_ttft_quantiles_lie_within_what_the_client_measured(observed):
         expr = f"histogram_quantile({q}, sum by (le) (rate(minipd_time_to_first_token_seconds_bucket[{RATE_WINDOW}])))"
         value = prometheus.scalar(expr)
         assert low <= value <= high, (q, value, client)
+
+
+@pytest.mark.timeout(300)
+def test_the_panels_show_the_role_switches_made_through_the_admin_api(observed):
+    prometheus, client = observed
+    switches = {
+        (s["metric"]["instance"], s["metric"]["from_role"], s["metric"]["to_role"]): float(s["value"][1])
+        for s in prometheus.query("sum by (instance, from_role, to_role) (minipd_role_switches_total)")
+    }
+    assert switches == {(SWITCHED, "prefill", "decode"): 1, (SWITCHED, "decode", "prefill"): 1}
+    assert prometheus.scalar(f'max(minipd_instance_role_epoch{{instance="{SWITCHED}"}})') == 2
+    last = by_label(prometheus, "max by (drain) (minipd_role_switch_seconds)", "drain")
+    reported = client["switches"][-1]  # the admin call's own report of the last switch
+    assert last["included"] == pytest.approx(reported["total_s"]) and last["excluded"] <= last["included"]
+
+
+@pytest.mark.timeout(300)
+def test_the_request_claiming_too_much_kv_is_one_overload_and_no_finished_request(observed):
+    prometheus, client = observed
+    status, body = client["overload"]
+    assert status == 503 and body["error"]["type"] == "overloaded_error", body
+    overloads = by_label(prometheus, "sum by (cause) (minipd_request_overloads_total)", "cause")
+    assert overloads == {"kv_capacity": 1, "waiting_limit": 0, "unavailable": 0}
+    assert prometheus.scalar(f"sum(increase(minipd_request_overloads_total[{RATE_WINDOW}]))") > 0  # the panel's
+
+
+@pytest.mark.timeout(300)
+def test_the_controller_panels_show_its_decisions_and_latencies_within_what_the_client_measured(observed):
+    prometheus, client = observed
+    decisions = {
+        (s["metric"]["decision"], s["metric"]["reason"]): float(s["value"][1])
+        for s in prometheus.query("sum by (decision, reason) (minipd_controller_decisions_total)")
+    }
+    # one prefill and one decode instance: the minimum of each, so it can only hold
+    assert sum(decisions.values()) > 0
+    assert all(v == 0 for (decision, _), v in decisions.items() if decision != "hold"), decisions
+    assert decisions["hold", "too_few_samples"] > 0  # before the requests
+    observed_ttft = prometheus.scalar("max(minipd_controller_observed_ttft_seconds)")
+    estimated_ttft = prometheus.scalar("max(minipd_controller_estimated_ttft_seconds)")
+    # p90 of the router's first tokens, each inside the client's TTFT; prefill's part of it
+    assert 0 < observed_ttft <= client["ttft_max"] and 0 <= estimated_ttft <= observed_ttft
+    observed_itl = prometheus.scalar("max(minipd_controller_observed_itl_seconds)")
+    assert 0 < observed_itl < client["ttft_max"] + 1.0
+    assert prometheus.scalar("max(minipd_controller_estimated_itl_seconds)") == observed_itl  # an itl objective
+    attainment = by_label(prometheus, "max by (objective) (minipd_controller_attainment)", "objective")
+    assert set(attainment) == {"ttft", "decode"} and all(0 <= v <= 1 for v in attainment.values())
+    assert prometheus.scalar("max(minipd_controller_target_attainment)") == 0.9

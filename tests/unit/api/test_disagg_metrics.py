@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -12,10 +13,15 @@ from minipd.control.role import Role
 from minipd.engine.block_manager import BlockUsage
 from minipd.engine.config import EngineStats
 from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.engine.request_stream import RequestStream
+from minipd.engine.sampling_params import SamplingParams
 from minipd.policy.local_prefill import Placement
+from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_counters import RouterCounters
 
-TRANSFER = TransferInfo("p0", "d0", 4096, 0, 0, compute_s=0.03, transfer_s=0.004, exposed_s=0.002, reserve_s=0.001)
+TRANSFER = TransferInfo(
+    "p0", "d0", 4096, 0, 0, compute_s=0.03, transfer_s=0.004, exposed_s=0.002, reserve_s=0.001, adopt_s=0.0003
+)
 
 
 def samples(text: bytes) -> dict[tuple[str, frozenset], float]:
@@ -51,13 +57,39 @@ def test_a_disaggregated_request_observes_each_phase_from_its_transfer_record():
     metrics = ServingMetrics(lambda: [])
     run_request(metrics, TRANSFER)
     values = samples(metrics.exposition())
-    expected = {"reserve": 0.001, "prefill_compute": 0.03, "kv_transfer": 0.004, "kv_transfer_exposed": 0.002}
+    expected = {
+        "reserve": 0.001,
+        "prefill_compute": 0.03,
+        "kv_transfer": 0.004,
+        "kv_transfer_exposed": 0.002,
+        "adopt": 0.0003,
+    }
     for name, seconds in expected.items():
         assert phase(values, "count", name) == 1
         assert abs(phase(values, "sum", name) - seconds) < 1e-12
     ttft_sum = values[("minipd_time_to_first_token_seconds_sum", frozenset())]
     assert phase(values, "count", "first_token") == 1
     assert phase(values, "sum", "first_token") == ttft_sum  # the TTFT this front measured
+
+
+def test_the_adopt_the_decode_instance_reports_reaches_the_transfer_record_with_the_landing():
+    routed = RoutedRequest("r", [1, 2, 3], SamplingParams(), RequestStream("r", lambda _: True), layerwise=True)
+    routed.transfer = msgspec.structs.replace(TRANSFER, adopt_s=None)
+    routed.timestamps = (100.0, 99.99)  # prefill's compute end, first write
+    routed.record_landing(100.002, adopt_s=0.0007)
+    assert routed.transfer.adopt_s == 0.0007
+    assert abs(routed.transfer.exposed_s - 0.002) < 1e-9
+    metrics = ServingMetrics(lambda: [])
+    run_request(metrics, routed.transfer)
+    values = samples(metrics.exposition())
+    assert phase(values, "count", "adopt") == 1 and abs(phase(values, "sum", "adopt") - 0.0007) < 1e-12
+
+
+def test_a_landing_reported_without_an_adopt_observes_no_adopt_phase():
+    metrics = ServingMetrics(lambda: [])
+    run_request(metrics, msgspec.structs.replace(TRANSFER, adopt_s=None))
+    values = samples(metrics.exposition())
+    assert phase(values, "count", "adopt") == 0 and phase(values, "count", "reserve") == 1
 
 
 def test_a_colocated_request_observes_no_phase_but_every_phase_is_exported():

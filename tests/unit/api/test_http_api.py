@@ -170,6 +170,9 @@ def test_overload_rejects_beyond_the_waiting_limit(serve, engine):
     result = http_json("POST", served.url + COMPLETIONS, GOOD)
     assert result.status == 503 and result.headers["Retry-After"] == "7"
     assert "limit 0" in result.body["error"]["message"]
+    samples = scrape(served.url)
+    assert sample(samples, "minipd_request_overloads_total", cause="waiting_limit") == 1
+    assert sample(samples, "minipd_request_overloads_total", cause="kv_capacity") == 0
 
 
 def test_completed_requests_are_counted_and_timed(serve, engine):

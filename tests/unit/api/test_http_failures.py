@@ -53,7 +53,7 @@ class FailingBackend:
     def __init__(self, is_ready: bool = True):
         self.is_ready = is_ready
 
-    def submit(self, prompt: CheckedPrompt, request_id: str) -> _FailingStream:
+    def submit(self, prompt: CheckedPrompt, request_id: str, *, traceparent: str | None = None) -> _FailingStream:
         if prompt.token_ids == self.tokenizer.encode("raise"):
             raise RuntimeError(SECRET)
         lost = prompt.token_ids == self.tokenizer.encode("lost")  # as the router ends it when decode-0 dies

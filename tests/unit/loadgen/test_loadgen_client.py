@@ -9,10 +9,11 @@ import json
 import pytest
 from aiohttp import web
 
-from benchmarks.loadgen.client import send_completion
-from benchmarks.loadgen.prompts import ByteTokens, PromptBuilder
-from benchmarks.loadgen.records import RequestRecord
-from benchmarks.loadgen.runner import RunnerConfig, WarmupFailed, run_workload
+from contracts.strict_openai import strict_completion_chunk
+from minipd.loadgen.client import send_completion, typed_chunk
+from minipd.loadgen.prompts import ByteTokens, PromptBuilder
+from minipd.loadgen.records import RequestRecord
+from minipd.loadgen.runner import RunnerConfig, WarmupFailed, run_workload
 from minipd.workload import ArrivalProcess, LengthDist, make_workload
 
 MODEL = "fake"
@@ -86,13 +87,13 @@ def run_against(app: web.Application, coroutine_factory):
     return asyncio.run(main())
 
 
-def one_request(app: web.Application, output_len: int = 5) -> RequestRecord:
+def one_request(app: web.Application, output_len: int = 5, parse_chunk=strict_completion_chunk) -> RequestRecord:
     import aiohttp
 
     async def go(url: str) -> RequestRecord:
         record = RequestRecord(index=0, scheduled_s=0.0, sent_s=0.0, url=url, prompt_len=4, output_len=output_len)
         async with aiohttp.ClientSession() as session:
-            return await send_completion(session, record, MODEL, "abc", timeout_s=10)
+            return await send_completion(session, record, MODEL, "abc", timeout_s=10, parse_chunk=parse_chunk)
 
     return run_against(app, go)
 
@@ -109,6 +110,13 @@ def test_a_stream_is_timed_per_event_and_counted_by_usage():
 def test_a_server_whose_chunks_lack_object_fails_every_request():
     record = one_request(fake_app(with_object=False))
     assert not record.success and "refused" in record.error and "object" in record.error
+
+
+def test_the_default_parser_reads_a_chunk_without_object_but_refuses_one_without_choices():
+    """minipd's own load (no openai package) reads the fields it needs, typed."""
+    assert one_request(fake_app(with_object=False), parse_chunk=typed_chunk).success
+    record = one_request(fake_app(with_object=False), parse_chunk=lambda raw: typed_chunk({**raw, "choices": 7}))
+    assert not record.success and "refused" in record.error and "choices" in record.error
 
 
 def test_an_error_status_is_recorded_not_raised():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from benchmarks.loadgen.corpus import SENTENCES
-from benchmarks.loadgen.prompts import ByteTokens, HFTokens, PromptBuilder, prompt_len_tolerance
 from benchmarks.loadgen.tokenizer_source import prompt_tokens
+from minipd.loadgen.corpus import SENTENCES
+from minipd.loadgen.prompts import ByteTokens, HFTokens, PromptBuilder, prompt_len_tolerance
 from minipd.models.tokenizer import ByteTokenizer
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from typing import Protocol, Sequence
 
-from benchmarks.loadgen.corpus import SENTENCES
+from minipd.loadgen.corpus import SENTENCES
 
 MIN_BODY_TOKENS = 1
 

@@ -9,6 +9,9 @@ One run, top-down:
 4. send each request at its arrival offset (or keep `concurrency` in flight), endpoints in
    turn (round robin), with a progress bar;
 5. wait for all, and check that the server counted each prompt as the requested length.
+A `RunObserver` in the config hears of every request as it is sent and as it ends (a live
+view of the run); cancelling the run cancels the requests in flight (their connections close,
+which aborts them on the server).
 """
 
 from __future__ import annotations
@@ -16,18 +19,26 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import aiohttp
 import msgspec
 
-from benchmarks.loadgen.client import send_completion, served_model
-from benchmarks.loadgen.prompts import PromptBuilder, prompt_len_tolerance
-from benchmarks.loadgen.records import RequestRecord
+from minipd.loadgen.client import ChunkParser, send_completion, served_model, typed_chunk
+from minipd.loadgen.prompts import PromptBuilder, prompt_len_tolerance
+from minipd.loadgen.records import RequestRecord
 from minipd.workload import RequestSpec
 
 DEFAULT_REQUEST_TIMEOUT_S = 600.0
 WARMUP_TAG = "warmup"
+
+
+class RunObserver(Protocol):
+    """Told of each measured request (warm-up requests are not), on the runner's event loop."""
+
+    def sent(self, record: RequestRecord) -> None: ...
+
+    def done(self, record: RequestRecord) -> None: ...
 
 
 class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,6 +49,9 @@ class RunnerConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_foreign_cpu: float | None = None  # repeat a run during which other jobs took more (host_load.QuietGuard)
     quiet_wait_s: float = 600.0
     max_reruns: int = 3
+    parse_chunk: ChunkParser = typed_chunk  # how each streamed event is parsed (client.py)
+    headers: dict[str, str] = {}  # sent with every request (an Authorization header)
+    observer: RunObserver | None = None
 
 
 class RunResult(NamedTuple):
@@ -72,7 +86,7 @@ async def _warm_up(
         record = RequestRecord(
             index=-1, scheduled_s=0.0, sent_s=0.0, url=url, prompt_len=first.prompt_len, output_len=first.output_len
         )
-        await send_completion(session, record, model, prompt, config.request_timeout_s)
+        await send_completion(session, record, model, prompt, config.request_timeout_s, config.parse_chunk)
         if not record.success:
             raise WarmupFailed(f"warm-up request to {url} failed: {record.error}")
         if n == 0 and record.usage_reported:
@@ -103,10 +117,13 @@ async def run_workload(
     if not specs:
         raise ValueError("run_workload: the workload has no requests")
     connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    timeout = aiohttp.ClientTimeout(total=None)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=config.headers) as session:
         model = await served_model(session, urls[0])
         builder.special_tokens = await _warm_up(session, urls, model, builder, specs[0], config, run_tag)
-        prompts = _prompts(specs, builder, run_tag)
+        # off the loop: tokenizing thousands of prompts would stall a server sharing it
+        prompts = await asyncio.to_thread(_prompts, specs, builder, run_tag)
+        observer = config.observer
         progress = _progress_bar(len(specs), run_tag, config.progress)
         limit = asyncio.Semaphore(config.concurrency) if config.concurrency else None
         start = time.perf_counter()
@@ -124,7 +141,12 @@ async def run_workload(
                     prompt_len=prompt_len,
                     output_len=spec.output_len,
                 )
-                return await send_completion(session, record, model, prompt, config.request_timeout_s)
+                if observer is not None:
+                    observer.sent(record)
+                await send_completion(session, record, model, prompt, config.request_timeout_s, config.parse_chunk)
+                if observer is not None:
+                    observer.done(record)
+                return record
             finally:
                 if limit is not None:
                     limit.release()

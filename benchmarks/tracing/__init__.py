@@ -1,0 +1,1 @@
+"""bench.py tracing: the cost of --otlp-traces-endpoint at `bench.py slo`'s load."""

@@ -1,0 +1,64 @@
+"""The flags of the registry: where membership lives when it is not the embedded default
+(minipd/registry). Each entry's `sets` names the config field it fills (flag_spec.py)."""
+
+from __future__ import annotations
+
+import argparse
+
+from minipd.entrypoints.config_sections import ProcessConfig
+from minipd.entrypoints.flag_spec import EVERY_CHILD, NETWORKED, flag
+from minipd.registry.etcd_url import DEFAULT_PREFIX, ETCD_PASSWORD_ENV, RegistryUrl, parse_registry_url
+
+REGISTRY = "registry (README: Running on several hosts)"
+MIN_TTL_S = 2  # etcd's own minimum lease TTL with its default election timeout
+
+_PROCESS = ProcessConfig()
+
+
+def registry_url(text: str) -> RegistryUrl:
+    try:
+        return parse_registry_url(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def ttl_seconds(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole seconds, got {text!r}") from None
+    if value < MIN_TTL_S:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_TTL_S} (etcd's shortest lease), got {value}")
+    return value
+
+
+FLAGS = (
+    flag(
+        "--registry",
+        NETWORKED,
+        REGISTRY,
+        EVERY_CHILD,
+        str,
+        sets="process.registry",
+        type=registry_url,
+        default=None,
+        metavar="etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
+        help="keep the cluster's membership in etcd: instances publish themselves under a lease they keep alive, "
+        "routers watch the prefix (no --prefill/--decode/--router needed) and claim role switches there. "
+        f"Several endpoints: failover. PREFIX (default {DEFAULT_PREFIX}) separates clusters sharing one etcd. "
+        f"etcd://USER@HOST:PORT logs in as USER, the password from ${ETCD_PASSWORD_ENV}. Needs the `etcd` extra "
+        "(default: none; instances register with the router over its control port)",
+    ),
+    flag(
+        "--registry-ttl-s",
+        NETWORKED,
+        REGISTRY,
+        EVERY_CHILD,
+        sets="process.registry_ttl_s",
+        type=ttl_seconds,
+        default=_PROCESS.registry_ttl_s,
+        help="with --registry: the TTL of each process's lease, refreshed every third of it. An instance that "
+        "shows no sign of life for this long (dead, frozen, or cut off from etcd) is dropped by every router "
+        "within about this time plus a second (default: %(default)s)",
+    ),
+)

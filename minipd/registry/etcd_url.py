@@ -1,0 +1,60 @@
+"""`--registry etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`, parsed and checked.
+
+The endpoints are etcd's client URLs (plain gRPC; see README "Running on several hosts" for
+TLS and authentication of etcd itself); the prefix (default `/minipd`) scopes every key
+minipd writes, so several clusters can share one etcd. An optional `USER@` before the first
+endpoint logs in to etcd with that user, the password coming from the environment variable
+ETCD_PASSWORD_ENV, never the command line.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+SCHEME = "etcd://"
+DEFAULT_PREFIX = "/minipd"
+ETCD_PASSWORD_ENV = "MINIPD_ETCD_PASSWORD"
+MAX_PREFIX_CHARS = 200
+_PREFIX = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
+_USER = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_HOST = re.compile(r"^[A-Za-z0-9.-]{1,253}$|^\[[0-9A-Fa-f:.]+\]$")
+
+
+class RegistryUrl(msgspec.Struct, frozen=True):
+    endpoints: tuple[tuple[str, int], ...]
+    prefix: str = DEFAULT_PREFIX
+    user: str | None = None
+
+    def __str__(self) -> str:
+        user = f"{self.user}@" if self.user else ""
+        return SCHEME + user + ",".join(f"{h}:{p}" for h, p in self.endpoints) + self.prefix
+
+
+def parse_registry_url(text: str) -> RegistryUrl:
+    """The URL `text` names; ValueError saying what is wrong with it otherwise."""
+    if not text.startswith(SCHEME):
+        raise ValueError(f"expected etcd://HOST:PORT[,HOST:PORT...][/PREFIX], got {text!r}")
+    rest = text[len(SCHEME) :]
+    authority, slash, path = rest.partition("/")
+    prefix = f"/{path}".rstrip("/") if slash else DEFAULT_PREFIX
+    if not prefix or len(prefix) > MAX_PREFIX_CHARS or not _PREFIX.match(prefix):
+        raise ValueError(
+            f"prefix {prefix!r}: expected /NAME[/NAME...] of letters, digits, '.', '_' or '-' "
+            f"(at most {MAX_PREFIX_CHARS} characters)"
+        )
+    user = None
+    if "@" in authority:
+        user, _, authority = authority.partition("@")
+        if not _USER.match(user):
+            raise ValueError(f"user {user!r}: expected letters, digits, '.', '_' or '-' (no password in the URL)")
+    if not authority:
+        raise ValueError(f"no endpoint in {text!r}; expected etcd://HOST:PORT")
+    endpoints = []
+    for endpoint in authority.split(","):
+        host, sep, port = endpoint.rpartition(":")
+        if not sep or not _HOST.match(host) or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"endpoint {endpoint!r}: expected HOST:PORT with a port in 1-65535")
+        endpoints.append((host.strip("[]"), int(port)))
+    return RegistryUrl(tuple(endpoints), prefix, user)

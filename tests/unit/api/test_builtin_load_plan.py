@@ -1,0 +1,48 @@
+"""The built-in load's requests: the workload's own, fitted to the served max_model_len, and bad
+input refused naming its field."""
+
+from __future__ import annotations
+
+import pytest
+
+from minipd.api.builtin_load import LoadRequest, plan_load
+from minipd.engine.sampling_params import InvalidRequestError
+from minipd.workload import ArrivalProcess, LengthDist, make_workload
+
+
+def test_the_requests_are_the_workloads_own():
+    body = LoadRequest(workload="decode-heavy", rate=4.0, num_requests=20, seed=3, output_len="fixed:16")
+    specs = plan_load(body, max_model_len=1024)
+    assert specs == make_workload("decode-heavy", 20, ArrivalProcess.poisson(4.0), 3, None, LengthDist.fixed(16))
+
+
+def test_default_prompts_longer_than_max_model_len_are_clipped_to_leave_room_for_the_output():
+    specs = plan_load(LoadRequest(workload="shift", concurrency=2, num_requests=40), max_model_len=512)
+    assert all(s.prompt_len + s.output_len <= 512 for s in specs)
+    assert max(s.prompt_len for s in specs) > 400  # the prefill-heavy half stays long
+    assert all(s.arrival_s == 0.0 for s in specs)  # a fixed concurrency paces itself
+
+
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        ({"workload": "nope", "rate": 1.0}, "workload"),
+        ({"workload": "mixed"}, "rate"),
+        ({"workload": "mixed", "rate": 1.0, "concurrency": 1}, "rate"),
+        ({"workload": "mixed", "rate": float("inf")}, "rate"),
+        ({"workload": "mixed", "concurrency": 1000}, "concurrency"),
+        ({"workload": "mixed", "rate": 1.0, "num_requests": 10**6}, "num_requests"),
+        ({"workload": "mixed", "rate": 1.0, "duration_s": 0}, "duration_s"),
+        ({"workload": "prefill-heavy", "rate": 1.0, "prompt_len": "uniform:9:3"}, "prompt_len"),
+        ({"workload": "prefill-heavy", "rate": 1.0, "prompt_len": "fixed:2000"}, "prompt_len"),
+        (
+            {"workload": "prefill-heavy", "rate": 1.0, "prompt_len": "fixed:800", "output_len": "fixed:300"},
+            "prompt_len",
+        ),
+        ({"workload": "shift", "rate": 1.0, "prompt_len": "fixed:8"}, "prompt_len"),
+    ],
+)
+def test_bad_input_names_its_field(fields, field):
+    with pytest.raises(InvalidRequestError) as caught:
+        plan_load(LoadRequest(**fields), max_model_len=1024)
+    assert caught.value.field == field, str(caught.value)
