@@ -33,9 +33,22 @@ def prepare_cluster(configs: RoleConfigs) -> Coroutine:
     router's tokenizer is loaded first, so a bad --model fails before any process starts)."""
     tokenizer = load_tokenizer_only(configs.serving.model)
     demo = configs.demo
-    return run_cluster(
-        ProcessCluster(configs), demo.prompts, demo.sampling, chat_wrapper(tokenizer) if demo.chat else None
-    )
+    return run_cluster(_launcher(configs), demo.prompts, demo.sampling, chat_wrapper(tokenizer) if demo.chat else None)
+
+
+def _launcher(configs: RoleConfigs) -> ProcessCluster:
+    """The cluster `--launcher` names; ValueError (exit status 2) when `ray` is not installed."""
+    if configs.cluster.launcher != "ray":
+        return ProcessCluster(configs)
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ValueError(
+            "launcher: --launcher ray needs the ray package: pip install 'minipd[ray]' (the ray extra)"
+        ) from None
+    from minipd.entrypoints.ray_cluster import RayCluster
+
+    return RayCluster(configs)
 
 
 async def run_cluster(
@@ -87,6 +100,8 @@ async def _serve(
     host, port = cluster.router_address
     roles = ", ".join(f"{c.name} at {c.address[0]}:{c.address[1]} (pid {c.process.pid})" for c in cluster.children[:-1])
     print(f"cluster ready ({cluster.configs.transport.name} KV transport): {roles}", flush=True)
+    for line in cluster.ready_lines():
+        print(line, flush=True)
     print(
         f"router: {host}:{port} (pid {cluster.child(ROUTER).process.pid})  (Python: await "
         f"minipd.ClusterClient.connect({host!r}, {port}, secret=os.environ['MINIPD_CLUSTER_SECRET']))",

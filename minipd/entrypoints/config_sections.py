@@ -109,6 +109,10 @@ class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_restarts: int = 5  # of one child in a row; then the launcher gives up and exits 1
     exit_on_child_failure: bool = False  # the first child that dies ends the launcher
     stable_after_s: float = 60.0  # a child that served this long counts its restarts from 0 again
+    launcher: str = "local"  # "ray": the instances are placed by Ray (ray_cluster.py)
+    ray_address: str | None = None  # None: a local Ray started for the run
+    ray_prefill_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources per role: (name, amount)
+    ray_decode_resources: tuple[tuple[str, float], ...] = ()
 
     def validate(self, transport: str) -> None:
         for field in ("num_prefill", "num_decode", "num_colocated", "max_restarts"):
@@ -116,6 +120,8 @@ class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"{field}: must be >= 0")
         if self.num_decode + self.num_colocated < 1:
             raise ValueError("num_decode: a cluster needs at least one decode or colocated instance")
+        if self.ray_address is not None and self.launcher != "ray":
+            raise ValueError("ray_address: needs --launcher ray")
         if transport == "loopback":
             raise ValueError("transport: loopback works only inside one process; choose tcp, ucx or nixl")
 

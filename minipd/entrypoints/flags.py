@@ -19,7 +19,15 @@ import os
 from typing import Any
 
 from minipd.control.role import Role
-from minipd.entrypoints import flags_api, flags_engine, flags_process, flags_registry, flags_router, flags_tracing
+from minipd.entrypoints import (
+    flags_api,
+    flags_engine,
+    flags_process,
+    flags_ray,
+    flags_registry,
+    flags_router,
+    flags_tracing,
+)
 from minipd.entrypoints.flag_spec import (  # noqa: F401  (the names callers import from here)
     API_KEY_ENV,
     CLUSTER_SECRET_ENV,
@@ -36,6 +44,7 @@ FLAGS: tuple[Flag, ...] = (
     *flags_router.FLAGS,
     *flags_registry.FLAGS,
     *flags_api.FLAGS,
+    *flags_ray.FLAGS,
 )
 
 

@@ -35,12 +35,12 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from typing import NamedTuple
 
 from minipd.control.handshake import open_channel
 from minipd.control.messages import Register
 from minipd.control.role import Role
+from minipd.entrypoints.child_spawn import kill_process, spawn_process
 from minipd.entrypoints.child_stderr import ChildStderr
 from minipd.entrypoints.configs import RoleConfigs, role_configs
 from minipd.entrypoints.cpu_plan import ROUTER, plan_cluster
@@ -48,14 +48,12 @@ from minipd.entrypoints.credentials import parse_cluster_secret
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
-from minipd.entrypoints.supervisor import exit_text
 from minipd.router.cluster_client import ClusterClient
 from minipd.transports import fault_points
 from minipd.transports.shared_secret import SharedSecret, generate_secret_text
 
 log = logging.getLogger(__name__)
 
-READY_TIMEOUT_S = 120.0
 STOP_GRACE_S = 10.0  # after a child's own shutdown deadline
 REGISTER_TIMEOUT_S = 30.0
 
@@ -165,6 +163,11 @@ class ProcessCluster:
         """One line per process: its threads and cores."""
         return [f"placement: {name}: {share.describe()}" for name, share in self.placement.items()]
 
+    def ready_lines(self) -> list[str]:
+        """Lines to print once the cluster is ready, about where its processes run (none here:
+        `placement_lines` said it all)."""
+        return []
+
     def child(self, name: str) -> Child:
         return next(c for c in self.children if c.name == name)
 
@@ -189,7 +192,7 @@ class ProcessCluster:
         instance. Returns the new child; RuntimeError when it did not start (the old one stays
         listed, dead)."""
         old = self.child(name)
-        _kill(old.process)
+        kill_process(old.process)
         await old.process.wait()
         argv = self._router_argv() if old.role is Role.ROUTER else old.argv
         child = await self._spawn(name, old.role, argv)
@@ -199,7 +202,7 @@ class ProcessCluster:
             try:
                 await self.rejoin(name)
             except Exception as exc:
-                _kill(child.process)
+                kill_process(child.process)
                 await child.process.wait()
                 raise RuntimeError(f"the router did not take the restarted {name}: {exc}") from None
         return child
@@ -215,8 +218,10 @@ class ProcessCluster:
         finally:
             await channel.close()
 
-    async def _spawn(self, name: str, role: Role, argv: list[str]) -> Child:
-        env = dict(os.environ)
+    def _child_env(self, role: Role, base: dict[str, str]) -> dict[str, str]:
+        """`base` with what a `role` child needs: passive OpenMP waiting, the fault points, and
+        the secrets it inherits (never on its command line)."""
+        env = dict(base)
         if self.configs.engine.cpu_placement:
             env = passive_env(env)  # read when torch loads
         if self.fault_dir is not None:
@@ -226,33 +231,15 @@ class ProcessCluster:
                 env.pop(variable, None)
             else:
                 env[variable] = value
+        return env
+
+    async def _spawn(self, name: str, role: Role, argv: list[str]) -> Child:
         if self._pipe is None:
             self._pipe = LauncherPipe()
-        env.update(self._pipe.child_env())
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "minipd",
-            "--role",
-            role.value,
-            *argv,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            pass_fds=self._pipe.pass_fds,
+        env = {**self._child_env(role, dict(os.environ)), **self._pipe.child_env()}
+        process, address, announcements, stderr = await spawn_process(
+            name, role, argv, env, self._pipe.pass_fds, self._processes.add
         )
-        self._processes.add(process)
-        stderr = ChildStderr(process.stderr)
-        announcements: list[str] = []
-        try:
-            address = await asyncio.wait_for(self._wait_ready(name, process, announcements, stderr), READY_TIMEOUT_S)
-        except BaseException as exc:
-            _kill(process)
-            await process.wait()
-            stderr.close()
-            if isinstance(exc, asyncio.TimeoutError):
-                raise RuntimeError(f"{name} was not ready within {READY_TIMEOUT_S:.0f} s") from None
-            raise
         stderr.release()
         child = Child(name, role, process, address, announcements, argv, asyncio.Queue(), stderr)
         asyncio.get_running_loop().create_task(self._drain(child))
@@ -261,22 +248,7 @@ class ProcessCluster:
     def kill_all(self) -> None:
         """SIGKILL every child, ready or still starting: what they were doing is abandoned."""
         for process in self._processes:
-            _kill(process)
-
-    @staticmethod
-    async def _wait_ready(
-        name: str, process: asyncio.subprocess.Process, announcements: list[str], stderr: ChildStderr
-    ) -> tuple[str, int]:
-        while True:
-            line = (await process.stdout.readline()).decode()
-            if not line:
-                how = exit_text(await process.wait())
-                error = await stderr.last_line()
-                raise RuntimeError(f"{name} failed to start ({how}): {error}" if error else f"{name} exited ({how})")
-            if line.startswith("READY "):
-                host, _, port = line.split()[-1].rpartition(":")
-                return host, int(port)
-            announcements.append(line.rstrip())
+            kill_process(process)
 
     @staticmethod
     async def _drain(child: Child) -> None:
@@ -310,16 +282,8 @@ class ProcessCluster:
             await asyncio.wait_for(child.process.wait(), grace_s)
         except asyncio.TimeoutError:
             log.warning("%s did not stop in %s s; killing it", child.name, grace_s)
-            _kill(child.process)
+            kill_process(child.process)
             await child.process.wait()
-
-
-def _kill(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        try:
-            process.kill()
-        except ProcessLookupError:  # it exited, and asyncio has not reaped it yet
-            pass
 
 
 _HTTP_ANNOUNCED = "minipd: serving the OpenAI API"

@@ -1,0 +1,77 @@
+"""The flags of `minipd --role cluster --launcher ray` (ray_cluster.py): which launcher, which
+Ray cluster, and the custom Ray resources each role's instances ask for. Each entry's `sets`
+names the config field it fills (flag_spec.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+from minipd.control.role import Role
+from minipd.entrypoints.flag_spec import CLUSTER, flag
+
+LAUNCHERS = ("local", "ray")
+
+
+def ray_resources(text: str) -> tuple[tuple[str, float], ...]:
+    """A JSON object of Ray resource names to non-negative amounts, as `{"minipd_prefill": 1}`, as
+    (name, amount) pairs."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object such as '{{\"minipd_prefill\": 1}}': {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of resource names to amounts, got {text!r}")
+    for name, amount in value.items():
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount < 0:
+            raise argparse.ArgumentTypeError(f"resource {name!r}: expected a number >= 0, got {amount!r}")
+        if name in ("CPU", "GPU", "memory"):
+            raise argparse.ArgumentTypeError(f"resource {name!r}: CPUs and GPUs follow --cpus and --device")
+    return tuple((name, float(amount)) for name, amount in sorted(value.items()))
+
+
+FLAGS = (
+    flag(
+        "--launcher",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.launcher",
+        default="local",
+        choices=LAUNCHERS,
+        help="who starts the instances: `local`, child processes of this one; `ray`, processes placed on a Ray "
+        "cluster by Ray resources, each supervised by a Ray actor (needs `pip install 'minipd[ray]'`); the router "
+        "runs here either way (default: %(default)s)",
+    ),
+    flag(
+        "--ray-address",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.ray_address",
+        default=None,
+        metavar="ADDR",
+        help="with --launcher ray: the Ray cluster to join (its GCS address, as `ray start` prints it); without "
+        "it, a local Ray is started for the run, with the CPUs --cpus gives the instances, and stopped afterwards",
+    ),
+    flag(
+        "--ray-prefill-resources",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.ray_prefill_resources",
+        type=ray_resources,
+        default=(),
+        metavar="JSON",
+        help="with --launcher ray: custom Ray resources each prefill instance asks for, pinning the pool to the "
+        "nodes labelled with them, e.g. '{\"minipd_prefill\": 1}' (default: none)",
+    ),
+    flag(
+        "--ray-decode-resources",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.ray_decode_resources",
+        type=ray_resources,
+        default=(),
+        metavar="JSON",
+        help="with --launcher ray: custom Ray resources each decode (and colocated) instance asks for (default: none)",
+    ),
+)
