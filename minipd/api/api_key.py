@@ -6,6 +6,8 @@ that must check a key of its own (another key for admin calls, say) calls
 `ApiKeyGuard(key).check(request)`. Policy:
 - `/health` stays open, as in vLLM: load balancers and orchestrators probe it without
   credentials, and it says only ready or not.
+- The dashboard's page (`/dashboard`, its script and style) is open: it holds no data, and asks
+  for the key before it fetches any (its data routes need the key like the rest).
 - `/metrics` needs the key: it names instances and shows their load. Prometheus sends it
   with `authorization: {credentials: KEY}` in the scrape config.
 Keys are compared in constant time.
@@ -19,7 +21,9 @@ from aiohttp import web
 
 from minipd.api.errors import INVALID_REQUEST, ApiError
 
-OPEN_PATHS = frozenset({"/health"})
+# the dashboard's page and its script and style hold no data: the page asks for the key itself
+DASHBOARD_PAGE_PATHS = frozenset({"/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"})
+OPEN_PATHS = frozenset({"/health"}) | DASHBOARD_PAGE_PATHS
 BEARER = "bearer "
 
 

@@ -3,6 +3,7 @@
 Each message names the request it concerns (`request_id`); calls that expect a reply carry a
 `call_id` that the reply echoes. Decoding is typed: anything that is not one of these
 messages, or has a field of the wrong type, is refused by the decoder (nothing is unpickled).
+Length: the union is one module on purpose, so every message and its decoder are read together.
 """
 
 from __future__ import annotations
@@ -251,6 +252,7 @@ class Stats(Reply, tag="stats"):
     switching: bool = False  # draining for a role switch: it takes no new work
     num_fencing_blocks: int = 0  # blocks of dropped reservations held until no late byte can land
     num_prefilling: int = 0  # of num_running, those whose prompt is not all computed yet (EngineStats)
+    num_steps: int = 0  # engine steps run since start (the dashboard's step rate)
 
 
 # ---- role switch ---------------------------------------------------------------------------

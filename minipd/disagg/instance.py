@@ -575,4 +575,5 @@ class Instance(ControlServer):
             switching=self.guard.switching,
             num_fencing_blocks=self.reservations.num_fencing_blocks,
             num_prefilling=s.num_prefilling,
+            num_steps=self.engine.num_steps,
         )

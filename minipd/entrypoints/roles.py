@@ -27,13 +27,15 @@ from minipd.api.controller_metrics import controller_metrics
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
 from minipd.control.role import Role
+from minipd.dashboard.routes import engine_dashboard, router_dashboard
+from minipd.dashboard.routes import print_address as print_dashboard_address
 from minipd.disagg.instance import Instance
 from minipd.engine.cpu_placement import available_cpus, cpus_text
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.entrypoints import openmp_env
 from minipd.entrypoints.cluster_command import prepare_cluster
-from minipd.entrypoints.config_sections import ProcessConfig
+from minipd.entrypoints.config_sections import DEFAULT_CONTROLLER_SLO, ProcessConfig
 from minipd.entrypoints.configs import RoleConfigs
 from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed, warn_if_open_api
 from minipd.entrypoints.prompt_demo import run_demo
@@ -43,11 +45,13 @@ from minipd.registry.membership import controller_election, instance_presence, r
 from minipd.router.control_port import RouterControlPort
 from minipd.router.controller_switch import ControllerSwitch
 from minipd.router.router import Router
+from minipd.slo.targets import SLO
 from minipd.tracing import exporter as trace_exporter
 from minipd.tracing.names import INSTANCE_SERVICE, ROUTER_SERVICE
 
 CONNECT_TIMEOUT_S = 60.0
 RELAY_LAST_OUTPUTS_S = 1.0  # a shutting-down router's last outputs (aborts saying why) reach its clients
+DASHBOARD_SLO = SLO.parse(DEFAULT_CONTROLLER_SLO)  # what the dashboard judges against when no controller runs
 RETRY_CONNECT_S = 0.2  # how often a router retries an instance that is still loading its model
 
 
@@ -130,9 +134,13 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
             serving = configs.serving
-            api = await start_api(
-                EngineBackend(engine, serving.model_name, kv_admission_ratio=serving.kv_admission_ratio), http
+            backend, dashboard = engine_dashboard(
+                engine,
+                EngineBackend(engine, serving.model_name, kv_admission_ratio=serving.kv_admission_ratio),
+                DASHBOARD_SLO,
             )
+            api = await start_api(backend, http, extensions=[dashboard])
+            print_dashboard_address(api, http.host)
         if instance is not None and process.registry is not None:
             presence = instance_presence(instance, process.registry, process.host, port, process.registry_ttl_s)
             await presence.start(CONNECT_TIMEOUT_S)  # routers watching the registry find it from here on
@@ -193,11 +201,23 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
         if http is not None:
             warn_if_open_api(http.host, http.api_key)
             # the API key middleware guards the admin routes as it guards the rest of the API
-            api = await start_api(
+            backend, dashboard = router_dashboard(
+                router,
                 RouterBackend(router, configs.serving.served_model_name or router.model_name),
-                http,
-                extensions=[router_admin(router), router_controls(router, controller), controller_metrics(controller)],
+                policy.policy.slo,
+                lambda: controller.controller,  # the running controller, if any (switched at runtime)
             )
+            api = await start_api(
+                backend,
+                http,
+                extensions=[
+                    router_admin(router),
+                    router_controls(router, controller),
+                    controller_metrics(controller),
+                    dashboard,
+                ],
+            )
+            print_dashboard_address(api, http.host)
         if configs.ratio_controller is not None and membership is not None:
             # several routers may serve these instances: the controller runs on the elected one
             election = controller_election(controller, process.registry, process.registry_ttl_s, membership.name)

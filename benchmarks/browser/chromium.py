@@ -1,0 +1,48 @@
+"""Debian's headless Chromium (`chromium`, `chromium-driver`) under Selenium, for the dashboard.
+
+`open_browser()` starts one with its console log kept (`console_errors` reads it), a fixed
+window size (screenshots are comparable) and no network beyond what the page asks of its own
+server; `close_browser` ends it and its chromedriver.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+WINDOW = (1440, 1500)
+
+
+def open_browser(window: tuple[int, int] = WINDOW) -> webdriver.Chrome:
+    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not Path(path).exists():
+            raise FileNotFoundError(f"{path} missing: install Debian's {package} package (.ci/run does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",  # root in a container has no user namespace for the sandbox
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",
+        f"--window-size={window[0]},{window[1]}",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+
+
+def console_errors(driver: webdriver.Chrome) -> list[str]:
+    """The console's SEVERE entries since the last call (the log is drained as it is read)."""
+    return [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+def close_browser(driver: webdriver.Chrome) -> None:
+    driver.quit()

@@ -1,0 +1,269 @@
+"""The dashboard in a real browser: Debian's headless Chromium, driven by Selenium, against live
+process clusters on `tiny` (router, one prefill and one decode process, TCP KV transport).
+
+- the page shows the instances, roles and epochs that /admin/instances reports, and after
+  known requests the figures /metrics has: finished requests, KV bytes moved, every
+  instance's KV blocks;
+- its role-switch button switches an instance: the page and /admin/instances both say so;
+- with `--api-key` and no key the page shows the key prompt and no data, its data routes
+  answer 401 (a key in the URL is no key), and once the key is typed the data shows;
+- a colocated instance (`--role both --port`) shows its one engine, and the requests it served;
+- the browser console has no error in any of these (read from Chromium's log).
+Every test saves a screenshot of the page when it fails (under its pytest tmp dir).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from http_helpers import http_json, scrape, start_cluster, start_colocated, stop, wait_until_pools_full
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+from benchmarks.browser.chromium import close_browser, console_errors, open_browser
+
+API_KEY = "dashboard-test-key-0123456789"
+PAGE_TIMEOUT_S = 60.0  # a snapshot comes every second; this bounds a wait for a change, on a busy machine
+SWITCH_TIMEOUT_S = 60.0
+NUM_REQUESTS = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    server = start_cluster(tmp_path_factory.mktemp("dashboard"), "--model", "tiny", "--dtype", "float32")
+    try:
+        yield server
+    finally:
+        stop(server)
+
+
+@pytest.fixture(scope="module")
+def keyed_cluster(tmp_path_factory):
+    server = start_cluster(
+        tmp_path_factory.mktemp("dashboard-key"), "--model", "tiny", "--dtype", "float32", "--api-key", API_KEY
+    )
+    try:
+        yield server
+    finally:
+        stop(server)
+
+
+@pytest.fixture
+def browser():
+    driver = open_browser()
+    try:
+        yield driver
+    finally:
+        close_browser(driver)
+
+
+@contextlib.contextmanager
+def screenshot_on_failure(driver, tmp_path):
+    """Run the body; when it fails, save what the page showed (and say where) before re-raising."""
+    try:
+        yield
+    except BaseException:
+        path = tmp_path / "dashboard-failure.png"
+        driver.save_screenshot(str(path))
+        print(f"screenshot of the failing page: {path}")
+        raise
+
+
+def wait_for(driver, predicate, what: str, timeout: float = PAGE_TIMEOUT_S):
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(
+        lambda d: predicate(d), message=f"the page never showed {what} within {timeout} s"
+    )
+
+
+def cards(driver) -> dict[str, dict]:
+    """The page's instance cards: id -> role, epoch, liveness and KV block figures as shown."""
+    shown = {}
+    for card in driver.find_elements(By.CSS_SELECTOR, ".inst"):
+        used, cached, free = card.find_element(By.CSS_SELECTOR, '[data-field="blocks"]').text.split(" / ")
+        shown[card.get_attribute("data-instance")] = {
+            "role": card.find_element(By.CSS_SELECTOR, ".role").text,
+            "epoch": int(card.find_element(By.CSS_SELECTOR, '[data-field="epoch"]').text),
+            "liveness": card.get_attribute("data-liveness"),
+            "used": int(used),
+            "cached": int(cached),
+            "free": int(free),
+        }
+    return shown
+
+
+def admin_instances(base_url: str, key: str | None = None) -> dict[str, dict]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    request = urllib.request.Request(f"{base_url}/admin/instances", headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return {i["instance"]: i for i in json.load(response)["instances"]}
+
+
+def status_of(method: str, url: str, headers: dict[str, str] | None = None, body: bytes | None = None) -> int:
+    request = urllib.request.Request(url, data=body, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def test_page_shows_the_instances_and_roles_admin_reports(cluster, browser, tmp_path):
+    with screenshot_on_failure(browser, tmp_path):
+        reported = admin_instances(cluster.base_url)
+        assert {i["role"] for i in reported.values()} == {"prefill", "decode"}
+        browser.get(f"{cluster.base_url}/dashboard")
+        wait_for(browser, lambda d: set(cards(d)) == set(reported), "every instance of /admin/instances")
+        shown = cards(browser)
+        for instance, info in reported.items():
+            assert shown[instance]["role"] == info["role"]
+            assert shown[instance]["epoch"] == info["epoch"]
+            assert shown[instance]["liveness"] == "alive"
+        pool_of = {"prefill": "pool-prefill", "decode": "pool-decode"}
+        for instance, info in reported.items():
+            pool = browser.find_element(By.ID, pool_of[info["role"]])
+            assert pool.find_elements(By.CSS_SELECTOR, f'.inst[data-instance="{instance}"]')
+        assert console_errors(browser) == []
+
+
+def test_figures_agree_with_metrics(cluster, browser, tmp_path):
+    with screenshot_on_failure(browser, tmp_path):
+        browser.get(f"{cluster.base_url}/dashboard")
+        wait_for(browser, lambda d: len(cards(d)) == 2, "the instances")
+        before = int(browser.find_element(By.ID, "total-requests").text)
+        client = openai.OpenAI(base_url=f"{cluster.base_url}/v1", api_key="none", timeout=60)
+        for i in range(NUM_REQUESTS):  # long enough to be prefilled remotely: their KV moves
+            client.completions.create(
+                model="tiny", prompt=f"request {i}: " + "prefill and decode apart " * 6, max_tokens=6
+            )
+        samples = wait_until_pools_full(cluster.base_url, timeout=PAGE_TIMEOUT_S)
+        finished = sum(v for (name, _), v in samples.items() if name == "minipd_requests_total")
+        kv_bytes = sum(v for (name, _), v in samples.items() if name == "minipd_kv_transfer_bytes_total")
+        assert finished == before + NUM_REQUESTS and kv_bytes > 0
+        wait_for(
+            browser,
+            lambda d: (
+                int(d.find_element(By.ID, "total-requests").text) == finished
+                and int(d.find_element(By.ID, "total-kv-bytes").get_attribute("data-bytes")) == kv_bytes
+                and all(c["used"] == 0 for c in cards(d).values())
+            ),
+            f"{finished:g} requests and {kv_bytes:g} KV bytes (as /metrics)",
+        )
+        samples = scrape(cluster.base_url)
+        for instance, shown in cards(browser).items():
+            for field in ("used", "cached", "free"):
+                assert shown[field] == samples[(f"minipd_kv_blocks_{field}", frozenset({("instance", instance)}))]
+        rows = browser.find_elements(By.CSS_SELECTOR, "#requests-table tbody tr")
+        assert len(rows) >= NUM_REQUESTS
+        links = browser.find_elements(By.CSS_SELECTOR, "#links-table tbody tr[data-pair]")
+        assert [link.get_attribute("data-pair") for link in links] == ["prefill-0->decode-0"]
+        ttft_samples = int(browser.find_element(By.CSS_SELECTOR, "#lat-ttft td:nth-of-type(4)").text)
+        assert ttft_samples >= NUM_REQUESTS  # every request of the window had its first token
+        assert browser.find_element(By.ID, "verdict").get_attribute("data-verdict") in ("met", "violated")
+        assert console_errors(browser) == []
+
+
+def test_role_switch_button_switches_the_instance(cluster, browser, tmp_path):
+    with screenshot_on_failure(browser, tmp_path):
+        before = admin_instances(cluster.base_url)
+        (prefill,) = [i for i, info in before.items() if info["role"] == "prefill"]
+        browser.get(f"{cluster.base_url}/dashboard")
+        wait_for(browser, lambda d: cards(d).get(prefill, {}).get("role") == "prefill", f"{prefill} as prefill")
+        card = browser.find_element(By.CSS_SELECTOR, f'.inst[data-instance="{prefill}"]')
+        assert card.find_element(By.CSS_SELECTOR, ".switch-to").get_attribute("value") == "decode"
+        card.find_element(By.CSS_SELECTOR, "button.switch").click()
+        wait_for(
+            browser,
+            lambda d: (
+                cards(d)[prefill]["role"] == "decode" and cards(d)[prefill]["epoch"] == before[prefill]["epoch"] + 1
+            ),
+            f"{prefill} as a decode instance",
+            SWITCH_TIMEOUT_S,
+        )
+        after = admin_instances(cluster.base_url)
+        assert after[prefill]["role"] == "decode" and after[prefill]["epoch"] == before[prefill]["epoch"] + 1
+        assert browser.find_element(By.ID, "pool-decode").find_elements(
+            By.CSS_SELECTOR, f'.inst[data-instance="{prefill}"]'
+        )
+        assert "is decode now, epoch" in browser.find_element(By.ID, "message").text
+        assert console_errors(browser) == []
+
+
+def test_with_an_api_key_the_page_shows_nothing_until_the_key_is_given(keyed_cluster, browser, tmp_path):
+    base = keyed_cluster.base_url
+    with screenshot_on_failure(browser, tmp_path):
+        assert status_of("GET", f"{base}/dashboard") == 200  # the page itself holds no data
+        for method, path, body in (
+            ("GET", "/dashboard/events", None),
+            ("GET", "/dashboard/snapshot", None),
+            ("POST", "/dashboard/slo", b'{"ttft_ms": 100, "itl_ms": 10}'),
+            ("GET", "/admin/instances", None),
+        ):
+            headers = {"Content-Type": "application/json"} if body else {}
+            assert status_of(method, f"{base}{path}", headers, body) == 401, path
+            assert status_of(method, f"{base}{path}?api_key={API_KEY}", headers, body) == 401, path
+        assert status_of("GET", f"{base}/dashboard/snapshot", {"Authorization": f"Bearer {API_KEY}"}) == 200
+
+        browser.get(f"{base}/dashboard")
+        wait_for(browser, lambda d: d.find_element(By.ID, "key-dialog").is_displayed(), "the key prompt")
+        wait_for(browser, lambda d: d.execute_script("return document.readyState") == "complete", "a loaded page")
+        assert browser.find_elements(By.CSS_SELECTOR, ".inst") == []
+        assert browser.find_element(By.ID, "total-requests").text == "0"
+        assert browser.find_element(By.ID, "status").text == "API key needed"
+        # the page made no data call without the key (the log would show a refused one)
+        requests = browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        assert not [r for r in requests if "/dashboard/events" in r or "/dashboard/snapshot" in r], requests
+
+        browser.find_element(By.ID, "key-input").send_keys(API_KEY)
+        browser.find_element(By.ID, "key-submit").click()
+        reported = admin_instances(base, API_KEY)
+        wait_for(browser, lambda d: set(cards(d)) == set(reported), "the instances once the key was given")
+        assert not browser.find_element(By.ID, "key-dialog").is_displayed()
+        assert browser.execute_script("return sessionStorage.getItem('minipd.apiKey')") == API_KEY
+        assert all(
+            API_KEY not in r
+            for r in browser.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+        )
+        assert console_errors(browser) == []
+
+
+def test_slo_set_from_the_page_is_the_one_judged(cluster, browser, tmp_path):
+    with screenshot_on_failure(browser, tmp_path):
+        browser.get(f"{cluster.base_url}/dashboard")
+        wait_for(browser, lambda d: len(cards(d)) == 2, "the instances")
+        for field, value in (("slo-ttft", "1234"), ("slo-itl", "56")):
+            box = browser.find_element(By.ID, field)
+            box.clear()
+            box.send_keys(value)
+        browser.find_element(By.ID, "slo-set").click()
+        wait_for(browser, lambda d: d.find_element(By.ID, "h-ttft-slo").text == "SLO 1234 ms", "the new TTFT SLO")
+        assert browser.find_element(By.ID, "h-itl-slo").text == "SLO 56.0 ms"
+        snapshot = http_json("GET", f"{cluster.base_url}/dashboard/snapshot").body
+        assert snapshot["slo"] == {"ttft_s": 1.234, "itl_s": 0.056, "source": "page"}
+        assert console_errors(browser) == []
+
+
+def test_a_colocated_instance_shows_its_engine_and_its_requests(browser, tmp_path):
+    server = start_colocated(tmp_path, "--model", "tiny", "--dtype", "float32")
+    try:
+        with screenshot_on_failure(browser, tmp_path):
+            client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", timeout=60)
+            for i in range(2):
+                client.completions.create(model="tiny", prompt=f"colocated {i}", max_tokens=4)
+            browser.get(f"{server.base_url}/dashboard")
+            wait_for(
+                browser,
+                lambda d: d.find_element(By.ID, "total-requests").text == "2" and len(cards(d)) == 1,
+                "its engine and 2 requests",
+            )
+            (shown,) = cards(browser).values()
+            assert shown["role"] == "both" and shown["liveness"] == "alive"
+            assert browser.find_element(By.ID, "pool-colocated").find_elements(By.CSS_SELECTOR, ".inst")
+            assert browser.find_elements(By.CSS_SELECTOR, ".inst .switch-to") == []  # no role switch on one engine
+            assert console_errors(browser) == []
+    finally:
+        stop(server)
