@@ -153,10 +153,18 @@ def test_figures_agree_with_metrics(cluster, browser, tmp_path):
             ),
             f"{finished:g} requests and {kv_bytes:g} KV bytes (as /metrics)",
         )
-        samples = scrape(cluster.base_url)
-        for instance, shown in cards(browser).items():
-            for field in ("used", "cached", "free"):
-                assert shown[field] == samples[(f"minipd_kv_blocks_{field}", frozenset({("instance", instance)}))]
+
+        def blocks_agree(d) -> bool:
+            # the page's snapshot and /metrics read the instances' stats at different moments
+            # (blocks move from used to cached as requests end), so both are read until they meet
+            samples = scrape(cluster.base_url)
+            return all(
+                shown[field] == samples[(f"minipd_kv_blocks_{field}", frozenset({("instance", instance)}))]
+                for instance, shown in cards(d).items()
+                for field in ("used", "cached", "free")
+            )
+
+        wait_for(browser, blocks_agree, "KV blocks used, cached and free per instance as /metrics")
         rows = browser.find_elements(By.CSS_SELECTOR, "#requests-table tbody tr")
         assert len(rows) >= NUM_REQUESTS
         links = browser.find_elements(By.CSS_SELECTOR, "#links-table tbody tr[data-pair]")
