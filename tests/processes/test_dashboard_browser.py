@@ -8,6 +8,11 @@ process clusters on `tiny` (router, one prefill and one decode process, TCP KV t
 - with `--api-key` and no key the page shows the key prompt and no data, its data routes
   answer 401 (a key in the URL is no key), and once the key is typed the data shows;
 - a colocated instance (`--role both --port`) shows its one engine, and the requests it served;
+- the Controls panel: the cluster flip to colocated and back shows the roles on the page and
+  in /admin/instances (a refused flip's message shows next to it); a link cap set on the page
+  makes the next request's KV transfer slower on /metrics and lifting it restores it; "start
+  load" runs the built-in load to its end and fills the SLO panel; the controller toggle
+  changes GET /admin/controller;
 - the browser console has no error in any of these (read from Chromium's log).
 Every test saves a screenshot of the page when it fails (under its pytest tmp dir).
 """
@@ -275,3 +280,159 @@ def test_a_colocated_instance_shows_its_engine_and_its_requests(browser, tmp_pat
             assert console_errors(browser) == []
     finally:
         stop(server)
+
+
+# ---- the Controls panel: every control clicked on the page, its effect read from the server ----
+LOAD_REQUESTS = 6
+LINK_PROMPT = "The KV of this prompt crosses the link from prefill to decode. " * 8  # ~500 tokens of KV
+
+
+def roles_shown(driver) -> dict[str, str]:
+    return {instance: shown["role"] for instance, shown in cards(driver).items()}
+
+
+def transfer_s(base_url: str, tag: str) -> float:
+    """One completion's KV transfer time, as the growth of minipd_kv_transfer_seconds on /metrics."""
+
+    def totals():
+        samples = scrape(base_url)
+        return (
+            sum(v for (name, _), v in samples.items() if name == "minipd_kv_transfer_seconds_sum"),
+            sum(v for (name, _), v in samples.items() if name == "minipd_kv_transfer_seconds_count"),
+        )
+
+    before_s, before_n = totals()
+    client = openai.OpenAI(base_url=f"{base_url}/v1", api_key="none", timeout=120)
+    client.completions.create(model="tiny", prompt=f"{tag} {LINK_PROMPT}", max_tokens=2)
+    after_s, after_n = totals()
+    assert after_n == before_n + 1
+    return after_s - before_s
+
+
+def refused_calls_only(errors: list[str], status: int) -> list[str]:
+    """The console's errors less Chromium's own line for a response with this status (a refused
+    control the page answered on itself, which the browser logs whatever the script does)."""
+    return [e for e in errors if f"status of {status}" not in e]
+
+
+def test_the_cluster_flip_shows_the_roles_on_the_page_and_in_admin(cluster, browser, tmp_path):
+    base = cluster.base_url
+    with screenshot_on_failure(browser, tmp_path):
+        browser.get(f"{base}/dashboard")
+        wait_for(
+            browser,
+            lambda d: len(cards(d)) == 2 and d.find_element(By.ID, "controls-panel").is_displayed(),
+            "the controls",
+        )
+        box = browser.find_element(By.ID, "flip-prefill")
+        box.clear()
+        box.send_keys("5")  # of 2 instances: refused, and said next to the control
+        browser.find_element(By.ID, "flip-apply").click()
+        wait_for(browser, lambda d: "prefill" in d.find_element(By.ID, "flip-error").text, "the refusal naming prefill")
+        errors = console_errors(browser)  # Chromium's own line for the 400 only: the script threw nothing
+        assert refused_calls_only(errors, 400) == [] and len(errors) <= 1, errors
+
+        browser.find_element(By.ID, "flip-colocated").click()
+        browser.find_element(By.ID, "flip-apply").click()
+        wait_for(
+            browser, lambda d: set(roles_shown(d).values()) == {"both"}, "every instance colocated", SWITCH_TIMEOUT_S
+        )
+        assert {i["role"] for i in admin_instances(base).values()} == {"both"}
+        assert len(browser.find_element(By.ID, "pool-colocated").find_elements(By.CSS_SELECTOR, ".inst")) == 2
+        assert browser.find_element(By.ID, "flip-error").text == ""
+
+        browser.find_element(By.ID, "flip-split").click()
+        box = browser.find_element(By.ID, "flip-prefill")
+        box.clear()
+        box.send_keys("1")
+        browser.find_element(By.ID, "flip-apply").click()
+        wait_for(
+            browser,
+            lambda d: sorted(roles_shown(d).values()) == ["decode", "prefill"],
+            "a 1P:1D split",
+            SWITCH_TIMEOUT_S,
+        )
+        assert sorted(i["role"] for i in admin_instances(base).values()) == ["decode", "prefill"]
+        assert "1P:1D" in browser.find_element(By.ID, "flip-result").text
+        assert console_errors(browser) == []
+
+
+def test_a_link_cap_set_on_the_page_slows_the_next_transfer_and_lifting_restores(cluster, browser, tmp_path):
+    base = cluster.base_url
+    with screenshot_on_failure(browser, tmp_path):
+        (prefill,) = [i for i, info in admin_instances(base).items() if info["role"] == "prefill"]
+        browser.get(f"{base}/dashboard")
+        row_css = f'#link-cap-rows .cap-row[data-instance="{prefill}"]'
+        wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row_css), f"a link cap row for {prefill}")
+        row = browser.find_element(By.CSS_SELECTOR, row_css)
+        transfer_s(base, "warm")  # the first transfer to a decode peer also connects the link
+        free_s = transfer_s(base, "free")
+        row.find_element(By.CSS_SELECTOR, ".cap-set").click()  # an empty box: refused on the page
+        wait_for(browser, lambda d: "gbps" in row.find_element(By.CSS_SELECTOR, ".error").text, "the empty cap refused")
+        row.find_element(By.CSS_SELECTOR, ".cap-gbps").send_keys("0.004")  # 0.5 MB/s
+        row.find_element(By.CSS_SELECTOR, ".cap-set").click()
+        wait_for(browser, lambda d: row.get_attribute("data-gbps") == "0.004", "the cap set")
+        try:
+            slow_s = transfer_s(base, "capped")
+        finally:
+            row.find_element(By.CSS_SELECTOR, ".cap-lift").click()
+            wait_for(browser, lambda d: row.get_attribute("data-gbps") == "null", "the cap lifted")
+        assert row.find_element(By.CSS_SELECTOR, ".cap-state").text == "uncapped"
+        assert slow_s > 0.5 and slow_s > 5 * free_s, (free_s, slow_s)
+        again_s = transfer_s(base, "lifted")
+        assert again_s < slow_s / 3, (again_s, slow_s)
+        assert console_errors(browser) == []
+
+
+def test_start_load_on_the_page_fills_the_slo_panel(cluster, browser, tmp_path):
+    base = cluster.base_url
+    with screenshot_on_failure(browser, tmp_path):
+        browser.get(f"{base}/dashboard")
+        wait_for(browser, lambda d: d.find_element(By.ID, "load-form").is_displayed(), "the load controls")
+        for field, value in (("load-value", "20"), ("load-count", str(LOAD_REQUESTS)), ("load-duration", "100")):
+            box = browser.find_element(By.ID, field)
+            box.clear()
+            box.send_keys(value)
+        browser.find_element(By.ID, "load-start").click()
+        progress = browser.find_element(By.ID, "load-progress")
+        wait_for(
+            browser,
+            lambda d: progress.get_attribute("data-state") == "finished",
+            "the load run to its end",
+            SWITCH_TIMEOUT_S,
+        )
+        assert progress.get_attribute("data-completed") == str(LOAD_REQUESTS)
+        assert f"completed {LOAD_REQUESTS}, failed 0" in progress.text
+        assert http_json("GET", f"{base}/admin/load").body["completed"] == LOAD_REQUESTS
+        wait_for(
+            browser,
+            lambda d: (
+                int(d.find_element(By.CSS_SELECTOR, "#lat-ttft td:nth-of-type(4)").text) >= LOAD_REQUESTS
+                and d.find_element(By.CSS_SELECTOR, "#lat-ttft td:nth-of-type(2)").text.endswith(" ms")
+                and d.find_element(By.CSS_SELECTOR, "#lat-itl td:nth-of-type(2)").text.endswith(" ms")
+            ),
+            "TTFT and ITL figures of the load",
+        )
+        assert console_errors(browser) == []
+
+
+def test_the_controller_toggle_changes_admin_controller(cluster, browser, tmp_path):
+    base = cluster.base_url
+    with screenshot_on_failure(browser, tmp_path):
+        assert http_json("GET", f"{base}/admin/controller").body["on"] is False
+        browser.get(f"{base}/dashboard")
+        wait_for(browser, lambda d: d.find_element(By.ID, "ctl-form").is_displayed(), "the controller controls")
+        for field, value in (("ctl-ttft", "2000"), ("ctl-itl", "200")):
+            box = browser.find_element(By.ID, field)
+            box.clear()
+            box.send_keys(value)
+        browser.find_element(By.ID, "ctl-on").click()
+        browser.find_element(By.ID, "ctl-apply").click()
+        wait_for(browser, lambda d: d.find_element(By.ID, "controller-state").text == "on", "the controller on")
+        state = http_json("GET", f"{base}/admin/controller").body
+        assert state["on"] is True and state["slo"] == {"ttft_ms": 2000.0, "itl_ms": 200.0}, state
+        browser.find_element(By.ID, "ctl-on").click()
+        browser.find_element(By.ID, "ctl-apply").click()
+        wait_for(browser, lambda d: d.find_element(By.ID, "controller-state").text == "off", "the controller off")
+        assert http_json("GET", f"{base}/admin/controller").body["on"] is False
+        assert console_errors(browser) == []

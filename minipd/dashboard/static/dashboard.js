@@ -53,7 +53,7 @@ const controls = {
   switchRole(instance, role) { return postJSON("/admin/switch_role", {instance, role}); },
   /** Set the SLO the page judges against (every viewer's), in milliseconds. */
   setSlo(ttftMs, itlMs) { return postJSON("/dashboard/slo", {ttft_ms: ttftMs, itl_ms: itlMs}); },
-  // HOOKS for the router's other control calls (api/admin_controls.py); the page has no buttons for them yet.
+  // The router's other control calls (api/admin_controls.py), behind the Controls panel's buttons.
   /** The whole cluster colocated ("both" everywhere), or split into `prefill` prefill instances and the rest decode. */
   flipCluster(mode, prefill) { return ifAvailable("cluster_mode", "/admin/cluster_mode", mode === "split" ? {mode, prefill} : {mode}); },
   /** One instance's outgoing KV bandwidth cap in Gbit/s, from its next write on (null: uncapped): "starve the link". */
@@ -145,6 +145,7 @@ function render(s) {
   renderLatency(s);
   renderController(s);
   renderRequests(s);
+  renderControls(s);
 }
 
 function renderHeadline(s) {
@@ -388,6 +389,99 @@ function renderRequests(s) {
   }
 }
 
+// ---- the Controls panel -----------------------------------------------------------------------
+// A server's answer to a control (a 4xx's message too) is written next to that control, so a
+// refused call is a line on the page, never an uncaught rejection.
+function runControl(button, errorId, call, onDone) {
+  button.disabled = true;
+  $(errorId).textContent = "";
+  return call()
+    .then((answer) => { if (onDone) onDone(answer); })
+    .catch((err) => { $(errorId).textContent = err.message; })
+    .finally(() => { button.disabled = false; });
+}
+
+function linkCapRow(instance) {
+  const row = el("div", "cap-row");
+  row.dataset.instance = instance;
+  const input = el("input", "cap-gbps");
+  Object.assign(input, {type: "number", min: "0", step: "any", placeholder: "Gbit/s"});
+  const set = el("button", "cap-set", "set cap"), lift = el("button", "cap-lift", "lift");
+  const state = el("span", "muted cap-state", "uncapped"), error = el("span", "error");
+  error.id = "cap-error-" + instance;
+  const done = (a) => { state.textContent = a.gbps === null ? "uncapped" : "capped at " + a.gbps + " Gbit/s"; row.dataset.gbps = String(a.gbps); };
+  // an empty box would be sent as null, which lifts the cap: say so here instead
+  const gbps = () => (input.value === "" || !Number.isFinite(Number(input.value)) ? Promise.reject(new Error("gbps: give a number of Gbit/s"))
+    : controls.setLinkCap(instance, Number(input.value)));
+  set.addEventListener("click", () => runControl(set, error.id, gbps, done));
+  lift.addEventListener("click", () => runControl(lift, error.id, () => controls.setLinkCap(instance, null), done));
+  row.append(el("span", "", instance + " →"), input, set, lift, state, error);
+  return row;
+}
+
+function renderControls(s) {
+  const c = s.controls || {};
+  $("controls-panel").hidden = !(c.cluster_mode || c.link_cap || c.load || c.controller);
+  $("flip-form").hidden = !c.cluster_mode;
+  $("link-caps").hidden = !c.link_cap;
+  $("load-form").hidden = !c.load;
+  $("ctl-form").hidden = !c.controller;
+  const rows = $("link-cap-rows"), prefill = new Set(s.pools.prefill.map((r) => r.instance));
+  for (const row of Array.from(rows.children)) if (!prefill.has(row.dataset.instance)) row.remove();
+  for (const instance of prefill) {
+    if (!rows.querySelector('.cap-row[data-instance="' + CSS.escape(instance) + '"]')) rows.append(linkCapRow(instance));
+  }
+  if (!prefill.size && !rows.children.length) rows.append(el("div", "muted", "no prefill instance"));
+  const on = $("ctl-on");
+  if (document.activeElement !== on && on.dataset.dirty !== "1") on.checked = !!s.controller;
+  if (c.load && !loadPolled) { loadPolled = true; pollLoad(); }
+}
+
+let loadPolled = false, loadTimer = null;
+/** GET /admin/load once, show it, and again a second later while the run goes on. */
+function pollLoad() {
+  clearTimeout(loadTimer);
+  api("/admin/load").then((r) => r.json()).then((p) => {
+    showLoad(p);
+    if (p.state === "running") loadTimer = setTimeout(pollLoad, 1000);
+  }).catch((err) => { $("load-error").textContent = err.message; });
+}
+
+function showLoad(p) {
+  const out = $("load-progress");
+  out.dataset.state = p.state;
+  out.dataset.completed = String(p.completed);
+  if (p.state === "idle") { out.textContent = "no load run yet"; return; }
+  out.textContent = p.state + (p.reason ? " (" + p.reason + ")" : "") + " · " + p.workload + " · sent " + p.sent +
+    " / " + p.num_requests + ", completed " + p.completed + ", failed " + p.failed + " · " + p.elapsed_s.toFixed(1) +
+    " of " + p.duration_s + " s · TTFT P90 " + ms(p.ttft_s.p90) + " · ITL P90 " + ms(p.itl_s.p90);
+}
+
+function wireControls() {
+  $("flip-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const mode = $("flip-colocated").checked ? "colocated" : "split";
+    $("flip-result").textContent = "switching…";
+    runControl($("flip-apply"), "flip-error", () => controls.flipCluster(mode, Number($("flip-prefill").value)),
+      (r) => { $("flip-result").textContent = r.prefill + "P:" + r.decode + "D + " + r.both + " colocated, " + r.switches.length + " switches (" + r.total_s.toFixed(2) + " s)"; })
+      .then(() => { if ($("flip-error").textContent) $("flip-result").textContent = ""; });
+  });
+  $("load-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const spec = {workload: $("load-workload").value, num_requests: Number($("load-count").value), duration_s: Number($("load-duration").value)};
+    spec[$("load-arrivals").value] = Number($("load-value").value);
+    runControl($("load-start"), "load-error", () => controls.startLoad(spec), (p) => { showLoad(p); pollLoad(); });
+  });
+  $("load-stop").addEventListener("click", () => runControl($("load-stop"), "load-error", () => controls.stopLoad(), (p) => { showLoad(p); pollLoad(); }));
+  $("ctl-on").addEventListener("change", () => { $("ctl-on").dataset.dirty = "1"; });
+  $("ctl-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const slo = {ttft_ms: Number($("ctl-ttft").value), itl_ms: Number($("ctl-itl").value)};
+    runControl($("ctl-apply"), "ctl-error", () => controls.setController($("ctl-on").checked, slo),
+      () => { $("ctl-on").dataset.dirty = ""; });
+  });
+}
+
 // ---- wiring -------------------------------------------------------------------------------
 function showView(view) {
   for (const tab of document.querySelectorAll(".tab")) tab.classList.toggle("active", tab.dataset.view === view);
@@ -412,5 +506,6 @@ document.addEventListener("DOMContentLoaded", () => {
       .then(() => { $("slo-ttft").dataset.dirty = ""; $("slo-itl").dataset.dirty = ""; showMessage("SLO set"); })
       .catch((err) => showMessage("SLO: " + err.message));
   });
+  wireControls();
   stream();
 });
