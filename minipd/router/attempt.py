@@ -266,6 +266,7 @@ class Attempt:
                 if exc.kind != "busy":
                     raise
                 if self.registry.decode_candidates(self.excluded | {decode.instance_id}):
+                    self.counters.num_busy_redirects += 1
                     raise AttemptFailed(
                         RuntimeError(f"{decode.instance_id} has no room for the prompt's KV ({exc})"),
                         decode.instance_id,

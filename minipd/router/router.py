@@ -256,9 +256,7 @@ class Router(GeneratesFromSubmit):
                     return  # aborted meanwhile
                 if failure.stale:
                     self.counters.num_stale_retries += 1
-                elif failure.busy:
-                    self.counters.num_busy_redirects += 1
-                else:
+                elif not failure.busy:
                     failed += 1
                 retry = failure.retry and failed < MAX_ATTEMPTS and not routed.first_token_sent
                 if try_span is not None:
@@ -268,7 +266,7 @@ class Router(GeneratesFromSubmit):
                     "%s: attempt %d %s%s: %s%s",
                     routed.request_id,
                     failed,
-                    "refused (stale role epoch)" if failure.stale else "refused (no room)" if failure.busy else "failed",
+                    "refused (stale role epoch)" if failure.stale else "failed",
                     f" on {failure.blamed}" if failure.blamed else "",
                     failure,
                     "; retrying" if retry else "",

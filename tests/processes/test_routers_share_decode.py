@@ -68,9 +68,7 @@ def routers(etcd, loop_thread):
         second = Process(["--role", "router", "--port", "0", *registry, *routing], secret)
         clients.append(loop_thread.run(processes.client()))
         host, port = second.address
-        clients.append(
-            loop_thread.run(ClusterClient.connect(host, port, timeout=30, secret=processes.cluster_secret))
-        )
+        clients.append(loop_thread.run(ClusterClient.connect(host, port, timeout=30, secret=processes.cluster_secret)))
         yield clients
     finally:
         for client in clients:
