@@ -253,6 +253,7 @@ class Stats(Reply, tag="stats"):
     num_fencing_blocks: int = 0  # blocks of dropped reservations held until no late byte can land
     num_prefilling: int = 0  # of num_running, those whose prompt is not all computed yet (EngineStats)
     num_steps: int = 0  # engine steps run since start (the dashboard's step rate)
+    num_refused_reservations: int = 0  # since start: reservations refused for lack of free blocks ("busy")
 
 
 # ---- role switch ---------------------------------------------------------------------------

@@ -113,6 +113,7 @@ class Instance(ControlServer):
         self.fingerprint = engine_fingerprint(engine)
         self.compute = cpu_placement.compute_key(engine.config.device, engine.placement)
         self.reservations = Reservations(engine, transport, lease_s, instance_id, self._lease_expired)
+        self.num_refused_reservations = 0  # for lack of free blocks: this pool is the authority on its room
         self._peer_ids: dict[str, str] = {}  # decode instance id -> transport peer id
         self._connecting: dict[str, asyncio.Task] = {}
         self._prefills_to: dict[str, set[str]] = {}  # decode instance id -> ids of prefills for it
@@ -324,6 +325,7 @@ class Instance(ControlServer):
                 raise InvalidRequestError("request_id", f"{request_id!r} already holds a reservation")
             block_ids, num_cached = self.engine.reserve(message.token_ids)
         except NoCapacity as exc:
+            self.num_refused_reservations += 1
             channel.reply(message, CallError(message=str(exc), kind="busy"))
             return
         except InvalidRequestError as exc:
@@ -571,6 +573,7 @@ class Instance(ControlServer):
             num_cached_blocks=s.blocks.num_cached,
             num_blocks=s.blocks.num_blocks,
             num_reservations=len(self.reservations.held),
+            num_refused_reservations=self.num_refused_reservations,
             epoch=self.guard.epoch,
             switching=self.guard.switching,
             num_fencing_blocks=self.reservations.num_fencing_blocks,

@@ -79,7 +79,9 @@ class AttemptFailed(Exception):
     instance is); `retry`: whether another try may succeed (False for a request refused as
     invalid, which would be refused anywhere); `stale`: refused for a stale role epoch;
     `overloaded`: the cluster had no room for it (the client may retry later); `lost`: the
-    blamed instance died, was declared dead or went silent (the message names it and says how)."""
+    blamed instance died, was declared dead or went silent (the message names it and says how);
+    `busy`: the blamed decode instance refused the reservation for lack of free blocks while
+    another decode instance may have room (like `stale`, not counted as a failed try)."""
 
     def __init__(
         self,
@@ -89,13 +91,14 @@ class AttemptFailed(Exception):
         stale: bool = False,
         overloaded: bool = False,
         lost: bool = False,
+        busy: bool = False,
     ):
         message = str(cause)
         if lost and blamed is not None and blamed not in message:  # the client is told which instance
             message = f"{blamed}: {message}"
         super().__init__(message)
         self.cause, self.blamed, self.retry, self.stale = cause, blamed, retry, stale
-        self.overloaded, self.lost = overloaded, lost
+        self.overloaded, self.lost, self.busy = overloaded, lost, busy
 
 
 @contextlib.contextmanager
@@ -235,8 +238,10 @@ class Attempt:
             raise
 
     async def _reserve(self, decode: InstanceHandle, prefill_id: str, epoch: int | None) -> Reserved:
-        """Reserve blocks on `decode`; while its pool is full ("busy"), wait for running requests
-        to free blocks, backing off, up to `kv_wait_s`. Past that the request fails as overloaded,
+        """Reserve blocks on `decode`. The decode instance is the authority on its own pool (several
+        routers may share it): when it refuses ("busy") and another decode instance is left to
+        try, the try ends so the next one goes there. On the last decode instance, wait for
+        running requests to free blocks, backing off, up to `kv_wait_s`. Past that the request fails as overloaded,
         blaming no instance and not tried again: the cluster is out of KV capacity, which another
         try right away would not change (admission, `kv_admission_ratio`, keeps this rare). The
         time spent waiting is added to `routed.decode_wait_s`; the whole call's is `routed.reserve_s`."""
@@ -260,6 +265,13 @@ class Attempt:
             except RemoteError as exc:
                 if exc.kind != "busy":
                     raise
+                if self.registry.decode_candidates(self.excluded | {decode.instance_id}):
+                    self.counters.num_busy_redirects += 1
+                    raise AttemptFailed(
+                        RuntimeError(f"{decode.instance_id} has no room for the prompt's KV ({exc})"),
+                        decode.instance_id,
+                        busy=True,
+                    ) from exc
                 if loop.time() + wait_s > deadline:
                     raise AttemptFailed(
                         RuntimeError(

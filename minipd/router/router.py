@@ -240,7 +240,7 @@ class Router(GeneratesFromSubmit):
 
     async def _route(self, routed: RoutedRequest) -> None:
         excluded: set[str] = set()
-        failed = 0  # failed tries; a stale-epoch refusal is none (each one excludes an instance, so they end)
+        failed = 0  # failed tries; a stale-epoch or busy refusal is none (each one excludes an instance, so they end)
         for number in itertools.count(1):
             attempt = Attempt(
                 self.registry, self.config, self.counters, self.try_ids, routed, excluded, self.latency_observer
@@ -256,13 +256,13 @@ class Router(GeneratesFromSubmit):
                     return  # aborted meanwhile
                 if failure.stale:
                     self.counters.num_stale_retries += 1
-                else:
+                elif not failure.busy:
                     failed += 1
                 retry = failure.retry and failed < MAX_ATTEMPTS and not routed.first_token_sent
                 if try_span is not None:
                     request_spans.end_failed_try(try_span, failure.stale, retry, failure.blamed, str(failure))
                 log.log(
-                    logging.INFO if failure.stale else logging.WARNING,
+                    logging.INFO if failure.stale or failure.busy else logging.WARNING,
                     "%s: attempt %d %s%s: %s%s",
                     routed.request_id,
                     failed,

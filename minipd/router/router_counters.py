@@ -19,6 +19,7 @@ class RouterCounters:
     num_busy_waits: int = 0  # reservations retried because a decode pool was full
     num_transfer_failures: int = 0
     num_stale_retries: int = 0  # tries refused for a stale role epoch, and retried
+    num_busy_redirects: int = 0  # tries a full decode instance refused, sent to another one
     num_evictions: int = 0  # instances declared dead for silence
     num_readmissions: int = 0  # lost instances that answered again and were registered as new members
     num_recomputes: int = 0  # requests whose KV did not load, prefilled again on their decode instance

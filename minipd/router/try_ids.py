@@ -1,12 +1,15 @@
 """Each try's id on the instances, and the request it belongs to.
 
-A request gets a fresh id for every try (`request_id@n`): an instance that saw an earlier
-try, and remembers it as aborted, never mistakes the new one for it. The router looks the
+A request gets a fresh id for every try (`request_id@tag.n`): an instance that saw an earlier
+try, and remembers it as aborted, never mistakes the new one for it. `tag` is random per
+router, so the tries of several routers sharing the instances (whose request ids may be the
+same, as each numbers its own) never collide on an instance. The router looks the
 messages instances send (tokens, landings, renewals) up here by that id."""
 
 from __future__ import annotations
 
 import itertools
+import secrets
 
 from minipd.router.routed_request import RoutedRequest
 
@@ -15,11 +18,12 @@ class TryIds:
     def __init__(self) -> None:
         self._by_wire: dict[str, RoutedRequest] = {}
         self._next = itertools.count()
+        self._tag = secrets.token_hex(4)  # this router's, among those sharing the instances
 
     def begin(self, routed: RoutedRequest) -> None:
         """Give `routed` a fresh id for its next try; its previous one is forgotten."""
         self._by_wire.pop(routed.wire_id, None)
-        routed.wire_id = f"{routed.request_id}@{next(self._next)}"
+        routed.wire_id = f"{routed.request_id}@{self._tag}.{next(self._next)}"
         self._by_wire[routed.wire_id] = routed
 
     def get(self, wire_id: str) -> RoutedRequest | None:

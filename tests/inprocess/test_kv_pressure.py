@@ -199,3 +199,28 @@ def test_a_request_that_cannot_get_blocks_in_time_fails_as_overloaded_and_the_ot
     assert len(failed) >= 1 and all("overloaded" in f.error and "decode-0" in f.error for f in failed)
     assert all(r[-1].num_output_tokens == 90 for r in results if r[-1].error is None)
     assert all(s.num_used_blocks == 0 and s.num_reservations == 0 for s in stats), stats
+
+
+def test_a_full_decode_instance_refuses_and_the_router_tries_the_other_at_once(loop_thread):
+    # decode-0's blocks are taken behind the router's back (as another router's requests would
+    # take them): its refusals send the requests to decode-1, none waits for decode-0 to drain.
+    load = prompts(seed=6, count=6)
+
+    async def run():
+        config = RouterConfig(local_prefill_max_tokens=0, kv_admission_ratio=None, kv_wait_s=2.0)
+        async with await InProcessCluster.start(DECODE, 1, 2, config) as cluster:
+            full = cluster.instance("decode-0").engine
+            held = full.block_manager.reserve(full.block_manager.num_free_blocks)
+
+            async def one(prompt):
+                return [o async for o in cluster.generate(prompt, greedy(4))]
+
+            results = await asyncio.gather(*(one(p) for p in load))
+            full.release_blocks(held)
+            return results, await _settled(cluster), cluster.router.counters
+
+    results, stats, counters = loop_thread.run(run(), timeout=LOAD_TIMEOUT_S)
+    assert counters.num_busy_redirects > 0, "decode-0 must have been picked and have refused"
+    assert counters.num_busy_waits == 0
+    assert all(r[-1].error is None and r[-1].transfer.decode_instance == "decode-1" for r in results), results
+    assert all(s.num_used_blocks == 0 and s.num_reservations == 0 for s in stats), stats

@@ -29,12 +29,15 @@ class Process:
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
         self.announcements: list[str] = []
+        self.address: tuple[str, int] | None = None  # from `READY <role> <id> <host>:<port>`
         deadline = time.monotonic() + READY_TIMEOUT_S
         try:
             while True:
                 line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
                 assert line is not None, f"{argv} exited with {self.popen.wait()}"
                 if line.startswith("READY "):
+                    host, _, port = line.rsplit(" ", 1)[1].rpartition(":")
+                    self.address = (host, int(port))
                     break
                 self.announcements.append(line)
         except BaseException:
