@@ -159,6 +159,12 @@ class ProcessCluster:
                 argv += ["--http-port", http.rpartition(":")[2].strip("/")]
         return argv
 
+    def http_url(self) -> str | None:
+        """Where the router serves the OpenAI API (`http://HOST:PORT`), from its announcement;
+        None without `--http-port`."""
+        line = next((a for a in self.child(ROUTER).announcements if a.startswith(_HTTP_ANNOUNCED)), None)
+        return line.rsplit(" on ", 1)[1] if line is not None else None
+
     def placement_lines(self) -> list[str]:
         """One line per process: its threads and cores."""
         return [f"placement: {name}: {share.describe()}" for name, share in self.placement.items()]

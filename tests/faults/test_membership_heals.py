@@ -72,7 +72,7 @@ def cluster(loop_thread, tmp_path_factory):
         ]
     )
     loop_thread.run(processes.start(), timeout=180)
-    url = processes.child("router").announcements[-1].rsplit(" on ", 1)[1]
+    url = processes.http_url()
     log = open(tmp_path_factory.mktemp("membership") / f"{HAND_STARTED}.log", "w")
     hand = None
     try:

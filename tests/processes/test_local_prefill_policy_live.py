@@ -82,7 +82,7 @@ def test_a_busy_prefill_pool_prefills_on_decode_across_processes(loop_thread, tm
     )
     loop_thread.run(processes.start(), timeout=180)
     try:
-        url = processes.child("router").announcements[-1].rsplit(" on ", 1)[1]
+        url = processes.http_url()
 
         async def load():
             client = await processes.client()

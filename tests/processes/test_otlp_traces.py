@@ -57,7 +57,7 @@ def cluster(loop_thread, receiver, tmp_path_factory):
 
 
 def _url(cluster) -> str:
-    return cluster.child("router").announcements[-1].rsplit(" on ", 1)[1] + "/v1/completions"
+    return cluster.http_url() + "/v1/completions"
 
 
 def _traceparent(seed: int) -> tuple[str, str, str]:

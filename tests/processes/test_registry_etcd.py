@@ -206,7 +206,7 @@ def test_two_routers_switching_one_instance_one_wins_and_both_see_it(cluster, et
         processes.configs.process.cluster_secret,
     )  # fmt: skip
     extra.append(second)
-    first_url = processes.child("router").announcements[-1].rsplit(" on ", 1)[1]
+    first_url = processes.http_url()
     urls = [first_url, second.http_url]
     assert roles_seen(urls[1]) == roles_seen(urls[0])  # the second router found every instance
 

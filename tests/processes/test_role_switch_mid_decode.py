@@ -38,7 +38,7 @@ def cluster(loop_thread):
     )
     loop_thread.run(processes.start(), timeout=180)
     client = loop_thread.run(processes.client())
-    url = processes.child("router").announcements[-1].rsplit(" on ", 1)[1]
+    url = processes.http_url()
     yield url, client
     loop_thread.run(client.close())
     loop_thread.run(processes.stop())
