@@ -5,6 +5,7 @@ events and bytes it receives, until closed."""
 from __future__ import annotations
 
 import http.client
+import socket
 import threading
 import urllib.parse
 
@@ -46,7 +47,7 @@ class SseViewer:
         sock = self._conn.sock
         if sock is not None:
             try:
-                sock.shutdown(2)
+                sock.shutdown(socket.SHUT_RDWR)  # ends the reader's blocking read
             except OSError:
                 pass
         self._thread.join(READ_TIMEOUT_S)  # the reader sees the end of the stream, then the socket goes
