@@ -87,6 +87,10 @@ EXPERIMENTS = {
         "benchmarks.dashboard.dashboard_bench",
         "the Grafana dashboard's panels over a live cluster, scraped by a real Prometheus, drawn as a grid",
     ),
+    "viewers": (
+        "benchmarks.viewers.viewers_bench",
+        "what dashboard viewers cost the router: CPU, and TTFT/ITL at slo's load",
+    ),
 }
 
 
