@@ -18,7 +18,8 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.models.model_config import ModelConfig
 from minipd.tracing.traceparent import TRACEPARENT_CHARS, TRACEPARENT_PATTERN
 
-PROTOCOL_VERSION = 3  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs
+PROTOCOL_VERSION = 4  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs;
+# 4: SetLinkCap, traceparent on work messages, KVLanded.adopt_s, Stats step and refusal counts
 # TokenOutput.failure_kind, and CallError.kind, of requests that failed for these reasons:
 FAILURE_KV_LOAD = "kv_load"  # the KV did not arrive in the reservation (no fault of the decode instance)
 FAILURE_SHUTDOWN = "shutdown"  # the instance is shutting down and took nothing new
