@@ -21,9 +21,10 @@ from minipd.engine import kernel_caches
 
 SUPPORT = Path(__file__).resolve().parents[1] / "support"
 NUM_REQUESTS, NUM_LENGTHS = 500, 200
-# With the caches bounded, `small` grew ~70 MB over 200 lengths (its first kernels, allocator
-# arenas); with torch's defaults ~500 MB.
-MAX_GROWTH_MB = 150.0
+# With the caches bounded, `small` grew ~70 MB over 200 lengths on one machine and 153-156 MB on
+# another (its first kernels, allocator arenas; the same on code a month apart, so the machine's,
+# not a leak); with torch's defaults ~500-540 MB.
+MAX_GROWTH_MB = 200.0
 TORCH_DEFAULT_CAPACITY = "1024"
 RUN_TIMEOUT_S = 300
 
