@@ -23,6 +23,7 @@ good. The winner depends on the SLO: both sides are reported.
 from __future__ import annotations
 
 import argparse
+from typing import Callable, NamedTuple
 
 from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import Deployment, ServerOptions, start_colocated, start_disaggregated
@@ -88,6 +89,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     options.add_slo_arguments(parser, "--ttft-slo", DEFAULT_TTFT_TIGHT, "the TTFT-tight SLO (default: %(default)s)")
 
 
+class SweepSetup(NamedTuple):
+    """What every sweep over `--rates` at this bench's load needs (the tracing and viewers
+    benches run the same load): its SLOs, prompts, client settings, the requests of run
+    `run_number` at a rate, and one server configuration that fits the longest of them."""
+
+    slos: dict
+    builder: object
+    config: object
+    specs_at: Callable[[float, int], list]
+    server: ServerOptions
+
+
+def sweep_setup(args: argparse.Namespace) -> SweepSetup:
+    slos = {"itl_tight": options.slo_from(args.itl_slo), "ttft_tight": options.slo_from(args.ttft_slo)}
+    builder = options.prompt_builder(args)
+
+    def specs_at(rate: float, run_number: int):
+        num = max(args.min_prompts, round(rate * args.duration_s))
+        return options.workload(args, options.arrivals(args, rate), num, builder, seed_offset=run_number)
+
+    # one server configuration for every run: the context fits the longest request of any rate
+    server = options.server_options(args, [s for i, r in enumerate(args.rates) for s in specs_at(r, i)])
+    return SweepSetup(slos, builder, options.runner_config(args), specs_at, server)
+
+
 def _start(mode: str, processes: Processes, server: ServerOptions, args: argparse.Namespace) -> Deployment:
     if mode == "colocated":
         return start_colocated(processes, server, args.num_colocated, args.colocated_launch)
@@ -97,16 +123,7 @@ def _start(mode: str, processes: Processes, server: ServerOptions, args: argpars
 def run(args: argparse.Namespace) -> dict:
     if args.quick:
         vars(args).update(QUICK)
-    slos = {"itl_tight": options.slo_from(args.itl_slo), "ttft_tight": options.slo_from(args.ttft_slo)}
-    builder = options.prompt_builder(args)
-    config = options.runner_config(args)
-
-    def specs_at(rate: float, run_number: int):
-        num = max(args.min_prompts, round(rate * args.duration_s))
-        return options.workload(args, options.arrivals(args, rate), num, builder, seed_offset=run_number)
-
-    # one server configuration for every run: the context fits the longest request of any rate
-    server = options.server_options(args, [s for i, r in enumerate(args.rates) for s in specs_at(r, i)])
+    slos, builder, config, specs_at, server = sweep_setup(args)
     result = {
         "model": args.model,
         "workload": args.dataset or args.workload,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import start_disaggregated
 from benchmarks.loadgen.measure import Measured, measure
 from benchmarks.loadgen.processes import Processes
@@ -32,15 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     if args.quick:
         vars(args).update(slo_bench.QUICK)
-    slos = {"itl_tight": options.slo_from(args.itl_slo), "ttft_tight": options.slo_from(args.ttft_slo)}
-    builder = options.prompt_builder(args)
-    config = options.runner_config(args)
-
-    def specs_at(rate: float, run_number: int):
-        num = max(args.min_prompts, round(rate * args.duration_s))
-        return options.workload(args, options.arrivals(args, rate), num, builder, seed_offset=run_number)
-
-    server = options.server_options(args, [s for i, r in enumerate(args.rates) for s in specs_at(r, i)])
+    slos, builder, config, specs_at, server = slo_bench.sweep_setup(args)
     sink = SpanSink()
     try:
         with Processes() as processes:

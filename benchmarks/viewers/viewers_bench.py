@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 
-from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import start_disaggregated
 from benchmarks.loadgen.measure import Measured, measure
 from benchmarks.loadgen.plotting import save, subplots
@@ -49,15 +48,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _latency(args: argparse.Namespace) -> dict:
-    slos = {"itl_tight": options.slo_from(args.itl_slo), "ttft_tight": options.slo_from(args.ttft_slo)}
-    builder = options.prompt_builder(args)
-    config = options.runner_config(args)
-
-    def specs_at(rate: float, run_number: int):
-        num = max(args.min_prompts, round(rate * args.duration_s))
-        return options.workload(args, options.arrivals(args, rate), num, builder, seed_offset=run_number)
-
-    server = options.server_options(args, [s for i, r in enumerate(args.rates) for s in specs_at(r, i)])
+    slos, builder, config, specs_at, server = slo_bench.sweep_setup(args)
     snapshots: list[int] = []
     with Processes() as processes:
         deployment = start_disaggregated(processes, server, args.num_prefill, args.num_decode)
