@@ -129,10 +129,10 @@ class RayPoolScaling:
         _say(f"adding {name} (the ratio controller wants another {role.value} instance)")
         child = await self.cluster.add_instance(name, role)
         host, port = child.address
-        _say(f"added {name} (pid {child.process.pid}) at {host}:{port}")
-        for line in self.cluster.ready_lines():
+        for line in self.cluster.ready_lines():  # where Ray placed it, before it is said to be added
             if line.startswith(f"ray: {name} "):
                 print(line, flush=True)
+        _say(f"added {name} (pid {child.process.pid}) at {host}:{port}")
         return name, f"{host}:{port}"
 
     async def remove(self, name: str) -> None:
