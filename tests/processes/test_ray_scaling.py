@@ -51,7 +51,8 @@ class Load:
     def _client(self, index: int) -> None:
         n = 0
         while not self._stop.is_set():
-            body = {"prompt": f"client {index} request {n}: the pool grows", "max_tokens": MAX_TOKENS, "ignore_eos": True}
+            prompt = f"client {index} request {n}: the pool grows"
+            body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True}
             try:
                 result = http_json("POST", f"{self.base_url}/v1/completions", body)
                 outcome = (result.status, result.body.get("usage", {}).get("completion_tokens"))
@@ -121,7 +122,8 @@ def test_a_load_adds_a_decode_instance_and_idle_removes_it_losing_no_request():
         assert (event["action"], event["role"], event["instance"], event["state"]) == (
             "add", "decode", "decode-1", "added",
         ), view  # fmt: skip
-        assert sample(scrape(cluster.base_url), "minipd_controller_scale_events_total", action="add", role="decode") == 1
+        samples = scrape(cluster.base_url)
+        assert sample(samples, "minipd_controller_scale_events_total", action="add", role="decode") == 1
         # the pool at its maximum: the controller asks for no third one while the load goes on
         load.wait_for(len(load.results) + AFTER_ADD_REQUESTS, ADD_BOUND_S)
         load.stop()
@@ -152,7 +154,7 @@ def test_a_load_adds_a_decode_instance_and_idle_removes_it_losing_no_request():
         # the smaller pool serves, and the router never loaded Ray
         after = http_json("POST", f"{cluster.base_url}/v1/completions", {"prompt": "after", "max_tokens": 4})
         assert after.status == 200, after
-        assert not maps_ray(router_pid)
+        assert maps_ray(cluster.process.pid) and not maps_ray(router_pid)  # the launcher has, the router has not
 
         cluster.process.send_signal(signal.SIGTERM)
         assert cluster.exit_status(STARTUP_TIMEOUT_S) == 0, cluster.output()
