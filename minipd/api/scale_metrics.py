@@ -38,7 +38,7 @@ class ScaleCollector(Collector):
             family = CounterMetricFamily(name, text, labels=["action", "role"])
             for action in ACTIONS:
                 for role in SCALED_ROLES:
-                    family.add_metric([action, role.value], counts[action, role.value])
+                    family.add_metric([action, role], counts[action, role])
             yield family
         yield GaugeMetricFamily(
             "minipd_controller_scale_in_flight", "1 while the pool scaler adds or removes an instance",
@@ -52,8 +52,8 @@ class ScaleCollector(Collector):
             "minipd_pool_bounds", "The smallest and largest size of each scaled pool", labels=["role", "bound"]
         )
         for role in SCALED_ROLES:
-            bounds.add_metric([role.value, "min"], scaler.config.bounds.min(role))
-            bounds.add_metric([role.value, "max"], scaler.config.bounds.max(role))
+            bounds.add_metric([role, "min"], scaler.config.bounds.min(role))
+            bounds.add_metric([role, "max"], scaler.config.bounds.max(role))
         yield bounds
 
 

@@ -26,22 +26,20 @@ import asyncio
 import logging
 import socket
 import sys
-from typing import TYPE_CHECKING
 
 from ray._private import state as ray_state  # per-node available resources (a developer API)
 
 from minipd.control.role import Role
-from minipd.policy.pool_scaling import SCALED_ROLES, ScalingConfig
+from minipd.policy.pool_scaling import ScalingConfig
 from minipd.router.scale_link import MAX_LINE_BYTES, ScaleCall, ScaleReply, read_call, write_reply
-
-if TYPE_CHECKING:
-    from minipd.entrypoints.ray_cluster import RayCluster
 
 log = logging.getLogger(__name__)
 
+SCALED_ROLES = (Role.PREFILL, Role.DECODE)
+
 
 class RayPoolScaling:
-    def __init__(self, cluster: RayCluster, config: ScalingConfig):
+    def __init__(self, cluster, config: ScalingConfig):  # cluster: the RayCluster it scales
         self.cluster, self.config = cluster, config
         self._serving: set[asyncio.Task] = set()
 
@@ -115,7 +113,7 @@ class RayPoolScaling:
     def room(self, role: Role) -> bool:
         """Whether one more instance of `role` is within its bounds and fits on a node now."""
         name = self._free_slot(role)
-        if name is None or len(self._running(role)) >= self.config.bounds.max(role):
+        if name is None or len(self._running(role)) >= self.config.bounds.max(role.value):
             return False
         wanted = self.cluster._resources(name, role)
         nodes = ray_state.available_resources_per_node().values()
@@ -124,8 +122,9 @@ class RayPoolScaling:
     async def add(self, role: Role) -> tuple[str, str]:
         """Start one more instance of `role` in its first free slot; (its name, HOST:PORT)."""
         name = self._free_slot(role)
-        if name is None or len(self._running(role)) >= self.config.bounds.max(role):
-            raise RuntimeError(f"role: the {role.value} pool is at its maximum ({self.config.bounds.max(role)})")
+        most = self.config.bounds.max(role.value)
+        if name is None or len(self._running(role)) >= most:
+            raise RuntimeError(f"role: the {role.value} pool is at its maximum ({most})")
         _say(f"adding {name} (the ratio controller wants another {role.value} instance)")
         child = await self.cluster.add_instance(name, role)
         host, port = child.address

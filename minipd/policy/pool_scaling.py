@@ -30,10 +30,10 @@ from typing import NamedTuple
 
 import msgspec
 
-from minipd.control.role import Role
 from minipd.policy.ratio_controller import CAUSE_DECODE_AT_MIN, CAUSE_TTFT_AT_MIN, Decision, Move
 
-SCALED_ROLES = (Role.PREFILL, Role.DECODE)
+PREFILL, DECODE = "prefill", "decode"  # the scaled roles (colocated instances are never scaled)
+SCALED_ROLES = (PREFILL, DECODE)
 
 
 class ScaleAction(enum.Enum):
@@ -46,7 +46,7 @@ class ScaleAction(enum.Enum):
 class ScaleDecision(NamedTuple):
     time_s: float
     action: ScaleAction
-    role: Role | None  # the pool added to, removed from, or switched into
+    role: str | None  # the pool added to, removed from, or switched into
     reason: str
 
 
@@ -66,11 +66,11 @@ class PoolBounds(msgspec.Struct, frozen=True, kw_only=True):
             if high < low:
                 raise ValueError(f"max_{role}: must be >= min_{role} ({low}), got {high}")
 
-    def min(self, role: Role) -> int:
-        return self.min_prefill if role is Role.PREFILL else self.min_decode
+    def min(self, role: str) -> int:
+        return self.min_prefill if role == PREFILL else self.min_decode
 
-    def max(self, role: Role) -> int:
-        return self.max_prefill if role is Role.PREFILL else self.max_decode
+    def max(self, role: str) -> int:
+        return self.max_prefill if role == PREFILL else self.max_decode
 
     @property
     def scales(self) -> bool:
@@ -90,17 +90,17 @@ class ScalingConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"scale_cooldown_s: must be >= 0, got {self.cooldown_s}")
 
 
-def wanted(decision: Decision) -> tuple[Role | None, bool]:
+def wanted(decision: Decision) -> tuple[str | None, bool]:
     """(the role the ratio controller wants another instance of, whether it may switch one
     into it); (None, False) when it wants none."""
     if decision.move is Move.TO_PREFILL:
-        return Role.PREFILL, True
+        return PREFILL, True
     if decision.move is Move.TO_DECODE:
-        return Role.DECODE, True
+        return DECODE, True
     if decision.cause == CAUSE_TTFT_AT_MIN:
-        return Role.PREFILL, False
+        return PREFILL, False
     if decision.cause == CAUSE_DECODE_AT_MIN:
-        return Role.DECODE, False
+        return DECODE, False
     return None, False
 
 
@@ -108,16 +108,16 @@ class PoolScaler:
     def __init__(self, config: ScalingConfig):
         self.config = config
         self._last_event_s: float | None = None
-        self._idle_since: dict[Role, float | None] = dict.fromkeys(SCALED_ROLES)
+        self._idle_since: dict[str, float | None] = dict.fromkeys(SCALED_ROLES)
 
     def _cooling(self, now: float) -> bool:
         return self._last_event_s is not None and now - self._last_event_s < self.config.cooldown_s
 
-    def _event(self, now: float, action: ScaleAction, role: Role, reason: str) -> ScaleDecision:
+    def _event(self, now: float, action: ScaleAction, role: str, reason: str) -> ScaleDecision:
         self._last_event_s = now
         return ScaleDecision(now, action, role, reason)
 
-    def done(self, now: float, role: Role) -> None:
+    def done(self, now: float, role: str) -> None:
         """A scale event of `role`'s pool finished (an added instance serves, a removed one is
         gone): the cool-down starts again from here, and an idle pool counts as idle from here
         (an instance that took long to start gets a whole window)."""
@@ -125,7 +125,7 @@ class PoolScaler:
         if self._idle_since[role] is not None:
             self._idle_since[role] = now
 
-    def observe(self, now: float, busy: Mapping[Role, bool]) -> None:
+    def observe(self, now: float, busy: Mapping[str, bool]) -> None:
         """Whether each pool has a request on any of its instances now."""
         for role in SCALED_ROLES:
             if busy.get(role, False):
@@ -133,36 +133,34 @@ class PoolScaler:
             elif self._idle_since[role] is None:
                 self._idle_since[role] = now
 
-    def idle_s(self, now: float, role: Role) -> float:
+    def idle_s(self, now: float, role: str) -> float:
         """How long `role`'s pool has been idle (0 when busy)."""
         since = self._idle_since[role]
         return 0.0 if since is None else now - since
 
-    def grow(
-        self, now: float, role: Role, switch_allowed: bool, sizes: Mapping[Role, int], room: bool
-    ) -> ScaleDecision:
+    def grow(self, now: float, role: str, switch_allowed: bool, sizes: Mapping[str, int], room: bool) -> ScaleDecision:
         """`role` wants another instance: add one (`room`: the cluster can place one), switch
         one into it (`switch_allowed`), or hold. `sizes`: the instances of each pool now."""
         size, high = sizes[role], self.config.bounds.max(role)
         if size >= high:
-            return ScaleDecision(now, ScaleAction.HOLD, role, f"{role.value} pool at its maximum ({high})")
+            return ScaleDecision(now, ScaleAction.HOLD, role, f"{role} pool at its maximum ({high})")
         if self._cooling(now):
             return ScaleDecision(now, ScaleAction.HOLD, role, "cooling down after the last scale event")
         if room:
-            return self._event(now, ScaleAction.ADD, role, f"{role.value} wanted, room for one more ({size + 1})")
+            return self._event(now, ScaleAction.ADD, role, f"{role} wanted, room for one more ({size + 1})")
         if switch_allowed:
-            return ScaleDecision(now, ScaleAction.SWITCH, role, f"{role.value} wanted, no room for another instance")
+            return ScaleDecision(now, ScaleAction.SWITCH, role, f"{role} wanted, no room for another instance")
         return ScaleDecision(
-            now, ScaleAction.HOLD, role, f"{role.value} wanted, no room, and the other pool is at its minimum"
+            now, ScaleAction.HOLD, role, f"{role} wanted, no room, and the other pool is at its minimum"
         )
 
-    def shrink(self, now: float, sizes: Mapping[Role, int]) -> ScaleDecision:
+    def shrink(self, now: float, sizes: Mapping[str, int]) -> ScaleDecision:
         """Remove an instance of a pool idle past the window and above its minimum, or hold."""
         if self._cooling(now):
             return ScaleDecision(now, ScaleAction.HOLD, None, "cooling down after the last scale event")
-        for role in (Role.DECODE, Role.PREFILL):
+        for role in (DECODE, PREFILL):
             idle = self.idle_s(now, role)
             if idle >= self.config.idle_window_s and sizes[role] > self.config.bounds.min(role):
                 self._idle_since[role] = now  # the next removal waits a whole window more
-                return self._event(now, ScaleAction.REMOVE, role, f"{role.value} pool idle for {idle:.1f} s")
+                return self._event(now, ScaleAction.REMOVE, role, f"{role} pool idle for {idle:.1f} s")
         return ScaleDecision(now, ScaleAction.HOLD, None, "no pool idle past the window above its minimum")

@@ -28,18 +28,17 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import msgspec
 
 from minipd.control.role import Role
-from minipd.policy.pool_scaling import SCALED_ROLES, PoolScaler, ScaleAction, ScaleDecision, ScalingConfig, wanted
-from minipd.policy.ratio_controller import Decision
+from minipd.policy.pool_scaling import PoolScaler, ScaleAction, ScaleDecision, ScalingConfig, wanted
+from minipd.policy.ratio_controller import Decision, RatioController
 from minipd.router.registry import InstanceHandle
 from minipd.router.scale_link import ScaleLink, ScaleLinkError
 
 if TYPE_CHECKING:
-    from minipd.router.live_controller import LiveRatioController
     from minipd.router.router import Router
 
 log = logging.getLogger(__name__)
@@ -47,6 +46,16 @@ log = logging.getLogger(__name__)
 DRAIN_POLL_S = 0.05  # how often a draining instance's routed requests are counted
 GONE_TIMEOUT_S = 60.0  # for a stopped instance's connection to close
 MAX_EVENTS_KEPT = 200
+SCALED_ROLES = (Role.PREFILL, Role.DECODE)
+
+
+class ScaledController(Protocol):
+    """What the scaler uses of the ratio controller it works for (live_controller.py)."""
+
+    policy: RatioController  # whose window restarts when a pool changed size
+
+    def carry_out(self, decision: Decision) -> None:
+        """Switch one instance as the move `decision` asks."""
 
 
 class ScaleEvent(msgspec.Struct, kw_only=True):
@@ -92,10 +101,14 @@ class LivePoolScaler:
 
     def _busy(self) -> dict[Role, bool]:
         alive = self.router.registry.alive()
-        return {role: any(h.num_inflight for h in alive if h.role is role) for role in SCALED_ROLES}
+        return {role.value: any(h.num_inflight for h in alive if h.role is role) for role in SCALED_ROLES}
+
+    def _sizes(self) -> dict[str, int]:
+        """`pool_sizes` as the policy counts them (by role name)."""
+        return {role.value: n for role, n in self.pool_sizes().items()}
 
     # ---- the controller's hook ---------------------------------------------------------
-    def step(self, controller: LiveRatioController, now: float, decision: Decision) -> bool:
+    def step(self, controller: ScaledController, now: float, decision: Decision) -> bool:
         """After each decision: observe the pools, and start a scale action if one is due.
         True when the scaler takes the decision over (the controller must not switch)."""
         self.policy.observe(now, self._busy())
@@ -103,7 +116,7 @@ class LivePoolScaler:
             return decision.move.moves
         role, switch_allowed = wanted(decision)
         if role is None:
-            shrink = self.policy.shrink(now, self.pool_sizes())
+            shrink = self.policy.shrink(now, self._sizes())
             if shrink.action is ScaleAction.REMOVE:
                 self._begin(self._remove(controller, shrink))
             return False
@@ -114,13 +127,13 @@ class LivePoolScaler:
         self._task = asyncio.get_running_loop().create_task(work)
 
     # ---- adding ------------------------------------------------------------------------
-    async def _grow(self, controller: LiveRatioController, decision: Decision, role: Role, switch_allowed: bool):
+    async def _grow(self, controller: ScaledController, decision: Decision, role: str, switch_allowed: bool):
         try:
             room = (await self.link.call("room")).room or {}
         except ScaleLinkError as exc:
             log.warning("pool scaler: could not ask the launcher for room: %s", exc)
             room = {}
-        choice = self.policy.grow(self.clock(), role, switch_allowed, self.pool_sizes(), room.get(role.value, False))
+        choice = self.policy.grow(self.clock(), role, switch_allowed, self._sizes(), room.get(role, False))
         if choice.action is ScaleAction.ADD:
             await self._add(controller, choice)
         elif choice.action is ScaleAction.SWITCH:
@@ -129,8 +142,8 @@ class LivePoolScaler:
             self.last_hold = choice
             log.info("pool scaler: holding: %s", choice.reason)
 
-    async def _add(self, controller: LiveRatioController, choice: ScaleDecision) -> None:
-        role = choice.role.value
+    async def _add(self, controller: ScaledController, choice: ScaleDecision) -> None:
+        role = choice.role
         event = self._event("add", role, choice.reason, "adding")
         log.warning("pool scaler: adding a %s instance (%s)", role, choice.reason)
         started = time.perf_counter()
@@ -159,9 +172,9 @@ class LivePoolScaler:
         others_decode = [h for h in self.router.registry.decode_candidates() if h is not handle]
         return handle if others_decode or not handle.role.serves_decode else None
 
-    async def _remove(self, controller: LiveRatioController, choice: ScaleDecision) -> None:
-        role = choice.role.value
-        handle = self._pick(choice.role)
+    async def _remove(self, controller: ScaledController, choice: ScaleDecision) -> None:
+        role = choice.role
+        handle = self._pick(Role(role))
         if handle is None:
             log.info("pool scaler: no %s instance may be removed now", role)
             return

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from minipd.control.role import Role
+from minipd.policy.pool_scaling import DECODE as D
+from minipd.policy.pool_scaling import PREFILL as P
 from minipd.policy.pool_scaling import PoolBounds, PoolScaler, ScaleAction, ScalingConfig, wanted
 from minipd.policy.ratio_controller import (
     CAUSE_COOLDOWN,
@@ -19,7 +20,6 @@ from minipd.policy.ratio_controller import (
     Move,
 )
 
-P, D = Role.PREFILL, Role.DECODE
 IDLE_S, COOLDOWN_S = 10.0, 5.0
 
 
@@ -28,7 +28,7 @@ def scaler(min_p=1, max_p=3, min_d=1, max_d=3, cooldown_s=COOLDOWN_S) -> PoolSca
     return PoolScaler(ScalingConfig(bounds=bounds, idle_window_s=IDLE_S, cooldown_s=cooldown_s))
 
 
-def sizes(prefill: int, decode: int) -> dict[Role, int]:
+def sizes(prefill: int, decode: int) -> dict[str, int]:
     return {P: prefill, D: decode}
 
 
