@@ -190,13 +190,14 @@ class LivePoolScaler:
                 self._failed(event, f"{name} did not drain within {self.drain_timeout_s:g} s; it serves on")
                 return
             event.state = "removing"
+            self.router.links.forget(handle.address)  # stopped for good: not redialed, its end no loss
             try:
                 await self.link.call("remove", instance=name)
             except ScaleLinkError as exc:
                 handle.draining = False
+                self.router.links.keep(handle.address)
                 self._failed(event, str(exc))
                 return
-            self.router.links.forget(handle.address)  # stopped for good: not redialed
             try:
                 await asyncio.wait_for(handle.channel.closed.wait(), GONE_TIMEOUT_S)
             except asyncio.TimeoutError:

@@ -135,6 +135,7 @@ def test_a_load_adds_a_decode_instance_and_idle_removes_it_losing_no_request():
         gone_pids = (actor_pid, instance_pid) if removed == "decode-1" else initial["decode-0"]
         assert wait_gone(list(gone_pids), GONE_BOUND_S) == [], cluster.output()
         cluster.wait_line("stderr", rf"pool scaler: removed {removed} \(decode\)", REMOVE_BOUND_S)
+        assert not [line for line in cluster.stderr if f"instance {removed} lost" in line]  # it left, as asked
 
         # no request lost, whether it ran before, during or after the add
         assert served >= AFTER_ADD_REQUESTS

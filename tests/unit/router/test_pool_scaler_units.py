@@ -62,7 +62,7 @@ async def started(room: bool, *handles):
     link = ScaleLink(reader, writer)
     assert (await link.call("hello")).config == CONFIG
     forgotten: list = []
-    router = SimpleNamespace(registry=registry, links=SimpleNamespace(forget=forgotten.append))
+    router = SimpleNamespace(registry=registry, links=SimpleNamespace(forget=forgotten.append, keep=forgotten.remove))
     changes: list[float] = []
     switched: list[Decision] = []
     controller = SimpleNamespace(policy=SimpleNamespace(note_pool_change=changes.append), carry_out=switched.append)
