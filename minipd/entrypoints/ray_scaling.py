@@ -9,10 +9,12 @@ instances (`decode-0` .. `decode-{max-1}`), whose CPU share is planned with the 
 starts inherits one end of a fresh socket pair; this module serves the other, one call at a
 time:
 - `hello`: the scaling config;
-- `room`: per role, whether its pool is below its maximum and an alive Ray node has the
-  resources one more instance of it asks for free now (`ray._private.state`'s per-node
-  available resources: what the GCS last heard, so it can lag a placement by a moment; a
-  placement that then finds no room fails the add within `PLACEMENT_TIMEOUT_S`, naming them);
+- `room`: per role, whether one more instance fits: the scaled instances stay within the
+  bounds' total (the router keeps each pool's own bounds: it sees the roles instances
+  switched to) and an alive Ray node has the resources one more instance of it asks for free
+  now (`ray._private.state`'s per-node available resources: what the GCS last heard, so it
+  can lag a placement by a moment; a placement that then finds no room fails the add within
+  `PLACEMENT_TIMEOUT_S`, naming them);
 - `add` `role`: the first free slot of the role is started as at launch (a Ray actor placed by
   its resources, its process, registered with the router) and supervised like the others;
 - `remove` `instance`: the instance leaves the supervised children, its process is stopped as
@@ -103,28 +105,42 @@ class RayPoolScaling:
             return ScaleReply(id=call.id, error=str(exc))
 
     # ---- the calls ---------------------------------------------------------------------------
-    def _running(self, role: Role) -> list[str]:
-        return [c.name for c in self.cluster.children if c.role is role]
+    # The router counts the pools by the roles its instances serve now (one may have switched
+    # since it started); the launcher knows only the role each started with. So the bounds per
+    # role are the router's to keep, and the launcher keeps their sum: it never runs more scaled
+    # instances than the largest prefill and decode pools together.
+    def _scaled(self) -> list[str]:
+        return [c.name for c in self.cluster.children if c.role in SCALED_ROLES]
 
-    def _free_slot(self, role: Role) -> str | None:
-        taken = set(self._running(role))
-        return next((name for name, r in self.slot_names() if r is role and name not in taken), None)
+    def _at_most(self) -> int:
+        return self.config.bounds.max_prefill + self.config.bounds.max_decode
+
+    def _free_slot(self, role: Role) -> str:
+        """The first slot of `role` no instance runs in; past the planned slots (instances that
+        switched roles hold theirs), a new one sharing the first slot's placement."""
+        taken = {c.name for c in self.cluster.children}
+        slots = [name for name, r in self.slot_names() if r is role]
+        free = next((name for name in slots if name not in taken), None)
+        if free is None:
+            free = next(f"{role.value}-{i}" for i in range(len(slots), len(slots) + len(taken) + 1)
+                        if f"{role.value}-{i}" not in taken)  # fmt: skip
+            self.cluster.placement[free] = self.cluster.placement[slots[0]]
+        return free
 
     def room(self, role: Role) -> bool:
-        """Whether one more instance of `role` is within its bounds and fits on a node now."""
-        name = self._free_slot(role)
-        if name is None or len(self._running(role)) >= self.config.bounds.max(role.value):
+        """Whether one more instance of `role` fits: below the scaled instances' total bound,
+        and an alive node has the resources it asks for free now."""
+        if len(self._scaled()) >= self._at_most():
             return False
-        wanted = self.cluster._resources(name, role)
+        wanted = self.cluster._resources(self._free_slot(role), role)
         nodes = ray_state.available_resources_per_node().values()
         return any(all(free.get(k, 0.0) >= v for k, v in wanted.items()) for free in nodes)
 
     async def add(self, role: Role) -> tuple[str, str]:
         """Start one more instance of `role` in its first free slot; (its name, HOST:PORT)."""
+        if len(self._scaled()) >= self._at_most():
+            raise RuntimeError(f"role: {self._at_most()} prefill and decode instances run, the most the bounds allow")
         name = self._free_slot(role)
-        most = self.config.bounds.max(role.value)
-        if name is None or len(self._running(role)) >= most:
-            raise RuntimeError(f"role: the {role.value} pool is at its maximum ({most})")
         _say(f"adding {name} (the ratio controller wants another {role.value} instance)")
         child = await self.cluster.add_instance(name, role)
         host, port = child.address
@@ -136,7 +152,7 @@ class RayPoolScaling:
 
     async def remove(self, name: str) -> None:
         """Stop instance `name` for good (the router drained it)."""
-        if name not in self._running(Role.PREFILL) + self._running(Role.DECODE):
+        if name not in self._scaled():
             raise ValueError(f"instance: no scaled instance {name!r} runs")
         _say(f"removing {name} (its pool was idle)")
         await self.cluster.remove_instance(name)

@@ -1,15 +1,19 @@
-"""Pool scaling on `minipd --role cluster --launcher ray`, as users run it, on the local Ray the
+"""Pool scaling on `minipd --role cluster --launcher ray`, as users run it. On the local Ray the
 launcher starts for the run: a load the decode pool cannot keep within its ITL objective makes
 the ratio controller add a decode instance (the cluster has room for one: the local Ray has the
 CPUs of every slot), and once the load is over and the pool idle past its window, it drains
-and removes one. No request is lost, the KV pools end full, the events are in the logs,
-/metrics and /admin/instances, and the router never loaded Ray. Every process is identified by
-the pids the launcher printed, never by name; every wait is bounded."""
+and removes one. On a Ray with no CPU to spare, the same load makes it switch a prefill
+instance instead, and the idle decode pool then gives one back. No request is lost, the KV
+pools end full, the events are in the logs, /metrics and /admin/instances, and the router never
+loaded Ray. Every process is identified by its pid, never by name; every wait is bounded."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 
@@ -17,16 +21,17 @@ import pytest
 from http_helpers import http_json, sample, scrape, wait_until_pools_full
 from launcher_process import STARTUP_TIMEOUT_S, Launcher, gone, wait_gone
 
-pytest.importorskip("ray")
+ray = pytest.importorskip("ray")
 
 # An ITL objective no token meets (1 ms) and a TTFT objective every one does: the ratio
-# controller wants decode; prefill is at its minimum, so only an added instance can help.
-SCALING = (
-    "--launcher", "ray", "--num-prefill", "1", "--num-decode", "1", "--transport", "tcp", "--shutdown-timeout-s", "2",
-    "--max-decode", "2", "--scale-idle-window-s", "3", "--scale-cooldown-s", "1",
+# controller wants decode.
+CONTROLLER = (
+    "--transport", "tcp", "--shutdown-timeout-s", "2", "--scale-idle-window-s", "3", "--scale-cooldown-s", "1",
     "--ratio-controller", "--controller-slo", "ttft:60000", "itl:1", "--controller-window-s", "2",
     "--controller-cooldown-s", "1", "--controller-interval-s", "0.25", "--controller-min-samples", "5",
 )  # fmt: skip
+# prefill at its minimum: only an added instance can help
+SCALING = ("--launcher", "ray", "--num-prefill", "1", "--num-decode", "1", "--max-decode", "2", *CONTROLLER)
 MAX_TOKENS = 24
 CLIENTS = 3
 ADD_BOUND_S = 240.0  # the controller's decision, then a process importing torch on a small, shared machine
@@ -169,3 +174,78 @@ def test_a_load_adds_a_decode_instance_and_idle_removes_it_losing_no_request():
         f"pool scaling on a local Ray: ready in {ready_s:.1f} s, decode-1 added {added_s - ready_s:.1f} s into the "
         f"load, {served} requests served, {removed} removed {removed_s - added_s:.1f} s after the add"
     )
+
+
+def _descendants() -> set[int]:
+    """The pids of this process's descendants (from /proc)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parents[int(entry)] = int(stat.read().rpartition(")")[2].split()[1])
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                pass
+    found, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.fixture
+def three_cpu_ray():
+    """A local Ray with CPUs for three one-CPU instances, and no more; its address."""
+    temp_dir = tempfile.mkdtemp(prefix="minipd-ray-scaling-")
+    before = _descendants()
+    context = ray.init(num_cpus=3, _temp_dir=temp_dir, namespace="minipd-scaling-tests")
+    ours = sorted(_descendants() - before)
+    try:
+        yield context.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+        left = wait_gone(ours, GONE_BOUND_S)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        assert left == [], f"processes of the test's Ray still running: {left}"
+
+
+def test_without_room_on_the_ray_cluster_the_controller_switches_then_idle_removes(three_cpu_ray):
+    cluster = Launcher(
+        "--launcher", "ray", "--ray-address", three_cpu_ray, "--num-prefill", "2", "--num-decode", "1",
+        "--min-prefill", "1", "--max-decode", "2", *CONTROLLER,
+    )  # fmt: skip
+    load = None
+    try:
+        cluster.ready()
+        load = Load(cluster.base_url)
+        # decode wanted, prefill above its minimum, no CPU free for a fourth instance: a switch
+        moved = cluster.wait_line("stderr", r"ratio controller: (prefill-\d) is a decode instance now", ADD_BOUND_S)[1]
+        load.wait_for(len(load.results) + AFTER_ADD_REQUESTS, ADD_BOUND_S)
+        load.stop()
+        view = admin_instances(cluster.base_url)
+        assert [(c["instance_id"], c["from_role"], c["to_role"]) for c in view["role_changes"]] == [
+            (moved, "prefill", "decode")
+        ], view
+        assert view["pools"] == {"prefill": 1, "decode": 2, "both": 0}, view
+        assert not [line for line in cluster.stderr if "adding" in line], cluster.output()
+
+        # the decode pool of two goes idle: one goes, the pools end at their minimums
+        removed = cluster.wait_line("stderr", r"^minipd cluster: removed ((?:prefill|decode)-\d)$", REMOVE_BOUND_S)[1]
+        cluster.wait_line("stderr", rf"pool scaler: removed {removed} \(decode\)", REMOVE_BOUND_S)
+        view = admin_instances(cluster.base_url)
+        assert view["pools"] == {"prefill": 1, "decode": 1, "both": 0}, view
+        assert [(e["action"], e["role"], e["state"]) for e in view["scale_events"]] == [
+            ("remove", "decode", "removed")
+        ], view
+        samples = wait_until_pools_full(cluster.base_url)
+        assert sample(samples, "minipd_controller_scale_events_total", action="add", role="decode") == 0
+        assert sample(samples, "minipd_controller_scale_events_total", action="remove", role="decode") == 1
+        served = len(load.results)
+        assert load.results == [(200, MAX_TOKENS)] * served, [r for r in load.results if r != (200, MAX_TOKENS)]
+
+        cluster.process.send_signal(signal.SIGTERM)
+        assert cluster.exit_status(STARTUP_TIMEOUT_S) == 0, cluster.output()
+    finally:
+        if load is not None:
+            load.stop()
+        cluster.stop()
