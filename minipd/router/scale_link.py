@@ -70,7 +70,10 @@ class ScaleLink:
         text = os.environ.pop(ENV_FD, None)  # not for this process's own children
         if text is None:
             return None
-        sock = socket.socket(fileno=int(text))
+        try:
+            sock = socket.socket(fileno=int(text))
+        except (ValueError, OSError) as exc:
+            raise ScaleLinkError(f"{ENV_FD}={text!r}: not a socket this process inherited: {exc}") from None
         reader, writer = await asyncio.open_unix_connection(sock=sock, limit=MAX_LINE_BYTES)
         return cls(reader, writer)
 
