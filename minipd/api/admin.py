@@ -83,21 +83,20 @@ class AdminRoutes:
     async def instances(self, request: web.Request) -> web.Response:
         handles = sorted(self.router.registry.alive(), key=lambda h: h.instance_id)
         removing = self.scaler.removing if self.scaler is not None else set()
-        body = {
-            "instances": [
-                {
-                    "instance": h.instance_id,
-                    "role": h.role.value,
-                    "epoch": h.epoch,
-                    "switching": h.draining and h.instance_id not in removing,
-                    "removing": h.instance_id in removing,
-                    "compute": h.welcome.compute,
-                }
-                for h in handles
-            ],
-            "role_changes": msgspec.to_builtins(self.router.role_changes),
-        }
+        instances = [
+            {
+                "instance": h.instance_id,
+                "role": h.role.value,
+                "epoch": h.epoch,
+                "switching": h.draining and h.instance_id not in removing,
+                "compute": h.welcome.compute,
+            }
+            for h in handles
+        ]
+        body = {"instances": instances, "role_changes": msgspec.to_builtins(self.router.role_changes)}
         if self.scaler is not None:
+            for entry in instances:
+                entry["removing"] = entry["instance"] in removing
             body["pools"] = {role.value: n for role, n in self.scaler.pool_sizes().items()}
             body["pool_bounds"] = msgspec.to_builtins(self.scaler.config.bounds)
             body["scale_events"] = msgspec.to_builtins(self.scaler.events)
