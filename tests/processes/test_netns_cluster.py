@@ -26,9 +26,9 @@ from disagg_helpers import CONFIG, LOCAL_PREFILL_MAX_TOKENS, assert_same_tokens,
 from etcd_server import needs_etcd, wait_until
 from netns_cluster import INSTANCES, PREFIX, ROUTERS, TTL_S, NetnsCluster, since
 from netns_hosts import NetnsHosts, unavailable_reason
-from role_switch_helpers import complete_all, load_prompts
+from role_switch_helpers import assert_all_served, complete_all, load_prompts
 
-from minipd.engine.request import INSTANCE_LOST
+from minipd.registry.election import DEPOSED_AFTER
 from minipd.transports.backends import available_transports
 
 REASON = unavailable_reason()
@@ -43,6 +43,7 @@ CONCURRENCY = 6
 DROP_BOUND_S = TTL_S + 3.0  # the lease's TTL, etcd's expiry sweep, the watch (the CI machine is slow)
 REJOIN_BOUND_S = 20.0
 SETTLE_S = 30.0
+ETCD_OUTAGE_S = 10.0
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +66,33 @@ def prompts():
 
 
 @pytest.fixture(scope="module")
-def expected(prompts, make_engine, loop_thread):
-    """The colocated engine's greedy tokens for each prompt."""
-    colocated = make_engine(**msgspec.structs.asdict(CONFIG))
+def colocated(make_engine):
+    return make_engine(**msgspec.structs.asdict(CONFIG))
+
+
+@pytest.fixture(scope="module")
+def expected(prompts, colocated, loop_thread):
+    """The colocated engine's greedy tokens for each prompt of the load."""
     return [c.token_ids for c in loop_thread.run(complete_all(colocated, prompts, [OUTPUT] * len(prompts)), 120)]
+
+
+def fresh_requests_use(cluster: NetnsCluster, colocated, loop_thread, seed: int) -> set[str]:
+    """Prompts no pool has seen, through each router, served token for token like colocated
+    ones: the instances they went to. (The load's prompts are cached where they ran before:
+    cache-aware picking keeps them on those prefill instances, and a decode instance that
+    holds a prompt's blocks prefills it itself, so only new prompts show where work goes.)"""
+    used = set()
+    for i, router in enumerate(ROUTERS):
+        prompts = load_prompts(seed=seed + i, num=2 * CONCURRENCY, min_len=40, max_len=300)
+        expected = loop_thread.run(complete_all(colocated, prompts, [OUTPUT] * len(prompts)), 120)
+        actual = cluster.client.run(complete_all(cluster.clients[router], prompts, [OUTPUT] * len(prompts)), 120)
+        assert_all_served(expected, actual, [OUTPUT] * len(prompts))
+        used |= {
+            name
+            for a in actual
+            for name in (a.outputs[-1].transfer.prefill_instance, a.outputs[-1].transfer.decode_instance)
+        }
+    return used
 
 
 def figure(record_property, name: str, seconds: float) -> None:
@@ -179,3 +203,176 @@ def test_two_routers_switching_one_instance_one_wins_the_other_gets_409(cluster,
         )
     figure(record_property, "contested switch answered", answers[winner][1]["total_s"])
     assert_pools_full(cluster)
+
+
+def test_a_decode_host_killed_under_load(cluster, prompts, expected, colocated, loop_thread, record_property):
+    whole(cluster)
+    running = Running(cluster, prompts)
+    killed_at = time.monotonic()
+    killed = cluster.kill_host("decode-a")
+    for router in ROUTERS:
+        wait_until(lambda r=router: "decode-a" not in cluster.seen(r), DROP_BOUND_S, f"{router} dropped decode-a")
+    detect_s = since(killed_at)
+    running.progress(2 * CONCURRENCY, since_t=time.monotonic(), what="served by decode-b alone")
+    restarted = cluster.start("decode-a")
+    for router in ROUTERS:
+        wait_until(lambda r=router: "decode-a" in cluster.seen(r), REJOIN_BOUND_S, f"{router} took decode-a back")
+    rejoin_s = since(restarted.ready_at)
+    assert "decode-a" in fresh_requests_use(cluster, colocated, loop_thread, seed=300)
+    counts = check(running.finish(), expected, OUTPUT, lost={"decode-a"})
+    print(f"decode host killed ({len(killed)} processes): {counts}")
+    assert counts["completed"] > 3 * CONCURRENCY and counts["connection lost"] == 0, counts
+    assert detect_s <= DROP_BOUND_S
+    figure(record_property, "killed decode host dropped by both routers", detect_s)
+    figure(record_property, "restarted decode instance used, after its READY", rejoin_s)
+    figure(
+        record_property, "restarted decode instance READY, after its start", restarted.ready_at - restarted.started_at
+    )
+    assert_pools_full(cluster)
+
+
+def test_a_router_host_killed_under_load(cluster, prompts, expected, record_property):
+    whole(cluster)
+    running = Running(cluster, prompts)
+    cluster.kill_host("router-b")
+    running.progress(2 * CONCURRENCY, since_t=time.monotonic(), what="served through router-a alone")
+    outcomes = running.finish()
+    stopped_at = time.monotonic()
+    assert_pools_full(cluster, routers=["router-a"])  # the instances dropped router-b's work
+    settle_s = since(stopped_at)
+    counts = check(outcomes, expected, OUTPUT)
+    assert all(o.error is None for o in outcomes if o.router == "router-a"), counts
+    assert counts["completed"] > 2 * CONCURRENCY, counts
+    restarted = cluster.start("router-b")  # READY once connected to every instance in etcd
+    assert set(cluster.seen("router-b")) == set(INSTANCES)
+    again = Running(cluster, prompts, routers=["router-b"])
+    check(again.finish(), expected, OUTPUT)
+    print(f"router host killed: {counts}")
+    figure(record_property, "pools full (router-b's work dropped), after the load stopped", settle_s)
+    figure(
+        record_property,
+        "restarted router READY (every instance connected), after its start",
+        restarted.ready_at - restarted.started_at,
+    )
+    assert_pools_full(cluster)
+
+
+def test_a_prefill_host_cut_off_longer_than_its_lease_is_dropped_and_rejoins_by_itself(
+    cluster, prompts, expected, colocated, loop_thread, record_property
+):
+    whole(cluster)
+    running = Running(cluster, prompts)
+    cut_at = time.monotonic()
+    cluster.hosts.partition("prefill-a")
+    try:
+        for router in ROUTERS:
+            wait_until(lambda r=router: "prefill-a" not in cluster.seen(r), DROP_BOUND_S, f"{router} dropped prefill-a")
+        detect_s = since(cut_at)
+        running.progress(2 * CONCURRENCY, since_t=time.monotonic(), what="served with prefill-b alone")
+        # cut off for longer than its lease in any case, whenever its last refresh was
+        wait_until(lambda: since(cut_at) > TTL_S + 1.0, TTL_S + 2.0, "the partition outlasted the lease")
+    finally:
+        cluster.hosts.heal("prefill-a")
+    healed_at = time.monotonic()
+    for router in ROUTERS:
+        wait_until(lambda r=router: "prefill-a" in cluster.seen(r), REJOIN_BOUND_S, f"{router} took prefill-a back")
+    rejoin_s = since(healed_at)
+    assert "prefill-a" in fresh_requests_use(cluster, colocated, loop_thread, seed=500)
+    counts = check(running.finish(), expected, OUTPUT, lost={"prefill-a"})
+    print(f"prefill host cut off for {healed_at - cut_at:.1f} s: {counts}")
+    assert counts["completed"] > 3 * CONCURRENCY and counts["connection lost"] == 0, counts
+    figure(record_property, "cut-off prefill host dropped by both routers", detect_s)
+    figure(record_property, "healed prefill host back in both routers", rejoin_s)
+    assert_pools_full(cluster)
+
+
+def test_serving_goes_on_while_etcd_is_down_and_changes_meanwhile_are_picked_up(
+    cluster, prompts, expected, colocated, loop_thread, record_property
+):
+    whole(cluster)
+    running = Running(cluster, prompts)
+    stopped_at = time.monotonic()
+    cluster.etcd.stop()
+    try:
+        running.progress(2 * CONCURRENCY, since_t=time.monotonic(), what="serving without etcd")
+        cluster.kill_host("decode-b")  # a departure while etcd is down: its connections close
+        for router in ROUTERS:
+            wait_until(lambda r=router: "decode-b" not in cluster.seen(r), DROP_BOUND_S, f"{router} dropped decode-b")
+        restarted = cluster.start("decode-b", wait=False)  # a join while etcd is down: it waits for etcd
+        running.progress(2 * CONCURRENCY, since_t=time.monotonic(), what="serving without etcd or decode-b")
+        # no lease can be refreshed: the leader steps down before its lease could expire
+        wait_until(lambda: not any(cluster.leader(r) for r in ROUTERS), TTL_S * DEPOSED_AFTER + 2.0, "no leader")
+        deposed_s = since(stopped_at)
+        wait_until(lambda: since(stopped_at) >= ETCD_OUTAGE_S, ETCD_OUTAGE_S + 5.0, "etcd down for its outage")
+        assert "decode-b" not in cluster.seen("router-a")
+    finally:
+        cluster.etcd.start()  # returns once etcd answers
+    back_at = time.monotonic()
+    outage_s = back_at - stopped_at
+    cluster.wait_ready("decode-b")
+    for router in ROUTERS:
+        wait_until(lambda r=router: "decode-b" in cluster.seen(r), REJOIN_BOUND_S, f"{router} found decode-b")
+    join_s = since(back_at)
+    wait_until(lambda: sum(cluster.leader(r) for r in ROUTERS) == 1, REJOIN_BOUND_S, "a controller elected again")
+    elect_s = since(back_at)
+    assert "decode-b" in fresh_requests_use(cluster, colocated, loop_thread, seed=700)
+    outcomes = running.finish()
+    counts = check(outcomes, expected, OUTPUT, lost={"decode-b"})
+    print(f"etcd down for {outage_s:.1f} s: {counts}")
+    during = [o for o in outcomes if stopped_at <= o.started and o.ended <= back_at]
+    assert len(during) >= 4 * CONCURRENCY and all(o.error is None or "decode-b" in o.error for o in during)
+    assert restarted.ready_at > back_at  # it could not publish itself before
+    figure(record_property, "leader stepped down, after etcd stopped", deposed_s)
+    figure(record_property, "instance started during the etcd outage used, after etcd returned", join_s)
+    figure(record_property, "controller elected again, after etcd returned", elect_s)
+    assert_pools_full(cluster)
+
+
+def test_the_leader_router_killed_mid_switch_the_controller_moves_and_the_switch_completes_or_changes_nothing(
+    cluster, prompts, expected, record_property
+):
+    whole(cluster)
+    (leader,) = wait_until(lambda: [r for r in ROUTERS if cluster.leader(r)], SETTLE_S, "a leader")
+    (follower,) = [r for r in ROUTERS if r != leader]
+    role, epoch, _ = cluster.seen(follower)["prefill-b"]
+    running = Running(cluster, prompts)
+    answer: list = []
+    switching = threading.Thread(
+        target=lambda: answer.append(_try_post(cluster, leader, {"instance": "prefill-b", "role": "decode"}))
+    )
+    switching.start()
+    # the claim is in etcd: every router holds prefill-b back from new work
+    wait_until(lambda: cluster.seen(follower)["prefill-b"][2], SETTLE_S, "the switch under way", interval=0.01)
+    killed_at = time.monotonic()
+    cluster.kill_host(leader)
+    wait_until(lambda: cluster.leader(follower), TTL_S + 5.0, f"{follower} elected")
+    takeover_s = since(killed_at)
+    wait_until(lambda: not cluster.seen(follower)["prefill-b"][2], TTL_S + 5.0, "the switch over, one way or the other")
+    settled_s = since(killed_at)
+    switching.join(30)
+    after = cluster.seen(follower)["prefill-b"]
+    assert after in {("decode", epoch + 1, False), (role, epoch, False)}, after  # done, or nothing changed
+    stats = {s.instance_id: s for s in cluster.stats(follower)}["prefill-b"]
+    assert (stats.role.value, stats.epoch, stats.switching) == after  # the instance agrees
+    assert cluster.etcd.keys(f"{PREFIX}/switches/") == []
+    # the survivor moves it freely: no claim left behind
+    target = "prefill" if after[0] == "decode" else "decode"
+    status, body = cluster.post(follower, "/admin/switch_role", {"instance": "prefill-b", "role": target})
+    assert status == 200, body
+    if target == "decode":  # back to two prefill and two decode instances
+        status, body = cluster.post(follower, "/admin/switch_role", {"instance": "prefill-b", "role": "prefill"})
+        assert status == 200, body
+    counts = check(running.finish(), expected, OUTPUT)
+    print(f"leader killed mid-switch ({'completed' if after[0] == 'decode' else 'nothing changed'}): {counts}")
+    assert counts["completed"] > CONCURRENCY, counts
+    figure(record_property, "controller taken over after the leader's host died", takeover_s)
+    figure(record_property, "switch in flight settled after the leader's host died", settled_s)
+    assert_pools_full(cluster, routers=[follower])
+
+
+def _try_post(cluster: NetnsCluster, router: str, body: dict):
+    """The switch's answer, or the error of a router that died before answering."""
+    try:
+        return cluster.post(router, "/admin/switch_role", body)
+    except Exception as exc:  # the connection reset by the router's death
+        return exc
