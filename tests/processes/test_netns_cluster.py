@@ -16,6 +16,7 @@ Detection and recovery times are printed (`-s`) and recorded as test properties.
 from __future__ import annotations
 
 import itertools
+import select
 import threading
 import time
 
@@ -39,6 +40,7 @@ pytestmark = [
 ]
 
 OUTPUT = 24
+LONG_OUTPUT = 300
 CONCURRENCY = 6
 DROP_BOUND_S = TTL_S + 3.0  # the lease's TTL, etcd's expiry sweep, the watch (the CI machine is slow)
 REJOIN_BOUND_S = 20.0
@@ -329,41 +331,56 @@ def test_serving_goes_on_while_etcd_is_down_and_changes_meanwhile_are_picked_up(
 
 
 def test_the_leader_router_killed_mid_switch_the_controller_moves_and_the_switch_completes_or_changes_nothing(
-    cluster, prompts, expected, record_property
+    cluster, prompts, expected, colocated, loop_thread, record_property
 ):
     whole(cluster)
     (leader,) = wait_until(lambda: [r for r in ROUTERS if cluster.leader(r)], SETTLE_S, "a leader")
     (follower,) = [r for r in ROUTERS if r != leader]
-    role, epoch, _ = cluster.seen(follower)["prefill-b"]
+    role, epoch, _ = cluster.seen(follower)["decode-b"]
     running = Running(cluster, prompts)
-    answer: list = []
-    switching = threading.Thread(
-        target=lambda: answer.append(_try_post(cluster, leader, {"instance": "prefill-b", "role": "decode"}))
+    # long streams on the decode instances: switching decode-b drains for seconds, not milliseconds
+    long_prompts = load_prompts(seed=900, num=4, min_len=40, max_len=100)
+    long_expected = loop_thread.run(complete_all(colocated, long_prompts, [LONG_OUTPUT] * 4), 120)
+    long_served = cluster.client.submit(complete_all(cluster.clients[follower], long_prompts, [LONG_OUTPUT] * 4))
+    wait_until(
+        lambda: {s.instance_id: s for s in cluster.stats(follower)}["decode-b"].num_running > 0,
+        SETTLE_S,
+        "decode-b streams",
     )
-    switching.start()
-    # the claim is in etcd: every router holds prefill-b back from new work
-    wait_until(lambda: cluster.seen(follower)["prefill-b"][2], SETTLE_S, "the switch under way", interval=0.01)
-    killed_at = time.monotonic()
-    cluster.kill_host(leader)
-    wait_until(lambda: cluster.leader(follower), TTL_S + 5.0, f"{follower} elected")
-    takeover_s = since(killed_at)
-    wait_until(lambda: not cluster.seen(follower)["prefill-b"][2], TTL_S + 5.0, "the switch over, one way or the other")
-    settled_s = since(killed_at)
+    claims = cluster.etcd.watch(f"{PREFIX}/switches/", cluster.etcd.revision() + 1)
+    try:
+        answer: list = []
+        switching = threading.Thread(
+            target=lambda: answer.append(_try_post(cluster, leader, {"instance": "decode-b", "role": "prefill"}))
+        )
+        switching.start()
+        # the leader's claim is in etcd: the switch is under way; its host dies at that moment
+        assert select.select([claims.stdout], [], [], SETTLE_S)[0], "no claim put"
+        assert claims.stdout.readline().strip() == "PUT"
+        killed_at = time.monotonic()
+        cluster.kill_host(leader)
+    finally:
+        claims.kill()
+        claims.wait(30)
     switching.join(30)
-    after = cluster.seen(follower)["prefill-b"]
-    assert after in {("decode", epoch + 1, False), (role, epoch, False)}, after  # done, or nothing changed
-    stats = {s.instance_id: s for s in cluster.stats(follower)}["prefill-b"]
+    (reply,) = answer
+    assert isinstance(reply, Exception), reply  # the leader died before answering: the switch was in flight
+    wait_until(lambda: cluster.leader(follower), DROP_BOUND_S, f"{follower} elected")
+    takeover_s = since(killed_at)
+    wait_until(lambda: not cluster.seen(follower)["decode-b"][2], SETTLE_S, "the switch over, one way or the other")
+    settled_s = since(killed_at)
+    after = cluster.seen(follower)["decode-b"]
+    assert after in {("prefill", epoch + 1, False), (role, epoch, False)}, after  # done, or nothing changed
+    stats = {s.instance_id: s for s in cluster.stats(follower)}["decode-b"]
     assert (stats.role.value, stats.epoch, stats.switching) == after  # the instance agrees
     assert cluster.etcd.keys(f"{PREFIX}/switches/") == []
-    # the survivor moves it freely: no claim left behind
-    target = "prefill" if after[0] == "decode" else "decode"
-    status, body = cluster.post(follower, "/admin/switch_role", {"instance": "prefill-b", "role": target})
-    assert status == 200, body
-    if target == "decode":  # back to two prefill and two decode instances
-        status, body = cluster.post(follower, "/admin/switch_role", {"instance": "prefill-b", "role": "prefill"})
+    assert_all_served(long_expected, long_served.result(120), [LONG_OUTPUT] * 4)  # the drain let them finish
+    # the survivor moves it freely (no claim left behind), back to two prefill and two decode
+    for target in ("prefill", "decode") if after[0] == "decode" else ("decode",):
+        status, body = cluster.post(follower, "/admin/switch_role", {"instance": "decode-b", "role": target})
         assert status == 200, body
     counts = check(running.finish(), expected, OUTPUT)
-    print(f"leader killed mid-switch ({'completed' if after[0] == 'decode' else 'nothing changed'}): {counts}")
+    print(f"leader killed mid-switch ({'completed' if after[0] == 'prefill' else 'nothing changed'}): {counts}")
     assert counts["completed"] > CONCURRENCY, counts
     figure(record_property, "controller taken over after the leader's host died", takeover_s)
     figure(record_property, "switch in flight settled after the leader's host died", settled_s)

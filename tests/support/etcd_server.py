@@ -5,6 +5,7 @@ ports and `prefix` (`hosts.exec_in(host)`): etcd and etcdctl then run in that na
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -88,6 +89,29 @@ class EtcdServer:
             check=check,
             input=stdin,
             timeout=20,
+        )
+
+    def revision(self) -> int:
+        """etcd's current revision."""
+        return json.loads(self.ctl("get", "/", "--write-out=json").stdout)["header"]["revision"]
+
+    def watch(self, prefix: str, start_revision: int) -> subprocess.Popen:
+        """`etcdctl watch` of `prefix` from `start_revision` on (so no event after it is missed
+        however late the watch is set up), its events on stdout, one line each (PUT, key, value)."""
+        return subprocess.Popen(
+            [
+                *self.prefix,
+                ETCDCTL,
+                f"--endpoints={self.endpoint}",
+                "watch",
+                "--prefix",
+                f"--rev={start_revision}",
+                prefix,
+            ],
+            env={**os.environ, "ETCDCTL_API": "3"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
 
     def keys(self, prefix: str) -> list[str]:
