@@ -191,7 +191,7 @@ def test_two_routers_switching_one_instance_one_wins_the_other_gets_409(cluster,
     assert sorted(status for status, _ in answers.values()) == [200, 409], answers
     (winner,) = [r for r, (status, _) in answers.items() if status == 200]
     loser_body = next(body for status, body in answers.values() if status == 409)
-    assert "decode-b" in loser_body["error"]["message"], loser_body
+    assert "decode-b" in loser_body["error"]["message"] and loser_body["error"]["param"] == "instance", loser_body
     for router in ROUTERS:
         wait_until(
             lambda r=router: cluster.seen(r)["decode-b"] == ("prefill", epoch + 1, False), 5.0, f"{router} sees it"
@@ -238,6 +238,7 @@ def test_a_router_host_killed_under_load(cluster, prompts, expected, record_prop
     running = Running(cluster, prompts)
     cluster.kill_host("router-b")
     running.progress(2 * CONCURRENCY, since_t=time.monotonic(), what="served through router-a alone")
+    assert cluster.get("router-a", "/health") == {"status": "ok"}  # what a load balancer checks
     outcomes = running.finish()
     stopped_at = time.monotonic()
     assert_pools_full(cluster, routers=["router-a"])  # the instances dropped router-b's work
@@ -247,6 +248,7 @@ def test_a_router_host_killed_under_load(cluster, prompts, expected, record_prop
     assert counts["completed"] > 2 * CONCURRENCY, counts
     restarted = cluster.start("router-b")  # READY once connected to every instance in etcd
     assert set(cluster.seen("router-b")) == set(INSTANCES)
+    assert cluster.get("router-b", "/health") == {"status": "ok"}
     again = Running(cluster, prompts, routers=["router-b"])
     check(again.finish(), expected, OUTPUT)
     print(f"router host killed: {counts}")
