@@ -339,16 +339,17 @@ def test_the_leader_router_killed_mid_switch_the_controller_moves_and_the_switch
     (leader,) = wait_until(lambda: [r for r in ROUTERS if cluster.leader(r)], SETTLE_S, "a leader")
     (follower,) = [r for r in ROUTERS if r != leader]
     role, epoch, _ = cluster.seen(follower)["decode-b"]
-    running = Running(cluster, prompts)
-    # long streams on the decode instances: switching decode-b drains for seconds, not milliseconds
+    # long streams first, while nothing else runs: the router spreads them over both decode
+    # instances, so switching decode-b drains for seconds, not milliseconds
     long_prompts = load_prompts(seed=900, num=4, min_len=40, max_len=100)
     long_expected = loop_thread.run(complete_all(colocated, long_prompts, [LONG_OUTPUT] * 4), 120)
     long_served = cluster.client.submit(complete_all(cluster.clients[follower], long_prompts, [LONG_OUTPUT] * 4))
     wait_until(
-        lambda: {s.instance_id: s for s in cluster.stats(follower)}["decode-b"].num_running > 0,
+        lambda: all(s.num_running > 0 for s in cluster.stats(follower) if s.role.value == "decode"),
         SETTLE_S,
-        "decode-b streams",
+        "long streams on both decode instances",
     )
+    running = Running(cluster, prompts)
     claims = cluster.etcd.watch(f"{PREFIX}/switches/", cluster.etcd.revision() + 1)
     try:
         answer: list = []
