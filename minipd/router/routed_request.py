@@ -15,6 +15,7 @@ from minipd.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from minipd.router.registry import InstanceHandle
+    from minipd.router.request_timeline import RequestTimeline, TryTimes
     from minipd.tracing.spans import Span
 
 
@@ -49,6 +50,12 @@ class RoutedRequest:
         # its spans (router/request_spans.py), None while it is not traced
         self.span: Span | None = None
         self.try_span: Span | None = None  # the current try's (or its recompute's): the instances' parent
+        self.timeline: RequestTimeline | None = None  # its stamps, while the router keeps timelines
+
+    @property
+    def times(self) -> TryTimes | None:
+        """The current try's stamps (None: no timeline kept, or past its tries' bound)."""
+        return None if self.timeline is None else self.timeline.current
 
     def decode_wait_so_far(self, now: float) -> float:
         """Time this request has spent waiting on decode: for KV room, or, prefilled on its
