@@ -11,9 +11,9 @@ import urllib.request
 import pytest
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
+from minipd.dashboard.request_window import RequestWindow
 from minipd.dashboard.routes import Dashboard
 from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
-from minipd.dashboard.request_window import RequestWindow
 from minipd.dashboard.timelines_route import timelines_extension
 from minipd.models.tokenizer import ByteTokenizer
 from minipd.router.request_timeline import RequestTimeline
