@@ -135,6 +135,16 @@ class Attempt:
     async def run(self) -> RequestOutput:
         """pick → local or disaggregated → reserve → prefill → decode, streaming the decode
         instance's tokens to the caller; returns the final output. Raises AttemptFailed."""
+        if self.routed.timeline is None:
+            return await self._run()
+        self.routed.timeline.begin_try()
+        try:
+            return await self._run()
+        except AttemptFailed as failure:
+            self.routed.timeline.try_failed(str(failure))
+            raise
+
+    async def _run(self) -> RequestOutput:
         registry, routed = self.registry, self.routed
         self.try_ids.begin(routed)
         decode = registry.pick_decode(exclude=self.excluded)

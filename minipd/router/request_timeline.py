@@ -25,9 +25,10 @@ write left and its last one completed, as the prefill instance saw it), and poin
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from minipd.control.messages import PrefillTimes
-from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.engine.request import FinishReason, RequestOutput, TransferInfo
 
 MAX_TRIES = 16  # tries timed per request (stale and busy refusals are tries too); later ones are counted
 MAX_DETAIL_CHARS = 300  # an error's text as a timeline keeps it
@@ -113,10 +114,18 @@ class RequestTimeline:
         "output",
         "outcome",
         "error",
+        "on_end",
     )
 
-    def __init__(self, request_id: str, arrival: float, prompt_tokens: int):
+    def __init__(
+        self,
+        request_id: str,
+        arrival: float,
+        prompt_tokens: int,
+        on_end: Callable[[RequestTimeline], None] | None = None,
+    ):
         self.request_id, self.arrival, self.prompt_tokens = request_id, arrival, prompt_tokens
+        self.on_end = on_end  # told once it ended (the store keeps it)
         self.arrival_wall = time.time() - (time.monotonic() - arrival)
         self.tries: list[TryTimes] = []
         self.num_tries = 0
@@ -127,12 +136,12 @@ class RequestTimeline:
         self.error: str | None = None
 
     # ---- recorded by the router -----------------------------------------------------------
-    def begin_try(self, number: int) -> TryTimes | None:
+    def begin_try(self) -> TryTimes | None:
         """A new try; None (nothing recorded for it) past MAX_TRIES."""
         self.num_tries += 1
         if len(self.tries) >= MAX_TRIES:
             return None
-        times = TryTimes(number, time.monotonic())
+        times = TryTimes(self.num_tries, time.monotonic())
         self.tries.append(times)
         return times
 
@@ -155,17 +164,17 @@ class RequestTimeline:
         if current is not None:
             current.landed_after_s, current.ordered_after_s, current.adopt_s = landed_after_s, ordered_after_s, adopt_s
 
-    def finish(self, output: RequestOutput) -> None:
-        """Ended with `output`, the final output an instance sent (a failed one is an `error`)."""
-        self.ended, self.output = time.monotonic(), output
-        self.outcome = "error" if output.error is not None else "finish"
-        self.error = _clip(output.error)
-
-    def fail(self, error: str | None) -> None:
-        """Ended at the router: aborted (`error` None) or failed."""
-        self.ended = time.monotonic()
-        self.outcome = "abort" if error is None else "error"
-        self.error = _clip(error)
+    def end(self, last: RequestOutput) -> None:
+        """Ended with `last`, its final output: an `error` when it says one, an `abort` when it
+        was aborted without one (the client left), else a `finish`; then `on_end` is told."""
+        self.ended, self.output = time.monotonic(), last
+        if last.error is not None:
+            self.outcome = "error"
+        else:
+            self.outcome = "abort" if last.finish_reason == FinishReason.ABORT.value else "finish"
+        self.error = _clip(last.error)
+        if self.on_end is not None:
+            self.on_end(self)
 
     # ---- what the dashboard shows ------------------------------------------------------------
     def as_dict(self) -> dict:
@@ -260,7 +269,7 @@ class RequestTimeline:
             "started_at": self.arrival_wall,
             "duration_ms": ms(ended),
             "outcome": self.outcome,
-            "finish_reason": output.finish_reason if output is not None else "abort",
+            "finish_reason": output.finish_reason if output is not None else None,
             "error": self.error,
             "prompt_tokens": self.prompt_tokens,
             "output_tokens": output.num_output_tokens if output is not None else 0,

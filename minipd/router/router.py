@@ -23,10 +23,7 @@ Aborts reach every instance the request touched. The KV never passes through the
 The router owns the tables that every path (routing, admission, liveness and eviction, role
 switches) reads and changes on one event loop: requests, their KV claims and try ids, and
 instances (registry.py, connected and watched by instance_links.py); and it dispatches the
-instances' messages to the requests they concern.
-
-While `timelines` is set (the dashboard sets it), every request's phases are stamped as it
-goes (request_timeline.py) and its timeline kept there when it ends."""
+instances' messages to the requests they concern."""
 
 from __future__ import annotations
 
@@ -62,7 +59,6 @@ from minipd.router.attempt import Attempt, AttemptFailed
 from minipd.router.instance_links import InstanceLinks
 from minipd.router.latency_observer import LatencyObserver
 from minipd.router.registry import InstanceHandle, InstanceRegistry
-from minipd.router.request_timeline import RequestTimeline
 from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport, switch_instance_role
 from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
@@ -104,7 +100,7 @@ class Router(GeneratesFromSubmit):
         self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
         self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (switch_claims.py)
         self.latency_observer: LatencyObserver | None = None  # told of every first token and token gap
-        self.timelines: TimelineStore | None = None  # where request timelines go (None: none kept)
+        self.timelines: TimelineStore | None = None  # set: every request's timeline is kept there (the dashboard's)
 
     # ---- instances --------------------------------------------------------------------
     async def add_instance(
@@ -228,13 +224,10 @@ class Router(GeneratesFromSubmit):
         claim = claim_blocks(len(token_ids), params.max_tokens, self.max_model_len, self.registry.block_size)
         self.kv_claims.admit(request_id, claim, self.kv_claim_limit())
         stream = RequestStream(request_id, self.abort)
-        routed = RoutedRequest(
-            request_id, token_ids, params, stream, self.config.layerwise if layerwise is None else layerwise
-        )
+        layerwise = self.config.layerwise if layerwise is None else layerwise
+        routed = RoutedRequest(request_id, token_ids, params, stream, layerwise, self.timelines)
         if tracer() is not None:
             routed.span = request_spans.start_request(routed, traceparent)
-        if self.timelines is not None:
-            routed.timeline = RequestTimeline(request_id, routed.arrival_s, len(token_ids))
         self._requests[request_id] = routed
         routed.task = asyncio.get_running_loop().create_task(self._route(routed))
         return stream
@@ -254,8 +247,6 @@ class Router(GeneratesFromSubmit):
                 self.registry, self.config, self.counters, self.try_ids, routed, excluded, self.latency_observer
             )
             try_span = routed.try_span = request_spans.start_try(routed.span, number) if routed.span else None
-            if routed.timeline is not None:
-                routed.timeline.begin_try(number)
             try:
                 output = await attempt.run()
                 request_spans.end_try(try_span, output)
@@ -271,8 +262,6 @@ class Router(GeneratesFromSubmit):
                 retry = failure.retry and failed < MAX_ATTEMPTS and not routed.first_token_sent
                 if try_span is not None:
                     request_spans.end_failed_try(try_span, failure.stale, retry, failure.blamed, str(failure))
-                if routed.timeline is not None:
-                    routed.timeline.try_failed(str(failure))
                 log.log(
                     logging.INFO if failure.stale or failure.busy else logging.WARNING,
                     "%s: attempt %d %s%s: %s%s",
@@ -308,9 +297,7 @@ class Router(GeneratesFromSubmit):
                     routed.outputs.put_nowait(message)
             case KVLanded(error=None):
                 if routed is not None:
-                    routed.record_landing(message.landed_at, message.adopt_s)
-                    if routed.timeline is not None:
-                        routed.timeline.kv_landed(message.landed_after_s, message.ordered_after_s, message.adopt_s)
+                    routed.record_landing(message)
             case KVLanded():
                 self.counters.transfer_failed(f"{message.request_id} on {channel.name}: {message.error}")
                 if routed is not None:
@@ -332,10 +319,7 @@ class Router(GeneratesFromSubmit):
         """End the request once with its final output from an instance."""
         if self._forget(routed):
             request_spans.end_request(routed.span, last)
-            if routed.timeline is not None and self.timelines is not None:
-                routed.timeline.finish(last)
-                self.timelines.add(routed.timeline)
-            routed.stream.put(last)
+            routed.end(last)
             self._finished.set()
 
     def _fail(self, routed: RoutedRequest, error: str | None, error_kind: str | None = None) -> None:
@@ -349,10 +333,7 @@ class Router(GeneratesFromSubmit):
             routed.task.cancel()
         last = RequestOutput.aborted(routed.request_id, error, len(routed.token_ids), error_kind)
         request_spans.end_request(routed.span, last, error or "aborted")
-        if routed.timeline is not None and self.timelines is not None:
-            routed.timeline.fail(error)
-            self.timelines.add(routed.timeline)
-        routed.stream.put(last)
+        routed.end(last)
 
     def _forget(self, routed: RoutedRequest) -> bool:
         """Drop a live request and its KV claim; False if it had ended already."""

@@ -1,6 +1,7 @@
 """The router's last request timelines (request_timeline.py), for the dashboard.
 
-The router adds a request's timeline when the request ends (finished, failed or aborted);
+The router starts a request's timeline here (`start`), and the timeline adds itself when the
+request ends (finished, failed or aborted);
 the store keeps the last `capacity` (oldest out first) and counts every one added
 (`version`), so a reader can tell whether anything changed. Turning them into dicts is done
 when they are read, not when a request ends, and once per version: a request pays for its
@@ -29,6 +30,10 @@ class TimelineStore:
 
     def __len__(self) -> int:
         return len(self._timelines)
+
+    def start(self, request_id: str, arrival: float, prompt_tokens: int) -> RequestTimeline:
+        """A new request's timeline, added here when it ends (`RequestTimeline.end`)."""
+        return RequestTimeline(request_id, arrival, prompt_tokens, self.add)
 
     def add(self, timeline: RequestTimeline) -> None:
         self._timelines.append(timeline)

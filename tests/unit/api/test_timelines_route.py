@@ -15,8 +15,8 @@ from minipd.dashboard.request_window import RequestWindow
 from minipd.dashboard.routes import Dashboard
 from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
 from minipd.dashboard.timelines_route import timelines_extension
+from minipd.engine.request import RequestOutput
 from minipd.models.tokenizer import ByteTokenizer
-from minipd.router.request_timeline import RequestTimeline
 from minipd.router.timeline_store import TimelineStore
 
 KEY = "timelines-unit-key-0123456789"
@@ -75,9 +75,7 @@ def get(url: str, key: str | None = None) -> tuple[int, bytes]:
 def test_timelines_need_the_key_and_come_newest_first(front):
     store = TimelineStore(capacity=2)
     for request_id in ("a", "b", "c"):
-        timeline = RequestTimeline(request_id, 0.0, 5)
-        timeline.fail(None)
-        store.add(timeline)
+        store.start(request_id, 0.0, 5).end(RequestOutput.aborted(request_id, None, 5))
     url = front(store, KEY)
     assert get(f"{url}/dashboard/requests")[0] == 401
     assert get(f"{url}/dashboard/requests", "wrong-key")[0] == 401

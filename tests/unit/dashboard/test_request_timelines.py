@@ -35,7 +35,7 @@ def disaggregated(prefill_times: PrefillTimes | None = None) -> RequestTimeline:
     the instance held it 36 ms), whose KV landed 30 ms after the reservation, and whose first
     token came at 50 ms; it finished at 80 ms."""
     timeline = RequestTimeline("r", ARRIVAL, 100)
-    t = timeline.begin_try(1)
+    t = timeline.begin_try()
     t.decode, t.prefill = "decode-0", "prefill-0"
     t.reserve_sent = t.reserve_call_sent = ARRIVAL + 0.001
     t.reserve_received = ARRIVAL + 0.003  # the decode instance's origin: 2 ms, within 1 ms
@@ -122,7 +122,7 @@ def test_phases_and_events_are_ordered_and_inside_the_request():
 
 def test_a_local_prefill_is_one_generate_phase_up_to_the_first_token():
     timeline = RequestTimeline("r", ARRIVAL, 3)
-    t = timeline.begin_try(1)
+    t = timeline.begin_try()
     t.decode, t.local = "decode-0", True
     t.stream_sent = ARRIVAL + 0.0005
     timeline.first_token, timeline.ended, timeline.output = ARRIVAL + 0.010, ARRIVAL + 0.020, output()
@@ -137,37 +137,41 @@ def test_a_local_prefill_is_one_generate_phase_up_to_the_first_token():
 
 def test_an_abort_and_an_error_end_the_timeline_with_their_event():
     aborted = RequestTimeline("a", ARRIVAL, 3)
-    aborted.begin_try(1).decode = "decode-0"
-    aborted.fail(None)
+    aborted.begin_try().decode = "decode-0"
+    aborted.end(RequestOutput.aborted("a", None, 3))
     d = aborted.as_dict()
     assert (d["outcome"], d["error"], d["ttft_ms"]) == ("abort", None, None)
     assert [e["name"] for e in d["events"]] == ["abort"]
     assert "decode" not in {p["name"] for p in d["phases"]}
 
     failed = RequestTimeline("f", ARRIVAL, 3)
-    failed.begin_try(1)
+    failed.begin_try()
     failed.try_failed("decode-0 died: connection lost")
-    failed.begin_try(2)
-    failed.fail("no decode instance available " + "x" * 1000)
+    failed.begin_try()
+    failed.end(RequestOutput.aborted("f", "no decode instance available " + "x" * 1000, 3))
     d = failed.as_dict()
     assert d["outcome"] == "error" and len(d["error"]) == MAX_DETAIL_CHARS
     assert [e["name"] for e in d["events"]] == ["try_failed", "error"]
     assert d["events"][0]["detail"] == "decode-0 died: connection lost" and d["tries"] == 2
 
     by_instance = RequestTimeline("i", ARRIVAL, 3)
-    by_instance.begin_try(1)
-    by_instance.finish(output(finish_reason="abort", error="the KV did not load"))
+    by_instance.begin_try()
+    by_instance.end(output(finish_reason="abort", error="the KV did not load"))
     assert by_instance.as_dict()["outcome"] == "error"
+    left = RequestTimeline("l", ARRIVAL, 3)
+    left.begin_try()
+    left.end(output(finish_reason="abort"))  # an instance's abort without an error: the caller went away
+    assert left.as_dict()["outcome"] == "abort"
 
 
 def test_tries_past_the_bound_are_counted_not_timed():
     timeline = RequestTimeline("r", ARRIVAL, 3)
-    for number in range(1, MAX_TRIES + 6):
-        timeline.begin_try(number)
+    for _ in range(MAX_TRIES + 5):
+        timeline.begin_try()
         timeline.try_failed("busy")
     assert len(timeline.tries) == MAX_TRIES and timeline.current is None
     timeline.kv_landed(0.1, 0.1, 0.1)  # nothing to record it on: ignored
-    timeline.fail("overloaded")
+    timeline.end(RequestOutput.aborted("r", "overloaded", 3, "overloaded"))
     d = timeline.as_dict()
     assert d["tries"] == MAX_TRIES + 5
     assert sum(e["name"] == "try_failed" for e in d["events"]) == MAX_TRIES
@@ -188,14 +192,14 @@ def test_kv_bytes_come_from_the_final_outputs_transfer():
 def test_the_store_keeps_the_last_n_newest_first_and_encodes_once_per_version():
     store = TimelineStore(capacity=3)
     for i in range(5):
-        timeline = RequestTimeline(f"r{i}", ARRIVAL + i, 3)
-        timeline.fail(None)
-        store.add(timeline)
+        store.start(f"r{i}", ARRIVAL + i, 3).end(RequestOutput.aborted(f"r{i}", None, 3))  # it adds itself
     assert len(store) == 3 and store.version == 5
     assert [t["request_id"] for t in store.as_dicts()] == ["r4", "r3", "r2"]
     body = store.encoded()
     assert store.encoded() is body  # no new timeline: the same bytes
     assert msgspec.json.decode(body)["version"] == 5
+    store.start("r5", ARRIVAL, 3)  # under way: not kept yet
+    assert store.version == 5
     store.add(RequestTimeline("r5", ARRIVAL, 3))
     assert [t["request_id"] for t in msgspec.json.decode(store.encoded())["timelines"]] == ["r5", "r4", "r3"]
     with pytest.raises(ValueError, match="capacity"):
