@@ -4,8 +4,9 @@ The router starts a request's timeline here (`start`), and the timeline adds its
 request ends (finished, failed or aborted);
 the store keeps the last `capacity` (oldest out first) and counts every one added
 (`version`), so a reader can tell whether anything changed. Turning them into dicts is done
-when they are read, not when a request ends, and once per version: a request pays for its
-stamps only, however many viewers read the store.
+when they are read, not when a request ends, and once per timeline (an ended timeline does not
+change: its JSON is kept with it), and the document once per version: a request pays for its
+stamps only, however many viewers read the store and however often.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ class TimelineStore:
         if capacity < 1:
             raise ValueError(f"capacity: must be at least 1, got {capacity}")
         self.capacity = capacity
-        self._timelines: deque[RequestTimeline] = deque(maxlen=capacity)
+        self._timelines: deque[tuple[RequestTimeline, list[bytes]]] = deque(maxlen=capacity)  # and its JSON, once made
         self.version = 0  # timelines added since start
-        self._encoded: tuple[int, bytes] | None = None
+        self._encoded: dict[int, bytes] = {}  # limit -> the document, for this version
+        self._encoded_version = 0
 
     def __len__(self) -> int:
         return len(self._timelines)
@@ -36,18 +38,27 @@ class TimelineStore:
         return RequestTimeline(request_id, arrival, prompt_tokens, self.add)
 
     def add(self, timeline: RequestTimeline) -> None:
-        self._timelines.append(timeline)
+        self._timelines.append((timeline, []))
         self.version += 1
 
-    def as_dicts(self) -> list[dict]:
-        """The kept timelines, newest first."""
-        return [t.as_dict() for t in reversed(self._timelines)]
+    def as_dicts(self, limit: int | None = None) -> list[dict]:
+        """The kept timelines, newest first (the `limit` newest)."""
+        return [t.as_dict() for t, _ in list(reversed(self._timelines))[:limit]]
 
-    def document(self) -> dict:
-        return {"version": self.version, "capacity": self.capacity, "timelines": self.as_dicts()}
+    def document(self, limit: int | None = None) -> dict:
+        return {"version": self.version, "capacity": self.capacity, "timelines": self.as_dicts(limit)}
 
-    def encoded(self) -> bytes:
-        """`document()` as JSON, encoded once per version."""
-        if self._encoded is None or self._encoded[0] != self.version:
-            self._encoded = (self.version, msgspec.json.encode(self.document()))
-        return self._encoded[1]
+    def encoded(self, limit: int | None = None) -> bytes:
+        """`document(limit)` as JSON, encoded once per version and limit (each timeline once)."""
+        limit = self.capacity if limit is None else limit
+        if self._encoded_version != self.version:
+            self._encoded, self._encoded_version = {}, self.version
+        if limit not in self._encoded:
+            parts = []
+            for timeline, encoded in list(reversed(self._timelines))[:limit]:
+                if not encoded:
+                    encoded.append(msgspec.json.encode(timeline.as_dict()))
+                parts.append(encoded[0])
+            head = b'{"version":%d,"capacity":%d,"timelines":[' % (self.version, self.capacity)
+            self._encoded[limit] = head + b",".join(parts) + b"]}"
+        return self._encoded[limit]

@@ -31,6 +31,7 @@
     kv_transfer: "KV transfer", kv_exposed: "exposed", adopt: "adopt", generate: "prefill+queue on decode", decode: "decode"};
 
   let shownVersion = -1;
+  let shownLength = -1;
   let fetchedFor = null;    // the finished-request count the last fetch was for
   let fetchedAt = 0;
   const REFETCH_MS = 5000;  // also fetched this often (a request that ended at the router only)
@@ -200,14 +201,16 @@
     return box;
   }
 
+  function shownCount() { return Number($id("timelines-count").value) || 10; }
+
   function draw(doc) {
     lastDocument = doc;
     shownVersion = doc.version;
+    shownLength = doc.timelines.length;
     const list = $id("timelines-list");
-    const limit = Number($id("timelines-count").value) || 10;
-    const shown = doc.timelines.slice(0, limit);
+    const shown = doc.timelines.slice(0, shownCount());
     $id("timelines-summary").textContent = doc.capacity
-      ? `newest first · ${shown.length} of the last ${doc.timelines.length} kept (at most ${doc.capacity})`
+      ? `newest first · the last ${shown.length} of ${doc.version} (the router keeps ${doc.capacity})`
       : "this server keeps no request timelines (they are the router's)";
     list.replaceChildren(...shown.map(card));
   }
@@ -218,10 +221,10 @@
     fetchedFor = total;
     fetchedAt = Date.now();
     try {
-      const response = await api("/dashboard/requests");
+      const response = await api("/dashboard/requests?limit=" + shownCount());
       if (!response.ok) throw new Error(response.statusText);
       const doc = await response.json();
-      if (doc.version !== shownVersion) draw(doc);
+      if (doc.version !== shownVersion || doc.timelines.length !== shownLength) draw(doc);
     } catch (err) {
       fetchedFor = null; // try again with the next snapshot
       if (err.message !== "unauthorized") $id("timelines-summary").textContent = "timelines: " + err.message;
@@ -238,6 +241,9 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     const count = $id("timelines-count");
-    if (count) count.addEventListener("change", () => { if (lastDocument) draw(lastDocument); });
+    if (count) count.addEventListener("change", () => {
+      if (lastDocument) draw(lastDocument);          // fewer at once; more once fetched
+      if (!fetching) refresh(fetchedFor);
+    });
   });
 })();

@@ -1,6 +1,7 @@
 """GET /dashboard/requests on a real HTTP front: under the API key like the other data routes
-(the page's timelines.js and timelines.css stay open), the store's timelines newest first, and a
-front without a router's store answering that it keeps none."""
+(the page's timelines.js and timelines.css stay open), the store's timelines newest first (the
+`limit` newest; a bad limit is a 400 naming it), and a front without a router's store answering
+that it keeps none."""
 
 from __future__ import annotations
 
@@ -87,8 +88,22 @@ def test_timelines_need_the_key_and_come_newest_first(front):
     assert status == 200 and (document["version"], document["capacity"]) == (3, 2)
     assert [t["request_id"] for t in document["timelines"]] == ["c", "b"]
     assert {t["outcome"] for t in document["timelines"]} == {"abort"}
+    status, body = get(f"{url}/dashboard/requests?limit=1", KEY)
+    assert status == 200 and [t["request_id"] for t in json.loads(body)["timelines"]] == ["c"]
 
 
 def test_a_front_without_a_router_keeps_no_timelines(front):
     status, body = get(f"{front(None)}/dashboard/requests")
     assert status == 200 and json.loads(body) == {"version": 0, "capacity": 0, "timelines": []}
+
+
+@pytest.mark.parametrize("limit", ["0", "3", "-1", "two", "1.5", "9" * 5000])
+def test_a_bad_limit_is_a_400_naming_it_and_the_front_keeps_serving(front, limit):
+    store = TimelineStore(capacity=2)
+    store.start("a", 0.0, 5).end(RequestOutput.aborted("a", None, 5))
+    url = front(store)
+    status, body = get(f"{url}/dashboard/requests?limit={limit}")
+    error = json.loads(body)["error"]
+    assert status == 400 and error["param"] == "limit" and "limit" in error["message"]
+    status, body = get(f"{url}/dashboard/requests?limit=1")
+    assert status == 200 and [t["request_id"] for t in json.loads(body)["timelines"]] == ["a"]

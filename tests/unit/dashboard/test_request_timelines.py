@@ -198,6 +198,7 @@ def test_the_store_keeps_the_last_n_newest_first_and_encodes_once_per_version():
     body = store.encoded()
     assert store.encoded() is body  # no new timeline: the same bytes
     assert msgspec.json.decode(body)["version"] == 5
+    assert msgspec.json.decode(store.encoded(limit=1))["timelines"] == store.as_dicts(limit=1) == store.as_dicts()[:1]
     store.start("r5", ARRIVAL, 3)  # under way: not kept yet
     assert store.version == 5
     store.add(RequestTimeline("r5", ARRIVAL, 3))
