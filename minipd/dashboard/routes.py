@@ -176,7 +176,9 @@ def engine_dashboard(engine: Engine, backend: ServingBackend, default_slo: SLO, 
         window, EngineInstances(engine, name), DashboardSLO.from_slo(default_slo, "default"), "colocated", {}
     )
     dashboard = Dashboard(builder)
-    return ObservedBackend(backend, window), _both(dashboard.install, timelines_extension(None))
+    timelines = TimelineStore()  # no router here: the front stamps its requests' phases itself
+    observed = ObservedBackend(backend, window, timelines, name)
+    return observed, _both(dashboard.install, timelines_extension(timelines))
 
 
 def _both(*extensions: Callable[[web.Application], None]) -> Callable[[web.Application], None]:

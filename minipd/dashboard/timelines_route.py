@@ -4,27 +4,23 @@
 else is a 400 naming `limit`. The answer is JSON: `version` (timelines kept since start: it changes when one is added),
 `capacity` (how many are kept), `timelines` (newest first; router/request_timeline.py says what
 one holds). It needs the API key like the dashboard's other data routes (the app's
-middleware). A colocated front keeps none: it answers `capacity` 0 and no timelines.
+middleware). The store is the router's, or on a colocated front the observed backend's.
 """
 
 from __future__ import annotations
 
-import msgspec
 from aiohttp import web
 
 from minipd.api.errors import ApiError
 from minipd.router.timeline_store import TimelineStore
 
 PATH = "/dashboard/requests"
-NONE_KEPT = msgspec.json.encode({"version": 0, "capacity": 0, "timelines": []})
 
 
-def timelines_extension(store: TimelineStore | None):
-    """The app extension serving `store` (None: a front that keeps no timelines)."""
+def timelines_extension(store: TimelineStore):
+    """The app extension serving `store`."""
 
     async def requests(request: web.Request) -> web.Response:
-        if store is None:
-            return web.Response(body=NONE_KEPT, content_type="application/json", headers={"Cache-Control": "no-store"})
         body = store.encoded(_limit(request, store.capacity))
         return web.Response(body=body, content_type="application/json", headers={"Cache-Control": "no-store"})
 

@@ -8,7 +8,9 @@ requests.
   with the router's own figure of the request), the KV landed before the first token, adopt,
   decode, finish; its KV bytes and TTFT agree with the dashboard's request record;
 - a short prompt prefilled on its decode instance is one `generate` phase up to its first token;
-- a request whose client goes away after its first token ends with an `abort` event.
+- a request whose client goes away after its first token ends with an `abort` event;
+- a colocated instance's front (`--role both --port`) keeps its own: the engine's queue, to the
+  first token, decode.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from http_helpers import OpenStream, http_json, start_cluster, stop
+from http_helpers import OpenStream, http_json, start_cluster, start_colocated, stop
 
 from models.model_config import preset_config
 
@@ -171,3 +173,17 @@ def test_a_request_whose_client_leaves_ends_with_an_abort(cluster):
     assert t["output_tokens"] < 400
     (decode,) = by_name(t)["decode"]
     assert decode["end_ms"] == t["duration_ms"]  # decoding until the abort
+
+
+def test_a_colocated_front_keeps_its_own_timelines(tmp_path):
+    server = start_colocated(tmp_path, "--model", "tiny", "--dtype", "float32")
+    try:
+        body = complete(server.base_url, LONG_PROMPT, 5)
+        t = wait_for_timeline(server.base_url, body["id"])
+    finally:
+        stop(server)
+    assert (t["outcome"], t["output_tokens"], t["prefill_instance"]) == ("finish", 5, None)
+    assert [p["name"] for p in t["phases"]] == ["queued", "generate", "decode"]
+    queued, generate, decode = t["phases"]
+    assert queued["end_ms"] == generate["start_ms"] < generate["end_ms"] == t["ttft_ms"] == decode["start_ms"]
+    assert decode["end_ms"] == t["duration_ms"] == event(t, "finish")

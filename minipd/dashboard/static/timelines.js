@@ -28,7 +28,7 @@
     ["decode", ["adopt", "generate", "decode"]],
   ];
   const LABELS = {queued: "queued", reserve: "reserve", prefill_queue: "queue", prefill: "prefill", chunk: "",
-    kv_transfer: "KV transfer", kv_exposed: "exposed", adopt: "adopt", generate: "prefill+queue on decode", decode: "decode"};
+    kv_transfer: "KV transfer", kv_exposed: "exposed", adopt: "adopt", generate: "to first token", decode: "decode"};
 
   let shownVersion = -1;
   let shownLength = -1;
@@ -209,9 +209,7 @@
     shownLength = doc.timelines.length;
     const list = $id("timelines-list");
     const shown = doc.timelines.slice(0, shownCount());
-    $id("timelines-summary").textContent = doc.capacity
-      ? `newest first · the last ${shown.length} of ${doc.version} (the router keeps ${doc.capacity})`
-      : "this server keeps no request timelines (they are the router's)";
+    $id("timelines-summary").textContent = `newest first · the last ${shown.length} of ${doc.version} (${doc.capacity} kept)`;
     list.replaceChildren(...shown.map(card));
   }
 

@@ -1,7 +1,6 @@
 """GET /dashboard/requests on a real HTTP front: under the API key like the other data routes
 (the page's timelines.js and timelines.css stay open), the store's timelines newest first (the
-`limit` newest; a bad limit is a 400 naming it), and a front without a router's store answering
-that it keeps none."""
+`limit` newest; a bad limit is a 400 naming it)."""
 
 from __future__ import annotations
 
@@ -51,7 +50,7 @@ class NoInstances:
 def front(loop_thread):
     runners = []
 
-    def start(store: TimelineStore | None, api_key: str | None = None) -> str:
+    def start(store: TimelineStore, api_key: str | None = None) -> str:
         builder = SnapshotBuilder(RequestWindow(), NoInstances(), DashboardSLO(1.0, 0.1), "router", {})
         extensions = [Dashboard(builder).install, timelines_extension(store)]
         app = build_app(NoRequests(), HttpConfig(api_key=api_key), extensions=extensions)
@@ -90,11 +89,6 @@ def test_timelines_need_the_key_and_come_newest_first(front):
     assert {t["outcome"] for t in document["timelines"]} == {"abort"}
     status, body = get(f"{url}/dashboard/requests?limit=1", KEY)
     assert status == 200 and [t["request_id"] for t in json.loads(body)["timelines"]] == ["c"]
-
-
-def test_a_front_without_a_router_keeps_no_timelines(front):
-    status, body = get(f"{front(None)}/dashboard/requests")
-    assert status == 200 and json.loads(body) == {"version": 0, "capacity": 0, "timelines": []}
 
 
 @pytest.mark.parametrize("limit", ["0", "3", "-1", "two", "1.5", "9" * 5000])

@@ -1,4 +1,4 @@
-"""Request timelines: the router's stamps of one request placed on its clock (the instances'
+"""Request timelines: the router's (or a colocated front's) stamps of one request placed on its clock (the instances'
 offsets aligned from the calls' send and receive times), the phases and events that come out
 ordered, the end as finish, error or abort, the bounds (tries, chunks, layers, kept timelines,
 the message's lists), and the prefill instance's recorder."""
@@ -6,6 +6,7 @@ the message's lists), and the prefill instance's recorder."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -17,8 +18,12 @@ from minipd.control.messages import (
     Prefilled,
     PrefillTimes,
 )
+from minipd.dashboard.observed_backend import ObservedBackend
+from minipd.dashboard.request_window import RequestWindow
 from minipd.disagg.prefill_times import UNSENT, PrefillTimesRecorder
+from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.engine.sampling_params import SamplingParams
 from minipd.router.request_timeline import MAX_DETAIL_CHARS, MAX_TRIES, RequestTimeline
 from minipd.router.timeline_store import TimelineStore
 
@@ -257,3 +262,60 @@ def test_the_control_plane_refuses_times_past_their_bounds():
     ):
         with pytest.raises(msgspec.ValidationError, match="length"):
             decoder.decode(msgspec.msgpack.encode(Prefilled(**fields, times=too_many)))
+
+
+class Outputs:
+    """An engine's stream of known outputs (the colocated front's backend)."""
+
+    def __init__(self, outputs: list[RequestOutput], first_after_s: float):
+        self.request_id, self._outputs = outputs[0].request_id, list(outputs)
+        self.first_after_s = first_after_s
+
+    def abort(self) -> None:
+        pass
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        pass
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self._outputs:
+            raise StopAsyncIteration
+        if self.first_after_s:
+            await asyncio.sleep(self.first_after_s)  # the engine's queue and prefill (a stand-in's time)
+            self.first_after_s = 0.0
+        return self._outputs.pop(0)
+
+
+def test_a_colocated_front_stamps_its_requests_queue_first_token_and_end():
+    """Without a router the observed backend keeps the timelines: the engine's queue, then to the
+    first token, then decode; a client that leaves early makes it an abort."""
+    first = output(token_ids=[7], finished=False, finish_reason=None, queue_time_s=0.004)
+    outputs = [first, output(token_ids=[8], finished=False, finish_reason=None), output(token_ids=[9])]
+    store = TimelineStore()
+    streams = iter([Outputs(outputs, 0.010), Outputs(list(outputs), 0.0)])
+    backend = ObservedBackend(SimpleNamespace(submit=lambda *a, **k: next(streams)), RequestWindow(), store, "engine")
+
+    async def serve(read: int) -> None:
+        stream = backend.submit(CheckedPrompt([1, 2, 3], SamplingParams()), "r")
+        seen = 0
+        async with stream:
+            async for _ in stream:
+                seen += 1
+                if seen == read:
+                    break
+
+    asyncio.run(serve(read=3))
+    asyncio.run(serve(read=1))  # the client leaves after its first token
+    left, finished = store.as_dicts()
+    assert finished["outcome"] == "finish" and finished["prompt_tokens"] == 3
+    assert [p["name"] for p in finished["phases"]] == ["queued", "generate", "decode"]
+    queued, generate, decode = finished["phases"]
+    assert queued["end_ms"] == pytest.approx(4.0, abs=1.0) and queued["end_ms"] == generate["start_ms"]  # its queue
+    assert generate["end_ms"] == finished["ttft_ms"] == decode["start_ms"] >= 10.0 and generate["where"] == "engine"
+    assert left["outcome"] == "abort" and [e["name"] for e in left["events"]] == ["first_token", "abort"]
