@@ -83,11 +83,9 @@
       if (name === "layers") drawLayers(root, t, x, y, h);
       else {
         const inLane = t.phases.filter((p) => kinds.includes(p.name));
-        inLane.forEach((p, j) => {
-          // room after the bar for its label: up to the next bar of the lane that starts after it ends
-          const next = inLane.slice(j + 1).find((q) => q.start_ms >= p.end_ms);
-          drawPhase(root, p, x, y, next ? x(next.start_ms) : WIDTH);
-        });
+        // what a label outside its bar may not cover: the lane's bars, and the labels placed so far
+        const taken = inLane.map((p) => [x(p.start_ms), Math.max(x(p.end_ms), x(p.start_ms) + 1)]);
+        for (const p of inLane) drawPhase(root, p, x, y, taken);
       }
       y += h;
     });
@@ -96,7 +94,7 @@
     return root;
   }
 
-  function drawPhase(root, p, x, y, roomEnd) {
+  function drawPhase(root, p, x, y, taken) {
     const x0 = x(p.start_ms), x1 = Math.max(x(p.end_ms), x0 + 1);
     const g = svg("g", {class: `tl-phase ph-${p.name}`, "data-phase": p.name, "data-start-ms": p.start_ms, "data-end-ms": p.end_ms});
     const dur = p.end_ms - p.start_ms;
@@ -104,9 +102,12 @@
     g.appendChild(svg("title", {}, title));
     g.appendChild(svg("rect", {x: x0, y: y + 3, width: x1 - x0, height: LANE_H - 6, rx: 2}));
     const label = `${LABELS[p.name] !== undefined ? LABELS[p.name] : p.name}${LABELS[p.name] === "" ? "" : " "}${fmt(dur)}`;
-    // inside its bar when it fits, else just after it when there is room there (the title has it all)
+    // inside its bar when it fits, else just after it when nothing is there (the title has it all)
     const fits = label.length * CHAR_W < x1 - x0 - 4;
-    const after = !fits && p.name !== "chunk" && x1 + 3 + label.length * CHAR_W <= Math.min(roomEnd, WIDTH);
+    const span = [x1 + 2, x1 + 3 + label.length * CHAR_W];
+    const free = (a, b) => b < span[0] || a > span[1] || (a === x0 && b === x1);
+    const after = !fits && p.name !== "chunk" && span[1] <= WIDTH && taken.every(([a, b]) => free(a, b));
+    if (after) taken.push(span);
     if (fits || after) {
       g.appendChild(svg("text", {x: fits ? x0 + 3 : x1 + 3, y: y + LANE_H / 2 + 4, class: fits ? "tl-label in" : "tl-label out"}, label));
     }
@@ -168,7 +169,7 @@
       `TTFT ${fmt(t.ttft_ms)}`,
       `total ${fmt(t.duration_ms)}`,
     ];
-    if (t.num_chunks) parts.push(`${t.num_chunks} chunks`);
+    if (t.num_chunks) parts.push(t.num_chunks === 1 ? "1 chunk" : `${t.num_chunks} chunks`);
     if (t.layers.length) parts.push(`${t.layers.length} layers`);
     if (t.kv_bytes) parts.push(`KV ${typeof bytes === "function" ? bytes(t.kv_bytes) : t.kv_bytes + " B"}`);
     if (t.tries > 1) parts.push(`${t.tries} tries`);
