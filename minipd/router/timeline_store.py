@@ -18,6 +18,7 @@ import msgspec
 from minipd.router.request_timeline import RequestTimeline
 
 DEFAULT_CAPACITY = 50
+MAX_ENCODED_LIMITS = 4  # documents kept per version (the page asks for one limit at a time)
 
 
 class TimelineStore:
@@ -54,6 +55,8 @@ class TimelineStore:
         if self._encoded_version != self.version:
             self._encoded, self._encoded_version = {}, self.version
         if limit not in self._encoded:
+            if len(self._encoded) >= MAX_ENCODED_LIMITS:  # a few limits per version, not one per value asked
+                self._encoded.pop(next(iter(self._encoded)))
             parts = []
             for timeline, encoded in list(reversed(self._timelines))[:limit]:
                 if not encoded:

@@ -25,7 +25,7 @@ from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.request import RequestOutput, TransferInfo
 from minipd.engine.sampling_params import SamplingParams
 from minipd.router.request_timeline import MAX_DETAIL_CHARS, MAX_TRIES, RequestTimeline
-from minipd.router.timeline_store import TimelineStore
+from minipd.router.timeline_store import MAX_ENCODED_LIMITS, TimelineStore
 
 ARRIVAL = 1000.0  # the router's monotonic clock
 
@@ -204,6 +204,9 @@ def test_the_store_keeps_the_last_n_newest_first_and_encodes_once_per_version():
     assert store.encoded() is body  # no new timeline: the same bytes
     assert msgspec.json.decode(body)["version"] == 5
     assert msgspec.json.decode(store.encoded(limit=1))["timelines"] == store.as_dicts(limit=1) == store.as_dicts()[:1]
+    for limit in range(1, 4):
+        assert len(msgspec.json.decode(store.encoded(limit))["timelines"]) == limit
+    assert len(store._encoded) <= MAX_ENCODED_LIMITS  # any number of limits asked: a few documents kept
     store.start("r5", ARRIVAL, 3)  # under way: not kept yet
     assert store.version == 5
     store.add(RequestTimeline("r5", ARRIVAL, 3))
