@@ -204,9 +204,12 @@ def test_the_store_keeps_the_last_n_newest_first_and_encodes_once_per_version():
     assert store.encoded() is body  # no new timeline: the same bytes
     assert msgspec.json.decode(body)["version"] == 5
     assert msgspec.json.decode(store.encoded(limit=1))["timelines"] == store.as_dicts(limit=1) == store.as_dicts()[:1]
-    for limit in range(1, 4):
-        assert len(msgspec.json.decode(store.encoded(limit))["timelines"]) == limit
-    assert len(store._encoded) <= MAX_ENCODED_LIMITS  # any number of limits asked: a few documents kept
+    wide = TimelineStore(capacity=10)
+    for i in range(10):
+        wide.start(f"w{i}", ARRIVAL, 3).end(RequestOutput.aborted(f"w{i}", None, 3))
+    for limit in range(1, 11):
+        assert len(msgspec.json.decode(wide.encoded(limit))["timelines"]) == limit
+    assert len(wide._encoded) == MAX_ENCODED_LIMITS < 10  # ten limits asked: a few documents kept
     store.start("r5", ARRIVAL, 3)  # under way: not kept yet
     assert store.version == 5
     store.add(RequestTimeline("r5", ARRIVAL, 3))
