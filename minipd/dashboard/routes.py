@@ -32,6 +32,8 @@ from minipd.api.errors import OVERLOADED, ApiError, from_decode_error
 from minipd.api.json_only import require_json
 from minipd.dashboard.instances import EngineInstances, RouterInstances
 from minipd.dashboard.observed_backend import ObservedBackend
+from minipd.dashboard.plan_client import PlanClient
+from minipd.dashboard.plan_routes import PlanRoutes
 from minipd.dashboard.request_window import RequestWindow
 from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
 from minipd.dashboard.sse import KEEPALIVE, SnapshotHub
@@ -46,6 +48,7 @@ PAGE_FILES = {
     "/dashboard": ("dashboard.html", "text/html"),
     "/dashboard/dashboard.js": ("dashboard.js", "text/javascript"),
     "/dashboard/dashboard.css": ("dashboard.css", "text/css"),
+    "/dashboard/plan.js": ("plan.js", "text/javascript"),
 }
 # the page runs only what it ships: no inline script, nothing from another origin, never framed
 PAGE_HEADERS = {
@@ -143,11 +146,16 @@ def print_address(runner: web.AppRunner, host: str, out: TextIO = sys.stdout) ->
 
 
 def router_dashboard(
-    router: Router, backend: ServingBackend, default_slo: SLO, controller: Callable[[], object | None]
+    router: Router,
+    backend: ServingBackend,
+    default_slo: SLO,
+    controller: Callable[[], object | None],
+    plan_profile: str | None = None,
 ) -> tuple:
     """(backend to serve, app extension) for the router's front; `controller()` is the ratio
     controller running now (None: off); the SLO is its own while it runs, else `default_slo`
-    (until one is set from the page)."""
+    (until one is set from the page). `plan_profile` is the text of the --plan-profile file:
+    the latency profile the live prediction uses (plan_routes.py)."""
 
     window = RequestWindow()
     builder = SnapshotBuilder(
@@ -156,11 +164,17 @@ def router_dashboard(
         DashboardSLO.from_slo(default_slo, "default"),
         "router",
         # the router's control calls (api/admin.py, api/admin_controls.py) the page may make
-        {"role_switch": True, "cluster_mode": True, "link_cap": True, "load": True, "controller": True},
+        {"role_switch": True, "cluster_mode": True, "link_cap": True, "load": True, "controller": True, "plan": True},
         controller,
     )
     dashboard = Dashboard(builder)
-    return ObservedBackend(backend, window), dashboard.install
+    plan = PlanRoutes(PlanClient(), window, lambda: dashboard.hub.snapshot, router.model_name, plan_profile)
+
+    def install(app: web.Application) -> None:
+        dashboard.install(app)
+        plan.install(app)
+
+    return ObservedBackend(backend, window), install
 
 
 def engine_dashboard(engine: Engine, backend: ServingBackend, default_slo: SLO, name: str = "local") -> tuple:
