@@ -49,7 +49,7 @@ class PlanClient:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         cache_size: int = DEFAULT_CACHE_SIZE,
         argv: list[str] | None = None,
-        announce=print,
+        announce=lambda line: print(line, file=sys.stderr, flush=True),
     ):
         self.timeout_s, self.cache_size, self.announce = timeout_s, cache_size, announce
         self.argv = argv or [sys.executable, "-m", WORKER_MODULE]
@@ -76,25 +76,39 @@ class PlanClient:
         return result
 
     async def _ask(self, op: str, args: dict) -> dict:
-        process = await self._running()
         self._next_id += 1
         request_id = self._next_id
         line = json.dumps({"id": request_id, "op": op, "args": args}, allow_nan=False).encode() + b"\n"
+        for attempt in (1, 2):  # a worker found dead before it took the request is replaced once
+            process = await self._running()
+            try:
+                process.stdin.write(line)
+                await asyncio.wait_for(process.stdin.drain(), self.timeout_s)
+            except (ConnectionError, BrokenPipeError):
+                await self._kill()
+                if attempt == 2:
+                    raise PlanWorkerError("the plan worker exited before it took the request") from None
+                continue
+            except asyncio.CancelledError:
+                self._kill_now()
+                raise
+            except asyncio.TimeoutError:
+                await self._kill()
+                raise PlanWorkerError(f"the plan worker took no request for {self.timeout_s:g} s (stopped)") from None
+            break
         try:
-            process.stdin.write(line)
-            await asyncio.wait_for(process.stdin.drain(), self.timeout_s)
             reply = await asyncio.wait_for(process.stdout.readline(), self.timeout_s)
         except asyncio.CancelledError:  # its answer would be read as the next request's: start afresh
             self._kill_now()
             raise
         except asyncio.TimeoutError:
             await self._kill()
-            raise PlanWorkerError(f"the plan worker did not answer within {self.timeout_s:g} s (restarted)") from None
+            raise PlanWorkerError(
+                f"the plan worker did not answer within {self.timeout_s:g} s (stopped; the next call starts another)"
+            ) from None
         except (ValueError, asyncio.LimitOverrunError):  # a line past the stream's limit
             await self._kill()
             raise PlanWorkerError(f"the plan worker sent a line longer than {MAX_LINE_BYTES} bytes") from None
-        except (ConnectionError, BrokenPipeError):
-            reply = b""
         if not reply:
             code = await self._kill()
             raise PlanWorkerError(f"the plan worker exited (code {code}); the next call starts a new one")
@@ -126,8 +140,7 @@ class PlanClient:
         self.num_started += 1
         cpus = format_cpu_list(available_cpus())
         self.announce(
-            f"placement: plan worker: pid {self.process.pid} on CPUs {cpus} (the router's), nice +{WORKER_NICE}",
-            flush=True,
+            f"placement: plan worker: pid {self.process.pid} on CPUs {cpus} (the router's), nice +{WORKER_NICE}"
         )
         return self.process
 
