@@ -34,7 +34,7 @@ MAX_RATE_RPS = 10_000.0
 MAX_SLO_MS = 3_600_000.0
 MAX_LINK_GBPS = 1e6
 MIN_REQUESTS, MAX_REQUESTS = 20, 2000
-DEFAULT_REQUESTS = 200  # per split: 8 instances answer within a second (README "Plan view")
+DEFAULT_REQUESTS = 150  # per split: 8 instances answer within a second (README "Plan view")
 MAX_PROFILE_BYTES = MAX_LINE_BYTES // 2
 PREDICT_REQUESTS = 300
 MIN_MEASURED = 2  # requests in the window before a prediction is made
@@ -55,6 +55,7 @@ class PlanRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     target: float = 0.9
     link_gbps: float | None = None  # None: the profile's
     num_requests: int = DEFAULT_REQUESTS  # simulated per split
+    link_search: bool = True  # false: no search for the bandwidth where the link breaks TTFT (`link` null)
 
 
 class PredictionRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -41,7 +41,7 @@ from minipd.workload import ArrivalProcess, RequestSpec, arrival_times
 CACHE_SIZE = 4096  # simulated runs kept (each a few hundred bytes of figures)
 UNLIMITED_LINK_GBPS = 10_000.0  # the top of the bandwidth search when the link is unlimited
 LOWEST_LINK_GBPS = 1e-3
-LINK_PROBES = 7  # bisection steps on log(bandwidth): the bracket narrows 2**7-fold in log space
+LINK_PROBES = 6  # bisection steps on log(bandwidth): the bracket narrows 2**6-fold in log space
 
 
 class SimCache:
@@ -215,7 +215,9 @@ def plan_answer(request: dict) -> dict:
         },
         "bars": bars,
         "green_zone": [b["label"] for b in bars if b["green"]],
-        "link": None if link_split is None else link_bottleneck(runner, link_split, gbps, slo),
+        "link": None
+        if link_split is None or not request.get("link_search", True)
+        else link_bottleneck(runner, link_split, gbps, slo),
         "timing": {
             "compute_s": time.perf_counter() - started,
             "simulations": CACHE.misses - misses,
@@ -234,7 +236,12 @@ def link_bottleneck(runner: _Runner, cluster: ClusterSpec, gbps: float, slo: SLO
         return p90 is not None and p90 <= slo.ttft_s
 
     high = gbps if math.isfinite(gbps) else UNLIMITED_LINK_GBPS
-    answer = {"split": cluster.label, "searched_gbps": [LOWEST_LINK_GBPS, high], "breaks_below_gbps": None}
+    answer = {
+        "split": cluster.label,
+        "searched_gbps": [LOWEST_LINK_GBPS, high],
+        "breaks_below_gbps": None,
+        "probes": LINK_PROBES + 2,
+    }
     if not meets(high):
         return answer | {"state": "ttft misses its SLO even at this bandwidth: the link is not what breaks it"}
     if meets(LOWEST_LINK_GBPS):

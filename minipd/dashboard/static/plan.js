@@ -66,8 +66,14 @@ function runPlan() {
   plan.inFlight = true;
   const body = planBody(), sent = performance.now();
   $("plan-panel").dataset.state = "computing";
-  postJSON("/dashboard/plan", body)
-    .then((answer) => { $("plan-error").textContent = ""; drawPlan(answer, body, performance.now() - sent); })
+  // the bars first; then the link search, whose runs of the bars come from the worker's cache
+  postJSON("/dashboard/plan", Object.assign({}, body, {link_search: false}))
+    .then((answer) => {
+      $("plan-error").textContent = "";
+      drawPlan(answer, body, performance.now() - sent);
+      if (body.num_instances < 2 || plan.again) return null;
+      return postJSON("/dashboard/plan", body).then((full) => drawLink(full, performance.now() - sent));
+    })
     .catch((err) => { $("plan-error").textContent = err.message; $("plan-panel").dataset.state = "error"; })
     .finally(() => {
       plan.inFlight = false;
@@ -78,6 +84,8 @@ function runPlan() {
 // ---- drawing ------------------------------------------------------------------------------
 function drawPlan(a, body, roundTripMs) {
   plan.last = a;
+  plan.barsMs = roundTripMs;
+  plan.barsTiming = a.timing;
   const s = a.selected, slo = {ttft: body.ttft_ms / 1000, itl: body.itl_ms / 1000};
   $("plan-split-label").textContent = "· " + s.label;
   for (const kind of ["ttft", "itl"]) {
@@ -95,21 +103,39 @@ function drawPlan(a, body, roundTripMs) {
   $("plan-kv-sub").textContent = "mean prompt " + Math.round(a.kv.mean_prompt_tokens) + " tokens · exposed " + ms(a.kv.exposed_s) +
     " · link " + (a.inputs.link_gbps === null ? "unlimited" : a.inputs.link_gbps + " Gbit/s");
   drawBars(a, slo);
-  const link = a.link, text = $("plan-link-text");
-  if (!link) text.textContent = "one instance: no KV link";
-  else if (link.state === "found") {
-    const now = a.inputs.link_gbps;
+  const text = $("plan-link-text");
+  text.dataset.state = body.num_instances < 2 ? "none" : "searching";
+  text.textContent = body.num_instances < 2 ? "one instance: no KV link" : "finding where the link breaks TTFT…";
+  text.dataset.breaksBelow = "";
+  $("plan-note").textContent = planNote(a, roundTripMs, null);
+  $("plan-panel").dataset.drawnFor = JSON.stringify(body); // which inputs the bars show
+  $("plan-panel").dataset.state = "drawn";
+}
+
+function planNote(a, barsMs, linkMs) {
+  const t = plan.barsTiming;
+  return "Profile " + a.profile.name + " (" + a.profile.model + " on " + a.profile.device + ", " + a.profile.source +
+    "). Each bar is one simulated run of " + a.inputs.num_requests + " requests (seed 0; colocated: chunked prefill at the profile's " +
+    "token budget), cached by its inputs. The bars: " + t.simulations + " runs simulated, " + t.cached + " from the cache, " +
+    Math.round(t.compute_s * 1000) + " ms in the plan worker, drawn " + Math.round(barsMs) + " ms after they were asked for (the page " +
+    "asks once a slider pauses for " + PLAN_DEBOUNCE_MS + " ms)" +
+    (linkMs === null ? "." : "; the link point (a bisection of " + a.link.probes + " runs of " + a.link.split + ") " +
+      Math.round(linkMs) + " ms after it.");
+}
+
+/** Where the link becomes the bottleneck, from the second answer (the same inputs, with the link search). */
+function drawLink(a, linkMs) {
+  if (!a.link) return;
+  plan.last = a;
+  const link = a.link, text = $("plan-link-text"), now = a.inputs.link_gbps;
+  if (link.state === "found") {
     text.textContent = "The link becomes the bottleneck of " + link.split + " below " + roundGbps(link.breaks_below_gbps) +
       " Gbit/s: P90 TTFT misses its SLO there (" + roundGbps(link.fails_at_gbps) + " Gbit/s fails)" +
       (now !== null && now < link.breaks_below_gbps ? ". The link set here is below it: it is the bottleneck now." : ".");
   } else text.textContent = link.split + ": " + link.state + ".";
-  text.dataset.breaksBelow = link && link.breaks_below_gbps !== null ? String(link.breaks_below_gbps) : "";
-  const t = a.timing;
-  $("plan-note").textContent = "Profile " + a.profile.name + " (" + a.profile.model + " on " + a.profile.device + ", " + a.profile.source +
-    "). Each bar is one simulated run of " + a.inputs.num_requests + " requests (seed 0; colocated: chunked prefill at the profile's token budget); " +
-    "the link point is a bisection of " + (a.link ? "7" : "0") + " runs. This answer: " + t.simulations + " runs simulated, " + t.cached +
-    " from the cache, " + Math.round(t.compute_s * 1000) + " ms in the plan worker, " + Math.round(roundTripMs) + " ms to the page.";
-  $("plan-panel").dataset.state = "drawn";
+  text.dataset.breaksBelow = link.breaks_below_gbps !== null ? String(link.breaks_below_gbps) : "";
+  text.dataset.state = link.state;
+  $("plan-note").textContent = planNote(a, plan.barsMs, linkMs);
 }
 
 function svg(tag, attrs, text) {
