@@ -21,7 +21,6 @@ import sys
 from collections import OrderedDict
 
 from minipd.engine.cpu_placement import available_cpus, format_cpu_list
-from minipd.entrypoints.openmp_env import passive_env
 
 MAX_LINE_BYTES = 1 << 20  # as plan_worker.MAX_LINE_BYTES
 DEFAULT_TIMEOUT_S = 30.0
@@ -129,7 +128,7 @@ class PlanClient:
     async def _running(self) -> asyncio.subprocess.Process:
         if self.process is not None and self.process.returncode is None:
             return self.process
-        env = passive_env({**os.environ, **ONE_THREAD})
+        env = {**os.environ, **ONE_THREAD}  # with the router's OMP_WAIT_POLICY (the minipd command sets it)
         self.process = await asyncio.create_subprocess_exec(
             *self.argv,
             stdin=asyncio.subprocess.PIPE,
