@@ -146,6 +146,8 @@ def test_the_prediction_says_when_it_has_no_profile_or_no_data(server):
 
 def test_with_a_key_every_planner_route_needs_it(server):
     base = server(api_key=KEY)
+    with urllib.request.urlopen(f"{base}/dashboard/plan.js", timeout=30) as response:  # the script is open
+        assert response.status == 200 and b"/dashboard/plan" in response.read()
     for method, path, body in (
         ("GET", "/dashboard/plan/profiles", None),
         ("POST", "/dashboard/plan", json.dumps(GOOD).encode()),
