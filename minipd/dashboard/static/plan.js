@@ -196,6 +196,10 @@ function readProfileFile(input) {
 }
 
 function startPlan() {
+  if (latest && latest.controls && !latest.controls.plan) {
+    $("plan-error").textContent = "This server has no planner: the Plan view is the router's (minipd --role router or cluster with --http-port).";
+    return;
+  }
   if (plan.started) { schedulePlan(); return; }
   plan.started = true;
   api("/dashboard/plan/profiles").then((r) => r.ok ? r.json() : Promise.reject(new Error("profiles: " + r.status)))
