@@ -1,6 +1,6 @@
 """The dashboard's routes on an HTTP front, installed as an app extension (`api/app.py`).
 
-- `GET /dashboard` (and its `dashboard.js`, `dashboard.css`): the page, served from the
+- `GET /dashboard` (and its `dashboard.js`, `plan.js`, `dashboard.css`): the page, served from the
   package's `static/` folder. These are open (api_key.DASHBOARD_PAGE_PATHS): the page holds no
   data; with `--api-key` it asks for the key before it shows any.
 - `GET /dashboard/events`: server-sent events, one `snapshot` event per tick (snapshot.py says
@@ -8,6 +8,7 @@
 - `GET /dashboard/snapshot`: the latest snapshot as one JSON document (for curl).
 - `POST /dashboard/slo` with `{"ttft_ms": MS, "itl_ms": MS}`: the SLO the page judges against
   (for every viewer); 400 naming the field for a bad value.
+On a router, plan_routes.py adds the planner's routes (`/dashboard/plan`, `/dashboard/prediction`).
 The data routes need the API key like every other route (the app's middleware), as a Bearer
 header; the page never puts the key in a URL.
 
