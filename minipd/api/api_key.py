@@ -23,7 +23,14 @@ from minipd.api.errors import INVALID_REQUEST, ApiError
 
 # the dashboard's page and its script and style hold no data: the page asks for the key itself
 DASHBOARD_PAGE_PATHS = frozenset(
-    {"/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css", "/dashboard/plan.js"}
+    {
+        "/dashboard",
+        "/dashboard/dashboard.js",
+        "/dashboard/dashboard.css",
+        "/dashboard/timelines.js",
+        "/dashboard/timelines.css",
+        "/dashboard/plan.js",
+    }
 )
 OPEN_PATHS = frozenset({"/health"}) | DASHBOARD_PAGE_PATHS
 BEARER = "bearer "
