@@ -86,6 +86,18 @@ FLAGS = (
         default=_HTTP.body_timeout_s,
         help="answer 408 to a request whose body has not fully arrived within this (default: %(default)s)",
     ),
+    flag(
+        "--plan-profile",
+        ROUTING,
+        HTTP,
+        {Role.ROUTER},
+        sets="http.plan_profile",
+        default=None,
+        metavar="FILE",
+        help="a latency profile of these instances (python bench.py profile --model MODEL --json FILE): the "
+        "dashboard's live prediction simulates the cluster with it, and its Plan view offers it "
+        "(README: The dashboard)",
+    ),
     # ---- the local cluster launcher
     flag(
         "--port",
