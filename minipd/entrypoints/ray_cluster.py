@@ -205,6 +205,13 @@ class RayCluster(ProcessCluster):
                 f"{name} was not placed within {PLACEMENT_TIMEOUT_S:.0f} s: no node of the Ray cluster had "
                 f"{_text(wanted)} free (see `ray status`)"
             ) from None
+        except ray.exceptions.ActorDiedError as exc:  # Ray gave up on it: max_restarts used up
+            raise RuntimeError(
+                f"{name}: Ray does not restart its actor again ({self.configs.cluster.max_restarts} restarts "
+                f"at most, --max-restarts): {_first_line(exc)}"
+            ) from None
+        except ray.exceptions.RayError as exc:
+            raise RuntimeError(f"{name}: its Ray actor failed: {_first_line(exc)}") from None
         share = self.placement[name]
         call = actor.start.remote(
             argv,
@@ -221,7 +228,7 @@ class RayCluster(ProcessCluster):
         except ray.exceptions.RayTaskError as exc:  # the spawn's own RuntimeError, quoting the child
             raise RuntimeError(str(exc.cause) if exc.cause else str(exc).splitlines()[-1]) from None
         except ray.exceptions.RayError as exc:
-            raise RuntimeError(f"{name}: its Ray actor failed: {str(exc).splitlines()[0]}") from None
+            raise RuntimeError(f"{name}: its Ray actor failed: {_first_line(exc)}") from None
         process = RayProcess(actor, info["pid"])
         self._processes.add(process)
         self.placed[name] = info
@@ -247,6 +254,10 @@ class RayCluster(ProcessCluster):
             self._connected = False
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _text(resources: dict[str, float]) -> str:

@@ -34,7 +34,19 @@ from minipd.entrypoints.child_spawn import spawn_process
 from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
 
-UNSPECIFIED_HOSTS = ("0.0.0.0", "::", "")
+HOST_FLAG = "--host"
+
+
+def on_node(argv: list[str], node_ip: str) -> list[str]:
+    """`argv` binding the instance to `node_ip`, the address Ray knows its node by, in place of
+    the launcher's `--host`: the router (on the launcher's host) and the other instances (on
+    theirs) reach it there, and the KV transports advertise the address they bind, so neither a
+    loopback nor a wildcard address would do on a node of its own."""
+    argv = list(argv)
+    if HOST_FLAG in argv:
+        argv[len(argv) - 1 - argv[::-1].index(HOST_FLAG) + 1] = node_ip
+        return argv
+    return [*argv, HOST_FLAG, node_ip]
 
 
 class InstanceSupervisor:
@@ -69,7 +81,7 @@ class InstanceSupervisor:
                 env.pop(variable, None)
             else:
                 env[variable] = value
-        argv, where = list(argv), "not pinned"
+        argv, where = on_node(argv, ray.util.get_node_ip_address()), "not pinned"
         if placed:
             passive_env(env)
             cpus, threads = self._placement(planned_cpus, launcher_node)
@@ -83,8 +95,6 @@ class InstanceSupervisor:
             self.name, self.role, argv, env, self._pipe.pass_fds
         )
         stderr.release()  # to the actor's stderr, which Ray forwards to the launcher's
-        if host in UNSPECIFIED_HOSTS:  # bound every address: the node's own is where to reach it
-            host = ray.util.get_node_ip_address()
         self._process = process
         exited = asyncio.get_running_loop().create_future()
         self._exits[process.pid] = exited

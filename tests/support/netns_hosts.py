@@ -5,8 +5,9 @@
 
 The bridge lives in a namespace of its own and no namespace has a route out, so the hosts'
 segment is isolated from the machine's (its addresses cannot collide with the machine's,
-and nothing leaves it). Processes run in a host with `exec_in(host)`; `partition(host)`
-takes its link down (its processes live on, cut off) and `heal(host)` brings it up again.
+and nothing leaves it). Processes run in a host with `exec_in(host)`, and a function of this
+process with `call_in(host, fn)`; `partition(host)` takes its link down (its processes live
+on, cut off) and `heal(host)` brings it up again.
 Names carry the creating pid (`mpdhost-PID-N-...`); namespaces left by a dead run are
 removed on the next start. `close` (and leaving the `with` block, however it ends) kills
 the processes started through `spawn` by their ids, then deletes every namespace, which
@@ -15,19 +16,23 @@ deletes the bridge and the veths. Needs root and `ip`.
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
 import re
 import shutil
 import signal
 import subprocess
+import threading
 from pathlib import Path
+from typing import Any, Callable
 
 NS_PREFIX = "mpdhost"
 NS_PATTERN = re.compile(rf"^{NS_PREFIX}-(\d+)-\d+-")
 SUBNET = "10.77.0"
 COMMAND_TIMEOUT_S = 30.0
 KILL_TIMEOUT_S = 15.0
+CLONE_NEWNET = 0x40000000
 _counter = itertools.count()
 
 
@@ -53,6 +58,10 @@ def remove_stale() -> None:
         match = NS_PATTERN.match(name)
         if match and not Path(f"/proc/{match.group(1)}").exists():
             _run("ip", "netns", "del", name, check=False)
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 class NetnsHosts:
@@ -98,6 +107,33 @@ class NetnsHosts:
         process = subprocess.Popen([*self.exec_in(host), *argv], **options)
         self.processes.append(process)
         return process
+
+    def call_in(self, host: str, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
+        """`fn(*args)` run from `host`: on a thread of this process that entered the host's
+        network namespace (a network namespace is per thread), so the sockets it opens are the
+        host's. Its exception is raised here; TimeoutError if it runs past `timeout`."""
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                fd = os.open(f"/run/netns/{self.namespace[host]}", os.O_RDONLY)
+                try:
+                    if _libc().setns(fd, CLONE_NEWNET) != 0:
+                        raise OSError(ctypes.get_errno(), f"setns into {self.namespace[host]}")
+                finally:
+                    os.close(fd)
+                outcome["value"] = fn(*args)
+            except BaseException as exc:
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True)  # it ends with `fn`, its namespace with it
+        thread.start()
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"{getattr(fn, '__name__', fn)} on {host} ran past {timeout} s")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
 
     def partition(self, host: str) -> None:
         _run("ip", "-n", self.namespace[host], "link", "set", "eth0", "down")
