@@ -40,6 +40,7 @@ from minipd.entrypoints.ray_instance import InstanceSupervisor
 log = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 60.0  # for Ray to find a node with room for an instance
+UNAVAILABLE_RETRY_S = 0.5  # between asks to an actor Ray is placing again (its node was lost)
 CALL_MARGIN_S = 30.0  # on top of an actor's own bounded work (a busy node, a slow Ray)
 
 
@@ -57,10 +58,15 @@ class RayProcess:
         if future.cancelled():
             return
         if future.exception() is not None:  # the actor died: its process stopped by itself (the pipe)
-            self.actor_error = str(future.exception()).splitlines()[0]
+            self.actor_error = _first_line(future.exception())
             self.returncode = -signal.SIGKILL
         else:
             self.returncode = future.result()
+
+    @property
+    def exit_reason(self) -> str | None:
+        """How it ended when not by itself: with its actor (its node lost, or the actor killed)."""
+        return f"lost with its Ray actor: {self.actor_error}" if self.actor_error else None
 
     async def wait(self) -> int:
         await asyncio.wait([self._exit])  # the shared future survives a waiter that is cancelled
@@ -199,7 +205,7 @@ class RayCluster(ProcessCluster):
         actor = self._actor(name, role)
         wanted = self._resources(name, role)
         try:
-            await asyncio.wait_for(asyncio.wrap_future(actor.node.remote().future()), PLACEMENT_TIMEOUT_S)
+            await asyncio.wait_for(_placed(actor), PLACEMENT_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise RuntimeError(
                 f"{name} was not placed within {PLACEMENT_TIMEOUT_S:.0f} s: no node of the Ray cluster had "
@@ -254,6 +260,17 @@ class RayCluster(ProcessCluster):
             self._connected = False
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+async def _placed(actor) -> str:
+    """The node `actor` runs on, once it runs: one whose node was lost answers
+    ActorUnavailableError until Ray has declared the node dead and placed the actor again
+    (the caller bounds the wait)."""
+    while True:
+        try:
+            return await asyncio.wrap_future(actor.node.remote().future())
+        except ray.exceptions.ActorUnavailableError:
+            await asyncio.sleep(UNAVAILABLE_RETRY_S)  # a backoff between tries, not a wait for an event
 
 
 def _first_line(exc: BaseException) -> str:

@@ -245,12 +245,13 @@ def test_a_lost_node_is_replaced_on_the_spare_then_a_restart_loop_stops_the_clus
 
         # its second node lost within --stable-after-s: past --max-restarts 1, the cluster stops
         full.kill_node(other)
-        cluster.wait_line(
+        stopping = cluster.wait_line(
             "stderr", r"decode-0 .*restarted 1 times in a row \(--max-restarts 1\); stopping the cluster", 120
         )
         assert cluster.exit_status(GONE_BOUND_S * 2) == 1, cluster.output()
         left = wait_gone([pid for node in _minipd_processes(full).values() for pid in node], GONE_BOUND_S)
         assert left == [], _minipd_processes(full)
+        print(f"second node lost: {stopping.string}")
     finally:
         cluster.stop()
 
