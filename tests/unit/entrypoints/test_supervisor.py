@@ -141,3 +141,18 @@ def test_a_child_that_served_long_enough_counts_from_zero():
         watch.cancel()
 
     asyncio.run(scenario())
+
+
+def test_a_process_lost_with_its_actor_is_logged_with_that_reason(capsys):
+    async def scenario():
+        cluster = FakeCluster("decode-0", "router")
+        lost = cluster.child("decode-0").process
+        lost.exit_reason = "lost with its Ray actor: its node died"  # as RayProcess says it
+        watch = asyncio.ensure_future(Supervisor(cluster, ClusterConfig(max_restarts=0)).run())
+        lost.die(-signal.SIGKILL)
+        with pytest.raises(ChildFailed) as failed:
+            await asyncio.wait_for(watch, WAIT_S)
+        return str(failed.value), lost.pid
+
+    message, pid = asyncio.run(scenario())
+    assert message.startswith(f"decode-0 (pid {pid}) died (lost with its Ray actor: its node died)"), message
