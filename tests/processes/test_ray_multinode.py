@@ -101,9 +101,7 @@ def _minipd_processes(nodes: RayNodes) -> dict[str, dict[int, str]]:
 
 def _complete(nodes: RayNodes, url: str, max_tokens: int = 4):
     body = {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True}
-    return nodes.hosts.call_in(
-        nodes.head, http_json, "POST", f"{url}/v1/completions", body, timeout=REQUEST_TIMEOUT_S
-    )
+    return nodes.hosts.call_in(nodes.head, http_json, "POST", f"{url}/v1/completions", body, timeout=REQUEST_TIMEOUT_S)
 
 
 def _assert_completes(nodes: RayNodes, url: str) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 yaml = pytest.importorskip("yaml")
+jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("ray")
 from ray.autoscaler._private.util import fillout_defaults, validate_config  # noqa: E402
 
@@ -33,7 +34,7 @@ def test_the_cluster_yaml_is_valid_for_ray_up():
     config = yaml.safe_load(CLUSTER_YAML.read_text())
     validate_config(fillout_defaults(config))  # raises naming what is wrong
     broken = {**config, "available_node_types": {**config["available_node_types"], "head": {"resources": 1}}}
-    with pytest.raises(Exception):
+    with pytest.raises(jsonschema.ValidationError, match="node_config"):
         validate_config(fillout_defaults(broken))
 
 
