@@ -8,8 +8,12 @@ one GPU with `--device cuda`, and the role's custom resources (`--ray-prefill-re
 it, with the instances' addresses the actors report. Supervision is the local launcher's
 (`Supervisor`): an instance whose process dies is started again by its actor, registers with
 the router again, and the restarts are bounded by `--max-restarts` and logged; an actor that
-dies is restarted by Ray (`max_restarts`) and its process, which watched the actor's pipe,
-stops by itself.
+dies, or whose node is lost, is restarted by Ray (`max_restarts`) on a node with room for it,
+and its process, which watched the actor's pipe, stops by itself. The launcher sees that
+instance end `lost with its Ray actor` (`RayProcess.exit_reason`), and its restart asks the
+actor again (Ray answers ActorUnavailableError until it has placed it anew) within
+`PLACEMENT_TIMEOUT_S`, then starts the instance there; an actor Ray no longer restarts fails
+the restart naming it, one more death for the supervisor's bound.
 
 Without `--ray-address` a local Ray is started for the run (`ray.init` with an explicit
 `num_cpus`, its own temp dir, printed) and shut down at the end, which ends its processes; the

@@ -2,10 +2,10 @@
 
 `InstanceSupervisor` is a plain class; the launcher makes it a Ray actor with the instance's
 resources. `start` runs `minipd --role ROLE ARGV` as a process of its own on the actor's node
-(the same spawn as the local launcher's, `process_cluster.spawn_process`) and returns its
-address, pid and placement; `wait` returns once that process exits (its exit status); `signal`
-sends it a signal by pid; `start` again replaces it with a fresh one (the launcher's
-supervisor restarts an instance that died this way).
+(the same spawn as the local launcher's, `process_cluster.spawn_process`), bound to the node's
+address (`on_node`), and returns its address, pid and placement; `wait` returns once that
+process exits (its exit status); `signal` sends it a signal by pid; `start` again replaces it
+with a fresh one (the launcher's supervisor restarts an instance that died this way).
 
 The secrets reach the process without passing through Ray's metadata: the launcher `ray.put`s
 the child's secret environment variables and hands `start` the object's reference inside a
