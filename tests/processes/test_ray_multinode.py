@@ -264,6 +264,7 @@ def test_sigterm_of_the_launcher_leaves_no_process_on_any_node(full):
         for name, (ip, actor_pid, pid) in placed.items():
             assert {actor_pid, pid} <= set(running.get(full.node_named(ip), {})), (name, running)
         assert cluster.process.pid in running[full.head]  # the launcher (and its router) on the head
+        print(f"serving: {full.rss_mib():.0f} MiB resident on the nodes, Ray's and minipd's processes")
         cluster.process.send_signal(signal.SIGTERM)
         assert cluster.exit_status(GONE_BOUND_S * 2) == 0, cluster.output()
         everyone = [pid for node in running.values() for pid in node]

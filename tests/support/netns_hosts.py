@@ -9,7 +9,7 @@ and nothing leaves it). Processes run in a host with `exec_in(host)`, and a func
 process with `call_in(host, fn)`; `partition(host)` takes its link down (its processes live
 on, cut off) and `heal(host)` brings it up again.
 Names carry the creating pid (`mpdhost-PID-N-...`); namespaces left by a dead run are
-removed on the next start. `close` (and leaving the `with` block, however it ends) kills
+removed on the next start, with the processes still in them. `close` (and leaving the `with` block, however it ends) kills
 the processes started through `spawn` by their ids, then deletes every namespace, which
 deletes the bridge and the veths. Needs root and `ip`.
 """
@@ -54,9 +54,16 @@ def namespaces() -> list[str]:
 
 
 def remove_stale() -> None:
+    """Delete the namespaces of runs that died, killing (by id) what still runs in them first:
+    a namespace lives on, unnamed, while any process is in it."""
     for name in namespaces():
         match = NS_PATTERN.match(name)
         if match and not Path(f"/proc/{match.group(1)}").exists():
+            for pid in _run("ip", "netns", "pids", name, check=False).split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             _run("ip", "netns", "del", name, check=False)
 
 
