@@ -44,7 +44,6 @@ SMALL = ["--num-prefill", "1", "--num-decode", "1", "--transport", "tcp", "--shu
 PLACED = ["--ray-prefill-resources", '{"minipd_prefill": 1}', "--ray-decode-resources", '{"minipd_decode": 1}']
 PROMPT = "The KV cache moves between prefill and decode"
 RUN_TIMEOUT_S = 300.0  # Ray workers and three processes importing torch on a small, shared machine
-STARTUP_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 120.0
 GONE_BOUND_S = 60.0
 RESTART_BOUND_S = 240.0  # the node declared dead, the actor placed again, its worker and instance started
