@@ -44,7 +44,8 @@ def on_node(argv: list[str], node_ip: str) -> list[str]:
     loopback nor a wildcard address would do on a node of its own."""
     argv = list(argv)
     if HOST_FLAG in argv:
-        argv[len(argv) - 1 - argv[::-1].index(HOST_FLAG) + 1] = node_ip
+        last = len(argv) - 1 - argv[::-1].index(HOST_FLAG)
+        argv[last + 1] = node_ip
         return argv
     return [*argv, HOST_FLAG, node_ip]
 

@@ -3,10 +3,10 @@
 `Supervisor.run` waits on every child of a started `ProcessCluster`. A child that exits is
 logged on stderr in one line (its name, pid and exit status or signal, or the `exit_reason`
 of a process the launcher reaches through another: a Ray instance lost with its actor) and
-restarted by `ProcessCluster.restart` after a backoff (`BACKOFF_FIRST_S`, doubling up to `BACKOFF_MAX_S`):
-a restarted instance registers with the router as a rejoining instance does; a restarted
-router listens on the ports of the one it replaces and connects to every instance, as at
-start. A child restarted `max_restarts` times in a row (a child that served for
+restarted by `ProcessCluster.restart` after a backoff (`BACKOFF_FIRST_S`, doubling up to
+`BACKOFF_MAX_S`): a restarted instance registers with the router as a rejoining instance
+does; a restarted router listens on the ports of the one it replaces and connects to every
+instance, as at start. A child restarted `max_restarts` times in a row (a child that served for
 `stable_after_s` counts from 0 again), or any child under `exit_on_child_failure`, ends the
 run with `ChildFailed`, a RuntimeError naming the child; the launcher then stops the
 cluster and exits 1. A restart that fails (the child's own error line says why) counts as

@@ -9,9 +9,9 @@ and nothing leaves it). Processes run in a host with `exec_in(host)`, and a func
 process with `call_in(host, fn)`; `partition(host)` takes its link down (its processes live
 on, cut off) and `heal(host)` brings it up again.
 Names carry the creating pid (`mpdhost-PID-N-...`); namespaces left by a dead run are
-removed on the next start, with the processes still in them. `close` (and leaving the `with` block, however it ends) kills
-the processes started through `spawn` by their ids, then deletes every namespace, which
-deletes the bridge and the veths. Needs root and `ip`.
+removed on the next start, with the processes still in them. `close` (and leaving the `with`
+block, however it ends) kills the processes started through `spawn` by their ids, then
+deletes every namespace, which deletes the bridge and the veths. Needs root and `ip`.
 """
 
 from __future__ import annotations
