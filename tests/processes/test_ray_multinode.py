@@ -100,7 +100,7 @@ def _minipd_processes(nodes: RayNodes) -> dict[str, dict[int, str]]:
 
 def _complete(nodes: RayNodes, url: str, max_tokens: int = 4):
     body = {"prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True}
-    return nodes.hosts.call_in(nodes.head, http_json, "POST", f"{url}/v1/completions", body, timeout=REQUEST_TIMEOUT_S)
+    return nodes.head_client.call(http_json, "POST", f"{url}/v1/completions", body, timeout=REQUEST_TIMEOUT_S)
 
 
 def _assert_completes(nodes: RayNodes, url: str) -> None:
@@ -142,7 +142,7 @@ def _sent(launcher: Launcher, nodes: RayNodes) -> _InFlight:
     request = _InFlight(nodes, launcher.base_url)
     deadline = time.monotonic() + REQUEST_TIMEOUT_S
     while time.monotonic() < deadline and request.thread.is_alive():
-        metrics = nodes.hosts.call_in(nodes.head, _metrics_text, launcher.base_url, timeout=REQUEST_TIMEOUT_S)
+        metrics = nodes.head_client.call(_metrics_text, launcher.base_url, timeout=REQUEST_TIMEOUT_S)
         if re.search(r'^minipd_requests_decoding\{instance="decode-0"\} [1-9]', metrics, re.M):
             return request
         time.sleep(0.1)  # polling the router's gauge, bounded by the deadline
@@ -190,7 +190,7 @@ def test_a_killed_instance_is_restarted_by_its_actor_and_served_again(full):
         placed = _placed(cluster.stdout)
         node_ip, actor_pid, old = placed["decode-0"]
         node = full.node_named(node_ip)
-        assert old in full.pids(node) and actor_pid in full.pids(node)  # it runs where the launcher says
+        assert old in full.hosts.pids(node) and actor_pid in full.hosts.pids(node)  # it runs where the launcher says
 
         in_flight = _sent(cluster, full)
         killed_at = time.monotonic()
@@ -202,10 +202,10 @@ def test_a_killed_instance_is_restarted_by_its_actor_and_served_again(full):
         restarted_s = time.monotonic() - killed_at
         new = int(match[1])
         how = in_flight.ended_clearly("decode-0", REQUEST_TIMEOUT_S)
-        assert match[2] == node_ip and new in full.pids(node)  # the same actor, on the same node
+        assert match[2] == node_ip and new in full.hosts.pids(node)  # the same actor, on the same node
         _assert_completes(full, cluster.base_url)  # the only decode instance: the restarted one decoded it
-        instances = full.hosts.call_in(
-            full.head, http_json, "GET", f"{cluster.base_url}/admin/instances", timeout=REQUEST_TIMEOUT_S
+        instances = full.head_client.call(
+            http_json, "GET", f"{cluster.base_url}/admin/instances", timeout=REQUEST_TIMEOUT_S
         )
         assert "decode-0" in str(instances.body), instances
         assert gone(old) and not gone(new)
@@ -232,7 +232,7 @@ def test_a_lost_node_is_replaced_on_the_spare_then_a_restart_loop_stops_the_clus
         )
         back_s = time.monotonic() - killed_at
         assert match[2] == full.ip(other), cluster.output()  # Ray placed it again on the spare
-        assert int(match[1]) in full.pids(other)
+        assert int(match[1]) in full.hosts.pids(other)
         how = in_flight.ended_clearly("decode-0", REQUEST_TIMEOUT_S)
         _assert_completes(full, cluster.base_url)
         print(

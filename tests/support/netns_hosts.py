@@ -5,34 +5,31 @@
 
 The bridge lives in a namespace of its own and no namespace has a route out, so the hosts'
 segment is isolated from the machine's (its addresses cannot collide with the machine's,
-and nothing leaves it). Processes run in a host with `exec_in(host)`, and a function of this
-process with `call_in(host, fn)`; `partition(host)` takes its link down (its processes live
-on, cut off) and `heal(host)` brings it up again.
+and nothing leaves it). Processes run in a host with `exec_in(host)`; `partition(host)`
+takes its link down (its processes live on, cut off) and `heal(host)` brings it up again;
+`kill_host(host)` kills every process in its namespace by its id (a host losing power).
 Names carry the creating pid (`mpdhost-PID-N-...`); namespaces left by a dead run are
 removed on the next start, with the processes still in them. `close` (and leaving the `with`
-block, however it ends) kills the processes started through `spawn` by their ids, then
-deletes every namespace, which deletes the bridge and the veths. Needs root and `ip`.
+block, however it ends) kills the processes started through `spawn`, and any other process
+still in one of its namespaces, by their ids, then deletes every namespace, which deletes the
+bridge and the veths. Needs root and `ip`.
 """
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import os
 import re
 import shutil
 import signal
 import subprocess
-import threading
 from pathlib import Path
-from typing import Any, Callable
 
 NS_PREFIX = "mpdhost"
 NS_PATTERN = re.compile(rf"^{NS_PREFIX}-(\d+)-\d+-")
 SUBNET = "10.77.0"
 COMMAND_TIMEOUT_S = 30.0
 KILL_TIMEOUT_S = 15.0
-CLONE_NEWNET = 0x40000000
 _counter = itertools.count()
 
 
@@ -60,15 +57,15 @@ def remove_stale() -> None:
         match = NS_PATTERN.match(name)
         if match and not Path(f"/proc/{match.group(1)}").exists():
             for pid in _run("ip", "netns", "pids", name, check=False).split():
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                _kill(int(pid))
             _run("ip", "netns", "del", name, check=False)
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it exited meanwhile
+        pass
 
 
 class NetnsHosts:
@@ -115,38 +112,26 @@ class NetnsHosts:
         self.processes.append(process)
         return process
 
-    def call_in(self, host: str, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
-        """`fn(*args)` run from `host`: on a thread of this process that entered the host's
-        network namespace (a network namespace is per thread), so the sockets it opens are the
-        host's. Its exception is raised here; TimeoutError if it runs past `timeout`."""
-        outcome: dict[str, Any] = {}
-
-        def run() -> None:
-            try:
-                fd = os.open(f"/run/netns/{self.namespace[host]}", os.O_RDONLY)
-                try:
-                    if _libc().setns(fd, CLONE_NEWNET) != 0:
-                        raise OSError(ctypes.get_errno(), f"setns into {self.namespace[host]}")
-                finally:
-                    os.close(fd)
-                outcome["value"] = fn(*args)
-            except BaseException as exc:
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=run, daemon=True)  # it ends with `fn`, its namespace with it
-        thread.start()
-        thread.join(timeout)
-        if thread.is_alive():
-            raise TimeoutError(f"{getattr(fn, '__name__', fn)} on {host} ran past {timeout} s")
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
-
     def partition(self, host: str) -> None:
         _run("ip", "-n", self.namespace[host], "link", "set", "eth0", "down")
 
     def heal(self, host: str) -> None:
         _run("ip", "-n", self.namespace[host], "link", "set", "eth0", "up")
+
+    def pids(self, host: str) -> list[int]:
+        """The ids of every process running on `host` (in its namespace)."""
+        return [int(pid) for pid in _run("ip", "netns", "pids", self.namespace[host]).split()]
+
+    def kill_host(self, host: str) -> list[int]:
+        """SIGKILL every process of `host`, as if it lost power; returns their ids. Its link
+        stays up: the kernel closes their connections."""
+        killed = self.pids(host)
+        for pid in killed:
+            _kill(pid)
+        for process in self.processes:  # reap the ones started here (the rest are others' children)
+            if process.pid in killed:
+                process.wait(KILL_TIMEOUT_S)
+        return killed
 
     def close(self) -> None:
         for process in self.processes:
@@ -154,6 +139,10 @@ class NetnsHosts:
                 os.kill(process.pid, signal.SIGKILL)  # `ip netns exec` execs the program: this is its pid
                 process.wait(KILL_TIMEOUT_S)
         present = set(namespaces())
+        for ns in [*self.namespace.values(), self.switch]:  # anything started there another way
+            if ns in present:
+                for pid in _run("ip", "netns", "pids", ns, check=False).split():
+                    _kill(int(pid))
         for ns in [*self.namespace.values(), self.switch]:
             if ns in present:
                 _run("ip", "netns", "del", ns, check=False)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from netns_client import NamespaceClient
 from netns_hosts import NetnsHosts, unavailable_reason
 
 GCS_PORT = 6379
@@ -86,6 +86,7 @@ class RayNodes:
         self.starters: dict[str, subprocess.Popen] = {}  # node -> its `ray start --block`
         self.started_s = 0.0  # how long the cluster took to come up
         self.token = os.urandom(32).hex()
+        self.head_client: NamespaceClient | None = None  # calls made from the head, once started
 
     @property
     def address(self) -> str:
@@ -105,6 +106,7 @@ class RayNodes:
                 self.start_node(node)
             self.wait_alive(len(self.specs))
             self.started_s = time.monotonic() - started
+            self.head_client = NamespaceClient(self.hosts.namespace[self.head])
         except BaseException:
             self.close()
             raise
@@ -176,15 +178,9 @@ class RayNodes:
             raise RuntimeError(f"{len(alive)} Ray nodes alive after {timeout:.0f} s, not {count}: {nodes}")
         return nodes
 
-    def pids(self, node: str) -> list[int]:
-        """Every process on `node` (in its network namespace), by id."""
-        ns = self.hosts.namespace[node]
-        done = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, timeout=30)
-        return [int(p) for p in done.stdout.split()] if done.returncode == 0 else []
-
     def cmdlines(self, node: str) -> dict[int, str]:
         lines = {}
-        for pid in self.pids(node):
+        for pid in self.hosts.pids(node):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     lines[pid] = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -196,7 +192,7 @@ class RayNodes:
         """Resident memory of every process on every node."""
         total_kib = 0
         for node in self.specs:
-            for pid in self.pids(node):
+            for pid in self.hosts.pids(node):
                 try:
                     with open(f"/proc/{pid}/status") as status:
                         total_kib += next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
@@ -206,24 +202,18 @@ class RayNodes:
 
     def kill_node(self, node: str) -> list[int]:
         """SIGKILL every process on `node` (its raylet, its workers, what they started), by id,
-        until none is left; returns the ids killed."""
-        killed: list[int] = []
+        until none is left (one may start while the others die); returns the ids killed."""
+        killed: set[int] = set()
         deadline = time.monotonic() + KILL_TIMEOUT_S
-        while pids := self.pids(node):
+        while pids := self.hosts.pids(node):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"processes of {node} still running after {KILL_TIMEOUT_S:.0f} s: {pids}")
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.append(pid)
-                except ProcessLookupError:
-                    pass
-            starter = self.starters.get(node)
-            if starter is not None and starter.pid in pids:
-                starter.wait(KILL_TIMEOUT_S)  # reaped: it no longer counts as a process there
-        return sorted(set(killed))
+            killed.update(self.hosts.kill_host(node))
+        return sorted(killed)
 
     def close(self) -> None:
+        if self.head_client is not None:
+            self.head_client.close()
         try:
             for node in self.specs:
                 if node in self.hosts.namespace:
