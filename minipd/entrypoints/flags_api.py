@@ -146,7 +146,8 @@ FLAGS = (
         help=f"a child (instance or router) that dies is logged and restarted after a backoff ({BACKOFF_FIRST_S} s, "
         f"doubling up to {BACKOFF_MAX_S:.0f} s) and connected to the router again, at most this many times in a "
         "row; one more death stops the cluster and the launcher exits 1 naming the child. A child that served for "
-        f"{_CLUSTER.stable_after_s:.0f} s counts from 0 again (default: %(default)s)",
+        f"{_CLUSTER.stable_after_s:.0f} s counts from 0 again. With --launcher ray it is also each instance "
+        "actor's max_restarts: how many times Ray places it again when its node is lost (default: %(default)s)",
     ),
     flag(
         "--exit-on-child-failure",
