@@ -132,6 +132,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
                 secret=secret,
                 max_connections=process.max_connections,
                 liveness_timeout_s=process.liveness_timeout_s,
+                start_epoch=configs.instance.start_epoch,
             )
             port = await instance.serve(process.host, control_port)
         if http is not None:

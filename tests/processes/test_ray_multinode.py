@@ -30,6 +30,8 @@ from http_helpers import http_json
 from launcher_process import Launcher, gone, wait_gone
 from ray_nodes import NODE_DEAD_S, NodeSpec, RayNodes, ray_unavailable_reason
 
+from minipd.entrypoints.restart_epoch import EPOCHS_PER_RESTART
+
 REASON = ray_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"a multi-node Ray needs: {REASON}")
 
@@ -207,7 +209,8 @@ def test_a_killed_instance_is_restarted_by_its_actor_and_served_again(full):
         instances = full.head_client.call(
             http_json, "GET", f"{cluster.base_url}/admin/instances", timeout=REQUEST_TIMEOUT_S
         )
-        assert "decode-0" in str(instances.body), instances
+        (decode,) = [i for i in instances.body["instances"] if i["instance"] == "decode-0"]
+        assert decode["epoch"] == EPOCHS_PER_RESTART, decode  # the restarted process: a new role epoch
         assert gone(old) and not gone(new)
         print(f"instance killed: serving again {restarted_s:.1f} s later; the request in flight {how}")
     finally:
@@ -235,6 +238,11 @@ def test_a_lost_node_is_replaced_on_the_spare_then_a_restart_loop_stops_the_clus
         assert int(match[1]) in full.hosts.pids(other)
         how = in_flight.ended_clearly("decode-0", REQUEST_TIMEOUT_S)
         _assert_completes(full, cluster.base_url)
+        instances = full.head_client.call(
+            http_json, "GET", f"{cluster.base_url}/admin/instances", timeout=REQUEST_TIMEOUT_S
+        )
+        (decode,) = [i for i in instances.body["instances"] if i["instance"] == "decode-0"]
+        assert decode["epoch"] == EPOCHS_PER_RESTART, decode  # restarted once: a new role epoch
         print(
             f"node lost ({len(killed)} processes killed; Ray declares a node dead within ~{NODE_DEAD_S:.0f} s): "
             f"decode-0 serving on the spare {back_s:.1f} s later; the request in flight {how}"
