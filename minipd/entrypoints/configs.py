@@ -103,7 +103,7 @@ def role_configs(role: Role, args: argparse.Namespace) -> RoleConfigs:
     return RoleConfigs(
         role=role,
         process=process,
-        engine=_engine(role, values.get("engine", {}), instance) if role in ENGINE_ROLES else None,
+        engine=_engine(role, values.get("engine", {}), instance, cluster) if role in ENGINE_ROLES else None,
         router=_router(values.get("router", {})) if role in ROUTING else None,
         http=_http(role, values.get("http", {}), process, serving),
         serving=serving,
@@ -127,12 +127,15 @@ def _fill(config: Any, values: dict[str, Any]) -> Any:
     return msgspec.structs.replace(config, **changes)
 
 
-def _engine(role: Role, values: dict[str, Any], instance: InstanceConfig) -> EngineConfig:
+def _engine(role: Role, values: dict[str, Any], instance: InstanceConfig, cluster: ClusterConfig) -> EngineConfig:
     config = _fill(EngineConfig(), values)
     if role is Role.CLUSTER:
         # the launcher's --cpus are the cores it divides among its children (cli.py checks them
-        # against this process's); each child checks its own share, and names its own step log
-        config.replace(cpus=None).validate()
+        # against this process's); each child checks its own share, and names its own step log.
+        # On Ray the instances run on the nodes Ray picks: a GPU is theirs to check, not the
+        # launcher's (its node may have none)
+        device = "cpu" if cluster.launcher == "ray" else config.device
+        config.replace(cpus=None, device=device).validate()
         return config
     if instance.step_log_dir:
         step_log = os.path.join(instance.step_log_dir, f"{instance.name(role, os.getpid())}.jsonl")

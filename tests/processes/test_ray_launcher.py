@@ -171,6 +171,26 @@ def test_a_resource_no_node_has_fails_at_once_naming_it(ray_address):
     assert _our_actors("ALIVE") == [] and _our_actors("PENDING_CREATION") == []
 
 
+def test_device_cuda_asks_ray_for_a_gpu_per_instance(ray_address):
+    # this module's Ray has no GPU: the request for one is refused at once, naming it
+    proc = _run(
+        "--role",
+        "cluster",
+        "--launcher",
+        "ray",
+        "--ray-address",
+        ray_address,
+        *SMALL,
+        "--device",
+        "cuda",
+        "--prompt",
+        "x",
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"-0 asks Ray for \{CPU: 1, GPU: 1\}.*no node .* has GPU", proc.stderr), proc.stderr
+    assert _our_actors("ALIVE") == [] and _our_actors("PENDING_CREATION") == []
+
+
 def test_secret_stays_out_of_ray_and_a_killed_instance_is_restarted(ray_address, monkeypatch):
     secret = "s3cret-" + os.urandom(12).hex()
     monkeypatch.setenv("MINIPD_CLUSTER_SECRET", secret)
