@@ -14,6 +14,13 @@ class RoleChange(NamedTuple):
     num_prefill: int  # instances serving as prefill (draining ones excluded)
     num_decode: int
     num_switching: int  # draining or between roles
+    num_starting: int = 0  # added, not serving yet (the start-up delay)
+    num_removing: int = 0  # draining before they are removed
+
+    @property
+    def num_held(self) -> int:
+        """Instances the cluster holds (their GPUs are taken) in a P/D cluster."""
+        return self.num_prefill + self.num_decode + self.num_switching + self.num_starting + self.num_removing
 
 
 class SimResult(NamedTuple):
@@ -36,6 +43,10 @@ class SimResult(NamedTuple):
     peak_kv_used: dict[int, int]  # instance index -> most KV tokens reserved at once (decode/colocated)
     kv_capacity: int
     num_admission_waits: int  # requests that found no KV room on arrival
+    # Instance-seconds the cluster held from time 0 to the last token, starting, switching and
+    # draining instances included (times the profile's GPUs per instance: GPU-seconds).
+    instance_seconds: float = 0.0
+    scale_events: tuple = ()  # ScaleDecisions that added, removed or switched an instance
 
     @property
     def num_requests(self) -> int:
