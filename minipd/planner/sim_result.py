@@ -23,6 +23,17 @@ class RoleChange(NamedTuple):
         return self.num_prefill + self.num_decode + self.num_switching + self.num_starting + self.num_removing
 
 
+def held_seconds(roles: list[RoleChange], start_s: float, end_s: float, extra: int = 0) -> float:
+    """Instance-seconds held between `start_s` and `end_s` by a cluster whose changes are
+    `roles` (in time order; each holds until the next), plus `extra` instances throughout."""
+    total = 0.0
+    for change, following in zip(roles, [*roles[1:], None]):
+        lo = max(start_s, change.time_s)
+        hi = min(end_s, following.time_s if following is not None else end_s)
+        total += max(0.0, hi - lo) * (change.num_held + extra)
+    return total
+
+
 class SimResult(NamedTuple):
     """Arrays are indexed like the workload's requests. Latencies are seconds; a request with
     a single output token has no gaps (tpot, itl nan). `itl_p90` is the 90th percentile of

@@ -36,17 +36,18 @@ from minipd.planner.latency_recorder import LatencyRecorder
 from minipd.planner.mixed_worker import COLOCATED, DECODE, MixedWorker
 from minipd.planner.prefill_worker import PREFILL, PrefillWorker
 from minipd.planner.sim_request import Mode, SimRequest
-from minipd.planner.sim_result import RoleChange, SimResult
+from minipd.planner.sim_result import RoleChange, SimResult, held_seconds
 from minipd.planner.sim_scaling import SimScaling
 from minipd.planner.step_jitter import SpeedProcess, TracedSpeed
 from minipd.policy.local_prefill import PlacementInput, place_prefill
-from minipd.policy.ratio_controller import CAUSE_COOLDOWN, CAUSE_FEW_SAMPLES, CAUSE_IN_FLIGHT, Move
+from minipd.policy.ratio_controller import CAUSE_FEW_SAMPLES, CAUSE_IN_FLIGHT
 from minipd.policy.scale_policy import IdleClock, PoolState, ScaleAction, ScaleInput, ScalePolicy, wanted_role
 from minipd.workload import RequestSpec
 
 STEP_END, TRANSFER_DONE, ROLE_READY, CONTROL, TTFT_DEADLINE, DECODE_JOIN, STARTED = range(7)
-# ratio-controller holds that say nothing about which role is short
-_NO_WANT = (CAUSE_COOLDOWN, CAUSE_FEW_SAMPLES, CAUSE_IN_FLIGHT)
+# Ratio-controller holds that leave no role wanted. Its cool-down is not one of them: it
+# paces moves, while adds have the scale policy's own cool-down.
+_NO_WANT = (CAUSE_FEW_SAMPLES, CAUSE_IN_FLIGHT)
 DEFAULT_OPTIONS = SimOptions()
 
 
@@ -321,7 +322,7 @@ class _Run:
         wanted, switch_wanted = None, False
         if decision is not None and decision.cause not in _NO_WANT:
             config = self.controller.config
-            target = {Move.TO_PREFILL: PREFILL, Move.TO_DECODE: DECODE}.get(decision.move)
+            target = decision.move.target_role
             floor = config.target - config.hysteresis
             wanted = wanted_role(target, decision.ttft_attainment, decision.decode_attainment, floor)
             switch_wanted = decision.move.moves
@@ -425,11 +426,7 @@ class _Run:
     def _instance_seconds(self) -> float:
         """The integral of the instances held from time 0 to the last token."""
         end = max((r.finish_s for r in self.requests), default=0.0)
-        total, colocated = 0.0, len(self.colocated)
-        for change, following in zip(self.roles, [*self.roles[1:], None]):
-            until = min(end, following.time_s if following is not None else end)
-            total += max(0.0, until - change.time_s) * (change.num_held + colocated)
-        return total
+        return held_seconds(self.roles, 0.0, end, extra=len(self.colocated))
 
 
 def _queued_tokens(worker: PrefillWorker) -> int:

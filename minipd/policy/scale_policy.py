@@ -3,18 +3,21 @@
 Pure (no I/O, no clock of its own, no cluster import): the caller measures and counts, this
 decides. The simulator calls it and the live controller is meant to call exactly this.
 
-Per decision (`decide_scale(inputs, config)`, or `ScalePolicy.decide` which also keeps the
-time of the last action for the cool-down):
+Per decision (`decide_scale(inputs, config, last_action_s, last_add_s)`, or
+`ScalePolicy.decide`, which keeps those two times itself):
 1. none within `cooldown_s` of the last action;
 2. when the ratio controller wants more of a role (`inputs.wanted_role`, see `wanted_role`):
    add one of that role if the mode scales, the cluster has a free slot and the role's pool
    (serving plus starting) is under its maximum; otherwise switch one from the other role
    if the mode switches, the controller asked to move (`inputs.switch_wanted`), the other
    pool stays at or above its minimum and the wanted pool under its maximum;
-3. otherwise, if the mode scales, remove one instance from a pool that has been idle
-   (`PoolState.idle_s`, see `IdleClock`) for at least `idle_window_s` and serves above its
-   minimum, never from the wanted role (the longest-idle pool first): that can make the
-   room a later add needs.
+3. otherwise, if the mode scales and nothing was added in the last `idle_window_s`, remove
+   one instance from a pool that has been idle (`PoolState.idle_s`, see `IdleClock`) for
+   at least `idle_window_s` and serves above its minimum, never from the wanted role (the
+   longest-idle pool first): that can make the room a later add needs.
+Growing is quick (an add needs only the controller's want and a free slot) and shrinking
+slow (a whole idle window, and none while the cluster grows), as with other autoscalers:
+a missing instance costs SLOs, a spare one only GPU time.
 Modes: "switch" (only moves between roles: a fixed-size cluster), "scale" (only adds and
 removes) and "both".
 """
@@ -77,7 +80,7 @@ class ScaleConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_prefill: int | None = None  # None: no bound but the cluster's room
     min_decode: int = 1
     max_decode: int | None = None
-    cooldown_s: float = 30.0  # at least this long between two actions
+    cooldown_s: float = 5.0  # at least this long between two actions
     idle_window_s: float = 60.0  # a pool idle this long loses an instance
 
     def __post_init__(self) -> None:
@@ -116,9 +119,11 @@ def _other(role: str) -> str:
     return DECODE if role == PREFILL else PREFILL
 
 
-def decide_scale(inputs: ScaleInput, config: ScaleConfig, last_action_s: float | None = None) -> ScaleDecision:
+def decide_scale(
+    inputs: ScaleInput, config: ScaleConfig, last_action_s: float | None = None, last_add_s: float | None = None
+) -> ScaleDecision:
     """One decision (the module docstring has the rules); `last_action_s`: when the last
-    action other than NONE was decided, for the cool-down."""
+    action other than NONE was decided, for the cool-down; `last_add_s`: the last ADD."""
     now = inputs.now_s
     if inputs.wanted_role is not None and inputs.wanted_role not in ROLES:
         raise ValueError(f"wanted_role: expected one of {ROLES} or None, got {inputs.wanted_role!r}")
@@ -143,7 +148,7 @@ def decide_scale(inputs: ScaleInput, config: ScaleConfig, last_action_s: float |
             if inputs.switch_wanted
             else "no move asked"
         )
-    if config.scales:
+    if config.scales and (last_add_s is None or now - last_add_s >= config.idle_window_s):
         idle = [
             role
             for role in ROLES
@@ -168,13 +173,16 @@ class ScalePolicy:
     def __init__(self, config: ScaleConfig):
         self.config = config
         self.last_action_s: float | None = None
+        self.last_add_s: float | None = None
         self.decisions: list[ScaleDecision] = []
 
     def decide(self, inputs: ScaleInput) -> ScaleDecision:
-        decision = decide_scale(inputs, self.config, self.last_action_s)
+        decision = decide_scale(inputs, self.config, self.last_action_s, self.last_add_s)
         if decision.action is not ScaleAction.NONE:
             self.last_action_s = inputs.now_s
             self.decisions.append(decision)
+        if decision.action is ScaleAction.ADD:
+            self.last_add_s = inputs.now_s
         return decision
 
 
