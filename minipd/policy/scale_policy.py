@@ -139,15 +139,15 @@ def decide_scale(
             return ScaleDecision(now, ScaleAction.ADD, wanted, f"{wanted} wanted, room for one", CAUSE_ADD)
         if config.switches and inputs.switch_wanted and under_max and other.serving > config.minimum(_other(wanted)):
             return ScaleDecision(now, ScaleAction.SWITCH, wanted, f"{wanted} wanted, no room to add", CAUSE_SWITCH)
-        blocked = f"{wanted} wanted: " + (
-            f"{wanted} at its maximum"
-            if not under_max
-            else "no room to add"
-            if config.scales
-            else f"{_other(wanted)} at its minimum"
-            if inputs.switch_wanted
-            else "no move asked"
-        )
+        parts = []
+        if not under_max:
+            parts.append(f"{wanted} at its maximum")
+        else:
+            if config.scales:
+                parts.append("no room to add")
+            if config.switches:
+                parts.append(f"{_other(wanted)} at its minimum" if inputs.switch_wanted else "no move asked")
+        blocked = f"{wanted} wanted: " + " and ".join(parts)
     if config.scales and (last_add_s is None or now - last_add_s >= config.idle_window_s):
         idle = [
             role
