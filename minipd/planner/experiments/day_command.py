@@ -66,9 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument(
         "--idle-threshold",
         type=float,
-        default=0.6,
+        default=0.5,
         help="a pool is idle while its load (prefill: time stepping; decode: KV reserved), "
-        "spread over one instance fewer, stays under this (default: 0.6)",
+        "spread over one instance fewer, stays under this (default: 0.5)",
     )
     scale.add_argument(
         "--startup-s", type=float, default=1.0, help="an added instance serves this long after the decision"

@@ -192,7 +192,7 @@ def run_day(
     modes: tuple[str, ...] = DEFAULT_MODES,
     scale: ScaleConfig = ScaleConfig(),
     startup_delay_s: float = 1.0,
-    idle_threshold: float = 0.6,
+    idle_threshold: float = 0.5,
 ) -> DayResult:
     """`modes` (DAY_MODES): "fixed" holds the ratio, "switch" lets the ratio controller move
     instances between roles, "scale" lets it add instances (up to `num_instances` held) and

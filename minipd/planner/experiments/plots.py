@@ -104,12 +104,13 @@ def day(result, path: str) -> None:
     end = len(result.hours)
     for m in result.modes:
         color = MODE_COLORS[m.name]
-        times = [r[0] / hour for r in m.roles] + [end]
-        prefill = [r[1] for r in m.roles]
+        day_roles = [r for r in m.roles if r[0] < end * hour]  # not the backlog's drain after the day
+        times = [r[0] / hour for r in day_roles] + [end]
+        prefill = [r[1] for r in day_roles]
         style = "--" if m.name == "fixed" else "-"
         roles.step(times, prefill + prefill[-1:], where="post", color=color, linestyle=style, label=m.name)
         if scaling:
-            held = [sum(r[1:]) for r in m.roles]
+            held = [sum(r[1:]) for r in day_roles]
             label = f"{m.name}: {m.gpu_hours:.0f} GPU-h"
             axes[1].step(times, held + held[-1:], where="post", color=color, linestyle=style, label=label)
     roles.set_ylabel("prefill instances")
@@ -155,6 +156,7 @@ def day(result, path: str) -> None:
         ax.set_ylabel(label)
         ax.legend(loc="lower left", fontsize=8)
     decode.set_xlabel(f"hour of the day (each simulated for {hour:g} s)")
+    decode.set_xlim(0, end)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
