@@ -21,7 +21,7 @@ class SimScaling(msgspec.Struct, frozen=True, kw_only=True):
     policy: ScaleConfig
     capacity: int  # instances the cluster can hold at once, starting and draining ones included
     startup_delay_s: float = 0.0  # from the add decision to serving
-    idle_threshold: float = 0.6  # IdleClock: a pool is idle when one instance fewer stays under this load
+    idle_threshold: float = 0.5  # IdleClock: a pool is idle when one instance fewer stays under this load
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
