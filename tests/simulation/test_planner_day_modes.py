@@ -93,3 +93,15 @@ def test_the_table_json_and_plot_name_every_mode(day, capsys, tmp_path) -> None:
     path = tmp_path / "day.png"
     plot_day(day, str(path))
     assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_bad_scaling_bounds_are_refused_naming_the_flag(capsys) -> None:
+    import argparse
+
+    from minipd.planner.experiments import day_command
+
+    parser = argparse.ArgumentParser()
+    day_command.add_arguments(parser)
+    args = parser.parse_args(["--modes", "scale", "--min-decode", "3", "--max-decode", "2"])
+    assert day_command.run(args) == 2
+    assert "max_decode: must be >= min_decode (3), got 2" in capsys.readouterr().err
