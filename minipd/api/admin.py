@@ -8,7 +8,10 @@
   instance), 504 (the drain outlasted its timeout; nothing changed), 502 (the instance
   refused or was lost).
 - `GET /admin/instances`: every instance's id, role, epoch, whether it is switching and what
-  it computes on (`Welcome.compute`, such as `node1/cpu:0`), and every role change so far.
+  it computes on (`Welcome.compute`, such as `node1/cpu:0`), and every role change so far;
+  on a router whose launcher scales pools (router/pool_scaler.py), also whether each
+  instance is draining to be removed, the pool sizes and bounds, and the scale events
+  (`ScaleEvent`: adding, added, draining, removing, removed or failed).
 Both are guarded by the app's API key like every other route; the POST takes only
 `application/json` bodies (415 otherwise, json_only.py).
 
@@ -36,6 +39,7 @@ from minipd.api.json_only import require_json
 from minipd.control.messages import DRAIN_TIMEOUT
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.policy.local_prefill import Placement
+from minipd.router.pool_scaler import LivePoolScaler
 from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchConflict, SwitchFailed, UnknownInstance
 from minipd.router.router import Router
 
@@ -51,8 +55,8 @@ def _json(value) -> web.Response:
 
 
 class AdminRoutes:
-    def __init__(self, router: Router):
-        self.router = router
+    def __init__(self, router: Router, scaler: LivePoolScaler | None = None):
+        self.router, self.scaler = router, scaler
 
     def install(self, app: web.Application) -> None:
         app.router.add_post("/admin/switch_role", self.switch_role)
@@ -78,21 +82,25 @@ class AdminRoutes:
 
     async def instances(self, request: web.Request) -> web.Response:
         handles = sorted(self.router.registry.alive(), key=lambda h: h.instance_id)
-        return _json(
+        removing = self.scaler.removing if self.scaler is not None else set()
+        instances = [
             {
-                "instances": [
-                    {
-                        "instance": h.instance_id,
-                        "role": h.role.value,
-                        "epoch": h.epoch,
-                        "switching": h.draining,
-                        "compute": h.welcome.compute,
-                    }
-                    for h in handles
-                ],
-                "role_changes": msgspec.to_builtins(self.router.role_changes),
+                "instance": h.instance_id,
+                "role": h.role.value,
+                "epoch": h.epoch,
+                "switching": h.draining and h.instance_id not in removing,
+                "compute": h.welcome.compute,
             }
-        )
+            for h in handles
+        ]
+        body = {"instances": instances, "role_changes": msgspec.to_builtins(self.router.role_changes)}
+        if self.scaler is not None:
+            for entry in instances:
+                entry["removing"] = entry["instance"] in removing
+            body["pools"] = {role.value: n for role, n in self.scaler.pool_sizes().items()}
+            body["pool_bounds"] = msgspec.to_builtins(self.scaler.config.bounds)
+            body["scale_events"] = msgspec.to_builtins(self.scaler.events)
+        return _json(body)
 
 
 class RouterCollector(Collector):
@@ -134,11 +142,11 @@ class RouterCollector(Collector):
         yield from (switches, last, epochs, placements, stale)
 
 
-def router_admin(router: Router) -> Callable[[web.Application], None]:
+def router_admin(router: Router, scaler: LivePoolScaler | None = None) -> Callable[[web.Application], None]:
     """An app extension (`build_app(..., extensions=[...])`): the admin routes and the router's series."""
 
     def install(app: web.Application) -> None:
-        AdminRoutes(router).install(app)
+        AdminRoutes(router, scaler).install(app)
         app[METRICS_KEY].registry.register(RouterCollector(router))
         app[METRICS_KEY].registry.register(DisaggDecisionCollector(router.counters))
 

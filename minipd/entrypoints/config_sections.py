@@ -21,6 +21,7 @@ from minipd.disagg.instance import DEFAULT_LEASE_S
 from minipd.engine.config import EngineConfig
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
 from minipd.engine.sampling_params import SamplingParams
+from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import ControllerConfig
 from minipd.registry.etcd_url import RegistryUrl
 from minipd.router.live_controller import LiveControllerOptions
@@ -113,6 +114,47 @@ class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True):
     ray_address: str | None = None  # None: a local Ray started for the run
     ray_prefill_resources: tuple[tuple[str, float], ...] = ()  # custom Ray resources per role: (name, amount)
     ray_decode_resources: tuple[tuple[str, float], ...] = ()
+    # pool scaling (--launcher ray): None where not given; see `scaling`
+    min_prefill: int | None = None
+    max_prefill: int | None = None
+    min_decode: int | None = None
+    max_decode: int | None = None
+    scale_idle_window_s: float | None = None
+    scale_cooldown_s: float | None = None
+
+    def scaling(self) -> ScalingConfig | None:
+        """How the pools may scale, or None when no scaling flag was given (the pools keep their
+        sizes). A bound not given is the pool's start size. ValueError naming the flag's field:
+        scaling without the Ray launcher, a bound out of order, a start size outside its bounds,
+        or no decode instance left at the minimum."""
+        given = [f for f in _SCALING_FIELDS if getattr(self, f) is not None]
+        if not given:
+            return None
+        if self.launcher != "ray":
+            raise ValueError(
+                f"{given[0]}: pool scaling needs --launcher ray (the local launcher cannot place new "
+                "instances; its pools keep their start sizes)"
+            )
+        start = {"prefill": self.num_prefill, "decode": self.num_decode}
+        limits = {}
+        for role, size in start.items():
+            low, high = getattr(self, f"min_{role}"), getattr(self, f"max_{role}")
+            limits[f"min_{role}"] = min(size, high if high is not None else size) if low is None else low
+            limits[f"max_{role}"] = max(size, limits[f"min_{role}"]) if high is None else high
+        bounds = PoolBounds(**limits)  # checks min <= max and >= 0
+        for role, size in start.items():
+            if size < limits[f"min_{role}"]:
+                raise ValueError(f"min_{role}: {limits[f'min_{role}']} is above --num-{role} {size}")
+            if size > limits[f"max_{role}"]:
+                raise ValueError(f"max_{role}: {limits[f'max_{role}']} is below --num-{role} {size}")
+        if bounds.min_decode < 1 and self.num_colocated == 0:
+            raise ValueError("min_decode: must be >= 1 without colocated instances (someone must decode)")
+        defaults = ScalingConfig()
+        return ScalingConfig(
+            bounds=bounds,
+            idle_window_s=defaults.idle_window_s if self.scale_idle_window_s is None else self.scale_idle_window_s,
+            cooldown_s=defaults.cooldown_s if self.scale_cooldown_s is None else self.scale_cooldown_s,
+        )
 
     def validate(self, transport: str) -> None:
         for field in ("num_prefill", "num_decode", "num_colocated", "max_restarts"):
@@ -124,6 +166,10 @@ class ClusterConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError("ray_address: needs --launcher ray")
         if transport == "loopback":
             raise ValueError("transport: loopback works only inside one process; choose tcp, ucx or nixl")
+        self.scaling()
+
+
+_SCALING_FIELDS = ("min_prefill", "max_prefill", "min_decode", "max_decode", "scale_idle_window_s", "scale_cooldown_s")
 
 
 class DemoConfig(msgspec.Struct, frozen=True, kw_only=True):

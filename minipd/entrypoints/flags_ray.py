@@ -1,6 +1,7 @@
 """The flags of `minipd --role cluster --launcher ray` (ray_cluster.py): which launcher, which
-Ray cluster, and the custom Ray resources each role's instances ask for. Each entry's `sets`
-names the config field it fills (flag_spec.py)."""
+Ray cluster, the custom Ray resources each role's instances ask for, and how the ratio
+controller may scale the pools (ray_scaling.py). Each entry's `sets` names the config field it
+fills (flag_spec.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 import math
 
 from minipd.control.role import Role
-from minipd.entrypoints.flag_spec import CLUSTER, flag
+from minipd.entrypoints.flag_spec import CLUSTER, Flag, flag
+from minipd.policy.pool_scaling import ScalingConfig
 
 LAUNCHERS = ("local", "ray")
 
@@ -75,3 +77,46 @@ FLAGS = (
         help="with --launcher ray: custom Ray resources each decode (and colocated) instance asks for (default: none)",
     ),
 )
+
+
+def _scaling_bound(end: str, role: str) -> Flag:
+    return flag(
+        f"--{end}-{role}",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets=f"cluster.{end}_{role}",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with --launcher ray: the {'fewest' if end == 'min' else 'most'} {role} instances the ratio "
+        f"controller scales the pool to (default: --num-{role}, the start size); giving any pool scaling flag turns "
+        "scaling on, refused with the local launcher",
+    )
+
+
+SCALING_FLAGS = (
+    *(_scaling_bound(end, role) for role in ("prefill", "decode") for end in ("min", "max")),
+    flag(
+        "--scale-idle-window-s",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.scale_idle_window_s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with pool scaling: a pool with no request on any of its instances for this long, above its "
+        f"minimum, drains and removes one instance (default: {ScalingConfig().idle_window_s:g})",
+    ),
+    flag(
+        "--scale-cooldown-s",
+        {Role.CLUSTER},
+        CLUSTER,
+        sets="cluster.scale_cooldown_s",
+        type=float,
+        default=None,
+        metavar="S",
+        help=f"with pool scaling: at least this long between two adds or removes (default: "
+        f"{ScalingConfig().cooldown_s:g})",
+    ),
+)
+FLAGS = (*FLAGS, *SCALING_FLAGS)

@@ -17,7 +17,8 @@ itself once the launcher is gone, however it died. A child's stderr is held unti
 ready, then relayed (`child_stderr.py`): one that fails to start raises RuntimeError quoting
 its own error line, and `start` stops the others. `stop` stops every child (the router
 first; SIGTERM, then SIGKILL once its shutdown deadline and a grace period passed);
-`kill_all` kills them at once.
+`kill_all` kills them at once. `add_instance` and `remove_instance` change the instances while
+the cluster runs (the Ray launcher's pool scaling, ray_scaling.py).
 
 `restart(name)` replaces a child with a fresh process (an instance registers with the
 router; a router takes the old one's ports and connects to every instance): the launcher's
@@ -49,6 +50,7 @@ from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
 from minipd.router.cluster_client import ClusterClient
+from minipd.router.scale_link import ENV_FD as SCALE_LINK_ENV
 from minipd.transports import fault_points
 from minipd.transports.shared_secret import SharedSecret, generate_secret_text
 
@@ -88,6 +90,7 @@ class ProcessCluster:
         self.fault_dir = fault_dir
         self._pipe: LauncherPipe | None = None  # children stop by themselves once it closes
         self._processes: set[asyncio.subprocess.Process] = set()  # every one started, ready or not
+        self.children_changed = asyncio.Event()  # set when an instance is added or removed while running
 
     @property
     def args(self) -> argparse.Namespace:
@@ -213,6 +216,37 @@ class ProcessCluster:
                 raise RuntimeError(f"the router did not take the restarted {name}: {exc}") from None
         return child
 
+    async def add_instance(self, name: str, role: Role) -> Child:
+        """Start one more instance `name` (its cores planned in `placement` already) while the
+        cluster runs, and register it with the router; supervised like the others from then
+        on. RuntimeError when it did not start or the router did not take it (it is stopped)."""
+        argv = ["--instance-id", name, _CONTROL_PORT_FLAG[role], "0", *self._child_argv(name, role)]
+        child = await self._spawn(name, role, argv)
+        routers = [i for i, c in enumerate(self.children) if c.role is Role.ROUTER]
+        self.children.insert(routers[0] if routers else len(self.children), child)  # the router stays last
+        self.children_changed.set()
+        if self.args.registry is None:  # else it registers there by itself
+            try:
+                await self.rejoin(name)
+            except Exception as exc:
+                await self.remove_instance(name)
+                raise RuntimeError(f"the router did not take the added {name}: {exc}") from None
+        return child
+
+    async def remove_instance(self, name: str) -> None:
+        """Stop instance `name` for good, as `stop` stops one (SIGTERM: its own graceful
+        drain, then SIGKILL past the deadline); it is no longer supervised."""
+        child = self.child(name)
+        self.children.remove(child)
+        self.children_changed.set()
+        await self._stop_child(child)
+        await child.stderr.drained()
+
+    def _router_scale_socket(self):
+        """A socket whose descriptor a router about to start inherits as its scale link
+        (router/scale_link.py); None: this launcher does not scale pools."""
+        return None
+
     async def rejoin(self, name: str) -> None:
         """Have the router register child `name` (running, but no longer registered)."""
         host, port = self.child(name).address
@@ -243,9 +277,18 @@ class ProcessCluster:
         if self._pipe is None:
             self._pipe = LauncherPipe()
         env = {**self._child_env(role, dict(os.environ)), **self._pipe.child_env()}
-        process, address, announcements, stderr = await spawn_process(
-            name, role, argv, env, self._pipe.pass_fds, self._processes.add
-        )
+        pass_fds = self._pipe.pass_fds
+        scale_end = self._router_scale_socket() if role is Role.ROUTER else None
+        if scale_end is not None:
+            env[SCALE_LINK_ENV] = str(scale_end.fileno())
+            pass_fds = (*pass_fds, scale_end.fileno())
+        try:
+            process, address, announcements, stderr = await spawn_process(
+                name, role, argv, env, pass_fds, self._processes.add
+            )
+        finally:
+            if scale_end is not None:
+                scale_end.close()  # the router holds its own copy
         stderr.release()
         child = Child(name, role, process, address, announcements, argv, asyncio.Queue(), stderr)
         asyncio.get_running_loop().create_task(self._drain(child))

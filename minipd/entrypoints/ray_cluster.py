@@ -13,7 +13,8 @@ stops by itself.
 
 Without `--ray-address` a local Ray is started for the run (`ray.init` with an explicit
 `num_cpus`, its own temp dir, printed) and shut down at the end, which ends its processes; the
-temp dir is removed. With one, the launcher joins that cluster as a driver: its actors end
+temp dir is removed (with pool scaling, ray_scaling.py, it has the CPUs of every instance the
+pools may grow to). With one, the launcher joins that cluster as a driver: its actors end
 with it. Every wait on Ray is bounded: an instance whose resources no node has fails at once
 naming them, one that no node has room for within `PLACEMENT_TIMEOUT_S` fails naming them too.
 """
@@ -32,10 +33,11 @@ import ray
 from minipd.control.role import Role
 from minipd.entrypoints.child_spawn import READY_TIMEOUT_S
 from minipd.entrypoints.configs import RoleConfigs
-from minipd.entrypoints.cpu_plan import ROUTER
+from minipd.entrypoints.cpu_plan import ROUTER, plan_cluster
 from minipd.entrypoints.flags import inherited_env
 from minipd.entrypoints.process_cluster import Child, ProcessCluster
 from minipd.entrypoints.ray_instance import InstanceSupervisor
+from minipd.entrypoints.ray_scaling import RayPoolScaling
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +93,12 @@ class RayCluster(ProcessCluster):
         self._secret_refs: dict[Role, object] = {}
         self._node: str | None = None
         self._connected = False
+        scaling = configs.cluster.scaling()
+        self.scaling = None if scaling is None else RayPoolScaling(self, scaling)  # ray_scaling.py
+        if self.scaling is not None:  # every slot the pools may grow to gets its cores now
+            engine = configs.engine
+            slots = [name for name, _ in self.scaling.slot_names()]
+            self.placement = plan_cluster(slots, engine.cpus, engine.torch_threads, engine.cpu_placement)
 
     # ---- placement
     def _cpu_count(self, name: str) -> int:
@@ -111,7 +119,8 @@ class RayCluster(ProcessCluster):
             f"placement: {name}: a Ray actor asking for {_text(self._resources(name, role))}"
             for name, role in self._instances()
         ]
-        return [*lines, f"placement: {ROUTER}: {self.placement[ROUTER].describe()} (this host)"]
+        scaling = [self.scaling.describe()] if self.scaling is not None else []
+        return [*lines, f"placement: {ROUTER}: {self.placement[ROUTER].describe()} (this host)", *scaling]
 
     def ready_lines(self) -> list[str]:
         return [
@@ -137,7 +146,7 @@ class RayCluster(ProcessCluster):
         address = self.configs.cluster.ray_address
         if address is None:
             self.temp_dir = tempfile.mkdtemp(prefix="minipd-ray-")
-            cpus = sum(self._cpu_count(name) for name, _ in self._instances())
+            cpus = sum(self._cpu_count(name) for name in self.placement if name != ROUTER)  # every slot
             ray.init(num_cpus=cpus, _temp_dir=self.temp_dir, namespace=f"minipd-{self._run}", log_to_driver=True)
         else:
             ray.init(address=address, namespace=f"minipd-{self._run}", log_to_driver=True)
@@ -228,9 +237,22 @@ class RayCluster(ProcessCluster):
         address = (info["host"], info["port"])
         return Child(name, role, process, address, info["announcements"], argv, asyncio.Queue(), _RelayedByActor())
 
+    def _router_scale_socket(self):
+        return self.scaling.router_socket() if self.scaling is not None else None
+
+    async def remove_instance(self, name: str) -> None:
+        """The instance stopped as the local launcher stops one, then its actor killed."""
+        await super().remove_instance(name)
+        actor = self._actors.pop(name, None)
+        self.placed.pop(name, None)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+
     async def stop(self) -> None:
         """Every process stopped as the local launcher stops them (the instances through their
         actors, by pid), then the actors killed, then Ray left (a local one shut down)."""
+        if self.scaling is not None:
+            await self.scaling.close()  # no instance is added or removed from now on
         await super().stop()
         await self._disconnect()
 

@@ -26,6 +26,7 @@ from minipd.api.app import start_api
 from minipd.api.controller_metrics import controller_metrics
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
+from minipd.api.scale_metrics import scale_metrics
 from minipd.control.role import Role
 from minipd.dashboard.routes import engine_dashboard, router_dashboard
 from minipd.dashboard.routes import print_address as print_dashboard_address
@@ -44,6 +45,7 @@ from minipd.entrypoints.stop_signal import wait_for_stop_signal
 from minipd.registry.membership import controller_election, instance_presence, require_etcd_client, router_membership
 from minipd.router.control_port import RouterControlPort
 from minipd.router.controller_switch import ControllerSwitch
+from minipd.router.pool_scaler import scaler_from_launcher
 from minipd.router.router import Router
 from minipd.slo.targets import SLO
 from minipd.tracing import exporter as trace_exporter
@@ -187,9 +189,11 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
     server = RouterControlPort(router, process.max_connections)
     api = membership = election = None
     controller = ControllerSwitch(router, policy.policy, policy.options)
+    scaler = None
     _start_tracing(process, ROUTER_SERVICE, "router", Role.ROUTER)
     try:
         warn_if_exposed("the router", process.host, router.secret)
+        scaler = await scaler_from_launcher(router, controller)  # None unless a scaling launcher started it
         deadline = asyncio.get_running_loop().time() + CONNECT_TIMEOUT_S
         for role, addresses in configs.endpoints.by_role():
             for host, port in addresses:
@@ -211,9 +215,10 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
                 backend,
                 http,
                 extensions=[
-                    router_admin(router),
+                    router_admin(router, scaler),
                     router_controls(router, controller),
                     controller_metrics(controller),
+                    *([scale_metrics(scaler)] if scaler is not None else []),
                     dashboard,
                 ],
             )
@@ -244,6 +249,8 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
         if election is not None:
             await election.close()
         await controller.stop()
+        if scaler is not None:
+            await scaler.close()
         if membership is not None:
             await membership.close()
         if api is not None:

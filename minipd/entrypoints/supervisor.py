@@ -9,7 +9,8 @@ start. A child restarted `max_restarts` times in a row (a child that served for
 `stable_after_s` counts from 0 again), or any child under `exit_on_child_failure`, ends the
 run with `ChildFailed`, a RuntimeError naming the child; the launcher then stops the
 cluster and exits 1. A restart that fails (the child's own error line says why) counts as
-one more death of that child.
+one more death of that child. The children may change while it watches (`children_changed`):
+an instance added is watched from then on, one removed is not restarted.
 """
 
 from __future__ import annotations
@@ -52,18 +53,21 @@ class Supervisor:
 
     async def run(self) -> None:
         """Watch until cancelled (the launcher stops), or raise ChildFailed."""
-        now = time.monotonic()
-        for child in self.cluster.children:
-            self._started_at.setdefault(child.name, now)
+        changed = self.cluster.children_changed
         while True:
+            changed.clear()
+            for child in self.cluster.children:  # one added meanwhile counts from now
+                self._started_at.setdefault(child.name, time.monotonic())
             waits = {asyncio.ensure_future(c.process.wait()): c for c in self.cluster.children}
+            change = asyncio.ensure_future(changed.wait())
             try:
-                done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait([*waits, change], return_when=asyncio.FIRST_COMPLETED)
             finally:
-                for wait in waits:
+                for wait in (*waits, change):
                     wait.cancel()
-            for child in [waits[w] for w in done]:  # the children as listed: instances before the router
-                await self._after_death(child)
+            for child in [waits[w] for w in done if w in waits]:  # as listed: instances before the router
+                if child in self.cluster.children:  # one removed on purpose is not restarted
+                    await self._after_death(child)
 
     async def _after_death(self, child) -> None:
         died_at = time.monotonic()

@@ -150,6 +150,11 @@ class RatioController:
         self._tokens_ok += ok
         self._tokens_all += count
 
+    def note_pool_change(self, now: float) -> None:
+        """A pool changed size (an instance added or removed, pool_scaling.py): the samples
+        before it judged other pools, so the window starts afresh, and the cool-down too."""
+        self._last_move_s = now
+
     def window_start(self, now: float) -> float:
         """Where the samples the next decision weighs begin: `window_s` ago, or at the last move."""
         start = now - self.config.window_s

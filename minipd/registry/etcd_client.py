@@ -20,6 +20,17 @@ from minipd.registry.etcd_url import ETCD_PASSWORD_ENV, RegistryUrl
 log = logging.getLogger(__name__)
 
 DEFAULT_CALL_TIMEOUT_S = 2.0
+# gRPC waits longer and longer between reconnects to an endpoint that refuses (1 s, growing
+# 1.6 times up to 120 s): after a 10 s etcd outage its next try could come 6 s after etcd
+# returned, past the lease etcd grants on its return (one TTL, 2 s at least), and every
+# instance would be dropped by every router (tests/processes/test_registry_claims.py saw it
+# once in three outages). Retrying every half second at most brings the first refresh well
+# within that TTL.
+CHANNEL_OPTIONS = {
+    "grpc.initial_reconnect_backoff_ms": 100,
+    "grpc.min_reconnect_backoff_ms": 100,
+    "grpc.max_reconnect_backoff_ms": 500,
+}
 ETCD_ERRORS = (aetcd.exceptions.ClientError, asyncio.TimeoutError, TimeoutError, OSError)
 RevisionCompacted = aetcd.exceptions.RevisionCompactedError
 
@@ -41,7 +52,12 @@ class EtcdEndpoints:
             host, port = self.endpoint
             password = os.environ.get(ETCD_PASSWORD_ENV) if self.url.user else None
             self._client = aetcd.Client(
-                host, port, username=self.url.user, password=password, timeout=self.call_timeout_s
+                host,
+                port,
+                username=self.url.user,
+                password=password,
+                timeout=self.call_timeout_s,
+                options=CHANNEL_OPTIONS,
             )
         return self._client
 

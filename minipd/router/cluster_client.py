@@ -55,13 +55,17 @@ class ClusterClient(GeneratesFromSubmit):
         layerwise: bool | None = None,
     ) -> RequestStream:
         """Send a request; the stream yields its outputs (the router's refusals arrive as a
-        finished output with `error`; engine/generator.py). `request_id` is unique among this
+        finished output with `error`; engine/generator.py), and so does the connection to it
+        being lost, before or after the request left. `request_id` is unique among this
         client's live requests (None: numbered here); `layerwise` overrides the router's KV
         streaming mode for this request."""
         request_id = request_id if request_id is not None else f"c{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already running")
         stream = RequestStream(request_id, self._abort)
+        if self.channel.closed.is_set():  # the router is gone: say so now, not after a wait for nothing
+            stream.put(RequestOutput.aborted(request_id, f"connection lost: {self.channel.close_reason}"))
+            return stream
         self._streams[request_id] = stream
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
         try:

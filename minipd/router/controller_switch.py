@@ -62,6 +62,7 @@ class ControllerSwitch:
         self._past_moves: list[MoveRecord] = []
         self.decision_counts: Counter = Counter()  # every controller's decisions, across restarts (/metrics)
         self.election = None  # a ControllerElection when several routers share the instances
+        self.scaler = None  # a LivePoolScaler (pool_scaler.py) when a launcher can add and remove instances
 
     @property
     def leader(self) -> bool:
@@ -80,6 +81,7 @@ class ControllerSwitch:
                 self.options,
                 decision_counts=self.decision_counts,
                 may_decide=lambda: self.election is None or self.election.leader,
+                scaler=self.scaler,
             )
             self.controller.start()
 

@@ -108,6 +108,10 @@ class InstanceLinks:
         if task is not None:
             task.cancel()
 
+    def keep(self, address: tuple[str, int]) -> None:
+        """`address` is a member again (undoes `forget` while its instance is still registered)."""
+        self._members.add(address)
+
     async def _connect(self, host: str, port: int, timeout: float, expected_role: Role | None, readmit: bool):
         if readmit:
             # The old member must have ended what it did for us first (it aborts it all, then
@@ -203,7 +207,10 @@ class InstanceLinks:
             log.info("the old connection of %s closed; it is registered again", handle.instance_id)
             return
         if not handle.evicted:
-            log.warning("instance %s lost: %s", handle.instance_id, handle.channel.close_reason)
+            # one no longer a member (forgotten: a pool scaler removing it) left as asked
+            left = handle.address not in self._members
+            log.log(logging.INFO if left else logging.WARNING, "instance %s %s: %s", handle.instance_id,
+                    "left" if left else "lost", handle.channel.close_reason)  # fmt: skip
             self.registry.lose(handle, reason, fenced=True)
         else:
             # it can write no more: its peers fence its writes

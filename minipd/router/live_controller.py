@@ -22,9 +22,12 @@ carries out its moves. Top-down:
    adds little to it; among those, the one with the least work to drain; each move and its outcome are logged
    and kept in `moves` (the router keeps every completed switch in `role_changes`, which
    /metrics and /admin/instances show).
-Colocated instances are never moved. Every decision is counted by move and cause in
-`decision_counts`, the latest kept in `last_decision`, and the latencies behind them in
-`latencies` (controller_latency.py); /metrics shows all three (api/controller_metrics.py).
+With a pool scaler (pool_scaler.py, on a router a scaling launcher started), step 4 is the
+scaler's: it may add an instance of the wanted role instead of switching one, and it
+removes an instance of a pool idle past its window. Colocated instances are never moved.
+Every decision is counted by move and cause in `decision_counts`, the latest kept in
+`last_decision`, and the latencies behind them in `latencies` (controller_latency.py);
+/metrics shows all three (api/controller_metrics.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from minipd.router.registry import InstanceHandle
 from minipd.router.role_switch_driver import SwitchConflict, SwitchFailed, UnknownInstance
 
 if TYPE_CHECKING:
+    from minipd.router.pool_scaler import LivePoolScaler
     from minipd.router.router import Router
 
 log = logging.getLogger(__name__)
@@ -104,8 +108,11 @@ class LiveRatioController:
         clock: Callable[[], float] = time.monotonic,
         decision_counts: Counter[tuple[Move, str]] | None = None,
         may_decide: Callable[[], bool] = lambda: True,
+        scaler: LivePoolScaler | None = None,
     ):
-        """`decision_counts`: where to count decisions (one kept across restarts), else a new one."""
+        """`decision_counts`: where to count decisions (one kept across restarts), else a new one;
+        `scaler`: the pool scaler that may add or remove instances (pool_scaler.py), if any."""
+        self.scaler = scaler
         self.router, self.options, self.clock = router, options, clock
         self.may_decide = may_decide  # checked before each decision: False while not the elected leader
         self.policy = RatioController(config)
@@ -154,7 +161,8 @@ class LiveRatioController:
         serving = self.router.registry.serving()
         prefill = [h for h in serving if h.role is Role.PREFILL]
         decode = [h for h in serving if h.role is Role.DECODE]
-        decision = self.policy.decide(now, len(prefill), len(decode), self._in_flight)
+        in_flight = self._in_flight + (self.scaler.in_flight if self.scaler is not None else 0)
+        decision = self.policy.decide(now, len(prefill), len(decode), in_flight)
         self.decision_counts[decision.move, decision.cause] += 1
         self.last_decision = decision
         self.latencies.prune(self.policy.window_start(now))  # bounded by the window
@@ -167,11 +175,20 @@ class LiveRatioController:
             len(prefill),
             len(decode),
         )
-        if decision.move is Move.TO_PREFILL:
-            self._start(pick_mover(decode, prefill, InstanceHandle.running), Role.PREFILL, decision)
-        elif decision.move is Move.TO_DECODE:
-            self._start(pick_mover(prefill, decode, _queued), Role.DECODE, decision)
+        if self.scaler is not None and self.scaler.step(self, now, decision):
+            return decision  # the scaler adds an instance instead, or switches one itself, or holds
+        self.carry_out(decision)
         return decision
+
+    def carry_out(self, decision: Decision) -> None:
+        """Start the switch a move decision asks for, with the instances serving now."""
+        serving = self.router.registry.serving()
+        prefill = [h for h in serving if h.role is Role.PREFILL]
+        decode = [h for h in serving if h.role is Role.DECODE]
+        if decision.move is Move.TO_PREFILL and decode:
+            self._start(pick_mover(decode, prefill, InstanceHandle.running), Role.PREFILL, decision)
+        elif decision.move is Move.TO_DECODE and prefill:
+            self._start(pick_mover(prefill, decode, _queued), Role.DECODE, decision)
 
     def _start(self, handle: InstanceHandle, target: Role, decision: Decision) -> None:
         record = MoveRecord(

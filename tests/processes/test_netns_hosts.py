@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from etcd_server import wait_until
 from netns_hosts import NetnsHosts, namespaces, unavailable_reason
 
 REASON = unavailable_reason()
@@ -58,3 +59,21 @@ def test_everything_is_removed_when_the_body_fails():
             raise RuntimeError("boom")
     assert sleeper.poll() is not None  # killed by its id
     assert not (set(hosts.namespace.values()) | {hosts.switch}) & set(namespaces())
+
+
+def test_kill_host_kills_every_process_of_the_host_and_close_any_left():
+    sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+    with NetnsHosts(["a", "b"]) as hosts:
+        first = hosts.spawn("a", sleep)
+        second = subprocess.Popen([*hosts.exec_in("a"), *sleep])  # not through spawn
+        other = hosts.spawn("b", sleep)
+        # `ip netns exec` enters the namespace just after it starts: wait for both (bounded)
+        wait_until(lambda: set(hosts.pids("a")) == {first.pid, second.pid}, 30.0, "both on host a")
+        assert set(hosts.kill_host("a")) == {first.pid, second.pid}
+        second.wait(30)
+        assert first.poll() is not None and hosts.pids("a") == []
+        assert other.poll() is None  # another host's processes live on
+        stray = subprocess.Popen([*hosts.exec_in("b"), *sleep])
+        wait_until(lambda: stray.pid in hosts.pids("b"), 30.0, "the stray process on host b")
+    stray.wait(30)  # killed by close, although it was not started through spawn
+    assert other.poll() is not None

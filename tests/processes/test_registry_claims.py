@@ -192,3 +192,38 @@ def test_the_watch_resumes_from_the_last_revision_after_an_etcd_restart(etcd):
         ("delete", b"/resume/a"),
     ]
     assert num_watches >= 2  # created again after the restart, from the revision after /resume/b's
+
+
+def test_a_short_lease_outlives_a_10s_etcd_outage(etcd):
+    """etcd gives every lease a full TTL when it returns; the refresh must reach it within that
+    TTL (gRPC's own reconnect backoff, grown over the outage, must not delay it past it)."""
+    url = parse_registry_url(etcd.url("/outage"))
+    ttl_s = 2
+
+    async def scenario():
+        endpoints = EtcdEndpoints(url)
+
+        async def put(lease_id: int) -> None:
+            await endpoints.client.put(b"/outage/me", b"1", lease_id)
+
+        session = LeaseSession(endpoints, ttl_s, put, "outage")
+        await session.start(TIMEOUT_S)
+        try:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, etcd.stop)
+            stopped = loop.time()
+            while loop.time() - stopped < 10.0:  # the outage: the session keeps failing its refreshes
+                await asyncio.sleep(0.2)
+            await loop.run_in_executor(None, etcd.start)
+            back = loop.time()
+            present = []
+            while loop.time() - back < 3 * ttl_s:  # past the TTL etcd granted on its return
+                present.append(bool(etcd.keys("/outage/")))
+                await asyncio.sleep(0.1)
+            return present, session.num_leases
+        finally:
+            await session.close()
+
+    present, num_leases = asyncio.run(scenario())
+    assert all(present), present
+    assert num_leases == 1  # never expired: no new lease needed

@@ -1,6 +1,7 @@
 """A serving router loads no planner: the policies it runs live in minipd.policy and its SLO
 in minipd.slo, below the planner, and `minipd --role router` imports neither the simulator nor
-the planner's command line.
+the planner's command line; nor Ray (a router the Ray launcher starts scales pools over its
+scale link: tests/processes/test_ray_scaling.py checks that one has not loaded Ray either).
 
 The check is the real process: `python -X importtime` reports every module a process imports
 on stderr, so the router is started with it, with its HTTP API and the live ratio controller
@@ -49,8 +50,10 @@ def test_a_running_router_has_imported_no_planner_module(tmp_path):
     assert ready, f"the router did not start: {stderr_path.read_text()[-2000:]}"
     # the check sees the router's own imports, policies included ...
     assert {"minipd.router.router", "minipd.router.live_controller", "minipd.policy.ratio_controller"} <= modules
-    # ... and none of the planner's
+    assert {"minipd.router.pool_scaler", "minipd.policy.pool_scaling"} <= modules
+    # ... and none of the planner's, nor Ray (the Ray launcher's actuator is the launcher's own)
     assert sorted(m for m in modules if m == "minipd.planner" or m.startswith("minipd.planner.")) == []
+    assert sorted(m for m in modules if m == "ray" or m.startswith("ray.")) == []
 
 
 def test_the_command_line_knows_the_planners_commands():

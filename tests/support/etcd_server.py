@@ -1,9 +1,11 @@
 """A real etcd (Debian's `/usr/bin/etcd`) for the registry tests: on free ports of
 127.0.0.1, with its own data dir, stopped by its pid and started again on the same port and
-data dir (an etcd restart), every wait bounded."""
+data dir (an etcd restart), every wait bounded. On a host of `NetnsHosts`, give its address,
+ports and `prefix` (`hosts.exec_in(host)`): etcd and etcdctl then run in that namespace."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -11,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from typing import Sequence
 
 import pytest
 
@@ -29,22 +32,27 @@ def free_port() -> int:
 
 
 class EtcdServer:
-    def __init__(self) -> None:
+    def __init__(
+        self, host: str = "127.0.0.1", ports: tuple[int, int] | None = None, prefix: Sequence[str] = ()
+    ) -> None:
+        """`ports`: client and peer ports (default: free ones of 127.0.0.1)."""
         self.data_dir = tempfile.mkdtemp(prefix="minipd-etcd-")
-        self.port, self.peer_port = free_port(), free_port()
+        self.host, self.prefix = host, list(prefix)
+        self.port, self.peer_port = ports or (free_port(), free_port())
         self.process: subprocess.Popen | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def url(self, prefix: str) -> str:
         return f"etcd://{self.endpoint}{prefix}"
 
     def start(self) -> None:
-        client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
+        client, peer = f"http://{self.host}:{self.port}", f"http://{self.host}:{self.peer_port}"
         self.process = subprocess.Popen(
             [
+                *self.prefix,
                 ETCD,
                 "--name=minipd-test",
                 f"--data-dir={self.data_dir}",
@@ -75,12 +83,35 @@ class EtcdServer:
 
     def ctl(self, *args: str, check: bool = True, stdin: bytes | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
-            [ETCDCTL, f"--endpoints={self.endpoint}", "--dial-timeout=2s", "--command-timeout=5s", *args],
+            [*self.prefix, ETCDCTL, f"--endpoints={self.endpoint}", "--dial-timeout=2s", "--command-timeout=5s", *args],
             env={**os.environ, "ETCDCTL_API": "3"},
             capture_output=True,
             check=check,
             input=stdin,
             timeout=20,
+        )
+
+    def revision(self) -> int:
+        """etcd's current revision."""
+        return json.loads(self.ctl("get", "/", "--write-out=json").stdout)["header"]["revision"]
+
+    def watch(self, prefix: str, start_revision: int) -> subprocess.Popen:
+        """`etcdctl watch` of `prefix` from `start_revision` on (so no event after it is missed
+        however late the watch is set up), its events on stdout, one line each (PUT, key, value)."""
+        return subprocess.Popen(
+            [
+                *self.prefix,
+                ETCDCTL,
+                f"--endpoints={self.endpoint}",
+                "watch",
+                "--prefix",
+                f"--rev={start_revision}",
+                prefix,
+            ],
+            env={**os.environ, "ETCDCTL_API": "3"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
 
     def keys(self, prefix: str) -> list[str]:

@@ -6,11 +6,13 @@
 The bridge lives in a namespace of its own and no namespace has a route out, so the hosts'
 segment is isolated from the machine's (its addresses cannot collide with the machine's,
 and nothing leaves it). Processes run in a host with `exec_in(host)`; `partition(host)`
-takes its link down (its processes live on, cut off) and `heal(host)` brings it up again.
+takes its link down (its processes live on, cut off) and `heal(host)` brings it up again;
+`kill_host(host)` kills every process in its namespace by its id (a host losing power).
 Names carry the creating pid (`mpdhost-PID-N-...`); namespaces left by a dead run are
 removed on the next start. `close` (and leaving the `with` block, however it ends) kills
-the processes started through `spawn` by their ids, then deletes every namespace, which
-deletes the bridge and the veths. Needs root and `ip`.
+the processes started through `spawn`, and any other process still in one of its namespaces,
+by their ids, then deletes every namespace, which deletes the bridge and the veths. Needs root
+and `ip`.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def remove_stale() -> None:
         match = NS_PATTERN.match(name)
         if match and not Path(f"/proc/{match.group(1)}").exists():
             _run("ip", "netns", "del", name, check=False)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it exited meanwhile
+        pass
 
 
 class NetnsHosts:
@@ -105,12 +114,31 @@ class NetnsHosts:
     def heal(self, host: str) -> None:
         _run("ip", "-n", self.namespace[host], "link", "set", "eth0", "up")
 
+    def pids(self, host: str) -> list[int]:
+        """The ids of every process running on `host` (in its namespace)."""
+        return [int(pid) for pid in _run("ip", "netns", "pids", self.namespace[host]).split()]
+
+    def kill_host(self, host: str) -> list[int]:
+        """SIGKILL every process of `host`, as if it lost power; returns their ids. Its link
+        stays up: the kernel closes their connections."""
+        killed = self.pids(host)
+        for pid in killed:
+            _kill(pid)
+        for process in self.processes:  # reap the ones started here (the rest are others' children)
+            if process.pid in killed:
+                process.wait(KILL_TIMEOUT_S)
+        return killed
+
     def close(self) -> None:
         for process in self.processes:
             if process.poll() is None:
                 os.kill(process.pid, signal.SIGKILL)  # `ip netns exec` execs the program: this is its pid
                 process.wait(KILL_TIMEOUT_S)
         present = set(namespaces())
+        for ns in [*self.namespace.values(), self.switch]:  # anything started there another way
+            if ns in present:
+                for pid in _run("ip", "netns", "pids", ns, check=False).split():
+                    _kill(int(pid))
         for ns in [*self.namespace.values(), self.switch]:
             if ns in present:
                 _run("ip", "netns", "del", ns, check=False)

@@ -138,6 +138,7 @@ function showMessage(text) { $("message").textContent = text; }
 // ---- drawing --------------------------------------------------------------------------------
 function render(s) {
   latest = s;
+  window.minipdLatest = s;  // the latest snapshot, for scripts driving the page
   $("key-change").hidden = !AUTH_REQUIRED;
   renderHeadline(s);
   renderPools(s);

@@ -50,6 +50,7 @@ class FakeCluster:
         self.children = [FakeChild(name, FakeProcess()) for name in names]
         self.failures = 0
         self.restarted = asyncio.Queue()
+        self.children_changed = asyncio.Event()
 
     def child(self, name: str) -> FakeChild:
         return next(c for c in self.children if c.name == name)
@@ -141,3 +142,26 @@ def test_a_child_that_served_long_enough_counts_from_zero():
         watch.cancel()
 
     asyncio.run(scenario())
+
+
+def test_an_instance_added_is_watched_and_one_removed_is_not_restarted(capsys):
+    async def scenario():
+        cluster = FakeCluster("decode-0", "router")
+        watch = asyncio.ensure_future(Supervisor(cluster, ClusterConfig(max_restarts=3)).run())
+        await asyncio.sleep(0)  # the supervisor is watching the children it started with
+        added = FakeChild("decode-1", FakeProcess())
+        cluster.children.insert(1, added)  # as ProcessCluster.add_instance does
+        cluster.children_changed.set()
+        removed = cluster.child("decode-0")
+        cluster.children.remove(removed)  # as ProcessCluster.remove_instance does, before stopping it
+        cluster.children_changed.set()
+        removed.process.die(0)
+        added.process.die(1)
+        restarted = await asyncio.wait_for(cluster.restarted.get(), WAIT_S)
+        watch.cancel()
+        return restarted, [c.name for c in cluster.children]
+
+    restarted, names = asyncio.run(scenario())
+    assert restarted.name == "decode-1" and names == ["decode-1", "router"]
+    err = capsys.readouterr().err
+    assert "decode-1" in err and "decode-0" not in err, err
