@@ -16,10 +16,10 @@ duration is the profile's times its instance's factor at the step's start (a mac
 speed wanders; step_jitter.py).
 A `RatioController`, when given, is asked every `control_interval_s`; a move drains one
 instance (no new work; it finishes what it holds), which then serves in the other role
-after `switch_delay_s`. With a `SimScaling` the same tick asks `scale_policy.decide_scale`
-instead whether to add an instance (serving after `SimScaling.startup_delay_s`), drain and
-remove one, or switch one (sim_scaling.py); the result's `instance_seconds` integrates the
-instances held.
+after `switch_delay_s`. With a `SimScaling` the same tick asks the live scaler's policy
+(`pool_scaling.PoolScaler`) instead whether to add an instance (serving after
+`SimScaling.startup_delay_s`), drain and remove one, or switch one (sim_scaling.py); the
+result's `instance_seconds` integrates the instances held.
 """
 
 from __future__ import annotations
@@ -37,17 +37,13 @@ from minipd.planner.mixed_worker import COLOCATED, DECODE, MixedWorker
 from minipd.planner.prefill_worker import PREFILL, PrefillWorker
 from minipd.planner.sim_request import Mode, SimRequest
 from minipd.planner.sim_result import RoleChange, SimResult, held_seconds
-from minipd.planner.sim_scaling import SimScaling
+from minipd.planner.sim_scaling import SimScaling, pool_busy
 from minipd.planner.step_jitter import SpeedProcess, TracedSpeed
 from minipd.policy.local_prefill import PlacementInput, place_prefill
-from minipd.policy.ratio_controller import CAUSE_FEW_SAMPLES, CAUSE_IN_FLIGHT
-from minipd.policy.scale_policy import IdleClock, PoolState, ScaleAction, ScaleInput, ScalePolicy, wanted_role
+from minipd.policy.pool_scaling import PoolScaler, ScaleAction, wanted
 from minipd.workload import RequestSpec
 
 STEP_END, TRANSFER_DONE, ROLE_READY, CONTROL, TTFT_DEADLINE, DECODE_JOIN, STARTED = range(7)
-# Ratio-controller holds that leave no role wanted. Its cool-down is not one of them: it
-# paces moves, while adds have the scale policy's own cool-down.
-_NO_WANT = (CAUSE_FEW_SAMPLES, CAUSE_IN_FLIGHT)
 DEFAULT_OPTIONS = SimOptions()
 
 
@@ -76,8 +72,7 @@ class _Run:
     def __init__(self, sim: Simulator, specs: Sequence[RequestSpec], controller, scaling: SimScaling | None = None):
         self.profile, self.options, self.link, self.controller = sim.profile, sim.options, sim.link, controller
         self.scaling = scaling
-        self.scale_policy = ScalePolicy(scaling.policy) if scaling is not None else None
-        self.idle = {role: IdleClock(scaling.idle_threshold) for role in (PREFILL, DECODE)} if scaling else {}
+        self.scaler = PoolScaler(scaling.policy) if scaling is not None else None
         self.num_starting = {PREFILL: 0, DECODE: 0}
         self.removing: list = []  # draining, then leaving the cluster
         self.budget = sim.options.max_batched_tokens or sim.profile.max_batched_tokens
@@ -318,54 +313,51 @@ class _Run:
         self._push(self.now + self.options.control_interval_s, CONTROL, None)
 
     def _scale(self, decision) -> None:
-        self._measure_pools()
-        wanted, switch_wanted = None, False
-        if decision is not None and decision.cause not in _NO_WANT:
-            config = self.controller.config
-            target = decision.move.target_role
-            floor = config.target - config.hysteresis
-            wanted = wanted_role(target, decision.ttft_attainment, decision.decode_attainment, floor)
-            switch_wanted = decision.move.moves
-        held = self.roles[-1].num_held
-        pools = {PREFILL: self.prefill, DECODE: self.decode}
-        state = {
-            role: PoolState(len(pools[role]), self.num_starting[role], self.idle[role].idle_s(self.now))
-            for role in pools
-        }
-        inputs = ScaleInput(
-            self.now, state[PREFILL], state[DECODE], wanted, switch_wanted, self.scaling.capacity - held
-        )
-        action = self.scale_policy.decide(inputs)
-        if action.action is ScaleAction.NONE:
+        """The live scaler's step: observe the pools, then grow the wanted one or shrink an idle one."""
+        self.scaler.observe(self.now, self._pools_busy())
+        role, switch_allowed = wanted(decision) if decision is not None else (None, False)
+        sizes = {PREFILL: len(self.prefill), DECODE: len(self.decode)}
+        for pool, starting in self.num_starting.items():
+            sizes[pool] += starting
+        if role is None:
+            choice = self.scaler.shrink(self.now, sizes)
+        else:
+            room = self.scaling.adds and self.roles[-1].num_held < self.scaling.capacity
+            choice = self.scaler.grow(self.now, role, switch_allowed and self.scaling.switches, sizes, room)
+        if choice.action is ScaleAction.HOLD:
             return
-        self.scale_events.append(action)
-        if action.action is ScaleAction.ADD:
-            self.num_starting[action.role] += 1
-            self._push(self.now + self.scaling.startup_delay_s, STARTED, (self.next_index, action.role))
+        self.scale_events.append(choice)
+        if choice.action is ScaleAction.ADD:
+            self.num_starting[choice.role] += 1
+            self._push(self.now + self.scaling.startup_delay_s, STARTED, (self.next_index, choice.role))
             self.next_index += 1
             self._record_roles()
-        elif action.action is ScaleAction.REMOVE:
-            self._drain(action.role, remove=True)
+        elif choice.action is ScaleAction.REMOVE:
+            self._drain(choice.role, remove=True)
         else:
             self.moves.append(decision)
-            self._drain(DECODE if action.role == PREFILL else PREFILL)
+            self._drain(DECODE if choice.role == PREFILL else PREFILL)
 
-    def _measure_pools(self) -> None:
-        """Feed each pool's load over the last tick to its IdleClock."""
-        interval = self.options.control_interval_s
+    def _pools_busy(self) -> dict[str, bool]:
+        """Each pool's business over the last tick (sim_scaling.pool_busy)."""
+        interval, threshold = self.options.control_interval_s, self.scaling.idle_threshold
         busy = 0.0
         for worker in self.prefill:
             busy += worker.busy_s - worker.busy_mark
             worker.busy_mark = worker.busy_s
         n = len(self.prefill)
-        self.idle[PREFILL].observe(self.now, min(1.0, busy / (n * interval)) if n else 1.0, n)
+        prefill_load = min(1.0, busy / (n * interval)) if n else 1.0
         n = len(self.decode)
-        kv = sum(worker.kv_used for worker in self.decode) / (n * self.profile.kv_capacity_tokens) if n else 1.0
-        self.idle[DECODE].observe(self.now, kv, n)
+        decode_load = sum(w.kv_used for w in self.decode) / (n * self.profile.kv_capacity_tokens) if n else 1.0
+        return {
+            PREFILL: pool_busy(prefill_load, len(self.prefill), threshold),
+            DECODE: pool_busy(decode_load, len(self.decode), threshold),
+        }
 
     def _started(self, index: int, role: str) -> None:
         self.num_starting[role] -= 1
         self._serve(index, role)
+        self.scaler.done(self.now, role)
 
     def _drain(self, role: str, remove: bool = False) -> None:
         """Take one instance of `role` out of service; once it holds nothing it switches
@@ -395,6 +387,7 @@ class _Run:
         elif worker in self.removing:
             self.removing.remove(worker)
             self._record_roles()
+            self.scaler.done(self.now, worker.role)
         else:
             return
         if worker.role != PREFILL:

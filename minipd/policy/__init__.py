@@ -1,8 +1,7 @@
 """The policies the router runs live and the simulator replays: conditional disaggregation
-(`local_prefill`: prefill a prompt on its decode instance, or send it to prefill?), the
+(`local_prefill`: prefill a prompt on its decode instance, or send it to prefill?) and the
 P:D ratio controller (`ratio_controller`: move an instance between prefill and decode, or
-not), and pool scaling (`scale_policy`: add an instance, remove one, switch one, or none).
-Pure functions and state machines, no I/O and no clock of their own.
+not). Pure functions and state machines, no I/O and no clock of their own.
 
 Below both the router and the planner: imports only `minipd.slo` and `minipd.workload`, so a
 router process loads no simulator. This file imports nothing, so that importing one policy

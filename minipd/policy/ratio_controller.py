@@ -46,11 +46,6 @@ class Move(enum.Enum):
         """The role the moved instance leaves."""
         return {Move.TO_PREFILL: "decode", Move.TO_DECODE: "prefill"}[self]
 
-    @property
-    def target_role(self) -> str | None:
-        """The role the moved instance joins; None for HOLD."""
-        return {Move.TO_PREFILL: "prefill", Move.TO_DECODE: "decode"}.get(self)
-
 
 # A decision's `cause`: why it moved or held, one of a fixed few (a metric label; `reason`
 # says the same in words, with the figures).

@@ -13,8 +13,8 @@ from minipd.planner.experiments.day_experiment import DAY_MODES, run_day
 from minipd.planner.experiments.day_workload import CHAT, SUMMARISE
 from minipd.planner.kv_link import KVLink
 from minipd.planner.profiles import builtin_profile
+from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import ControllerConfig
-from minipd.policy.scale_policy import ScaleConfig
 from minipd.slo.targets import SLO
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -35,7 +35,11 @@ def short_day():
         controller=ControllerConfig(slo=slo, window_s=5.0, cooldown_s=1.0, max_in_flight=4),
         hours=HOURS,
         modes=DAY_MODES,
-        scale=ScaleConfig(cooldown_s=1.0, idle_window_s=3.0),
+        scale=ScalingConfig(
+            bounds=PoolBounds(min_prefill=1, max_prefill=NUM_INSTANCES, min_decode=1, max_decode=NUM_INSTANCES),
+            cooldown_s=1.0,
+            idle_window_s=3.0,
+        ),
         startup_delay_s=0.5,
     )
 
@@ -105,3 +109,6 @@ def test_bad_scaling_bounds_are_refused_naming_the_flag(capsys) -> None:
     args = parser.parse_args(["--modes", "scale", "--min-decode", "3", "--max-decode", "2"])
     assert day_command.run(args) == 2
     assert "max_decode: must be >= min_decode (3), got 2" in capsys.readouterr().err
+    args = parser.parse_args(["--modes", "scale", "--idle-window-s", "0"])
+    assert day_command.run(args) == 2
+    assert "scale_idle_window_s: must be positive, got 0.0" in capsys.readouterr().err

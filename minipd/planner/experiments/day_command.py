@@ -28,8 +28,8 @@ from minipd.planner.experiments.day_experiment import DAY_MODES, DEFAULT_MODES, 
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.profiles import BUILTIN, builtin_profile
+from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import ControllerConfig
-from minipd.policy.scale_policy import ScaleConfig
 from minipd.slo.targets import SLO
 
 DEFAULT_BUILTIN = "llama3-70b-h100-tp4"
@@ -122,14 +122,14 @@ def run(args: argparse.Namespace) -> int:
             hysteresis=args.hysteresis,
             max_in_flight=args.max_in_flight,
         )
-        scale = ScaleConfig(
+        n = args.num_instances
+        bounds = PoolBounds(
             min_prefill=args.min_prefill,
-            max_prefill=args.max_prefill,
+            max_prefill=n if args.max_prefill is None else args.max_prefill,
             min_decode=args.min_decode,
-            max_decode=args.max_decode,
-            cooldown_s=args.scale_cooldown_s,
-            idle_window_s=args.idle_window_s,
+            max_decode=n if args.max_decode is None else args.max_decode,
         )
+        scale = ScalingConfig(bounds=bounds, cooldown_s=args.scale_cooldown_s, idle_window_s=args.idle_window_s)
         result = run_day(
             profile,
             num_instances=args.num_instances,

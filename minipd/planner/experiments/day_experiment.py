@@ -25,8 +25,8 @@ from minipd.planner.sim_result import SimResult, held_seconds
 from minipd.planner.sim_scaling import SimScaling
 from minipd.planner.sim_summary import good_requests
 from minipd.planner.simulator import Simulator
-from minipd.policy.ratio_controller import ControllerConfig, RatioController
-from minipd.policy.scale_policy import ScaleConfig
+from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
+from minipd.policy.ratio_controller import ControllerConfig, Move, RatioController
 from minipd.slo.targets import SLO
 
 PLAN_REQUESTS_PER_INSTANCE = 150
@@ -152,14 +152,15 @@ def _simulate(mode: str, sim: Simulator, specs, controller: ControllerConfig, sc
         return sim.run(specs)
     if mode == "switch":
         return sim.run(specs, RatioController(controller))
-    policy = msgspec.structs.replace(scaling.policy, mode=mode)
-    return sim.run(specs, RatioController(controller), msgspec.structs.replace(scaling, policy=policy))
+    return sim.run(specs, RatioController(controller), msgspec.structs.replace(scaling, mode=mode))
 
 
 def _day_mode(
     mode: str, result: SimResult, slo: SLO, seconds_per_hour: float, window_s: float, end_s: float, gpus: int
 ):
-    events = [(d.time_s, "switch", d.move.target_role, d.reason) for d in result.moves]
+    events = [
+        (d.time_s, "switch", "prefill" if d.move is Move.TO_PREFILL else "decode", d.reason) for d in result.moves
+    ]
     events += [(e.time_s, e.action.value, e.role, e.reason) for e in result.scale_events if e.action.value != "switch"]
     instance_hours = held_seconds(result.roles, 0.0, end_s) / seconds_per_hour  # over the day's hours
     return DayMode(
@@ -190,18 +191,21 @@ def run_day(
     seed: int = 0,
     hours: tuple = HOURS,
     modes: tuple[str, ...] = DEFAULT_MODES,
-    scale: ScaleConfig = ScaleConfig(),
+    scale: ScalingConfig | None = None,
     startup_delay_s: float = 1.0,
     idle_threshold: float = 0.5,
 ) -> DayResult:
     """`modes` (DAY_MODES): "fixed" holds the ratio, "switch" lets the ratio controller move
     instances between roles, "scale" lets it add instances (up to `num_instances` held) and
     remove idle ones instead, "both" adds when there is room and switches when not; the
-    scaling modes take their bounds, cool-down and idle window from `scale` (its mode is
-    set per run)."""
+    scaling modes take their bounds, cool-down and idle window from `scale` (default: pools
+    of 1 to `num_instances`, the live defaults otherwise)."""
     unknown = [m for m in modes if m not in DAY_MODES]
     if unknown or not modes:
         raise ValueError(f"modes: expected some of {DAY_MODES}, got {list(modes)}")
+    if scale is None:
+        n = num_instances
+        scale = ScalingConfig(bounds=PoolBounds(min_prefill=1, max_prefill=n, min_decode=1, max_decode=n))
     scaling = SimScaling(
         policy=scale, capacity=num_instances, startup_delay_s=startup_delay_s, idle_threshold=idle_threshold
     )

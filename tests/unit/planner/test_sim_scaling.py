@@ -13,8 +13,8 @@ from minipd.planner.sim_result import RoleChange, held_seconds
 from minipd.planner.sim_scaling import SimScaling
 from minipd.planner.simulator import Simulator
 from minipd.policy.local_prefill import LocalPrefillThresholds
+from minipd.policy.pool_scaling import PoolBounds, ScaleAction, ScalingConfig
 from minipd.policy.ratio_controller import CAUSE_TTFT, CAUSE_WITHIN_BAND, ControllerConfig, Decision, Move
-from minipd.policy.scale_policy import ScaleAction, ScaleConfig
 from minipd.slo.targets import SLO
 from minipd.workload import RequestSpec
 
@@ -45,9 +45,10 @@ class WantsPrefillOnce:
         return Decision(now, Move.TO_PREFILL, "ttft short", 0.0, 1.0, CAUSE_TTFT)
 
 
-def _scaling(mode="scale", capacity=3, startup=0.0, **policy) -> SimScaling:
-    config = ScaleConfig(mode=mode, cooldown_s=NEVER, **policy)
-    return SimScaling(policy=config, capacity=capacity, startup_delay_s=startup, idle_threshold=1.0)
+def _scaling(mode="scale", capacity=3, startup=0.0, cooldown_s=NEVER, idle_window_s=NEVER) -> SimScaling:
+    bounds = PoolBounds(min_prefill=1, max_prefill=capacity, min_decode=1, max_decode=capacity)
+    config = ScalingConfig(bounds=bounds, cooldown_s=cooldown_s, idle_window_s=idle_window_s)
+    return SimScaling(policy=config, capacity=capacity, mode=mode, startup_delay_s=startup, idle_threshold=1.0)
 
 
 def _arrivals(times, output_len=2) -> list[RequestSpec]:
@@ -91,22 +92,23 @@ def test_an_add_holds_its_slot_from_the_decision_and_the_run_integrates_it() -> 
 
 
 def test_a_removed_instance_finishes_its_requests_then_frees_its_slot() -> None:
-    # request 0 is prefilled in [0, 1] and rides 100 decode steps on decode instance 1 (done
-    # at 2.0); request 1, reserved on instance 2 at once, is prefilled in [1, 2] and rides 300
-    # (done at 5.0). Reserved KV is nothing next to the capacity, so the decode pool is idle
-    # at the first tick and loses the instance holding the fewest requests (a tie: the first,
-    # which holds request 0), at t=1 with request 0 in flight.
-    specs = [RequestSpec(0.0, 100, 101), RequestSpec(0.0, 100, 301)]
-    result = Simulator(PROFILE, ClusterSpec.split(1, 2), OPTIONS).run(specs, None, _scaling(idle_window_s=0.0))
+    # request 0 is prefilled in [0, 1] and rides 200 decode steps on decode instance 1 (done
+    # at 3.0); request 1, reserved on instance 2 at once, is prefilled in [1, 2] and rides 400
+    # (done at 6.0). Reserved KV is nothing next to the capacity, so the decode pool is idle
+    # from the first tick (t=1) and, a 1 s window later, loses the instance holding the
+    # fewest requests (a tie: the first, which holds request 0) with request 0 in flight.
+    specs = [RequestSpec(0.0, 100, 201), RequestSpec(0.0, 100, 401)]
+    scaling = _scaling(cooldown_s=0.0, idle_window_s=1.0)
+    result = Simulator(PROFILE, ClusterSpec.split(1, 2), OPTIONS).run(specs, None, scaling)
     (event,) = result.scale_events
-    assert (event.time_s, event.action, event.role) == (1.0, ScaleAction.REMOVE, "decode")
+    assert (event.time_s, event.action, event.role) == (2.0, ScaleAction.REMOVE, "decode")
     finish = result.arrival_s + result.e2e_s
-    assert list(finish) == pytest.approx([2.0, 5.0])
-    assert list(result.output_len) == [101, 301]  # every token came, none lost to the removal
+    assert list(finish) == pytest.approx([3.0, 6.0])
+    assert list(result.output_len) == [201, 401]  # every token came, none lost to the removal
     removing = [(r.time_s, r.num_decode, r.num_removing) for r in result.roles]
-    assert removing[1:] == [(1.0, 1, 1), (pytest.approx(2.0), 1, 0)]  # draining until its request ends
+    assert removing[1:] == [(2.0, 1, 1), (pytest.approx(3.0), 1, 0)]  # draining until its request ends
     # three instances until request 0 ends, two until request 1 does
-    assert result.instance_seconds == pytest.approx(3 * 2.0 + 2 * 3.0)
+    assert result.instance_seconds == pytest.approx(3 * 3.0 + 2 * 3.0)
 
 
 def test_held_seconds_integrates_a_history_between_any_two_times() -> None:
@@ -123,3 +125,15 @@ def test_scaling_is_refused_on_colocated_clusters_and_over_capacity() -> None:
         Simulator(PROFILE, ClusterSpec.split(2, 2), OPTIONS).run(_arrivals([0.0]), None, _scaling(capacity=3))
     with pytest.raises(ValueError, match="startup_delay_s"):
         _scaling(startup=-1.0)
+    with pytest.raises(ValueError, match="mode"):
+        _scaling(mode="grow")
+
+
+def test_switch_mode_never_adds_and_scale_mode_never_switches() -> None:
+    specs = _arrivals([0.5 * i for i in range(12)])
+    sim = Simulator(PROFILE, ClusterSpec.split(1, 2), OPTIONS)
+    switched = sim.run(specs, WantsPrefillOnce(), _scaling(mode="switch", capacity=5))
+    assert [(e.action, e.role) for e in switched.scale_events] == [(ScaleAction.SWITCH, "prefill")]
+    assert len(switched.moves) == 1 and switched.roles[-1].num_prefill == 2 and switched.roles[-1].num_decode == 1
+    full = sim.run(specs, WantsPrefillOnce(), _scaling(mode="scale", capacity=3))  # no room, no switch
+    assert full.scale_events == () and full.moves == []
