@@ -55,13 +55,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--modes", nargs="+", choices=DAY_MODES, default=list(DEFAULT_MODES), help="(default: fixed switch)"
     )
     scale = parser.add_argument_group("scaling (modes scale and both)")
-    scale.add_argument("--min-prefill", type=int, default=1)
+    scale.add_argument("--min-prefill", type=int, default=1, help="(default: 1)")
     scale.add_argument("--max-prefill", type=int, help="(default: no bound but --num-instances)")
-    scale.add_argument("--min-decode", type=int, default=1)
+    scale.add_argument("--min-decode", type=int, default=1, help="(default: 1)")
     scale.add_argument("--max-decode", type=int, help="(default: no bound but --num-instances)")
-    scale.add_argument("--scale-cooldown-s", type=float, default=1.0, help="between two scale actions")
+    scale.add_argument("--scale-cooldown-s", type=float, default=1.0, help="between two scale actions (default: 1.0)")
     scale.add_argument(
-        "--idle-window-s", type=float, default=5.0, help="a pool idle this long loses an instance (compressed time)"
+        "--idle-window-s",
+        type=float,
+        default=5.0,
+        help="a pool idle this long loses an instance (compressed time; default: 5.0)",
     )
     scale.add_argument(
         "--idle-threshold",
@@ -71,7 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "spread over one instance fewer, stays under this (default: 0.5)",
     )
     scale.add_argument(
-        "--startup-s", type=float, default=1.0, help="an added instance serves this long after the decision"
+        "--startup-s",
+        type=float,
+        default=1.0,
+        help="an added instance serves this long after the decision (default: 1.0)",
     )
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--plot", metavar="FILE.png")
