@@ -1,12 +1,13 @@
 """Take `docs/figures/dashboard.png`: the dashboard of a live cluster under load, in headless Chromium.
 
     python -m benchmarks.browser.dashboard_screenshot [--out docs/figures/dashboard.png] [--model tiny]
+    python -m benchmarks.browser.dashboard_screenshot --element timelines-panel --out docs/figures/timelines.png
 
 Starts `minipd --role cluster --http-port 0` (two prefill and two decode instances; CPU
 placement as the launcher plans it), sends streamed completions from a few client threads for
 `--load-s` seconds (mixed prompt lengths, so the KV links carry traffic and the SLO charts
-fill), then opens the dashboard and saves the page once it shows every instance. Every process
-it starts is stopped before it exits.
+fill), then opens the dashboard and saves the page once it shows every instance (or, with
+`--element ID`, that element of it only). Every process it starts is stopped before it exits.
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--load-s", type=float, default=25.0, help="seconds of load before the screenshot")
     parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--element", help="the id of the one element to save (e.g. timelines-panel), not the page")
     args = parser.parse_args(argv)
     process, url = start_cluster(args.model, ["--num-prefill", "2", "--num-decode", "2", "--dtype", "float32"])
     driver = None
@@ -105,7 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         WebDriverWait(driver, 10).until(lambda d: d.find_element(By.ID, "verdict").get_attribute("data-verdict"))
         time.sleep(1.5)  # one more snapshot after the last request, so the figures are final
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(args.out))
+        if args.element:
+            element = driver.find_element(By.ID, args.element)
+            driver.execute_script("arguments[0].scrollIntoView()", element)
+            element.screenshot(str(args.out))
+        else:
+            driver.save_screenshot(str(args.out))
         print(f"wrote {args.out}")
         return 0
     finally:

@@ -22,7 +22,15 @@ from aiohttp import web
 from minipd.api.errors import INVALID_REQUEST, ApiError
 
 # the dashboard's page and its script and style hold no data: the page asks for the key itself
-DASHBOARD_PAGE_PATHS = frozenset({"/dashboard", "/dashboard/dashboard.js", "/dashboard/dashboard.css"})
+DASHBOARD_PAGE_PATHS = frozenset(
+    {
+        "/dashboard",
+        "/dashboard/dashboard.js",
+        "/dashboard/dashboard.css",
+        "/dashboard/timelines.js",
+        "/dashboard/timelines.css",
+    }
+)
 OPEN_PATHS = frozenset({"/health"}) | DASHBOARD_PAGE_PATHS
 BEARER = "bearer "
 

@@ -26,6 +26,11 @@ FAILURE_SHUTDOWN = "shutdown"  # the instance is shutting down and took nothing 
 # The trace a call belongs to (minipd/tracing): a version-00 W3C traceparent, checked by the
 # decoder like any field; None: not traced.
 TraceParentText = Annotated[str, msgspec.Meta(max_length=TRACEPARENT_CHARS, pattern=TRACEPARENT_PATTERN)]
+# A prefill's times for the router's request timelines (Prefill.timeline): at most this many
+# chunks and layers are carried (a longer prefill's further chunks are counted, not timed).
+MAX_TIMELINE_CHUNKS = 64
+MAX_TIMELINE_LAYERS = 256
+Interval = tuple[float, float]
 
 
 class Fingerprint(msgspec.Struct, frozen=True):
@@ -169,6 +174,24 @@ class Prefill(Call, tag="prefill"):
     epoch: int | None = None  # as in Reserve
     lease_s: float = 0.0  # the reservation's lease: the prefill instance renews it (`Renew`) while it progresses
     traceparent: TraceParentText | None = None  # as in Reserve
+    timeline: bool = False  # answer with `Prefilled.times` (the router keeps request timelines)
+
+
+class PrefillTimes(msgspec.Struct, frozen=True):
+    """When a prefill's steps happened on the prefill instance: seconds after it received the
+    `Prefill`, on its own monotonic clock (the router places them on its own clock from when
+    it sent the call and got the reply: router/request_timeline.py)."""
+
+    handled_s: float  # the Prefill received to this reply sent
+    compute_start_s: float  # the prompt's first step began
+    compute_end_s: float  # its last step ended (the first token sampled)
+    sent_s: float  # every KV write completed, as the sender sees it
+    num_chunks: int  # steps that ran a chunk of the prompt
+    # (first layer's KV written, last layer's) of the first MAX_TIMELINE_CHUNKS chunks
+    chunks: Annotated[list[Interval], msgspec.Meta(max_length=MAX_TIMELINE_CHUNKS)] = []
+    # per layer, in order: (its first write handed to the transport, its last write completed);
+    # (-1, -1) for a layer that sent nothing (all its blocks cached on the decode instance)
+    layers: Annotated[list[Interval], msgspec.Meta(max_length=MAX_TIMELINE_LAYERS)] = []
 
 
 class Prefilled(Reply, tag="prefilled"):
@@ -180,6 +203,7 @@ class Prefilled(Reply, tag="prefilled"):
     exposed_s: float  # end of compute to the sender's last completion (sender's view)
     compute_end_at: float  # time.time() at the end of compute
     first_write_at: float  # time.time() when the first write was issued
+    times: PrefillTimes | None = None  # when the Prefill asked for them (`timeline`)
 
 
 class Decode(Message, tag="decode"):
@@ -199,6 +223,10 @@ class KVLanded(Message, tag="kv_landed"):
     # the adopt that followed: from the KV landed and the Decode arriving, whichever is later,
     # to the sequence queued with its first token (None: not adopted, or not measured)
     adopt_s: float | None = None
+    # For the router's request timelines, seconds after the Reserve was answered, on the decode
+    # instance's monotonic clock: the last byte landed, and the Decode arrived (None: not measured)
+    landed_after_s: float | None = None
+    ordered_after_s: float | None = None
 
 
 class Renew(Message, tag="renew"):

@@ -7,5 +7,6 @@ instance's), a page of the cluster against its SLOs with its data pushed as serv
 - `snapshot`: one JSON snapshot per tick from both, with percentiles, SLO attainment and verdict;
 - `sse`: the server-sent-event framing, and the hub that builds one snapshot per tick for every viewer;
 - `routes`: the page, its static files and its data routes, installed as an app extension;
+- `timelines_route`: `GET /dashboard/requests`, the last request timelines (router/timeline_store.py);
 - `static/`: the page itself (HTML, CSS, vanilla JS; nothing fetched from elsewhere).
 """

@@ -7,6 +7,11 @@ submission, every later one a gap, and the final one the request's record. Nothi
 changes: aborting, leaving `async with` early and the outputs themselves are the inner stream's.
 A stream left before its final output (the client went away) is recorded as an abort, as
 /metrics counts it.
+
+Given a `TimelineStore` (a colocated front, where no router keeps timelines), each request's
+timeline is stamped here too, on this process's monotonic clock: `queued` from its submission
+to its first step (the engine's `queue_time_s`), `generate` from there to its first token,
+`decode` to its end (router/request_timeline.py).
 """
 
 from __future__ import annotations
@@ -17,11 +22,19 @@ from minipd.api.backend import OutputStream, ServingBackend
 from minipd.dashboard.request_window import RequestWindow
 from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.request import RequestOutput
+from minipd.router.timeline_store import TimelineStore
 
 
 class ObservedBackend:
-    def __init__(self, backend: ServingBackend, window: RequestWindow):
+    def __init__(
+        self,
+        backend: ServingBackend,
+        window: RequestWindow,
+        timelines: TimelineStore | None = None,
+        instance_name: str = "local",
+    ):
         self.backend, self.window = backend, window
+        self.timelines, self.instance_name = timelines, instance_name
 
     def __getattr__(self, name: str):  # model_name, tokenizer, ready, instance_stats, ...
         return getattr(self.backend, name)
@@ -35,7 +48,12 @@ class ObservedBackend:
         return self.backend.vocab_size
 
     def submit(self, prompt: CheckedPrompt, request_id: str, *, traceparent: str | None = None) -> OutputStream:
-        return ObservedStream(self.backend.submit(prompt, request_id, traceparent=traceparent), self.window)
+        stream = ObservedStream(self.backend.submit(prompt, request_id, traceparent=traceparent), self.window)
+        if self.timelines is not None:
+            stream.timeline = self.timelines.start(stream.request_id, stream._submitted, len(prompt.token_ids))
+            times = stream.timeline.begin_try()
+            times.decode, times.local = self.instance_name, True
+        return stream
 
 
 class ObservedStream:
@@ -48,6 +66,7 @@ class ObservedStream:
         self._num_gaps = 0
         self._iterator = None
         self._finished = False
+        self.timeline = None  # a RequestTimeline, on a colocated front
 
     def abort(self) -> None:
         self.inner.abort()
@@ -59,10 +78,12 @@ class ObservedStream:
     async def __aexit__(self, *exc) -> None:
         if not self._finished:  # left before its final output (the client went away): /metrics counts an abort
             self._finished = True
-            self.window.finished(
-                RequestOutput(request_id=self.request_id, token_ids=[], text="", finished=True, finish_reason="abort"),
-                *self._figures(),
+            last = RequestOutput(
+                request_id=self.request_id, token_ids=[], text="", finished=True, finish_reason="abort"
             )
+            self.window.finished(last, *self._figures())
+            if self.timeline is not None:
+                self.timeline.end(last)
         return await self.inner.__aexit__(*exc)
 
     def __aiter__(self) -> ObservedStream:
@@ -77,6 +98,8 @@ class ObservedStream:
 
     def _observe(self, output: RequestOutput) -> None:
         now = time.monotonic()
+        if self.timeline is not None:
+            self._stamp(output)
         if output.token_ids:
             if self._first is None:
                 self._first = now
@@ -88,6 +111,16 @@ class ObservedStream:
         if output.finished and not self._finished:
             self._finished = True
             self.window.finished(output, *self._figures())
+
+    def _stamp(self, output: RequestOutput) -> None:
+        times = self.timeline.current
+        if times is not None and times.stream_sent is None and output.queue_time_s is not None:
+            # its first step, where the queue ends (never after this output: the clocks' granularity)
+            times.stream_sent = min(self._submitted + output.queue_time_s, time.monotonic())
+        if output.token_ids:
+            self.timeline.token_relayed()
+        if output.finished and self.timeline.ended is None:
+            self.timeline.end(output)
 
     def _figures(self) -> tuple[float | None, float | None]:
         """(TTFT, mean gap) so far; None where there is none."""

@@ -6,6 +6,7 @@
 - `GET /dashboard/events`: server-sent events, one `snapshot` event per tick (snapshot.py says
   what it holds), a keep-alive comment when a tick is late; at most `max_viewers` at once (503).
 - `GET /dashboard/snapshot`: the latest snapshot as one JSON document (for curl).
+- `GET /dashboard/requests`: the router's last request timelines (timelines_route.py).
 - `POST /dashboard/slo` with `{"ttft_ms": MS, "itl_ms": MS}`: the SLO the page judges against
   (for every viewer); 400 naming the field for a bad value.
 The data routes need the API key like every other route (the app's middleware), as a Bearer
@@ -35,6 +36,8 @@ from minipd.dashboard.observed_backend import ObservedBackend
 from minipd.dashboard.request_window import RequestWindow
 from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
 from minipd.dashboard.sse import KEEPALIVE, SnapshotHub
+from minipd.dashboard.timelines_route import timelines_extension
+from minipd.router.timeline_store import TimelineStore
 from minipd.slo.targets import SLO
 
 if TYPE_CHECKING:
@@ -46,6 +49,8 @@ PAGE_FILES = {
     "/dashboard": ("dashboard.html", "text/html"),
     "/dashboard/dashboard.js": ("dashboard.js", "text/javascript"),
     "/dashboard/dashboard.css": ("dashboard.css", "text/css"),
+    "/dashboard/timelines.js": ("timelines.js", "text/javascript"),
+    "/dashboard/timelines.css": ("timelines.css", "text/css"),
 }
 # the page runs only what it ships: no inline script, nothing from another origin, never framed
 PAGE_HEADERS = {
@@ -160,7 +165,8 @@ def router_dashboard(
         controller,
     )
     dashboard = Dashboard(builder)
-    return ObservedBackend(backend, window), dashboard.install
+    router.timelines = TimelineStore()  # the router stamps every request's phases from now on
+    return ObservedBackend(backend, window), _both(dashboard.install, timelines_extension(router.timelines))
 
 
 def engine_dashboard(engine: Engine, backend: ServingBackend, default_slo: SLO, name: str = "local") -> tuple:
@@ -170,4 +176,14 @@ def engine_dashboard(engine: Engine, backend: ServingBackend, default_slo: SLO, 
         window, EngineInstances(engine, name), DashboardSLO.from_slo(default_slo, "default"), "colocated", {}
     )
     dashboard = Dashboard(builder)
-    return ObservedBackend(backend, window), dashboard.install
+    timelines = TimelineStore()  # no router here: the front stamps its requests' phases itself
+    observed = ObservedBackend(backend, window, timelines, name)
+    return observed, _both(dashboard.install, timelines_extension(timelines))
+
+
+def _both(*extensions: Callable[[web.Application], None]) -> Callable[[web.Application], None]:
+    def install(app: web.Application) -> None:
+        for extension in extensions:
+            extension(app)
+
+    return install

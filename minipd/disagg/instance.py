@@ -63,6 +63,7 @@ from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
 from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressing
 from minipd.disagg.link_cap import set_link_cap
+from minipd.disagg.prefill_times import PrefillTimesRecorder
 from minipd.disagg.reservations import Reservation, Reservations
 from minipd.disagg.role_switch import RoleGuard
 from minipd.engine import cpu_placement
@@ -359,6 +360,7 @@ class Instance(ControlServer):
             )
             return
         received_at = time.time()  # a wall clock, as the transport's landed_at
+        ordered_after_s = time.monotonic() - reservation.reserved_at
         try:
             landed = await self.transport.wait_landed(request_id, DEFAULT_LAND_TIMEOUT_S)
         except TransferError as exc:
@@ -383,8 +385,19 @@ class Instance(ControlServer):
             self._send_failure(channel, request_id, f"{type(exc).__name__}: {exc}", span=span)
             return
         # sent before the first token, so the router has the figures when the request finishes
-        adopt_s = max(0.0, time.time() - max(received_at, landed.landed_at))
-        channel.send(KVLanded(request_id=request_id, landed_at=landed.landed_at, adopt_s=adopt_s))
+        now = time.time()
+        adopt_s = max(0.0, now - max(received_at, landed.landed_at))
+        # the landing on this process's monotonic clock: its wall-clock stamp less the wall clock's lead now
+        landed_after_s = landed.landed_at - now + time.monotonic() - reservation.reserved_at
+        channel.send(
+            KVLanded(
+                request_id=request_id,
+                landed_at=landed.landed_at,
+                adopt_s=adopt_s,
+                landed_after_s=landed_after_s,
+                ordered_after_s=ordered_after_s,
+            )
+        )
         await self._forward(channel, stream, span)
 
     def _lease_expired(self, request_id: str, reservation: Reservation) -> None:
@@ -400,6 +413,7 @@ class Instance(ControlServer):
 
     # ---- prefill role -----------------------------------------------------------------
     async def _prefill(self, channel: Channel, message: Prefill) -> None:
+        times = PrefillTimesRecorder(self.engine.model_config.num_layers) if message.timeline else None
         if self._refuse(self.role.serves_prefill, "prefill", channel, message):
             return
         request_id = message.request_id
@@ -436,6 +450,7 @@ class Instance(ControlServer):
                 message.num_skip_blocks,
                 message.layerwise,
                 span,
+                times,
             )
             stream = self.engine.submit_prefill(message.token_ids, message.sampling, request_id, sender)
             sender.request = stream.request
@@ -482,6 +497,7 @@ class Instance(ControlServer):
                     exposed_s=report.exposed_s,
                     compute_end_at=report.compute_end_at,
                     first_write_at=report.first_write_at,
+                    times=None if times is None else times.times(),
                 ),
             )
         finally:  # whatever happened, nothing keeps computing for it (a no-op once it finished)

@@ -12,7 +12,8 @@ prefill instance's own prefix cache are sent like computed ones.
 
 Traced (a prefill `span` given), each chunk is a child span of it (its first layer written
 to its last), and the transfer one more (first write to the last completed), with an event
-per layer handed to the transport and per layer whose write completed (kv_trace.py).
+per layer handed to the transport and per layer whose write completed (kv_trace.py). Asked for
+the router's request timelines (`times` given), the same points are timed (prefill_times.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from typing import NamedTuple
 
 from minipd.disagg.kv_trace import KVTrace
+from minipd.disagg.prefill_times import PrefillTimesRecorder
 from minipd.engine.engine import Engine
 from minipd.engine.request import Request
 from minipd.tracing.spans import Span
@@ -64,6 +66,7 @@ class LayerwiseKVSender:
         num_skip_blocks: int,
         layerwise: bool = True,
         span: Span | None = None,
+        times: PrefillTimesRecorder | None = None,
     ):
         self.engine, self.transport = engine, transport
         self.peer_id, self.request_id = peer_id, request_id
@@ -76,12 +79,15 @@ class LayerwiseKVSender:
         self._num_sent = [num_skip_blocks] * self.num_layers  # leading blocks of each layer sent
         self._first_write_time: float | None = None
         self.trace = KVTrace(span, self.num_layers) if span is not None else None
+        self.times = times
 
     def on_layer(self, layer: int, num_final_tokens: int) -> None:
         if layer == 0 and self._first_write_time is None:
             fault_points.hit("prefill.computing", self.request_id)
         if self.trace is not None:
             self.trace.on_layer(layer, num_final_tokens)
+        if self.times is not None:
+            self.times.on_layer(layer)
         if self.layerwise and not self.result.done():
             try:
                 self._send_final(layer, self.request.block_ids, num_final_tokens)
@@ -123,6 +129,8 @@ class LayerwiseKVSender:
         write = self.transport.write_layer(self.peer_id, self.request_id, layer, runs)
         if self.trace is not None:
             self.trace.layer_sent(layer, end - start, write)
+        if self.times is not None:
+            self.times.layer_sent(layer, write)
 
     async def _finish(self, first_token: int, block_ids: list[int], compute: tuple[float, float]) -> None:
         try:
@@ -142,6 +150,8 @@ class LayerwiseKVSender:
                 )
                 if self.trace is not None:
                     self.trace.sent(report.num_bytes, report.transfer_s, report.exposed_s)
+                if self.times is not None:
+                    self.times.finished(compute)
                 self.result.set_result(report)
         except Exception as exc:
             if self.trace is not None:

@@ -33,6 +33,7 @@ class Reservation(NamedTuple):
     num_cached_tokens: int
     deadline: float  # time.monotonic()
     channel: Channel  # where the Reserve came from (lease expiry is reported there)
+    reserved_at: float = 0.0  # time.monotonic() when it was added (the request timeline's reference)
 
 
 class Reservations:
@@ -63,9 +64,8 @@ class Reservations:
     def add(
         self, request_id: str, token_ids: list[int], block_ids: list[int], num_cached_tokens: int, channel: Channel
     ) -> None:
-        self.held[request_id] = Reservation(
-            token_ids, block_ids, num_cached_tokens, time.monotonic() + self.lease_s, channel
-        )
+        now = time.monotonic()
+        self.held[request_id] = Reservation(token_ids, block_ids, num_cached_tokens, now + self.lease_s, channel, now)
 
     def take(self, request_id: str) -> Reservation | None:
         return self.held.pop(request_id, None)

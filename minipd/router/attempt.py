@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Iterator
 
 from minipd.control.channel import ChannelClosed, RemoteError
@@ -134,6 +135,16 @@ class Attempt:
     async def run(self) -> RequestOutput:
         """pick → local or disaggregated → reserve → prefill → decode, streaming the decode
         instance's tokens to the caller; returns the final output. Raises AttemptFailed."""
+        if self.routed.timeline is None:
+            return await self._run()
+        self.routed.timeline.begin_try()
+        try:
+            return await self._run()
+        except AttemptFailed as failure:
+            self.routed.timeline.try_failed(str(failure))
+            raise
+
+    async def _run(self) -> RequestOutput:
         registry, routed = self.registry, self.routed
         self.try_ids.begin(routed)
         decode = registry.pick_decode(exclude=self.excluded)
@@ -166,6 +177,10 @@ class Attempt:
                 len(registry.prefill_candidates(self.excluded)),
             )
         routed.prefilled_locally = prefill is None or placement.is_local
+        times = routed.times
+        if times is not None:
+            times.decode, times.local = decode.instance_id, routed.prefilled_locally
+            times.prefill = None if routed.prefilled_locally else prefill.instance_id
         routed.instances = {decode.instance_id}
         decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
         with decode.counted():  # load is counted from the pick, so concurrent picks see it
@@ -223,6 +238,8 @@ class Attempt:
         routed.instances.discard(prefill.instance_id)
         routed.transfer = None
         routed.prefilled_locally = True
+        if routed.times is not None:
+            routed.times.recompute = (time.monotonic(), what)
         self.try_ids.begin(routed)  # the recompute is a try of its own, under a fresh id
         if routed.try_span is None:
             return await self._prefill_locally(decode, decode_epoch)
@@ -257,10 +274,16 @@ class Attempt:
             epoch=epoch,
             traceparent=_traceparent(routed.try_span),
         )
+        times = routed.times
+        if times is not None:
+            times.reserve_sent = time.monotonic()
         while True:
             try:
+                sent = time.monotonic()
                 reserved = await decode.channel.call(reserve, config.call_timeout_s)
                 routed.reserve_s = loop.time() - started
+                if times is not None:
+                    times.reserve_call_sent, times.reserve_received = sent, time.monotonic()
                 return reserved
             except RemoteError as exc:
                 if exc.kind != "busy":
@@ -283,6 +306,8 @@ class Attempt:
                         overloaded=True,
                     ) from exc
             self.counters.num_busy_waits += 1
+            if times is not None:
+                times.busy_waits += 1
             if routed.try_span is not None:
                 routed.try_span.event(names.DECODE_BUSY, {"minipd.wait_s": wait_s})
             await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation
@@ -299,6 +324,9 @@ class Attempt:
         routed = self.routed
         loop = asyncio.get_running_loop()
         routed.decode, routed.prefill, routed.kv_failure = decode, prefill, loop.create_future()
+        times = routed.times
+        if times is not None:
+            times.prefill_sent = time.monotonic()
         call = asyncio.ensure_future(
             prefill.channel.call(
                 Prefill(
@@ -314,6 +342,7 @@ class Attempt:
                     epoch=epoch,
                     lease_s=reserved.lease_s,
                     traceparent=_traceparent(routed.try_span),
+                    timeline=times is not None,
                 ),
                 self.config.call_timeout_s,
             )
@@ -323,6 +352,8 @@ class Attempt:
             if not call.done():
                 raise KVLoadFailed(routed.kv_failure.result())
             prefilled: Prefilled = call.result()
+            if times is not None:
+                times.prefill_received, times.prefill_times = time.monotonic(), prefilled.times
         except RemoteError as exc:
             if exc.kind != "transfer":
                 raise
@@ -353,6 +384,8 @@ class Attempt:
         inter-token timeout."""
         routed = self.routed
         routed.outputs = asyncio.Queue()
+        if routed.times is not None:
+            routed.times.stream_sent = time.monotonic()
         decode.channel.send(message)
         while True:
             received = await _next_output(routed, decode, self.config.inter_token_timeout_s)
@@ -364,8 +397,11 @@ class Attempt:
                 if received.failure_kind == FAILURE_KV_LOAD:
                     raise KVLoadFailed(output.error)
                 raise InstanceFailed(output.error)
-            if output.token_ids and not routed.first_token_sent and routed.span is not None:
-                routed.span.event(names.FIRST_TOKEN)
+            if output.token_ids and not routed.first_token_sent:
+                if routed.span is not None:
+                    routed.span.event(names.FIRST_TOKEN)
+                if routed.timeline is not None:
+                    routed.timeline.token_relayed()
             routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
             if output.token_ids:
                 relay_tokens(self.observer, routed, len(output.token_ids))

@@ -8,19 +8,27 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from minipd.control.messages import CallError, TokenOutput
-from minipd.engine.request import TransferInfo
+from minipd.control.messages import CallError, KVLanded, TokenOutput
+from minipd.engine.request import RequestOutput, TransferInfo
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from minipd.router.registry import InstanceHandle
+    from minipd.router.request_timeline import RequestTimeline, TryTimes
+    from minipd.router.timeline_store import TimelineStore
     from minipd.tracing.spans import Span
 
 
 class RoutedRequest:
     def __init__(
-        self, request_id: str, token_ids: list[int], params: SamplingParams, stream: RequestStream, layerwise: bool
+        self,
+        request_id: str,
+        token_ids: list[int],
+        params: SamplingParams,
+        stream: RequestStream,
+        layerwise: bool,
+        timelines: TimelineStore | None = None,
     ):
         self.request_id = request_id
         self.wire_id = request_id  # the current try's id on the instances (see try_ids.py)
@@ -49,6 +57,15 @@ class RoutedRequest:
         # its spans (router/request_spans.py), None while it is not traced
         self.span: Span | None = None
         self.try_span: Span | None = None  # the current try's (or its recompute's): the instances' parent
+        # its stamps (request_timeline.py), kept in `timelines` when it ends; None: the router keeps none
+        self.timeline: RequestTimeline | None = None
+        if timelines is not None:
+            self.timeline = timelines.start(request_id, self.arrival_s, len(token_ids))
+
+    @property
+    def times(self) -> TryTimes | None:
+        """The current try's stamps (None: no timeline kept, or past its tries' bound)."""
+        return None if self.timeline is None else self.timeline.current
 
     def decode_wait_so_far(self, now: float) -> float:
         """Time this request has spent waiting on decode: for KV room, or, prefilled on its
@@ -60,12 +77,21 @@ class RoutedRequest:
         if self.kv_failure is not None and not self.kv_failure.done():
             self.kv_failure.set_result(error)
 
-    def record_landing(self, landed_at: float, adopt_s: float | None = None) -> None:
+    def end(self, last: RequestOutput) -> None:
+        """Hand the caller the request's final output (and keep its timeline, if it has one)."""
+        if self.timeline is not None:
+            self.timeline.end(last)
+        self.stream.put(last)
+
+    def record_landing(self, landed: KVLanded) -> None:
         """Measure the transfer to the receiver's landing time (the last byte acknowledged),
         which replaces the sender's view; both clocks are wall clocks, exact on one host.
-        `adopt_s`: the decode instance's adopt that followed, as it measured it."""
+        `landed.adopt_s`: the decode instance's adopt that followed, as it measured it."""
+        if self.timeline is not None:
+            self.timeline.kv_landed(landed.landed_after_s, landed.ordered_after_s, landed.adopt_s)
         if self.transfer is None:
             return
+        landed_at, adopt_s = landed.landed_at, landed.adopt_s
         compute_end_at, first_write_at = self.timestamps
         self.transfer = msgspec.structs.replace(
             self.transfer,

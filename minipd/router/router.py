@@ -64,6 +64,7 @@ from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
 from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
+from minipd.router.timeline_store import TimelineStore
 from minipd.router.try_ids import TryIds
 from minipd.tracing.exporter import tracer
 
@@ -99,6 +100,7 @@ class Router(GeneratesFromSubmit):
         self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
         self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (switch_claims.py)
         self.latency_observer: LatencyObserver | None = None  # told of every first token and token gap
+        self.timelines: TimelineStore | None = None  # set: every request's timeline is kept there (the dashboard's)
 
     # ---- instances --------------------------------------------------------------------
     async def add_instance(
@@ -222,9 +224,8 @@ class Router(GeneratesFromSubmit):
         claim = claim_blocks(len(token_ids), params.max_tokens, self.max_model_len, self.registry.block_size)
         self.kv_claims.admit(request_id, claim, self.kv_claim_limit())
         stream = RequestStream(request_id, self.abort)
-        routed = RoutedRequest(
-            request_id, token_ids, params, stream, self.config.layerwise if layerwise is None else layerwise
-        )
+        layerwise = self.config.layerwise if layerwise is None else layerwise
+        routed = RoutedRequest(request_id, token_ids, params, stream, layerwise, self.timelines)
         if tracer() is not None:
             routed.span = request_spans.start_request(routed, traceparent)
         self._requests[request_id] = routed
@@ -296,7 +297,7 @@ class Router(GeneratesFromSubmit):
                     routed.outputs.put_nowait(message)
             case KVLanded(error=None):
                 if routed is not None:
-                    routed.record_landing(message.landed_at, message.adopt_s)
+                    routed.record_landing(message)
             case KVLanded():
                 self.counters.transfer_failed(f"{message.request_id} on {channel.name}: {message.error}")
                 if routed is not None:
@@ -318,7 +319,7 @@ class Router(GeneratesFromSubmit):
         """End the request once with its final output from an instance."""
         if self._forget(routed):
             request_spans.end_request(routed.span, last)
-            routed.stream.put(last)
+            routed.end(last)
             self._finished.set()
 
     def _fail(self, routed: RoutedRequest, error: str | None, error_kind: str | None = None) -> None:
@@ -332,7 +333,7 @@ class Router(GeneratesFromSubmit):
             routed.task.cancel()
         last = RequestOutput.aborted(routed.request_id, error, len(routed.token_ids), error_kind)
         request_spans.end_request(routed.span, last, error or "aborted")
-        routed.stream.put(last)
+        routed.end(last)
 
     def _forget(self, routed: RoutedRequest) -> bool:
         """Drop a live request and its KV claim; False if it had ended already."""

@@ -147,6 +147,7 @@ function render(s) {
   renderController(s);
   renderRequests(s);
   renderControls(s);
+  if (window.renderTimelines) window.renderTimelines(s); // timelines.js
 }
 
 function renderHeadline(s) {

@@ -9,6 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from minipd.api.backend import InstanceStats
 from minipd.api.disagg_decisions import DECISIONS, DisaggDecisionCollector
 from minipd.api.metrics import PHASES, ServingMetrics
+from minipd.control.messages import KVLanded
 from minipd.control.role import Role
 from minipd.engine.block_manager import BlockUsage
 from minipd.engine.config import EngineStats
@@ -76,7 +77,7 @@ def test_the_adopt_the_decode_instance_reports_reaches_the_transfer_record_with_
     routed = RoutedRequest("r", [1, 2, 3], SamplingParams(), RequestStream("r", lambda _: True), layerwise=True)
     routed.transfer = msgspec.structs.replace(TRANSFER, adopt_s=None)
     routed.timestamps = (100.0, 99.99)  # prefill's compute end, first write
-    routed.record_landing(100.002, adopt_s=0.0007)
+    routed.record_landing(KVLanded(request_id="r", landed_at=100.002, adopt_s=0.0007))
     assert routed.transfer.adopt_s == 0.0007
     assert abs(routed.transfer.exposed_s - 0.002) < 1e-9
     metrics = ServingMetrics(lambda: [])
