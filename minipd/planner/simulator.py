@@ -20,6 +20,10 @@ after `switch_delay_s`. With a `SimScaling` the same tick asks the live scaler's
 (`pool_scaling.PoolScaler`) instead whether to add an instance (serving after
 `SimScaling.startup_delay_s`), drain and remove one, or switch one (sim_scaling.py); the
 result's `instance_seconds` integrates the instances held.
+
+Length: one run's event handlers share its state (the pools, the admission queue, the
+instances draining, switching, starting and leaving), so they stay together in `_Run`; the
+workers, the batching, the policies and the scaling set-up live in their own modules.
 """
 
 from __future__ import annotations
