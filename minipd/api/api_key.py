@@ -29,6 +29,7 @@ DASHBOARD_PAGE_PATHS = frozenset(
         "/dashboard/dashboard.css",
         "/dashboard/timelines.js",
         "/dashboard/timelines.css",
+        "/dashboard/plan.js",
     }
 )
 OPEN_PATHS = frozenset({"/health"}) | DASHBOARD_PAGE_PATHS

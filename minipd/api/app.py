@@ -61,6 +61,7 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole body within this, or 408
     api_key: str | None = None  # None: the API is open
     shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S  # on cleanup, requests under way get this long to finish
+    plan_profile: str | None = None  # the dashboard's latency profile file (a router's --plan-profile)
 
     def __repr__(self) -> str:  # never print the key
         return f"HttpConfig(host={self.host!r}, port={self.port}, api_key={'<set>' if self.api_key else None})"

@@ -8,5 +8,8 @@ instance's), a page of the cluster against its SLOs with its data pushed as serv
 - `sse`: the server-sent-event framing, and the hub that builds one snapshot per tick for every viewer;
 - `routes`: the page, its static files and its data routes, installed as an app extension;
 - `timelines_route`: `GET /dashboard/requests`, the last request timelines (router/timeline_store.py);
+- `plan_routes`, `plan_client`: the Plan view and the live prediction, answered by the plan
+  worker (`python -m minipd.planner.plan_worker`, a child process: the router never loads the
+  simulator);
 - `static/`: the page itself (HTML, CSS, vanilla JS; nothing fetched from elsewhere).
 """

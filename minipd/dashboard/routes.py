@@ -1,6 +1,6 @@
 """The dashboard's routes on an HTTP front, installed as an app extension (`api/app.py`).
 
-- `GET /dashboard` (and its `dashboard.js`, `dashboard.css`): the page, served from the
+- `GET /dashboard` (and its `dashboard.js`, `plan.js`, `dashboard.css`): the page, served from the
   package's `static/` folder. These are open (api_key.DASHBOARD_PAGE_PATHS): the page holds no
   data; with `--api-key` it asks for the key before it shows any.
 - `GET /dashboard/events`: server-sent events, one `snapshot` event per tick (snapshot.py says
@@ -9,6 +9,7 @@
 - `GET /dashboard/requests`: the router's last request timelines (timelines_route.py).
 - `POST /dashboard/slo` with `{"ttft_ms": MS, "itl_ms": MS}`: the SLO the page judges against
   (for every viewer); 400 naming the field for a bad value.
+On a router, plan_routes.py adds the planner's routes (`/dashboard/plan`, `/dashboard/prediction`).
 The data routes need the API key like every other route (the app's middleware), as a Bearer
 header; the page never puts the key in a URL.
 
@@ -33,6 +34,8 @@ from minipd.api.errors import OVERLOADED, ApiError, from_decode_error
 from minipd.api.json_only import require_json
 from minipd.dashboard.instances import EngineInstances, RouterInstances
 from minipd.dashboard.observed_backend import ObservedBackend
+from minipd.dashboard.plan_client import PlanClient
+from minipd.dashboard.plan_routes import PlanRoutes
 from minipd.dashboard.request_window import RequestWindow
 from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
 from minipd.dashboard.sse import KEEPALIVE, SnapshotHub
@@ -49,6 +52,7 @@ PAGE_FILES = {
     "/dashboard": ("dashboard.html", "text/html"),
     "/dashboard/dashboard.js": ("dashboard.js", "text/javascript"),
     "/dashboard/dashboard.css": ("dashboard.css", "text/css"),
+    "/dashboard/plan.js": ("plan.js", "text/javascript"),
     "/dashboard/timelines.js": ("timelines.js", "text/javascript"),
     "/dashboard/timelines.css": ("timelines.css", "text/css"),
 }
@@ -148,11 +152,16 @@ def print_address(runner: web.AppRunner, host: str, out: TextIO = sys.stdout) ->
 
 
 def router_dashboard(
-    router: Router, backend: ServingBackend, default_slo: SLO, controller: Callable[[], object | None]
+    router: Router,
+    backend: ServingBackend,
+    default_slo: SLO,
+    controller: Callable[[], object | None],
+    plan_profile: str | None = None,
 ) -> tuple:
     """(backend to serve, app extension) for the router's front; `controller()` is the ratio
     controller running now (None: off); the SLO is its own while it runs, else `default_slo`
-    (until one is set from the page)."""
+    (until one is set from the page). `plan_profile` is the text of the --plan-profile file:
+    the latency profile the live prediction uses (plan_routes.py)."""
 
     window = RequestWindow()
     builder = SnapshotBuilder(
@@ -161,12 +170,15 @@ def router_dashboard(
         DashboardSLO.from_slo(default_slo, "default"),
         "router",
         # the router's control calls (api/admin.py, api/admin_controls.py) the page may make
-        {"role_switch": True, "cluster_mode": True, "link_cap": True, "load": True, "controller": True},
+        {"role_switch": True, "cluster_mode": True, "link_cap": True, "load": True, "controller": True, "plan": True},
         controller,
     )
     dashboard = Dashboard(builder)
     router.timelines = TimelineStore()  # the router stamps every request's phases from now on
-    return ObservedBackend(backend, window), _both(dashboard.install, timelines_extension(router.timelines))
+    plan = PlanRoutes(PlanClient(), window, lambda: dashboard.hub.snapshot, router.model_name, plan_profile)
+    return ObservedBackend(backend, window), _both(
+        dashboard.install, timelines_extension(router.timelines), plan.install
+    )
 
 
 def engine_dashboard(engine: Engine, backend: ServingBackend, default_slo: SLO, name: str = "local") -> tuple:

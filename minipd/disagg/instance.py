@@ -101,11 +101,12 @@ class Instance(ControlServer):
         secret: SharedSecret | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
+        start_epoch: int = 0,
     ):
         super().__init__(instance_id, secret, max_connections)
         if not role.is_instance:
             raise ValueError(f"role: {role.value!r} is not an instance role")
-        self.guard = RoleGuard(instance_id, role)  # role, role epoch, work in flight
+        self.guard = RoleGuard(instance_id, role, start_epoch)  # role, role epoch, work in flight
         self.engine, self.instance_id = engine, instance_id
         self.transport = transport
         self.model_name = model_name
@@ -150,6 +151,7 @@ class Instance(ControlServer):
         secret: SharedSecret | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
+        start_epoch: int = 0,
     ) -> "Instance":
         """`secret` also goes to the transport; `max_connections` caps the control port only."""
         transport = create_transport(
@@ -158,7 +160,16 @@ class Instance(ControlServer):
         await transport.start()
         await engine.start()
         return cls(
-            engine, role, instance_id, transport, model_name, lease_s, secret, max_connections, liveness_timeout_s
+            engine,
+            role,
+            instance_id,
+            transport,
+            model_name,
+            lease_s,
+            secret,
+            max_connections,
+            liveness_timeout_s,
+            start_epoch,
         )
 
     async def serve(self, host: str, port: int) -> int:

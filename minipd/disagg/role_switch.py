@@ -97,12 +97,16 @@ class InFlightWork:
 class RoleGuard:
     """The role and epoch of one instance, and what may run under them."""
 
-    def __init__(self, instance_id: str, role: Role):
+    def __init__(self, instance_id: str, role: Role, epoch: int = 0):
+        """`epoch`: the role epoch it starts at (0; a restarted instance starts above its
+        predecessor's, so work sent to the old process under its epoch is refused as stale)."""
         if not role.is_instance:
             raise ValueError(f"role: {role.value!r} is not an instance role")
+        if epoch < 0:
+            raise ValueError(f"start_epoch: must be >= 0, got {epoch}")
         self.instance_id = instance_id
         self.role = role
-        self.epoch = 0
+        self.epoch = epoch
         self.switching_to: Role | None = None  # set while a switch drains the instance
         self.draining = asyncio.Event()  # set while it is so (for observers and tests)
         self.work = InFlightWork()

@@ -50,6 +50,7 @@ class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True):
 class InstanceConfig(msgspec.Struct, frozen=True, kw_only=True):
     port: int | None = 0  # the control port (0: any free one); None: a colocated server without one
     instance_id: str | None = None  # None: ROLE-PID
+    start_epoch: int = 0  # the role epoch it starts at (a launcher's restart: above the predecessor's)
     router: Address | None = None  # register there once serving
     lease_s: float = DEFAULT_LEASE_S  # of a decode instance's reservations
     step_log_dir: str | None = None  # the engine's step log goes to DIR/INSTANCE-ID.jsonl

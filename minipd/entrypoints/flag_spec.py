@@ -94,6 +94,16 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def cpu_list(text: str) -> tuple[int, ...]:
     try:
         return parse_cpu_list(text)

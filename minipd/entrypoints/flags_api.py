@@ -86,6 +86,18 @@ FLAGS = (
         default=_HTTP.body_timeout_s,
         help="answer 408 to a request whose body has not fully arrived within this (default: %(default)s)",
     ),
+    flag(
+        "--plan-profile",
+        ROUTING,
+        HTTP,
+        {Role.ROUTER},
+        sets="http.plan_profile",
+        default=None,
+        metavar="FILE",
+        help="a latency profile of these instances (python bench.py profile --model MODEL --json FILE): the "
+        "dashboard's live prediction simulates the cluster with it, and its Plan view offers it "
+        "(README: The dashboard)",
+    ),
     # ---- the local cluster launcher
     flag(
         "--port",
@@ -134,7 +146,8 @@ FLAGS = (
         help=f"a child (instance or router) that dies is logged and restarted after a backoff ({BACKOFF_FIRST_S} s, "
         f"doubling up to {BACKOFF_MAX_S:.0f} s) and connected to the router again, at most this many times in a "
         "row; one more death stops the cluster and the launcher exits 1 naming the child. A child that served for "
-        f"{_CLUSTER.stable_after_s:.0f} s counts from 0 again (default: %(default)s)",
+        f"{_CLUSTER.stable_after_s:.0f} s counts from 0 again. With --launcher ray it is also each instance "
+        "actor's max_restarts: how many times Ray places it again when its node is lost (default: %(default)s)",
     ),
     flag(
         "--exit-on-child-failure",

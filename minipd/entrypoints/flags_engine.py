@@ -16,6 +16,7 @@ from minipd.entrypoints.flag_spec import (
     MODEL,
     SCHEDULER,
     flag,
+    non_negative_int,
     parse_address,
 )
 from minipd.models.model_config import PRESETS
@@ -187,6 +188,17 @@ FLAGS = (
         sets="instance.instance_id",
         default=None,
         help="name in the cluster (default: ROLE-PID)",
+    ),
+    flag(
+        "--start-epoch",
+        INSTANCES,
+        INSTANCE,
+        sets="instance.start_epoch",
+        type=non_negative_int,
+        default=0,
+        help="the role epoch the instance starts at (default: %(default)s); the launcher restarts an "
+        "instance with one above its predecessor's, so work still addressed to the old process is "
+        "refused as stale",
     ),
     flag(
         "--transport",

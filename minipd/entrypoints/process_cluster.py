@@ -49,6 +49,7 @@ from minipd.entrypoints.credentials import parse_cluster_secret
 from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
+from minipd.entrypoints.restart_epoch import restarted_argv
 from minipd.router.cluster_client import ClusterClient
 from minipd.router.scale_link import ENV_FD as SCALE_LINK_ENV
 from minipd.transports import fault_points
@@ -91,6 +92,7 @@ class ProcessCluster:
         self._pipe: LauncherPipe | None = None  # children stop by themselves once it closes
         self._processes: set[asyncio.subprocess.Process] = set()  # every one started, ready or not
         self.children_changed = asyncio.Event()  # set when an instance is added or removed while running
+        self._restarts: dict[str, int] = {}  # per instance name: how often it was restarted
 
     @property
     def args(self) -> argparse.Namespace:
@@ -203,7 +205,11 @@ class ProcessCluster:
         old = self.child(name)
         kill_process(old.process)
         await old.process.wait()
-        argv = self._router_argv() if old.role is Role.ROUTER else old.argv
+        if old.role is Role.ROUTER:
+            argv = self._router_argv()
+        else:
+            self._restarts[name] = self._restarts.get(name, 0) + 1
+            argv = restarted_argv(old.argv, self._restarts[name])
         child = await self._spawn(name, old.role, argv)
         self.children[self.children.index(old)] = child  # the router stays last: `stop` ends it first
         router = self.child(ROUTER) if old.role is not Role.ROUTER else None

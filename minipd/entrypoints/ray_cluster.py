@@ -8,8 +8,12 @@ one GPU with `--device cuda`, and the role's custom resources (`--ray-prefill-re
 it, with the instances' addresses the actors report. Supervision is the local launcher's
 (`Supervisor`): an instance whose process dies is started again by its actor, registers with
 the router again, and the restarts are bounded by `--max-restarts` and logged; an actor that
-dies is restarted by Ray (`max_restarts`) and its process, which watched the actor's pipe,
-stops by itself.
+dies, or whose node is lost, is restarted by Ray (`max_restarts`) on a node with room for it,
+and its process, which watched the actor's pipe, stops by itself. The launcher sees that
+instance end `lost with its Ray actor` (`RayProcess.exit_reason`), and its restart asks the
+actor again (Ray answers ActorUnavailableError until it has placed it anew) within
+`PLACEMENT_TIMEOUT_S`, then starts the instance there; an actor Ray no longer restarts fails
+the restart naming it, one more death for the supervisor's bound.
 
 Without `--ray-address` a local Ray is started for the run (`ray.init` with an explicit
 `num_cpus`, its own temp dir, printed) and shut down at the end, which ends its processes; the
@@ -42,6 +46,7 @@ from minipd.entrypoints.ray_scaling import RayPoolScaling
 log = logging.getLogger(__name__)
 
 PLACEMENT_TIMEOUT_S = 60.0  # for Ray to find a node with room for an instance
+UNAVAILABLE_RETRY_S = 0.5  # between asks to an actor Ray is placing again (its node was lost)
 CALL_MARGIN_S = 30.0  # on top of an actor's own bounded work (a busy node, a slow Ray)
 
 
@@ -59,10 +64,15 @@ class RayProcess:
         if future.cancelled():
             return
         if future.exception() is not None:  # the actor died: its process stopped by itself (the pipe)
-            self.actor_error = str(future.exception()).splitlines()[0]
+            self.actor_error = _first_line(future.exception())
             self.returncode = -signal.SIGKILL
         else:
             self.returncode = future.result()
+
+    @property
+    def exit_reason(self) -> str | None:
+        """How it ended when not by itself: with its actor (its node lost, or the actor killed)."""
+        return f"lost with its Ray actor: {self.actor_error}" if self.actor_error else None
 
     async def wait(self) -> int:
         await asyncio.wait([self._exit])  # the shared future survives a waiter that is cancelled
@@ -208,12 +218,19 @@ class RayCluster(ProcessCluster):
         actor = self._actor(name, role)
         wanted = self._resources(name, role)
         try:
-            await asyncio.wait_for(asyncio.wrap_future(actor.node.remote().future()), PLACEMENT_TIMEOUT_S)
+            await asyncio.wait_for(_placed(actor), PLACEMENT_TIMEOUT_S)
         except asyncio.TimeoutError:
             raise RuntimeError(
                 f"{name} was not placed within {PLACEMENT_TIMEOUT_S:.0f} s: no node of the Ray cluster had "
                 f"{_text(wanted)} free (see `ray status`)"
             ) from None
+        except ray.exceptions.ActorDiedError as exc:  # Ray gave up on it: max_restarts used up
+            raise RuntimeError(
+                f"{name}: Ray does not restart its actor again ({self.configs.cluster.max_restarts} restarts "
+                f"at most, --max-restarts): {_first_line(exc)}"
+            ) from None
+        except ray.exceptions.RayError as exc:
+            raise RuntimeError(f"{name}: its Ray actor failed: {_first_line(exc)}") from None
         share = self.placement[name]
         call = actor.start.remote(
             argv,
@@ -230,7 +247,7 @@ class RayCluster(ProcessCluster):
         except ray.exceptions.RayTaskError as exc:  # the spawn's own RuntimeError, quoting the child
             raise RuntimeError(str(exc.cause) if exc.cause else str(exc).splitlines()[-1]) from None
         except ray.exceptions.RayError as exc:
-            raise RuntimeError(f"{name}: its Ray actor failed: {str(exc).splitlines()[0]}") from None
+            raise RuntimeError(f"{name}: its Ray actor failed: {_first_line(exc)}") from None
         process = RayProcess(actor, info["pid"])
         self._processes.add(process)
         self.placed[name] = info
@@ -269,6 +286,21 @@ class RayCluster(ProcessCluster):
             self._connected = False
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+async def _placed(actor) -> str:
+    """The node `actor` runs on, once it runs: one whose node was lost answers
+    ActorUnavailableError until Ray has declared the node dead and placed the actor again
+    (the caller bounds the wait)."""
+    while True:
+        try:
+            return await asyncio.wrap_future(actor.node.remote().future())
+        except ray.exceptions.ActorUnavailableError:
+            await asyncio.sleep(UNAVAILABLE_RETRY_S)  # a backoff between tries, not a wait for an event
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _text(resources: dict[str, float]) -> str:

@@ -2,10 +2,10 @@
 
 `InstanceSupervisor` is a plain class; the launcher makes it a Ray actor with the instance's
 resources. `start` runs `minipd --role ROLE ARGV` as a process of its own on the actor's node
-(the same spawn as the local launcher's, `process_cluster.spawn_process`) and returns its
-address, pid and placement; `wait` returns once that process exits (its exit status); `signal`
-sends it a signal by pid; `start` again replaces it with a fresh one (the launcher's
-supervisor restarts an instance that died this way).
+(the same spawn as the local launcher's, `process_cluster.spawn_process`), bound to the node's
+address (`on_node`), and returns its address, pid and placement; `wait` returns once that
+process exits (its exit status); `signal` sends it a signal by pid; `start` again replaces it
+with a fresh one (the launcher's supervisor restarts an instance that died this way).
 
 The secrets reach the process without passing through Ray's metadata: the launcher `ray.put`s
 the child's secret environment variables and hands `start` the object's reference inside a
@@ -34,7 +34,20 @@ from minipd.entrypoints.child_spawn import spawn_process
 from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
 
-UNSPECIFIED_HOSTS = ("0.0.0.0", "::", "")
+HOST_FLAG = "--host"
+
+
+def on_node(argv: list[str], node_ip: str) -> list[str]:
+    """`argv` binding the instance to `node_ip`, the address Ray knows its node by, in place of
+    the launcher's `--host`: the router (on the launcher's host) and the other instances (on
+    theirs) reach it there, and the KV transports advertise the address they bind, so neither a
+    loopback nor a wildcard address would do on a node of its own."""
+    argv = list(argv)
+    if HOST_FLAG in argv:
+        last = len(argv) - 1 - argv[::-1].index(HOST_FLAG)
+        argv[last + 1] = node_ip
+        return argv
+    return [*argv, HOST_FLAG, node_ip]
 
 
 class InstanceSupervisor:
@@ -69,7 +82,7 @@ class InstanceSupervisor:
                 env.pop(variable, None)
             else:
                 env[variable] = value
-        argv, where = list(argv), "not pinned"
+        argv, where = on_node(argv, ray.util.get_node_ip_address()), "not pinned"
         if placed:
             passive_env(env)
             cpus, threads = self._placement(planned_cpus, launcher_node)
@@ -83,8 +96,6 @@ class InstanceSupervisor:
             self.name, self.role, argv, env, self._pipe.pass_fds
         )
         stderr.release()  # to the actor's stderr, which Ray forwards to the launcher's
-        if host in UNSPECIFIED_HOSTS:  # bound every address: the node's own is where to reach it
-            host = ray.util.get_node_ip_address()
         self._process = process
         exited = asyncio.get_running_loop().create_future()
         self._exits[process.pid] = exited

@@ -28,6 +28,7 @@ from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
 from minipd.api.scale_metrics import scale_metrics
 from minipd.control.role import Role
+from minipd.dashboard.plan_routes import read_profile_file
 from minipd.dashboard.routes import engine_dashboard, router_dashboard
 from minipd.dashboard.routes import print_address as print_dashboard_address
 from minipd.disagg.instance import Instance
@@ -131,6 +132,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
                 secret=secret,
                 max_connections=process.max_connections,
                 liveness_timeout_s=process.liveness_timeout_s,
+                start_epoch=configs.instance.start_epoch,
             )
             port = await instance.serve(process.host, control_port)
         if http is not None:
@@ -210,6 +212,7 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
                 RouterBackend(router, configs.serving.served_model_name or router.model_name),
                 policy.policy.slo,
                 lambda: controller.controller,  # the running controller, if any (switched at runtime)
+                read_profile_file(http.plan_profile) if http.plan_profile else None,
             )
             api = await start_api(
                 backend,

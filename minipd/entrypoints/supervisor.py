@@ -1,11 +1,12 @@
 """The launcher watches its children and restarts the ones that die.
 
 `Supervisor.run` waits on every child of a started `ProcessCluster`. A child that exits is
-logged on stderr in one line (its name, pid and exit status or signal) and restarted by
-`ProcessCluster.restart` after a backoff (`BACKOFF_FIRST_S`, doubling up to `BACKOFF_MAX_S`):
-a restarted instance registers with the router as a rejoining instance does; a restarted
-router listens on the ports of the one it replaces and connects to every instance, as at
-start. A child restarted `max_restarts` times in a row (a child that served for
+logged on stderr in one line (its name, pid and exit status or signal, or the `exit_reason`
+of a process the launcher reaches through another: a Ray instance lost with its actor) and
+restarted by `ProcessCluster.restart` after a backoff (`BACKOFF_FIRST_S`, doubling up to
+`BACKOFF_MAX_S`): a restarted instance registers with the router as a rejoining instance
+does; a restarted router listens on the ports of the one it replaces and connects to every
+instance, as at start. A child restarted `max_restarts` times in a row (a child that served for
 `stable_after_s` counts from 0 again), or any child under `exit_on_child_failure`, ends the
 run with `ChildFailed`, a RuntimeError naming the child; the launcher then stops the
 cluster and exits 1. A restart that fails (the child's own error line says why) counts as
@@ -72,7 +73,7 @@ class Supervisor:
     async def _after_death(self, child) -> None:
         died_at = time.monotonic()
         name, pid = child.name, child.process.pid
-        how = exit_text(child.process.returncode)
+        how = getattr(child.process, "exit_reason", None) or exit_text(child.process.returncode)
         if self.config.exit_on_child_failure:
             raise ChildFailed(f"{name} (pid {pid}) died ({how}); stopping the cluster (--exit-on-child-failure)")
         if died_at - self._started_at.get(name, died_at) >= self.config.stable_after_s:

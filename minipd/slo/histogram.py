@@ -51,6 +51,16 @@ class LogHistogram:
         self._flush()
         return int(self.counts.sum())
 
+    def fraction_at_most(self, bound: float) -> float:
+        """The share of values at most `bound`, to within a bin (a value in `bound`'s bin counts
+        as within it); nan when empty."""
+        self._flush()
+        total = int(self.counts.sum())
+        if total == 0:
+            return math.nan
+        index = math.floor(math.log(max(bound, self.low) / self.low) / self._log_ratio)
+        return float(self.counts[: min(self.num_bins, index + 1)].sum()) / total
+
     def percentile(self, p: float) -> float:
         """The p-th percentile (0 < p <= 100) as the geometric middle of its bin; nan when empty."""
         self._flush()

@@ -14,6 +14,8 @@ import pytest
 from http_helpers import OpenStream, http_json
 from launcher_process import STARTUP_TIMEOUT_S, Launcher, gone, wait_gone
 
+from minipd.entrypoints.restart_epoch import EPOCHS_PER_RESTART
+
 SMALL = ["--num-prefill", "1", "--num-decode", "1", "--shutdown-timeout-s", "1"]
 CHILDREN = ("prefill-0", "decode-0", "router")
 GONE_BOUND_S = 20.0  # a child's 1 s shutdown deadline, on a busy 2-core machine
@@ -85,6 +87,10 @@ def test_a_killed_instance_is_logged_restarted_and_serves_again(launcher):
     print(f"decode-0 killed -> serving again in {time.monotonic() - killed_at:.1f} s")
     assert new != old and gone(old) and not gone(new)
     assert cluster.process.poll() is None
+    # the restarted process started at a new role epoch, and the router knows it by that one
+    instances = http_json("GET", f"{cluster.base_url}/admin/instances").body["instances"]
+    (decode,) = [i for i in instances if i["instance"] == "decode-0"]
+    assert decode["epoch"] == EPOCHS_PER_RESTART, decode
 
 
 def test_a_killed_router_is_restarted_on_its_ports(launcher):

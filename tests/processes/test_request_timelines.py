@@ -72,7 +72,9 @@ def wait_for_record(base_url: str, request_id: str) -> dict:
 
 def complete(base_url: str, prompt: str, max_tokens: int) -> dict:
     result = http_json(
-        "POST", f"{base_url}/v1/completions", {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens}
+        "POST",
+        f"{base_url}/v1/completions",
+        {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True},
     )
     assert result.status == 200, result.body
     return result.body
@@ -127,7 +129,10 @@ def test_a_disaggregated_request_shows_every_phase_in_order(cluster):
         assert prefill["start_ms"] <= layer["sent_ms"] <= layer["landed_ms"]
     (transfer,), (exposed,) = phases["kv_transfer"], phases["kv_exposed"]
     landed = event(t, "kv_landed")
-    assert transfer["start_ms"] == min(layer["sent_ms"] for layer in t["layers"]) and transfer["end_ms"] == landed
+    assert transfer["start_ms"] == min(layer["sent_ms"] for layer in t["layers"])
+    # the landing is on the decode instance's clock: on a loaded machine the two alignments can
+    # put it before the first write (within their errors), and a phase never ends before it starts
+    assert transfer["end_ms"] == max(landed, transfer["start_ms"]) and landed >= transfer["start_ms"] - tolerance
     assert max(layer["landed_ms"] for layer in t["layers"]) <= landed + tolerance  # the receiver saw the last byte
     assert exposed["start_ms"] == prefill["end_ms"] and exposed["end_ms"] >= exposed["start_ms"]
     # first token after the KV landed (and after the adopt), then decode to the end

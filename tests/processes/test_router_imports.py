@@ -5,13 +5,16 @@ scale link: tests/processes/test_ray_scaling.py checks that one has not loaded R
 
 The check is the real process: `python -X importtime` reports every module a process imports
 on stderr, so the router is started with it, with its HTTP API and the live ratio controller
-(the parts that use the policies), killed once it says READY, and its imports are read.
+(the parts that use the policies), asked for a dashboard plan (which its plan worker, another
+process, simulates), killed then, and its imports are read.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
@@ -22,6 +25,17 @@ STOP_TIMEOUT_S = 30.0
 ROUTER_ARGV = (
     "--role router --host 127.0.0.1 --port 0 --http-port 0 --ratio-controller --controller-slo ttft:2000 tpot:50"
 )
+
+
+PLAN = {"num_instances": 2, "num_prefill": 1, "rate_rps": 2, "num_requests": 20}
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.load(response)
 
 
 def _imported(importtime_log: str) -> set[str]:
@@ -40,14 +54,23 @@ def test_a_running_router_has_imported_no_planner_module(tmp_path):
             text=True,
         )
         try:
-            # the first READY line, or None when stdout closes: the router exited without starting
-            ready = next((line for line in router.stdout if line.startswith("READY router")), None)
+            # up to the first READY line; none when stdout closes: the router exited without starting
+            ready, http = None, None
+            for line in router.stdout:
+                if line.startswith("minipd: serving the OpenAI API"):
+                    http = line.split()[-1]
+                if line.startswith("READY router"):
+                    ready = line
+                    break
+            if ready:
+                answer = _post(f"{http}/dashboard/plan", PLAN)
         finally:
             # -X importtime writes each import as it happens, so how the router stops does not matter
             router.kill()
             router.wait(STOP_TIMEOUT_S)
     modules = _imported(stderr_path.read_text())
     assert ready, f"the router did not start: {stderr_path.read_text()[-2000:]}"
+    assert [b["label"] for b in answer["bars"]] == ["colocated x2", "1P:1D"]  # the simulator answered
     # the check sees the router's own imports, policies included ...
     assert {"minipd.router.router", "minipd.router.live_controller", "minipd.policy.ratio_controller"} <= modules
     assert {"minipd.router.pool_scaler", "minipd.policy.pool_scaling"} <= modules

@@ -22,12 +22,14 @@ ANNOUNCED_URL = re.compile(r"^minipd: serving the OpenAI API .* on (http://\S+)"
 class Launcher:
     """The launcher process; `pids` (child name -> pid) and `base_url` once `ready`."""
 
-    def __init__(self, *flags: str) -> None:
+    def __init__(self, *flags: str, prefix: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+        """`prefix`: what runs it (`ip netns exec NS`, to run it on another host)."""
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "minipd", "--role", "cluster", "--http-port", "0", *flags],
+            [*prefix, sys.executable, "-m", "minipd", "--role", "cluster", "--http-port", "0", *flags],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            env=env,
         )
         self.stdout: list[str] = []
         self.stderr: list[str] = []

@@ -9,10 +9,10 @@ and nothing leaves it). Processes run in a host with `exec_in(host)`; `partition
 takes its link down (its processes live on, cut off) and `heal(host)` brings it up again;
 `kill_host(host)` kills every process in its namespace by its id (a host losing power).
 Names carry the creating pid (`mpdhost-PID-N-...`); namespaces left by a dead run are
-removed on the next start. `close` (and leaving the `with` block, however it ends) kills
-the processes started through `spawn`, and any other process still in one of its namespaces,
-by their ids, then deletes every namespace, which deletes the bridge and the veths. Needs root
-and `ip`.
+removed on the next start, with the processes still in them. `close` (and leaving the `with`
+block, however it ends) kills the processes started through `spawn`, and any other process
+still in one of its namespaces, by their ids, then deletes every namespace, which deletes the
+bridge and the veths. Needs root and `ip`.
 """
 
 from __future__ import annotations
@@ -51,9 +51,13 @@ def namespaces() -> list[str]:
 
 
 def remove_stale() -> None:
+    """Delete the namespaces of runs that died, killing (by id) what still runs in them first:
+    a namespace lives on, unnamed, while any process is in it."""
     for name in namespaces():
         match = NS_PATTERN.match(name)
         if match and not Path(f"/proc/{match.group(1)}").exists():
+            for pid in _run("ip", "netns", "pids", name, check=False).split():
+                _kill(int(pid))
             _run("ip", "netns", "del", name, check=False)
 
 

@@ -52,7 +52,7 @@ ALLOWED: dict[str, set[str]] = {
     "api": {"api", "router", "control", "engine", "policy", "slo", "models", "loadgen", "workload", "tracing"},
     # membership in etcd: drives a router's links and publishes an instance
     "registry": {"registry", "router", "disagg", "control", "engine", "models", "transports", "policy", "slo"},
-    "dashboard": {"dashboard", "api", "router", "control", "engine", "policy", "slo", "models"},
+    "dashboard": {"dashboard", "api", "router", "control", "engine", "policy", "slo", "models", "workload"},
     # the top: the command line and the package's own exports may import every layer
     "entrypoints": EVERY_LAYER,
     "minipd": EVERY_LAYER,

@@ -165,3 +165,18 @@ def test_an_instance_added_is_watched_and_one_removed_is_not_restarted(capsys):
     assert restarted.name == "decode-1" and names == ["decode-1", "router"]
     err = capsys.readouterr().err
     assert "decode-1" in err and "decode-0" not in err, err
+
+
+def test_a_process_lost_with_its_actor_is_logged_with_that_reason(capsys):
+    async def scenario():
+        cluster = FakeCluster("decode-0", "router")
+        lost = cluster.child("decode-0").process
+        lost.exit_reason = "lost with its Ray actor: its node died"  # as RayProcess says it
+        watch = asyncio.ensure_future(Supervisor(cluster, ClusterConfig(max_restarts=0)).run())
+        lost.die(-signal.SIGKILL)
+        with pytest.raises(ChildFailed) as failed:
+            await asyncio.wait_for(watch, WAIT_S)
+        return str(failed.value), lost.pid
+
+    message, pid = asyncio.run(scenario())
+    assert message.startswith(f"decode-0 (pid {pid}) died (lost with its Ray actor: its node died)"), message
