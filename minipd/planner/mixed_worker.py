@@ -53,6 +53,8 @@ class MixedWorker:
         self.sum_context = 0  # tokens the running decodes attend to in the next step
         self.num_assigned = 0  # admitted here and not finished
         self.busy = False
+        self.busy_s = 0.0  # time spent stepping, counted when a step starts
+        self.busy_mark = 0.0  # busy_s when the simulator last measured the pool
         self.draining = False
         self.times = StepTimes()
         self._finishing: list[tuple[int, int, SimRequest]] = []  # (last step index, request index, request)

@@ -32,6 +32,8 @@ class PrefillWorker:
         self.queue: deque[SimRequest] = deque()
         self.queued_tokens = 0  # prompt tokens not yet computed, over the queue
         self.busy = False
+        self.busy_s = 0.0  # time spent stepping, counted when a step starts
+        self.busy_mark = 0.0  # busy_s when the simulator last measured the pool
         self.draining = False
         self.link_free_at = 0.0
         self.transfers_in_flight = 0

@@ -14,6 +14,24 @@ class RoleChange(NamedTuple):
     num_prefill: int  # instances serving as prefill (draining ones excluded)
     num_decode: int
     num_switching: int  # draining or between roles
+    num_starting: int = 0  # added, not serving yet (the start-up delay)
+    num_removing: int = 0  # draining before they are removed
+
+    @property
+    def num_held(self) -> int:
+        """Instances the cluster holds (their GPUs are taken) in a P/D cluster."""
+        return self.num_prefill + self.num_decode + self.num_switching + self.num_starting + self.num_removing
+
+
+def held_seconds(roles: list[RoleChange], start_s: float, end_s: float, extra: int = 0) -> float:
+    """Instance-seconds held between `start_s` and `end_s` by a cluster whose changes are
+    `roles` (in time order; each holds until the next), plus `extra` instances throughout."""
+    total = 0.0
+    for change, following in zip(roles, [*roles[1:], None]):
+        lo = max(start_s, change.time_s)
+        hi = min(end_s, following.time_s if following is not None else end_s)
+        total += max(0.0, hi - lo) * (change.num_held + extra)
+    return total
 
 
 class SimResult(NamedTuple):
@@ -36,6 +54,10 @@ class SimResult(NamedTuple):
     peak_kv_used: dict[int, int]  # instance index -> most KV tokens reserved at once (decode/colocated)
     kv_capacity: int
     num_admission_waits: int  # requests that found no KV room on arrival
+    # Instance-seconds the cluster held from time 0 to the last token, starting, switching and
+    # draining instances included (times the profile's GPUs per instance: GPU-seconds).
+    instance_seconds: float = 0.0
+    scale_events: tuple = ()  # ScaleDecisions that added, removed or switched an instance
 
     @property
     def num_requests(self) -> int:

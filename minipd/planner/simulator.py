@@ -16,7 +16,14 @@ duration is the profile's times its instance's factor at the step's start (a mac
 speed wanders; step_jitter.py).
 A `RatioController`, when given, is asked every `control_interval_s`; a move drains one
 instance (no new work; it finishes what it holds), which then serves in the other role
-after `switch_delay_s`.
+after `switch_delay_s`. With a `SimScaling` the same tick asks the live scaler's policy
+(`pool_scaling.PoolScaler`) instead whether to add an instance (serving after
+`SimScaling.startup_delay_s`), drain and remove one, or switch one (sim_scaling.py); the
+result's `instance_seconds` integrates the instances held.
+
+Length: one run's event handlers share its state (the pools, the admission queue, the
+instances draining, switching, starting and leaving), so they stay together in `_Run`; the
+workers, the batching, the policies and the scaling set-up live in their own modules.
 """
 
 from __future__ import annotations
@@ -33,12 +40,14 @@ from minipd.planner.latency_recorder import LatencyRecorder
 from minipd.planner.mixed_worker import COLOCATED, DECODE, MixedWorker
 from minipd.planner.prefill_worker import PREFILL, PrefillWorker
 from minipd.planner.sim_request import Mode, SimRequest
-from minipd.planner.sim_result import RoleChange, SimResult
+from minipd.planner.sim_result import RoleChange, SimResult, held_seconds
+from minipd.planner.sim_scaling import SimScaling, pool_busy
 from minipd.planner.step_jitter import SpeedProcess, TracedSpeed
 from minipd.policy.local_prefill import PlacementInput, place_prefill
+from minipd.policy.pool_scaling import PoolScaler, ScaleAction, wanted
 from minipd.workload import RequestSpec
 
-STEP_END, TRANSFER_DONE, ROLE_READY, CONTROL, TTFT_DEADLINE, DECODE_JOIN = range(6)
+STEP_END, TRANSFER_DONE, ROLE_READY, CONTROL, TTFT_DEADLINE, DECODE_JOIN, STARTED = range(7)
 DEFAULT_OPTIONS = SimOptions()
 
 
@@ -51,14 +60,25 @@ class Simulator:
         if self.link.num_layers != profile.num_layers:
             self.link = KVLink(self.link.gbps, self.link.setup_s, self.link.layerwise, profile.num_layers)
 
-    def run(self, specs: Sequence[RequestSpec], controller=None) -> SimResult:
-        """Simulate `specs` (sorted by arrival) to the last token of the last request."""
-        return _Run(self, specs, controller).execute()
+    def run(self, specs: Sequence[RequestSpec], controller=None, scaling: SimScaling | None = None) -> SimResult:
+        """Simulate `specs` (sorted by arrival) to the last token of the last request.
+        `controller`: a RatioController asked every control tick; `scaling`: let the cluster
+        add and remove instances (P/D clusters only; wanted roles come from `controller`)."""
+        if scaling is not None:
+            if self.cluster.num_colocated:
+                raise ValueError("scaling: only a prefill/decode cluster scales")
+            if self.cluster.size > scaling.capacity:
+                raise ValueError(f"scaling: the cluster starts with {self.cluster.size} instances, over capacity")
+        return _Run(self, specs, controller, scaling).execute()
 
 
 class _Run:
-    def __init__(self, sim: Simulator, specs: Sequence[RequestSpec], controller):
+    def __init__(self, sim: Simulator, specs: Sequence[RequestSpec], controller, scaling: SimScaling | None = None):
         self.profile, self.options, self.link, self.controller = sim.profile, sim.options, sim.link, controller
+        self.scaling = scaling
+        self.scaler = PoolScaler(scaling.policy) if scaling is not None else None
+        self.num_starting = {PREFILL: 0, DECODE: 0}
+        self.removing: list = []  # draining, then leaving the cluster
         self.budget = sim.options.max_batched_tokens or sim.profile.max_batched_tokens
         self.requests = [SimRequest(i, s.arrival_s, s.prompt_len, s.output_len) for i, s in enumerate(specs)]
         for a, b in zip(self.requests, self.requests[1:]):
@@ -74,6 +94,7 @@ class _Run:
         self.prefill = [self._new_worker(i, PREFILL) for i in range(cluster.num_prefill)]
         self.decode = [self._new_worker(cluster.num_prefill + i, DECODE) for i in range(cluster.num_decode)]
         self.colocated = [self._new_worker(i, COLOCATED) for i in range(cluster.num_colocated)]
+        self.next_index = cluster.size
         self.draining: list = []
         self.num_in_transition = 0
         self.pending: deque[SimRequest] = deque()
@@ -92,6 +113,7 @@ class _Run:
         self.recorder = LatencyRecorder(len(self.requests))
         self.roles: list[RoleChange] = []
         self.moves: list = []
+        self.scale_events: list = []
 
     def _new_worker(self, index: int, role: str):
         if role == PREFILL:
@@ -113,7 +135,7 @@ class _Run:
 
     def execute(self) -> SimResult:
         self._record_roles()
-        if self.controller is not None:
+        if self.controller is not None or self.scaling is not None:
             self._push(self.options.control_interval_s, CONTROL, None)
         requests, events, next_arrival = self.requests, self.events, 0
         overhead = self.options.request_overhead_s
@@ -145,6 +167,8 @@ class _Run:
             self._ttft_deadline(payload)
         elif kind == DECODE_JOIN:
             self._join(payload)
+        elif kind == STARTED:
+            self._started(*payload)
 
     def _kick(self, worker) -> None:
         if not worker.busy:
@@ -154,6 +178,7 @@ class _Run:
                 if speed is not None:
                     duration *= speed.factor(worker.index, self.now)
                 worker.busy = True
+                worker.busy_s += duration
                 self._push(self.now + duration, STEP_END, worker)
 
     # ---- the router --------------------------------------------------------------------
@@ -266,42 +291,119 @@ class _Run:
 
     # ---- role changes ------------------------------------------------------------------
     def _record_roles(self) -> None:
-        self.roles.append(RoleChange(self.now, len(self.prefill), len(self.decode), self.num_in_transition))
+        self.roles.append(
+            RoleChange(
+                self.now,
+                len(self.prefill),
+                len(self.decode),
+                self.num_in_transition,
+                sum(self.num_starting.values()),
+                len(self.removing),
+            )
+        )
 
     def _control(self) -> None:
         if self.num_finished == len(self.requests):
             return
-        decision = self.controller.decide(self.now, len(self.prefill), len(self.decode), self.num_in_transition)
-        if decision.move.moves:
+        decision = None
+        if self.controller is not None:
+            in_flight = self.num_in_transition + sum(self.num_starting.values())
+            decision = self.controller.decide(self.now, len(self.prefill), len(self.decode), in_flight)
+        if self.scaling is not None:
+            self._scale(decision)
+        elif decision.move.moves:
             self.moves.append(decision)
             self._drain(decision.move.source_role)
         self._push(self.now + self.options.control_interval_s, CONTROL, None)
 
-    def _drain(self, role: str) -> None:
-        """Take one instance of `role` out of service; it switches once it holds nothing."""
+    def _scale(self, decision) -> None:
+        """The live scaler's step: observe the pools, then grow the wanted one or shrink an idle one."""
+        self.scaler.observe(self.now, self._pools_busy())
+        role, switch_allowed = wanted(decision) if decision is not None else (None, False)
+        sizes = {PREFILL: len(self.prefill), DECODE: len(self.decode)}
+        for pool, starting in self.num_starting.items():
+            sizes[pool] += starting
+        if role is None:
+            choice = self.scaler.shrink(self.now, sizes)
+        else:
+            room = self.scaling.adds and self.roles[-1].num_held < self.scaling.capacity
+            choice = self.scaler.grow(self.now, role, switch_allowed and self.scaling.switches, sizes, room)
+        if choice.action is ScaleAction.HOLD:
+            return
+        self.scale_events.append(choice)
+        if choice.action is ScaleAction.ADD:
+            self.num_starting[choice.role] += 1
+            self._push(self.now + self.scaling.startup_delay_s, STARTED, (self.next_index, choice.role))
+            self.next_index += 1
+            self._record_roles()
+        elif choice.action is ScaleAction.REMOVE:
+            self._drain(choice.role, remove=True)
+        else:
+            self.moves.append(decision)
+            self._drain(DECODE if choice.role == PREFILL else PREFILL)
+
+    def _pools_busy(self) -> dict[str, bool]:
+        """Each pool's business over the last tick (sim_scaling.pool_busy)."""
+        interval, threshold = self.options.control_interval_s, self.scaling.idle_threshold
+        busy = 0.0
+        for worker in self.prefill:
+            busy += worker.busy_s - worker.busy_mark
+            worker.busy_mark = worker.busy_s
+        n = len(self.prefill)
+        prefill_load = min(1.0, busy / (n * interval)) if n else 1.0
+        n = len(self.decode)
+        decode_load = sum(w.kv_used for w in self.decode) / (n * self.profile.kv_capacity_tokens) if n else 1.0
+        return {
+            PREFILL: pool_busy(prefill_load, len(self.prefill), threshold),
+            DECODE: pool_busy(decode_load, len(self.decode), threshold),
+        }
+
+    def _started(self, index: int, role: str) -> None:
+        self.num_starting[role] -= 1
+        self._serve(index, role)
+        self.scaler.done(self.now, role)
+
+    def _drain(self, role: str, remove: bool = False) -> None:
+        """Take one instance of `role` out of service; once it holds nothing it switches
+        roles, or with `remove` leaves the cluster."""
         pool = self.prefill if role == PREFILL else self.decode
         worker = min(pool, key=_queued_tokens if role == PREFILL else _assigned)
         pool.remove(worker)
         worker.draining = True
-        self.draining.append(worker)
-        self.num_in_transition += 1
+        if remove:
+            self.removing.append(worker)
+        else:
+            self.draining.append(worker)
+            self.num_in_transition += 1
         self._record_roles()
         self._check_drained(worker)
 
     def _check_drained(self, worker) -> None:
-        if worker.draining and worker.is_idle() and worker in self.draining:
+        if not (worker.draining and worker.is_idle()):
+            return
+        if worker in self.draining:
             self.draining.remove(worker)
-            if worker.role != PREFILL:
-                self.peak_kv[worker.index] = max(self.peak_kv.get(worker.index, 0), worker.peak_kv_used)
             self._push(
                 self.now + self.options.switch_delay_s,
                 ROLE_READY,
                 (worker.index, DECODE if worker.role == PREFILL else PREFILL),
             )
+        elif worker in self.removing:
+            self.removing.remove(worker)
+            self._record_roles()
+            self.scaler.done(self.now, worker.role)
+        else:
+            return
+        if worker.role != PREFILL:
+            self.peak_kv[worker.index] = max(self.peak_kv.get(worker.index, 0), worker.peak_kv_used)
 
     def _role_ready(self, index: int, role: str) -> None:
-        (self.prefill if role == PREFILL else self.decode).append(self._new_worker(index, role))
         self.num_in_transition -= 1
+        self._serve(index, role)
+
+    def _serve(self, index: int, role: str) -> None:
+        """A fresh instance `index` starts serving as `role`."""
+        (self.prefill if role == PREFILL else self.decode).append(self._new_worker(index, role))
         self._record_roles()
         if role == DECODE:
             self._admit()
@@ -314,7 +416,14 @@ class _Run:
             peak_kv_used=self.peak_kv,
             kv_capacity=self.profile.kv_capacity_tokens,
             num_admission_waits=self.num_admission_waits,
+            instance_seconds=self._instance_seconds(),
+            scale_events=tuple(self.scale_events),
         )
+
+    def _instance_seconds(self) -> float:
+        """The integral of the instances held from time 0 to the last token."""
+        end = max((r.finish_s for r in self.requests), default=0.0)
+        return held_seconds(self.roles, 0.0, end, extra=len(self.colocated))
 
 
 def _queued_tokens(worker: PrefillWorker) -> int:

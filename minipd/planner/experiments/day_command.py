@@ -2,6 +2,14 @@
 
     python -m minipd.planner day --builtin llama3-70b-h100-tp4 --num-instances 64 \\
         --seconds-per-hour 30 --plot day.png --json day.json
+    python -m minipd.planner day --modes fixed switch scale both --plot day.png
+
+`--modes`: "fixed" (the ratio held), "switch" (the ratio controller moves instances between
+roles; the default pair is fixed and switch), "scale" (it adds an instance of the role it
+wants while fewer than `--num-instances` are held, serving `--startup-s` later, and drains
+and removes one from a pool idle for `--idle-window-s`), "both" (adds when there is room,
+switches when not). Each mode reports its attainment and the GPU-hours it held (day hours x
+instances held, starting and draining ones included, x the profile's GPUs per instance).
 
 Each hour's shape is planned alone on `--plan-instances` instances first (its best split
 and goodput per instance); the hour's rate is its load times that goodput. The fixed ratio
@@ -16,10 +24,11 @@ import sys
 
 import msgspec
 
-from minipd.planner.experiments.day_experiment import DayResult, run_day
+from minipd.planner.experiments.day_experiment import DAY_MODES, DEFAULT_MODES, SCALING_MODES, DayResult, run_day
 from minipd.planner.kv_link import KVLink
 from minipd.planner.latency_profile import LatencyProfile
 from minipd.planner.profiles import BUILTIN, builtin_profile
+from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import ControllerConfig
 from minipd.slo.targets import SLO
 
@@ -42,6 +51,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hysteresis", type=float, default=0.05)
     parser.add_argument("--max-in-flight", type=int, default=4, help="moves still draining at once, at most")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--modes", nargs="+", choices=DAY_MODES, default=list(DEFAULT_MODES), help="(default: fixed switch)"
+    )
+    scale = parser.add_argument_group("scaling (modes scale and both)")
+    scale.add_argument("--min-prefill", type=int, default=1, help="(default: 1)")
+    scale.add_argument("--max-prefill", type=int, help="(default: no bound but --num-instances)")
+    scale.add_argument("--min-decode", type=int, default=1, help="(default: 1)")
+    scale.add_argument("--max-decode", type=int, help="(default: no bound but --num-instances)")
+    scale.add_argument("--scale-cooldown-s", type=float, default=1.0, help="between two scale actions (default: 1.0)")
+    scale.add_argument(
+        "--idle-window-s",
+        type=float,
+        default=5.0,
+        help="a pool idle this long loses an instance (compressed time; default: 5.0)",
+    )
+    scale.add_argument(
+        "--idle-threshold",
+        type=float,
+        default=0.5,
+        help="a pool is idle while its load (prefill: time stepping; decode: KV reserved), "
+        "spread over one instance fewer, stays under this (default: 0.5)",
+    )
+    scale.add_argument(
+        "--startup-s",
+        type=float,
+        default=1.0,
+        help="an added instance serves this long after the decision (default: 1.0)",
+    )
     parser.add_argument("--json", metavar="FILE")
     parser.add_argument("--plot", metavar="FILE.png")
 
@@ -53,16 +90,28 @@ def print_day(result: DayResult) -> None:
     )
     for s in result.shapes:
         print(f"  shape {s.shape:<10} alone: best {s.best_split}, {s.goodput_per_instance:.2f} rps per instance")
-    print(f"  {'hour':>4} {'shape':<10} {'rps':>7} {'fixed':>7} {'controller':>10} {'ctl prefill':>11}")
+    names = [m.name for m in result.modes]
+    scaled = [m.name for m in result.modes if m.name in SCALING_MODES]
+    print(
+        f"  {'hour':>4} {'shape':<10} {'rps':>7} "
+        + " ".join(f"{n:>7}" for n in names)
+        + "".join(f" {n + ' P':>8}" for n in names if n != "fixed")
+        + "".join(f" {n + ' held':>10}" for n in scaled)
+    )
     for h in result.hours:
         print(
-            f"  {h.hour:>4} {h.shape:<10} {h.rate_rps:>7.1f} {h.fixed_attainment:>7.1%} "
-            f"{h.controller_attainment:>10.1%} {h.controller_prefill:>11}"
+            f"  {h.hour:>4} {h.shape:<10} {h.rate_rps:>7.1f} "
+            + " ".join(f"{h.attainment[n]:>7.1%}" for n in names)
+            + "".join(f" {h.prefill[n]:>8}" for n in names if n != "fixed")
+            + "".join(f" {h.held[n]:>10.1f}" for n in scaled)
         )
-    print(
-        f"attainment over the day: fixed {result.fixed_prefill}P:{result.num_instances - result.fixed_prefill}D "
-        f"{result.fixed_attainment:.1%}, controller {result.controller_attainment:.1%} ({len(result.moves)} moves)"
-    )
+    print(f"over the day (fixed ratio {result.fixed_prefill}P:{result.num_instances - result.fixed_prefill}D):")
+    for m in result.modes:
+        print(
+            f"  {m.name:<7} attainment {m.attainment:6.1%}  GPU-hours {m.gpu_hours:7.1f} "
+            f"({m.instance_hours:.1f} instance-hours)  {m.num_moves} moves, {m.num_added} added, "
+            f"{m.num_removed} removed"
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,6 +128,14 @@ def run(args: argparse.Namespace) -> int:
             hysteresis=args.hysteresis,
             max_in_flight=args.max_in_flight,
         )
+        n = args.num_instances
+        bounds = PoolBounds(
+            min_prefill=args.min_prefill,
+            max_prefill=n if args.max_prefill is None else args.max_prefill,
+            min_decode=args.min_decode,
+            max_decode=n if args.max_decode is None else args.max_decode,
+        )
+        scale = ScalingConfig(bounds=bounds, cooldown_s=args.scale_cooldown_s, idle_window_s=args.idle_window_s)
         result = run_day(
             profile,
             num_instances=args.num_instances,
@@ -89,6 +146,10 @@ def run(args: argparse.Namespace) -> int:
             plan_instances=args.plan_instances,
             fixed_prefill=args.fixed_prefill,
             seed=args.seed,
+            modes=tuple(args.modes),
+            scale=scale,
+            startup_delay_s=args.startup_s,
+            idle_threshold=args.idle_threshold,
         )
     except ValueError as exc:
         print(f"minipd plan day: {exc}", file=sys.stderr)

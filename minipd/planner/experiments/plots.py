@@ -89,19 +89,37 @@ def size_sweep(sweep: SizeSweep, path: str) -> None:
     plt.close(fig)
 
 
+MODE_COLORS = {"fixed": GREY, "switch": "tab:blue", "scale": GREEN, "both": "tab:purple"}
+
+
 def day(result, path: str) -> None:
-    """Roles over the day beside TTFT and per-token SLO attainment, fixed ratio vs controller."""
+    """Prefill instances (and, with a scaling mode, instances held) over the day beside TTFT
+    and per-token SLO attainment, one line per mode."""
     plt = _pyplot()
     hour = result.seconds_per_hour
-    fig, (roles, ttft, decode) = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
-    times = [t / hour for t, *_ in result.controller_roles] + [len(result.hours)]
-    prefill = [p for _, p, _, _ in result.controller_roles]
-    roles.step(times, prefill + prefill[-1:], where="post", color="tab:blue", label="controller: prefill instances")
-    roles.axhline(result.fixed_prefill, color=GREY, linestyle="--", label=f"fixed: {result.fixed_prefill} prefill")
-    roles.set_ylabel(f"prefill of {result.num_instances}")
+    scaling = any(m.name in ("scale", "both") for m in result.modes)
+    panels = 4 if scaling else 3
+    fig, axes = plt.subplots(panels, 1, figsize=(10, 2.7 * panels), sharex=True)
+    roles, ttft, decode = axes[0], axes[-2], axes[-1]
+    end = len(result.hours)
+    for m in result.modes:
+        color = MODE_COLORS[m.name]
+        day_roles = [r for r in m.roles if r[0] < end * hour]  # not the backlog's drain after the day
+        times = [r[0] / hour for r in day_roles] + [end]
+        prefill = [r[1] for r in day_roles]
+        style = "--" if m.name == "fixed" else "-"
+        roles.step(times, prefill + prefill[-1:], where="post", color=color, linestyle=style, label=m.name)
+        if scaling:
+            held = [sum(r[1:]) for r in day_roles]
+            label = f"{m.name}: {m.gpu_hours:.0f} GPU-h"
+            axes[1].step(times, held + held[-1:], where="post", color=color, linestyle=style, label=label)
+    roles.set_ylabel("prefill instances")
+    if scaling:
+        axes[1].set_ylabel("instances held")
+        axes[1].legend(loc="lower right", fontsize=8)
     rate = roles.twinx()
     rate.step(
-        [h.hour for h in result.hours] + [len(result.hours)],
+        [h.hour for h in result.hours] + [end],
         [h.rate_rps for h in result.hours] + [result.hours[-1].rate_rps],
         where="post",
         color="tab:orange",
@@ -120,24 +138,25 @@ def day(result, path: str) -> None:
                 fontsize=8,
             )
     roles.legend(loc="center left", fontsize=8)
-    roles.set_title(
-        f"{result.profile} x{result.num_instances}, SLO {result.slo}: attainment fixed "
-        f"{result.fixed_attainment:.1%}, controller {result.controller_attainment:.1%}"
-    )
+    summary = ", ".join(f"{m.name} {m.attainment:.1%}" for m in result.modes)
+    roles.set_title(f"{result.profile} x{result.num_instances}, SLO {result.slo}: attainment {summary}", fontsize=10)
     for ax, field, label in (
         (ttft, "ttft_attainment", "TTFT attainment"),
         (decode, "decode_attainment", "ITL/TPOT attainment"),
     ):
-        for windows, color, name in (
-            (result.fixed_windows, GREY, "fixed"),
-            (result.controller_windows, "tab:blue", "controller"),
-        ):
-            ax.plot([w.start_s / hour for w in windows], [getattr(w, field) for w in windows], color=color, label=name)
+        for m in result.modes:
+            ax.plot(
+                [w.start_s / hour for w in m.windows],
+                [getattr(w, field) for w in m.windows],
+                color=MODE_COLORS[m.name],
+                label=m.name,
+            )
         ax.axhline(0.9, color="black", linestyle=":", linewidth=1)
         ax.set_ylim(-0.02, 1.02)
         ax.set_ylabel(label)
         ax.legend(loc="lower left", fontsize=8)
     decode.set_xlabel(f"hour of the day (each simulated for {hour:g} s)")
+    decode.set_xlim(0, end)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
