@@ -12,6 +12,7 @@ from pathlib import Path
 
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.keys import Keys
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -46,3 +47,15 @@ def console_errors(driver: webdriver.Chrome) -> list[str]:
 
 def close_browser(driver: webdriver.Chrome) -> None:
     driver.quit()
+
+
+def type_into(box, value) -> None:
+    """Replace what a text box holds with ``value``, as a user does: focus it, select all, type.
+
+    Not ``clear()`` then ``send_keys()``: WebDriver's clear blurs the box, and the dashboard
+    refills an unfocused, untouched box from its next push, so a push landing between the two
+    calls left the old value in front of the typed one. A focused box is never refilled.
+    """
+    box.click()
+    box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(str(value))

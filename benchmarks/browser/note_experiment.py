@@ -32,7 +32,7 @@ from pathlib import Path
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from benchmarks.browser.chromium import close_browser, console_errors, open_browser
+from benchmarks.browser.chromium import close_browser, console_errors, open_browser, type_into
 from benchmarks.browser.dashboard_screenshot import start_cluster, stop
 
 MOVES = ("mixed", "split", "starved")
@@ -42,8 +42,7 @@ SNAPSHOT_TIMEOUT_S = 10.0
 
 def set_value(driver, element_id: str, value) -> None:
     box = driver.find_element(By.ID, element_id)
-    box.clear()
-    box.send_keys(str(value))
+    type_into(box, str(value))
 
 
 def set_slo(driver, ttft_ms: float, itl_ms: float) -> None:
@@ -80,8 +79,7 @@ def set_link_cap(driver, gbps: float | None) -> str:
             row.find_element(By.CSS_SELECTOR, ".cap-lift").click()
         else:
             box = row.find_element(By.CSS_SELECTOR, ".cap-gbps")
-            box.clear()
-            box.send_keys(str(gbps))
+            type_into(box, str(gbps))
             row.find_element(By.CSS_SELECTOR, ".cap-set").click()
         want = "uncapped" if gbps is None else "capped at"
         WebDriverWait(driver, SNAPSHOT_TIMEOUT_S).until(

@@ -30,7 +30,7 @@ from http_helpers import http_json, scrape, start_cluster, start_colocated, stop
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from benchmarks.browser.chromium import close_browser, console_errors, open_browser
+from benchmarks.browser.chromium import close_browser, console_errors, open_browser, type_into
 
 API_KEY = "dashboard-test-key-0123456789"
 PAGE_TIMEOUT_S = 60.0  # a snapshot comes every second; this bounds a wait for a change, on a busy machine
@@ -250,8 +250,7 @@ def test_slo_set_from_the_page_is_the_one_judged(cluster, browser, tmp_path):
         wait_for(browser, lambda d: len(cards(d)) == 2, "the instances")
         for field, value in (("slo-ttft", "1234"), ("slo-itl", "56")):
             box = browser.find_element(By.ID, field)
-            box.clear()
-            box.send_keys(value)
+            type_into(box, value)
         browser.find_element(By.ID, "slo-set").click()
         wait_for(browser, lambda d: d.find_element(By.ID, "h-ttft-slo").text == "SLO 1234 ms", "the new TTFT SLO")
         assert browser.find_element(By.ID, "h-itl-slo").text == "SLO 56.0 ms"
@@ -325,8 +324,7 @@ def test_the_cluster_flip_shows_the_roles_on_the_page_and_in_admin(cluster, brow
             "the controls",
         )
         box = browser.find_element(By.ID, "flip-prefill")
-        box.clear()
-        box.send_keys("5")  # of 2 instances: refused, and said next to the control
+        type_into(box, "5")  # of 2 instances: refused, and said next to the control
         browser.find_element(By.ID, "flip-apply").click()
         wait_for(browser, lambda d: "prefill" in d.find_element(By.ID, "flip-error").text, "the refusal naming prefill")
         errors = console_errors(browser)  # Chromium's own line for the 400 only: the script threw nothing
@@ -343,8 +341,7 @@ def test_the_cluster_flip_shows_the_roles_on_the_page_and_in_admin(cluster, brow
 
         browser.find_element(By.ID, "flip-split").click()
         box = browser.find_element(By.ID, "flip-prefill")
-        box.clear()
-        box.send_keys("1")
+        type_into(box, "1")
         browser.find_element(By.ID, "flip-apply").click()
         wait_for(
             browser,
@@ -391,8 +388,7 @@ def test_start_load_on_the_page_fills_the_slo_panel(cluster, browser, tmp_path):
         wait_for(browser, lambda d: d.find_element(By.ID, "load-form").is_displayed(), "the load controls")
         for field, value in (("load-value", "20"), ("load-count", str(LOAD_REQUESTS)), ("load-duration", "100")):
             box = browser.find_element(By.ID, field)
-            box.clear()
-            box.send_keys(value)
+            type_into(box, value)
         browser.find_element(By.ID, "load-start").click()
         progress = browser.find_element(By.ID, "load-progress")
         wait_for(
@@ -424,8 +420,7 @@ def test_the_controller_toggle_changes_admin_controller(cluster, browser, tmp_pa
         wait_for(browser, lambda d: d.find_element(By.ID, "ctl-form").is_displayed(), "the controller controls")
         for field, value in (("ctl-ttft", "2000"), ("ctl-itl", "200")):
             box = browser.find_element(By.ID, field)
-            box.clear()
-            box.send_keys(value)
+            type_into(box, value)
         browser.find_element(By.ID, "ctl-on").click()
         browser.find_element(By.ID, "ctl-apply").click()
         wait_for(browser, lambda d: d.find_element(By.ID, "controller-state").text == "on", "the controller on")

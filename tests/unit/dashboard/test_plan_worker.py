@@ -142,7 +142,9 @@ def test_a_dead_worker_fails_one_call_clearly_and_the_next_starts_another():
             client.argv = [sys.executable, "-c", "import sys; sys.stdin.readline(); sys.exit(3)"]
             client.process.kill()
             await client.process.wait()
-            with pytest.raises(PlanWorkerError, match=r"exited \(code 3\)"):
+            # the code is the child's 3, or 255 where another waiter in this process (a leftover
+            # subprocess handle of an earlier test) reaped it first and asyncio could not read it
+            with pytest.raises(PlanWorkerError, match=r"exited \(code (3|255)\); the next call starts a new one"):
                 await client.call("ping", {"n": 2})
             client.argv = [sys.executable, "-m", "minipd.planner.plan_worker"]
             assert (await client.call("ping", {"n": 3}))["pid"] == client.process.pid
