@@ -12,6 +12,7 @@
     python bench.py crossover --json crossover.json --plot crossover.png
     python bench.py switch --json switch.json --plot switch.png
     python bench.py controller --json controller.json --plot controller.png
+    python bench.py scale --json scale.json --plot scale.png  # on Ray: scaling pools vs switch-only
     python bench.py validate --profile profile.json --json validate.json --plot validate.png
     python bench.py soak --json soak.json       # kills and freezes under load: nothing lost, nothing leaked
     python bench.py tracing --json tracing.json  # --otlp-traces-endpoint on vs off at slo's load
@@ -69,6 +70,10 @@ EXPERIMENTS = {
     "controller": (
         "benchmarks.controller.controller_bench",
         "the live P:D ratio controller against a fixed ratio, shift workload",
+    ),
+    "scale": (
+        "benchmarks.scale.scale_bench",
+        "the controller scaling pools on Ray (a spare) against switch-only (no spare), on a load that peaks",
     ),
     "validate": (
         "benchmarks.validate.validate_bench",

@@ -6,7 +6,8 @@ this module imports no Ray). The decisions are minipd/policy/pool_scaling.py's; 
 feeds it and carries them out. At every decision of the ratio controller (live_controller.py
 calls `step`):
 1. each pool's business is observed: a request on any of its instances (routed there and
-   not finished) makes it busy;
+   not finished), or one routed there since the last look (a prefill of a short prompt
+   starts and ends between two decisions), makes it busy;
 2. when the decision wants another instance of a role, the launcher is asked whether one
    more fits (`room`), and the policy says: add one (the launcher places it, starts it and
    registers it with this router), switch one in place (the ratio controller's own move), or
@@ -84,6 +85,7 @@ class LivePoolScaler:
         self.drain_timeout_s = drain_timeout_s
         self.policy = PoolScaler(config)
         self.events: list[ScaleEvent] = []
+        self._routed_seen: dict[str, int] = {}  # each instance's num_routed at the last look
         self.counts: Counter[tuple[str, str]] = Counter()  # (action, role) -> done
         self.failures: Counter[tuple[str, str]] = Counter()
         self.removing: set[str] = set()  # instances draining to be removed
@@ -100,8 +102,16 @@ class LivePoolScaler:
         return {role: sum(1 for h in serving if h.role is role) for role in (*SCALED_ROLES, Role.BOTH)}
 
     def _busy(self) -> dict[Role, bool]:
+        """Per scaled role: a request runs on one of its instances, or one was routed there since
+        the last call."""
         alive = self.router.registry.alive()
-        return {role.value: any(h.num_inflight for h in alive if h.role is role) for role in SCALED_ROLES}
+        busy = {role.value: False for role in SCALED_ROLES}
+        for h in alive:
+            routed_since = h.num_routed != self._routed_seen.get(h.instance_id, 0)
+            self._routed_seen[h.instance_id] = h.num_routed
+            if h.role.value in busy and (h.num_inflight or routed_since):
+                busy[h.role.value] = True
+        return busy
 
     def _sizes(self) -> dict[str, int]:
         """`pool_sizes` as the policy counts them (by role name)."""

@@ -52,6 +52,7 @@ class InstanceHandle:
         self.lost_reason = ""
         self.evicted = False  # declared dead while its connection stays open (to learn when it is gone)
         self.num_inflight = 0  # requests the router has routed here and not yet finished
+        self.num_routed = 0  # requests ever routed here (only grows): a short one between two looks counts
         self.num_inflight_tokens = 0  # prompt tokens queued for prefill here
         self._prefix_hashes: OrderedDict[int, None] = OrderedDict()
         self._prefix_capacity = 0
@@ -79,6 +80,7 @@ class InstanceHandle:
     def counted(self, num_prompt_tokens: int = 0) -> Iterator[None]:
         """Count one request (and its prompt tokens to prefill) as in flight here while inside."""
         self.num_inflight += 1
+        self.num_routed += 1
         self.num_inflight_tokens += num_prompt_tokens
         try:
             yield

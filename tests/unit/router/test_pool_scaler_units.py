@@ -142,6 +142,27 @@ def test_an_idle_pool_loses_an_instance_only_once_the_requests_routed_there_fini
     assert s.scaler.counts["remove", "decode"] == 1 and s.scaler.removing == set() and len(s.changes) == 1
 
 
+def test_a_request_that_starts_and_ends_between_two_looks_keeps_its_pool_busy(loop_thread):
+    async def scenario():
+        first, second = handle("decode-0", Role.DECODE), handle("decode-1", Role.DECODE)
+        s = await started(True, handle("prefill-0", Role.PREFILL), first, second)
+        hold = decision(Move.HOLD, CAUSE_WITHIN_BAND)
+        s.scaler.step(s.controller, 0.0, hold)  # idle from here
+        with second.counted():  # a short request, routed and finished between two decisions
+            pass
+        s.scaler.step(s.controller, CONFIG.idle_window_s, hold)  # it was busy: idle again from here
+        after_short = s.scaler.in_flight
+        s.scaler.step(s.controller, CONFIG.idle_window_s * 1.5, hold)  # nothing routed since: idle from here
+        s.scaler.step(s.controller, CONFIG.idle_window_s * 2.5, hold)  # and for a whole window
+        after_idle = s.scaler.in_flight
+        await settled(s.scaler)
+        await s.scaler.close()
+        return after_short, after_idle
+
+    after_short, after_idle = loop_thread.run(scenario())
+    assert after_short == 0 and after_idle == 1
+
+
 def test_a_malformed_reply_closes_the_link_with_a_clear_error(loop_thread):
     async def scenario():
         ours, theirs = socket.socketpair()
