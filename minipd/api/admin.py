@@ -139,7 +139,12 @@ class RouterCollector(Collector):
             placements.add_metric([placement.value], router.counters.placements[placement])
         stale = CounterMetricFamily("minipd_stale_epoch_retries", "Tries refused for a stale role epoch and retried")
         stale.add_metric([], router.counters.num_stale_retries)
-        yield from (switches, last, epochs, placements, stale)
+        migrated = CounterMetricFamily(
+            "minipd_requests_migrated",
+            "Requests gone on on another instance after their decode instance was lost mid-stream",
+        )
+        migrated.add_metric([], router.counters.num_migrations)
+        yield from (switches, last, epochs, placements, stale, migrated)
 
 
 def router_admin(router: Router, scaler: LivePoolScaler | None = None) -> Callable[[web.Application], None]:

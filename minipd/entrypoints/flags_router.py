@@ -263,6 +263,19 @@ FLAGS = (
         "request ends with an error saying why) (default: %(default)s)",
     ),
     flag(
+        "--migration-limit",
+        ROUTING,
+        POLICY,
+        {Role.ROUTER},
+        sets="router.migration_limit",
+        type=int,
+        default=_ROUTING.migration_limit,
+        help="a request whose decode instance is lost (dies, is declared dead, or goes silent past "
+        "--inter-token-timeout-s) after some of its tokens were streamed goes on on another instance, "
+        "its prompt followed by the tokens so far, up to this many times; 0 ends it with an error naming the "
+        "instance (default: %(default)s)",
+    ),
+    flag(
         "--inter-token-timeout-s",
         ROUTING,
         POLICY,

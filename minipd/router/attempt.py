@@ -49,7 +49,7 @@ from minipd.control.messages import (
     Reserved,
     TokenOutput,
 )
-from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.engine.request import FinishReason, RequestOutput, TransferInfo
 from minipd.router import request_spans
 from minipd.router.latency_observer import LatencyObserver, relay_tokens
 from minipd.router.prefill_site import decide_placement
@@ -393,6 +393,15 @@ class Attempt:
                 raise RemoteError(received)
             output = received.output
             output.request_id = routed.request_id  # instances know the try's id only
+            if routed.continued_text is not None:  # migrated: the caller's request, not this try's
+                output.num_prompt_tokens = len(routed.prompt_ids)
+                output.num_output_tokens += routed.output_offset
+                output.num_cached_tokens = min(output.num_cached_tokens, len(routed.prompt_ids))
+                output.text, stopped = routed.continued_text.take(output.token_ids, output.finished)
+                if stopped and not output.finished:  # on a stop string across the move: this try ends here
+                    decode.channel.send(Abort(request_id=routed.wire_id))
+                    output.finished, output.finish_reason = True, FinishReason.STOP.value
+            routed.num_text_sent += len(output.text)
             if output.error is not None and not routed.first_token_sent and not output.token_ids:
                 if received.failure_kind == FAILURE_KV_LOAD:
                     raise KVLoadFailed(output.error)
@@ -404,6 +413,7 @@ class Attempt:
                     routed.timeline.token_relayed()
             routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
             if output.token_ids:
+                routed.generated.extend(output.token_ids)
                 relay_tokens(self.observer, routed, len(output.token_ids))
             if output.finished:
                 output.transfer = routed.transfer

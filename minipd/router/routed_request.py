@@ -14,6 +14,7 @@ from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from minipd.router.continued_text import ContinuedText
     from minipd.router.registry import InstanceHandle
     from minipd.router.request_timeline import RequestTimeline, TryTimes
     from minipd.router.timeline_store import TimelineStore
@@ -32,8 +33,15 @@ class RoutedRequest:
     ):
         self.request_id = request_id
         self.wire_id = request_id  # the current try's id on the instances (see try_ids.py)
-        self.token_ids = token_ids
-        self.params = params
+        self.token_ids = token_ids  # the current try's prompt (a migrated one's ends with the tokens relayed)
+        self.params = params  # the current try's parameters
+        self.prompt_ids = token_ids  # the caller's prompt and parameters (router/migration.py)
+        self.original_params = params
+        self.generated: list[int] = []  # every token relayed to the caller so far
+        self.output_offset = 0  # tokens relayed before the current try (a migrated request's)
+        self.num_migrations = 0
+        self.num_text_sent = 0  # characters of text relayed to the caller
+        self.continued_text: ContinuedText | None = None  # a migrated request's text, made by the router
         self.stream = stream
         self.layerwise = layerwise  # stream the KV per layer during prefill, or send it afterwards
         self.instances: set[str] = set()  # every instance that may hold state for it

@@ -15,15 +15,20 @@ For one request (docs/architecture.md, "How a request flows"):
 4. `Decode` on decode, whose token stream the router relays to the caller.
 Steps 2-4 are one try (`attempt.Attempt.run`), which returns the final output; the router
 ends the request with it. If a try fails before the first token reached the caller, the
-request is tried once more without the instance blamed for the failure. A try refused for a
-stale role epoch (the instance switched roles, role_switch_driver.py) is not a failure: the
-request is tried again elsewhere without counting it.
-Aborts reach every instance the request touched. The KV never passes through the router.
+request is tried once more without the instance blamed for the failure; after it, with
+`migration_limit`, a try whose decode instance was lost goes on elsewhere from the tokens
+relayed (migration.py). A try refused for a stale role epoch (the instance switched roles,
+role_switch_driver.py) is not a failure: the request is tried again elsewhere without
+counting it. Aborts reach every instance the request touched. The KV never passes through
+the router.
 
 The router owns the tables that every path (routing, admission, liveness and eviction, role
 switches) reads and changes on one event loop: requests, their KV claims and try ids, and
 instances (registry.py, connected and watched by instance_links.py); and it dispatches the
-instances' messages to the requests they concern."""
+instances' messages to the requests they concern.
+
+Length: a request's life from submission to its end (tries, retries, migration, aborts) is one
+loop over tables that only this class changes; what each try does is attempt.py's."""
 
 from __future__ import annotations
 
@@ -54,7 +59,7 @@ from minipd.engine.request import INSTANCE_LOST, OVERLOADED, RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.unavailable import BackendUnavailableError
-from minipd.router import request_spans
+from minipd.router import migration, request_spans
 from minipd.router.attempt import Attempt, AttemptFailed
 from minipd.router.instance_links import InstanceLinks
 from minipd.router.latency_observer import LatencyObserver
@@ -260,6 +265,7 @@ class Router(GeneratesFromSubmit):
                 elif not failure.busy:
                     failed += 1
                 retry = failure.retry and failed < MAX_ATTEMPTS and not routed.first_token_sent
+                migrate = not retry and migration.due(routed, failure, self.config.migration_limit)
                 if try_span is not None:
                     request_spans.end_failed_try(try_span, failure.stale, retry, failure.blamed, str(failure))
                 log.log(
@@ -270,10 +276,12 @@ class Router(GeneratesFromSubmit):
                     "refused (stale role epoch)" if failure.stale else "failed",
                     f" on {failure.blamed}" if failure.blamed else "",
                     failure,
-                    "; retrying" if retry else "",
+                    "; retrying" if retry else "; going on elsewhere (migration)" if migrate else "",
                 )
                 self._abort_on_instances(routed)
-                if not retry:
+                if migrate:
+                    migration.move(routed, self.tokenizer, self.counters)
+                elif not retry:
                     kind = OVERLOADED if failure.overloaded else INSTANCE_LOST if failure.lost else None
                     self._fail(routed, str(failure), kind)
                     return

@@ -30,12 +30,17 @@ class RouterConfig(msgspec.Struct, frozen=True, kw_only=True):
     inter_token_timeout_s: float = 60.0  # a relayed stream with no output for this long fails
     kv_load_failure: str = "recompute"  # the KV did not arrive: "recompute" on the decode instance, or "fail"
     stats_timeout_s: float = 1.0  # one stats poll of one instance
+    # a request whose decode instance is lost mid-stream goes on elsewhere this many times at
+    # most (router/migration.py); 0: it fails naming the instance
+    migration_limit: int = 0
 
     def validate(self) -> None:
         validate_ratio(self.kv_admission_ratio)
         for field in ("call_timeout_s", "inter_token_timeout_s", "stats_timeout_s", "kv_wait_s"):
             if not getattr(self, field) > 0:
                 raise ValueError(f"{field}: must be positive, got {getattr(self, field)!r}")
+        if not isinstance(self.migration_limit, int) or self.migration_limit < 0:
+            raise ValueError(f"migration_limit: must be an integer >= 0 (0: off), got {self.migration_limit!r}")
         if self.liveness_timeout_s < 0:
             raise ValueError(f"liveness_timeout_s: must be >= 0 (0 disables it), got {self.liveness_timeout_s}")
         if self.kv_load_failure not in KV_LOAD_FAILURE_POLICIES:

@@ -23,6 +23,7 @@ class RouterCounters:
     num_evictions: int = 0  # instances declared dead for silence
     num_readmissions: int = 0  # lost instances that answered again and were registered as new members
     num_recomputes: int = 0  # requests whose KV did not load, prefilled again on their decode instance
+    num_migrations: int = 0  # requests gone on elsewhere after their decode instance was lost mid-stream
     on_transfer_failure: Callable[[str], None] | None = None  # told of each failed KV transfer
 
     def transfer_failed(self, what: str) -> None:
