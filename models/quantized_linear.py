@@ -1,4 +1,4 @@
-"""4-bit weights kept as groups of 32 and multiplied by torch's CPU int4 kernel, never made dense.
+"""4-bit weights kept as groups of 32 and multiplied by torch's CPU int4 kernel; optionally a dense copy.
 
 A `QuantizedLinear` holds a [out, in] weight as unsigned 4-bit values q (0..15) per element and,
 per row and per group of `GROUP_SIZE` consecutive inputs, a scale and a zero:
@@ -18,18 +18,69 @@ dequantized weights to bfloat16, as the dense path does, moves them by max 0.013
 
 Memory: the packed values are half a byte per weight and the scales and zeros 4 bytes per 32
 weights, 0.625 bytes per weight, as much as GGUF's Q4_1 blocks (20 bytes per 32).
+
+Dense copy (`keep_dense`, the "mixed" weights format): the int4 kernel's cost grows with every
+row (it dequantizes the weights again for each few rows), while a dense bf16 matmul streams the
+weights once and then computes, so from a few rows on the dense copy of the same weights is
+several times faster (`DENSE_MIN_ROWS`). The copy holds exactly `dequantize()`'s weights rounded
+to bfloat16 (2 bytes per weight on top of the 0.625), outside the state dict, so the weight
+digest stays that of the 4-bit weights. `forward` takes a `RowSplit` saying which rows multiply
+it; every other row still reads the 4-bit weights.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
+
+from minipd.models import prepacked_linear
 
 GROUP_SIZE = 32
 OUT_MULTIPLE = 16  # the CPU packing works on blocks of 16 output rows
 # `_convert_weight_to_int4pack_for_cpu`'s inner tiling argument: the CPU kernel ignores it (it
 # packs [out, in / 2] bytes itself) but the signature requires one.
 _INNER_K_TILES = 1
+# Rows from which a segment multiplies the dense copy. Measured on SmolLM2-135M's projections (one
+# thread, prepacked bf16, median ms per layer over 30 distinct layers, int4 / dense):
+#   rows         1            2            4            8            16           64           512
+#   qkv 960x576  0.032/0.064  0.040/0.064  0.055/0.066  0.107/0.066  0.202/0.070  0.791/0.090  6.24/0.376
+#   o 576x576    0.022/0.051  0.026/0.044  0.036/0.044  0.063/0.046  0.123/0.046  0.481/0.062  3.79/0.237
+#   gate_up      0.119/0.216  0.136/0.208  0.186/0.204  0.348/0.214  0.664/0.230  2.54/0.372   20.1/1.28
+#   down         0.055/0.111  0.065/0.093  0.087/0.096  0.168/0.099  0.340/0.135  1.29/0.189   10.3/0.670
+# int4 is 0.5x dense at 1 row, 0.8-0.9x at 4 and 1.4-1.7x at 8, 15x at 512: every shape
+# crosses between 4 and 8 rows. Dequantizing per use instead of keeping the copy costs 2.3 ms
+# for gate_up alone, more than its dense 512-row matmul (1.28 ms).
+DENSE_MIN_ROWS = 8
+
+
+class RowSplit(NamedTuple):
+    """Which rows of a step's [rows, in] input a `QuantizedLinear` with a dense copy multiplies
+    densely: `dense` holds [start, stop) row ranges, each multiplied alone (a dense bf16 matmul's
+    row results depend on how many rows it is given, so a segment's result must not depend on
+    which other segments share the step); `rest` the other rows, multiplied together by the
+    int4 kernel (whose rows are independent), as a slice, an index tensor, or None for none."""
+
+    dense: tuple[tuple[int, int], ...]
+    rest: slice | torch.Tensor | None
+
+    @classmethod
+    def of(cls, dense: list[tuple[int, int]], num_rows: int) -> RowSplit:
+        """The split of `num_rows` rows whose `dense` ranges are disjoint and ascending."""
+        if not dense:
+            return cls((), slice(0, num_rows))
+        rest: list[int] = []
+        previous = 0
+        for start, stop in dense:
+            rest.extend(range(previous, start))
+            previous = stop
+        rest.extend(range(previous, num_rows))
+        if not rest:
+            return cls(tuple(dense), None)
+        if rest[-1] - rest[0] + 1 == len(rest):
+            return cls(tuple(dense), slice(rest[0], rest[-1] + 1))
+        return cls(tuple(dense), torch.tensor(rest, dtype=torch.long))
 
 
 def kernel_available() -> bool:
@@ -46,6 +97,9 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("packed", packed)  # uint8 [out, in / 2], the kernel's layout
         self.register_buffer("scales_zeros", scales_zeros)  # bfloat16 [in / GROUP_SIZE, out, 2]
         self.in_features, self.out_features = in_features, out_features
+        # The dense copy (`keep_dense`): plain attributes, so the state dict stays the 4-bit one.
+        self.dense: torch.Tensor | None = None  # bfloat16 [out, in], kept only where it cannot be packed
+        self.dense_packed: torch.Tensor | None = None  # its oneDNN-packed form (prepacked_linear.py)
 
     @staticmethod
     def supports(out_features: int, in_features: int) -> bool:
@@ -79,10 +133,47 @@ class QuantizedLinear(nn.Module):
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales_zeros.nbytes
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def dense_nbytes(self) -> int:
+        """Bytes of the dense copy (0 without one)."""
+        copy = self.dense_packed if self.dense_packed is not None else self.dense
+        return 0 if copy is None else copy.numel() * copy.element_size()
+
+    @property
+    def has_dense(self) -> bool:
+        return self.dense is not None or self.dense_packed is not None
+
+    def keep_dense(self) -> None:
+        """Build the dense bfloat16 copy that `forward` multiplies a `RowSplit`'s dense rows by:
+        the kernel run on a bfloat16 identity, so each weight is the kernel's own dequantized
+        value rounded to bfloat16 (its AVX512 path, fast; the float32 one of `dequantize` is
+        scalar). Only the packed form is kept where oneDNN takes it."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
+        weight = self._int4(eye).t().contiguous()
+        self.dense_packed = prepacked_linear.prepack(weight)
+        self.dense = weight if self.dense_packed is None else None
+
+    def forward(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
+        """x @ w.T; with a dense copy and `rows`, each `rows.dense` range through the copy and
+        the other rows through the 4-bit weights. Without either, every row reads the 4-bit ones."""
         if x.dtype != torch.bfloat16:
             raise TypeError(f"quantized linear: takes bfloat16 inputs, got {x.dtype}")
+        if rows is None or not rows.dense or not self.has_dense:
+            return self._int4(x)
+        if rows.rest is None and len(rows.dense) == 1:
+            return self._dense(x)  # one segment of every row: no output to assemble
+        out = x.new_empty(x.shape[0], self.out_features)
+        for start, stop in rows.dense:
+            out[start:stop] = self._dense(x[start:stop])
+        if rows.rest is not None:
+            out[rows.rest] = self._int4(x[rows.rest])
+        return out
+
+    def _int4(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        return prepacked_linear.linear(x, self.dense, None, self.dense_packed)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 [out, in] weights the kernel multiplies (for tests and comparisons): the
