@@ -12,7 +12,7 @@ model in the engine dtype; each float32 copy is dropped before the next tensor i
 With `weights="quantized"` the Q4_0/Q4_1 projections are instead kept in their 4-bit blocks
 and multiplied as stored (gguf_quantized.py); that needs bfloat16 on the CPU. `weights="mixed"`
 keeps them so too and adds each one's dense bf16 copy, for the rows of prefill chunks
-(`QuantizedLinear.keep_dense`).
+(`QuantizedLinear.from_q4`).
 """
 
 from __future__ import annotations
@@ -234,9 +234,8 @@ def load_gguf_weights(
     model = LlamaForCausalLM(config, device=device, dtype=dtype, initialize=False)  # every tensor is loaded below
     served_quantized: set[str] = set()
     if weights in QUANTIZED_FORMATS:
-        served_quantized = attach_quantized(model, file, {h: g for g, h in names.items()}, unpermute_qk_rows)
-    if weights == "mixed":
-        model.keep_dense_copies()
+        gguf_names = {h: g for g, h in names.items()}
+        served_quantized = attach_quantized(model, file, gguf_names, unpermute_qk_rows, dense_copies=weights == "mixed")
     params = model.state_dict()
     with torch.no_grad():
         for gguf_name, name in names.items():

@@ -13,7 +13,7 @@ Two entry points share the weights:
 
 A projection is either dense (a fused bf16/f32 weight, prepacked where that helps) or, once a
 loader calls `use_quantized`, a `QuantizedLinear` of 4-bit weights that replaces the dense
-parameters. After `keep_dense_copies` each 4-bit projection also holds a dense bf16 copy,
+parameters. In weights "mixed" each 4-bit projection also holds a dense bf16 copy,
 which `forward` multiplies the rows of `RowSplit.dense` by (the caller's prefill chunks); every
 other row, and all of `forward_reference`, reads the 4-bit weights. `weights_format` says which.
 """
@@ -232,13 +232,6 @@ class LlamaForCausalLM(nn.Module):
             return "dense"
         return "mixed" if all(m.has_dense for m in quantized) else "quantized"
 
-    def keep_dense_copies(self) -> int:
-        """Give every 4-bit projection its dense bf16 copy (`QuantizedLinear.keep_dense`);
-        returns the copies' bytes (0 when no projection is 4-bit)."""
-        for m in self._quantized_linears():
-            m.keep_dense()
-        return self.dense_copy_nbytes
-
     @property
     def dense_copy_nbytes(self) -> int:
         """Bytes the 4-bit projections' dense copies take (not in the state dict)."""
@@ -251,8 +244,8 @@ class LlamaForCausalLM(nn.Module):
         if not quantized:
             return self.weights_format
         four_bit = sum(m.nbytes for m in quantized) / 1e6
-        copy = f"dense copy {self.dense_copy_nbytes / 1e6:.1f} MB" if self.dense_copy_nbytes else "no dense copy"
-        return f"{self.weights_format} (4-bit projections {four_bit:.1f} MB + {copy})"
+        copy = f" + dense copy {self.dense_copy_nbytes / 1e6:.1f} MB" if self.dense_copy_nbytes else ", no dense copy"
+        return f"{self.weights_format} (4-bit projections {four_bit:.1f} MB{copy})"
 
     def use_quantized_lm_head(self, lm_head: QuantizedLinear | None) -> None:
         """Serve an untied lm_head from 4-bit weights (a tied one is the embedding, kept dense)."""

@@ -19,7 +19,7 @@ dequantized weights to bfloat16, as the dense path does, moves them by max 0.013
 Memory: the packed values are half a byte per weight and the scales and zeros 4 bytes per 32
 weights, 0.625 bytes per weight, as much as GGUF's Q4_1 blocks (20 bytes per 32).
 
-Dense copy (`keep_dense`, the "mixed" weights format): the int4 kernel's cost grows with every
+Dense copy (`from_q4(..., keep_dense=True)`, the "mixed" weights format): the int4 kernel's cost grows with every
 row (it dequantizes the weights again for each few rows), while a dense bf16 matmul streams the
 weights once and then computes, so from a few rows on the dense copy of the same weights is
 several times faster (`DENSE_MIN_ROWS`). The copy holds exactly `dequantize()`'s weights rounded
@@ -97,7 +97,7 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("packed", packed)  # uint8 [out, in / 2], the kernel's layout
         self.register_buffer("scales_zeros", scales_zeros)  # bfloat16 [in / GROUP_SIZE, out, 2]
         self.in_features, self.out_features = in_features, out_features
-        # The dense copy (`keep_dense`): plain attributes, so the state dict stays the 4-bit one.
+        # The dense copy (`from_q4`'s keep_dense): plain attributes, so the state dict stays the 4-bit one.
         self.dense: torch.Tensor | None = None  # bfloat16 [out, in], kept only where it cannot be packed
         self.dense_packed: torch.Tensor | None = None  # its oneDNN-packed form (prepacked_linear.py)
 
@@ -106,8 +106,15 @@ class QuantizedLinear(nn.Module):
         return out_features % OUT_MULTIPLE == 0 and in_features % GROUP_SIZE == 0
 
     @classmethod
-    def from_q4(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> QuantizedLinear:
-        """q: integers 0..15 [out, in]; scale, zero: float [out, in / GROUP_SIZE] (w = (q - 8) * scale + zero)."""
+    def from_q4(
+        cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, keep_dense: bool = False
+    ) -> QuantizedLinear:
+        """q: integers 0..15 [out, in]; scale, zero: float [out, in / GROUP_SIZE] (w = (q - 8) * scale + zero).
+        `keep_dense`: also keep the dense bfloat16 copy that `forward` multiplies a `RowSplit`'s
+        dense rows by: `dequantize()`'s weights (scales and zeros rounded to bfloat16 as the
+        kernel's are) rounded to bfloat16, computed here from q (SmolLM2 loads in 1.8 s
+        instead of 1.4; running the kernel on an identity instead took 3.4 s); only its packed
+        form is kept where oneDNN takes it."""
         out_features, in_features = q.shape
         if in_features % GROUP_SIZE or scale.shape != (out_features, in_features // GROUP_SIZE):
             raise ValueError(
@@ -121,13 +128,24 @@ class QuantizedLinear(nn.Module):
             raise ValueError("quantized linear: q must hold 0..15 and zero match the scale's shape")
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), _INNER_K_TILES)
         scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).to(torch.bfloat16).contiguous()
-        return cls(packed, scales_zeros, in_features, out_features)
+        linear = cls(packed, scales_zeros, in_features, out_features)
+        if keep_dense:
+
+            def groups(t: torch.Tensor) -> torch.Tensor:  # per group of inputs -> per input
+                return t.to(torch.bfloat16).float().repeat_interleave(GROUP_SIZE, 1)
+
+            weight = ((q.float() - 8) * groups(scale) + groups(zero)).to(torch.bfloat16)
+            linear.dense_packed = prepacked_linear.prepack(weight)
+            linear.dense = weight if linear.dense_packed is None else None
+        return linear
 
     @classmethod
-    def concat(cls, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> QuantizedLinear:
+    def concat(
+        cls, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], keep_dense: bool = False
+    ) -> QuantizedLinear:
         """One module for several weights that read the same input (q, k, v; gate, up): their
         (q, scale, zero) stacked along the outputs, as the dense path fuses them."""
-        return cls.from_q4(*(torch.cat(column) for column in zip(*parts)))
+        return cls.from_q4(*(torch.cat(column) for column in zip(*parts)), keep_dense=keep_dense)
 
     @property
     def nbytes(self) -> int:
@@ -142,16 +160,6 @@ class QuantizedLinear(nn.Module):
     @property
     def has_dense(self) -> bool:
         return self.dense is not None or self.dense_packed is not None
-
-    def keep_dense(self) -> None:
-        """Build the dense bfloat16 copy that `forward` multiplies a `RowSplit`'s dense rows by:
-        the kernel run on a bfloat16 identity, so each weight is the kernel's own dequantized
-        value rounded to bfloat16 (its AVX512 path, fast; the float32 one of `dequantize` is
-        scalar). Only the packed form is kept where oneDNN takes it."""
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16)
-        weight = self._int4(eye).t().contiguous()
-        self.dense_packed = prepacked_linear.prepack(weight)
-        self.dense = weight if self.dense_packed is None else None
 
     def forward(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
         """x @ w.T; with a dense copy and `rows`, each `rows.dense` range through the copy and

@@ -26,9 +26,7 @@ def _linear(seed: int = 0, out: int = OUT, in_: int = IN) -> QuantizedLinear:
     q = torch.randint(0, 16, (out, in_), generator=gen, dtype=torch.uint8)
     scale = torch.rand(out, in_ // GROUP_SIZE, generator=gen) * 0.05
     zero = torch.randn(out, in_ // GROUP_SIZE, generator=gen) * 0.05
-    linear = QuantizedLinear.from_q4(q, scale, zero)
-    linear.keep_dense()
-    return linear
+    return QuantizedLinear.from_q4(q, scale, zero, keep_dense=True)
 
 
 def _inputs(rows: int, seed: int = 1, in_: int = IN) -> torch.Tensor:
