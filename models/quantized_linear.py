@@ -19,13 +19,13 @@ dequantized weights to bfloat16, as the dense path does, moves them by max 0.013
 Memory: the packed values are half a byte per weight and the scales and zeros 4 bytes per 32
 weights, 0.625 bytes per weight, as much as GGUF's Q4_1 blocks (20 bytes per 32).
 
-Dense copy (`from_q4(..., keep_dense=True)`, the "mixed" weights format): the int4 kernel's cost grows with every
-row (it dequantizes the weights again for each few rows), while a dense bf16 matmul streams the
-weights once and then computes, so from a few rows on the dense copy of the same weights is
-several times faster (`DENSE_MIN_ROWS`). The copy holds exactly `dequantize()`'s weights rounded
-to bfloat16 (2 bytes per weight on top of the 0.625), outside the state dict, so the weight
-digest stays that of the 4-bit weights. `forward` takes a `RowSplit` saying which rows multiply
-it; every other row still reads the 4-bit weights.
+Dense copy (`from_q4(..., keep_dense=True)`, the "mixed" weights format): the int4 kernel's
+cost grows about linearly with the rows while a dense bf16 matmul's barely grows, so from a few
+rows on the dense copy of the same weights is faster, 15x at 512 rows (`DENSE_MIN_ROWS`). The
+copy holds exactly `dequantize()`'s weights rounded to bfloat16 (2 bytes per weight on top of
+the 0.625), outside the state dict, so the weight digest stays that of the 4-bit weights.
+`forward` takes a `RowSplit` saying which rows multiply it; every other row still reads the
+4-bit weights.
 """
 
 from __future__ import annotations
@@ -42,13 +42,15 @@ OUT_MULTIPLE = 16  # the CPU packing works on blocks of 16 output rows
 # `_convert_weight_to_int4pack_for_cpu`'s inner tiling argument: the CPU kernel ignores it (it
 # packs [out, in / 2] bytes itself) but the signature requires one.
 _INNER_K_TILES = 1
-# Rows from which a segment multiplies the dense copy. Measured on SmolLM2-135M's projections (one
+# The crossover: rows from which the dense copy is faster, so prompts of this many tokens on
+# prefill through it (model_runner.py; per prompt, not per chunk). SmolLM2-135M's projections (one
 # thread, prepacked bf16, median ms per layer over 30 distinct layers, int4 / dense):
-#   rows         1            2            4            8            16           64           512
-#   qkv 960x576  0.032/0.064  0.040/0.064  0.055/0.066  0.107/0.066  0.202/0.070  0.791/0.090  6.24/0.376
-#   o 576x576    0.022/0.051  0.026/0.044  0.036/0.044  0.063/0.046  0.123/0.046  0.481/0.062  3.79/0.237
-#   gate_up      0.119/0.216  0.136/0.208  0.186/0.204  0.348/0.214  0.664/0.230  2.54/0.372   20.1/1.28
-#   down         0.055/0.111  0.065/0.093  0.087/0.096  0.168/0.099  0.340/0.135  1.29/0.189   10.3/0.670
+#   rows     1          2          4          8          16         32         64         512
+#   qkv      .032/.064  .040/.064  .055/.066  .107/.066  .202/.070  .391/.070  .791/.090  6.24/.376
+#   o        .022/.051  .026/.044  .036/.044  .063/.046  .123/.046  .244/.051  .481/.062  3.79/.237
+#   gate_up  .119/.216  .136/.208  .186/.204  .348/.214  .664/.230  1.29/.288  2.54/.372  20.1/1.28
+#   down     .055/.111  .065/.093  .087/.096  .168/.099  .340/.135  .650/.125  1.29/.189  10.3/.670
+# (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536.)
 # int4 is 0.5x dense at 1 row, 0.8-0.9x at 4 and 1.4-1.7x at 8, 15x at 512: every shape
 # crosses between 4 and 8 rows. Dequantizing per use instead of keeping the copy costs 2.3 ms
 # for gate_up alone, more than its dense 512-row matmul (1.28 ms).

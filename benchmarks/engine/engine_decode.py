@@ -119,7 +119,7 @@ def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) ->
             for r in requests:
                 r.num_computed_tokens = len(r.token_ids)
                 r.token_ids.append(first[0])  # placeholder id; the loop feeds argmax output instead
-            _, positions, meta, _ = runner._prepare([ScheduledChunk(r, 1, True) for r in requests])
+            _, positions, meta, _, _ = runner._prepare([ScheduledChunk(r, 1, True) for r in requests])
             steps.append((positions, meta))
         index = torch.arange(len(requests), device=engine.device)
         next_ids = torch.tensor(first, device=engine.device)

@@ -3,12 +3,15 @@
 `execute` runs on the engine's single compute thread. It only reads the requests it is given
 (token ids, block ids, progress); the event loop does not mutate them while a step runs.
 
-Weights served "mixed" (4-bit plus a dense copy, quantized_linear.py): a chunk's prompt rows go
-through the dense copy when they are at least `DENSE_MIN_ROWS`, each chunk in a matmul of its
-own; decode rows, recomputed output rows and short prompt chunks read the 4-bit weights. The
-choice depends only on the chunk itself, never on what else shares the step, so a colocated
-step that mixes a prefill chunk with decodes computes each row as a prefill instance (its
-chunks alone) and a decode instance (its decodes alone) would: disaggregated equals colocated.
+Weights served "mixed" (4-bit plus a dense copy, quantized_linear.py): the prompt rows of a
+request whose prompt has at least `dense_min_prompt` tokens go through the dense copy, each
+chunk in a matmul of its own; decode rows, recomputed output rows (after a preemption) and
+short prompts read the 4-bit weights, as they did when first computed. The choice is per
+request, not per chunk size: a colocated step's token budget is shared with its decodes, so
+the same prompt is chunked differently there and on a prefill instance, and a short tail chunk
+must not switch format. Nothing else that shares the step changes a row's result, so a
+colocated step that mixes a prefill chunk with decodes computes each row as a prefill instance
+(its chunks alone) and a decode instance (its decodes alone) would.
 """
 
 from __future__ import annotations
@@ -44,6 +47,10 @@ class ModelRunner:
         self.device = kv_pool.device
         self.block_size = kv_pool.shape[3]
         self.buffers = GatherBuffers(tuple(kv_pool.shape[3:]), kv_pool.dtype, self.device)
+        # Prompts from this many tokens on prefill through the dense copies (see the module
+        # docstring). At most a block: every prompt that fills a block (and so can be found in
+        # the prefix cache) goes dense, so a cached block was computed as it would be again.
+        self.dense_min_prompt = min(DENSE_MIN_ROWS, self.block_size)
 
     def execute(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None = None) -> list[ChunkResult]:
         """Run one step; one result per chunk, in order: the sampled token of a chunk that
@@ -107,7 +114,8 @@ class ModelRunner:
             slot_blocks.extend(blocks[p // bs] for p in range(start, end))
             slot_offsets.extend(p % bs for p in range(start, end))
             logit_rows.append(len(input_ids) - 1)
-            if (num_prompt_rows := min(end, request.num_prompt_tokens) - start) >= DENSE_MIN_ROWS:
+            num_prompt_rows = min(end, request.num_prompt_tokens) - start
+            if num_prompt_rows > 0 and request.num_prompt_tokens >= self.dense_min_prompt:
                 dense_rows.append((query_start, query_start + num_prompt_rows))
             num_ctx_blocks = -(-end // bs)
             if num_new == 1:

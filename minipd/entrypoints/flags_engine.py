@@ -79,8 +79,8 @@ FLAGS = (
         default=_ENGINE.weights,
         choices=WEIGHTS_CHOICES,
         help="a GGUF's Q4_0/Q4_1 weights: quantized (multiplied as stored, 4-bit; bfloat16 on the CPU only), "
-        f"mixed (quantized for decode, plus a dense bf16 copy that prefill chunks of {DENSE_MIN_ROWS}+ tokens "
-        "multiply: several times faster prefill for 2 more bytes per weight) or dense (dequantized to --dtype); "
+        f"mixed (quantized for decode, plus a dense bf16 copy that the prompts of {DENSE_MIN_ROWS}+ tokens "
+        "prefill through: several times faster prefill for 2 more bytes per weight) or dense (dequantized to --dtype); "
         "auto is mixed where it can be; printed at start-up with the weights' memory; prefill and decode "
         "instances must agree (default: %(default)s)",
     ),

@@ -1,7 +1,8 @@
 """Weights served "mixed" (4-bit plus a dense copy): which rows of a step go dense is decided per
-chunk (a prefill chunk's prompt rows, from `DENSE_MIN_ROWS` on), never by what shares the step,
-so a step mixing a prefill chunk with decodes computes each as it would run alone: the same
-logits bit for bit, and an engine's tokens equal those of each request served alone."""
+request (the prompt rows of a prompt of `DENSE_MIN_ROWS` tokens or more, whatever its chunks),
+never by what shares the step, so a step mixing a prefill chunk with decodes computes each as
+it would run alone: the same logits bit for bit, and an engine's tokens equal those of each
+request served alone."""
 
 from __future__ import annotations
 
@@ -49,32 +50,50 @@ def _request(engine, name: str, prompt: list[int], outputs: list[int] = ()) -> R
     return request
 
 
-def test_dense_rows_are_each_chunks_prompt_rows_from_the_crossover_on(make_engine, q4_model):
+def test_dense_rows_are_the_prompt_rows_of_prompts_from_the_crossover_on(make_engine, q4_model):
     engine = _engine(make_engine, q4_model)
     runner = ModelRunner(engine.model, engine.kv_pool)
+    assert runner.dense_min_prompt == DENSE_MIN_ROWS < engine.config.block_size
     decode = _request(engine, "decode", _prompt(1, 20), [5])
     decode.num_computed_tokens = decode.num_tokens - 1
     short = _request(engine, "short", _prompt(2, DENSE_MIN_ROWS - 1))
-    long = _request(engine, "long", _prompt(3, DENSE_MIN_ROWS))
+    # the last 3 rows of a long prompt: dense too, whatever the chunk's size (a colocated
+    # step's budget, shared with its decodes, chunks a prompt otherwise than a prefill instance)
+    tail = _request(engine, "tail", _prompt(3, 30))
+    tail.num_computed_tokens = 27
     # preempted and recomputed: its prompt rows go dense, its two output rows stay 4-bit
     recomputed = _request(engine, "recomputed", _prompt(4, 10), [6, 7])
     try:
         chunks = [
             ScheduledChunk(decode, 1, True),
             ScheduledChunk(short, short.num_tokens, True),
-            ScheduledChunk(long, long.num_tokens, True),
+            ScheduledChunk(tail, 3, True),
             ScheduledChunk(recomputed, recomputed.num_tokens, True),
         ]
         *_, rows = runner._prepare(chunks)
-        first_long = 1 + (DENSE_MIN_ROWS - 1)
-        first_recomputed = first_long + DENSE_MIN_ROWS
-        assert rows.dense == ((first_long, first_recomputed), (first_recomputed, first_recomputed + 10))
-        assert rows.rest.tolist() == list(range(first_long)) + [first_recomputed + 10, first_recomputed + 11]
+        first_tail = 1 + (DENSE_MIN_ROWS - 1)
+        first_recomputed = first_tail + 3
+        assert rows.dense == ((first_tail, first_recomputed), (first_recomputed, first_recomputed + 10))
+        assert rows.rest.tolist() == list(range(first_tail)) + [first_recomputed + 10, first_recomputed + 11]
         *_, decode_only = runner._prepare(chunks[:1])
         assert decode_only.dense == ()
     finally:
-        for r in (decode, short, long, recomputed):
+        for r in (decode, short, tail, recomputed):
             engine.block_manager.free(r.block_ids)
+
+
+def test_every_prompt_that_fills_a_block_goes_dense(make_engine, q4_model):
+    """Blocks smaller than the crossover lower it to a block: a prefix-cached block was then
+    always computed dense, as the prompt that finds it computes its own rows."""
+    engine = _engine(make_engine, q4_model, block_size=4)
+    runner = ModelRunner(engine.model, engine.kv_pool)
+    assert runner.dense_min_prompt == 4
+    one_block, under = _request(engine, "block", _prompt(5, 4)), _request(engine, "under", _prompt(6, 3))
+    try:
+        *_, rows = runner._prepare([ScheduledChunk(one_block, 4, True), ScheduledChunk(under, 3, True)])
+        assert rows.dense == ((0, 4),) and rows.rest == slice(4, 7)
+    finally:
+        engine.block_manager.free(one_block.block_ids + under.block_ids)
 
 
 def test_a_prefill_chunk_beside_decodes_gives_each_its_logits_alone(make_engine, q4_model):
