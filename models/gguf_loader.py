@@ -10,7 +10,9 @@ then dequantizes one tensor at a time (F32, F16, BF16, Q8_0, Q4_0, Q4_1, through
 `gguf.quants`) to float32, undoes llama.cpp's Q/K row permutation, and copies it into the
 model in the engine dtype; each float32 copy is dropped before the next tensor is read.
 With `weights="quantized"` the Q4_0/Q4_1 projections are instead kept in their 4-bit blocks
-and multiplied as stored (gguf_quantized.py); that needs bfloat16 on the CPU.
+and multiplied as stored (gguf_quantized.py); that needs bfloat16 on the CPU. `weights="mixed"`
+keeps them so too and adds each one's dense bf16 copy, for the rows of prefill chunks
+(`QuantizedLinear.from_q4`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from minipd.models.quantized_linear import kernel_available
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TENSOR_TYPES = tuple(GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"))
 SUPPORTED_ROPE_SCALING = ("none", "linear")
-WEIGHT_FORMATS = ("quantized", "dense")  # 4-bit tensors multiplied as stored, or dequantized to the dtype
+# 4-bit tensors multiplied as stored; so, plus a dense copy for prefill rows; or dequantized to the dtype
+WEIGHT_FORMATS = ("quantized", "mixed", "dense")
+QUANTIZED_FORMATS = ("quantized", "mixed")
 
 ARCHITECTURE_KEY = "general.architecture"
 # llama.cpp's defaults (llama-hparams / llama-model.cpp) when a llama file leaves these out.
@@ -225,12 +229,13 @@ def load_gguf_weights(
     config = config_from_gguf(file)
     shapes = _model_shapes(config)
     names = _check_tensors(file, shapes)
-    if weights == "quantized" and (why := quantized_unsupported(file, device, dtype)) is not None:
-        raise ValueError(f"weights: quantized: {why}")
+    if weights in QUANTIZED_FORMATS and (why := quantized_unsupported(file, device, dtype)) is not None:
+        raise ValueError(f"weights: {weights}: {why}")
     model = LlamaForCausalLM(config, device=device, dtype=dtype, initialize=False)  # every tensor is loaded below
     served_quantized: set[str] = set()
-    if weights == "quantized":
-        served_quantized = attach_quantized(model, file, {h: g for g, h in names.items()}, unpermute_qk_rows)
+    if weights in QUANTIZED_FORMATS:
+        gguf_names = {h: g for g, h in names.items()}
+        served_quantized = attach_quantized(model, file, gguf_names, unpermute_qk_rows, dense_copies=weights == "mixed")
     params = model.state_dict()
     with torch.no_grad():
         for gguf_name, name in names.items():
@@ -256,7 +261,8 @@ def load_gguf_model(
     path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, weights: str = "dense"
 ) -> LlamaForCausalLM:
     """Build a `LlamaForCausalLM` from the llama GGUF file at `path`, dequantized to `dtype` on
-    `device` (`weights="quantized"`: its 4-bit projections kept as stored). Raises
+    `device` (`weights="quantized"`: its 4-bit projections kept as stored; "mixed": so, plus
+    their dense copies). Raises
     FileNotFoundError when it does not exist and ValueError naming an
     unsupported architecture, tensor type or feature, or missing/unexpected/misshapen tensors
     (all checked before the model is allocated)."""

@@ -8,8 +8,9 @@ zero m + 8d, exact in float32 since 8d is).
 
 `attach_quantized` gives a model's projections that are stored in 4 bits (each fused group --
 q/k/v, gate/up -- only when every part is, and the kernel takes its shape) a
-`QuantizedLinear` and returns the parameter names it replaced, which the loader then skips;
-everything else (norms, the embedding, Q8_0 and float tensors) stays dense.
+`QuantizedLinear` (with its dense copy for prefill rows when asked: weights "mixed") and
+returns the parameter names it replaced, which the loader then skips; everything else (norms,
+the embedding, Q8_0 and float tensors) stays dense.
 """
 
 from __future__ import annotations
@@ -48,10 +49,13 @@ def _unpermute(values: Q4Values, num_heads: int, unpermute_rows) -> Q4Values:
     return tuple(unpermute_rows(v, num_heads) for v in values)  # type: ignore[return-value]
 
 
-def attach_quantized(model: LlamaForCausalLM, file: GGUFFile, gguf_names: dict[str, str], unpermute_rows) -> set[str]:
-    """Serve the 4-bit projections of `model` from their blocks; returns the parameter names
-    now served quantized (no longer in the model's state dict). `gguf_names`: parameter name ->
-    GGUF tensor name; `unpermute_rows(tensor, heads)` undoes llama.cpp's Q/K row order."""
+def attach_quantized(
+    model: LlamaForCausalLM, file: GGUFFile, gguf_names: dict[str, str], unpermute_rows, dense_copies: bool = False
+) -> set[str]:
+    """Serve the 4-bit projections of `model` from their blocks, each with its dense copy when
+    `dense_copies`; returns the parameter names now served quantized (no longer in the model's
+    state dict). `gguf_names`: parameter name -> GGUF tensor name; `unpermute_rows(tensor,
+    heads)` undoes llama.cpp's Q/K row order."""
     config = model.config
     if config.attention_bias:
         return set()  # the fused q/k/v bias would need the dense path; llama GGUFs have none
@@ -74,7 +78,7 @@ def attach_quantized(model: LlamaForCausalLM, file: GGUFFile, gguf_names: dict[s
                 values = _unpermute(values, config.num_kv_heads, unpermute_rows)
             parts.append(values)
         replaced.update(names)
-        return QuantizedLinear.concat(parts)
+        return QuantizedLinear.concat(parts, keep_dense=dense_copies)
 
     replaced: set[str] = set()
     for i, layer in enumerate(model.model.layers):

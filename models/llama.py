@@ -13,7 +13,9 @@ Two entry points share the weights:
 
 A projection is either dense (a fused bf16/f32 weight, prepacked where that helps) or, once a
 loader calls `use_quantized`, a `QuantizedLinear` of 4-bit weights that replaces the dense
-parameters (both entry points then read only the 4-bit weights); `weights_format` says which.
+parameters. In weights "mixed" each 4-bit projection also holds a dense bf16 copy,
+which `forward` multiplies the rows of `RowSplit.dense` by (the caller's prefill chunks); every
+other row, and all of `forward_reference`, reads the 4-bit weights. `weights_format` says which.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch import nn
 from minipd.models import prepacked_linear
 from minipd.models.model_config import ModelConfig
 from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
-from minipd.models.quantized_linear import QuantizedLinear
+from minipd.models.quantized_linear import QuantizedLinear, RowSplit
 from minipd.models.rope import RotaryEmbedding, apply_rope
 
 LayerHook = Callable[[int], None]
@@ -111,21 +113,21 @@ class Attention(nn.Module):
         if self.quant_o is None:
             self.packed_o = prepacked_linear.prepack(self.o_proj.weight)
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rows: RowSplit | None = None):
         """Projected q [T, heads, d], rotated k and v [T, kv_heads, d]."""
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if self.quant_qkv is not None:
-            qkv = self.quant_qkv(x)
+            qkv = self.quant_qkv(x, rows)
         else:
             qkv = prepacked_linear.linear(x, self.qkv_weight, self.qkv_bias, self.packed_qkv)
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
         qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)  # q and k rotated in one go
         return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
 
-    def output(self, o: torch.Tensor) -> torch.Tensor:
+    def output(self, o: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
         """o_proj of the attention output [T, heads * d]."""
         if self.quant_o is not None:
-            return self.quant_o(o)
+            return self.quant_o(o, rows)
         return prepacked_linear.linear(o, self.o_proj.weight, None, self.packed_o)
 
 
@@ -159,15 +161,15 @@ class MLP(nn.Module):
         if self.quant_down is None:
             self.packed_down = prepacked_linear.prepack(self.down_proj.weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
         if self.quant_gate_up is not None:
-            gate_up = self.quant_gate_up(x)
+            gate_up = self.quant_gate_up(x, rows)
         else:
             gate_up = prepacked_linear.linear(x, self.gate_up_weight, None, self.packed_gate_up)
         gate, up = gate_up.chunk(2, dim=-1)
         h = F.silu(gate) * up
         if self.quant_down is not None:
-            return self.quant_down(h)
+            return self.quant_down(h, rows)
         return prepacked_linear.linear(h, self.down_proj.weight, None, self.packed_down)
 
 
@@ -218,11 +220,32 @@ class LlamaForCausalLM(nn.Module):
         self.packed_lm_head: torch.Tensor | None = None
         self.quant_lm_head: QuantizedLinear | None = None
 
+    def _quantized_linears(self) -> list[QuantizedLinear]:
+        return [m for m in self.modules() if isinstance(m, QuantizedLinear)]
+
     @property
     def weights_format(self) -> str:
-        """ "quantized" when any projection is served from 4-bit weights, else "dense"."""
-        quantized = any(isinstance(m, QuantizedLinear) for m in self.modules())
-        return "quantized" if quantized else "dense"
+        """ "mixed" when 4-bit projections also hold dense copies, "quantized" when any projection
+        is served from 4-bit weights only, else "dense"."""
+        quantized = self._quantized_linears()
+        if not quantized:
+            return "dense"
+        return "mixed" if all(m.has_dense for m in quantized) else "quantized"
+
+    @property
+    def dense_copy_nbytes(self) -> int:
+        """Bytes the 4-bit projections' dense copies take (not in the state dict)."""
+        return sum(m.dense_nbytes for m in self._quantized_linears())
+
+    def describe_weights(self) -> str:
+        """The weights format and, for 4-bit projections, their memory and their dense copies'
+        (for the start-up line), e.g. "mixed (4-bit projections 66.4 MB + dense copy 212.3 MB)"."""
+        quantized = self._quantized_linears()
+        if not quantized:
+            return self.weights_format
+        four_bit = sum(m.nbytes for m in quantized) / 1e6
+        copy = f" + dense copy {self.dense_copy_nbytes / 1e6:.1f} MB" if self.dense_copy_nbytes else ", no dense copy"
+        return f"{self.weights_format} (4-bit projections {four_bit:.1f} MB{copy})"
 
     def use_quantized_lm_head(self, lm_head: QuantizedLinear | None) -> None:
         """Serve an untied lm_head from 4-bit weights (a tied one is the embedding, kept dense)."""
@@ -261,8 +284,11 @@ class LlamaForCausalLM(nn.Module):
         logits_indices: torch.Tensor,
         buffers: GatherBuffers,
         layer_hook: LayerHook | None = None,
+        rows: RowSplit | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim].
+        """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim];
+        `rows`: which rows the 4-bit projections' dense copies multiply (None: none). The
+        logits rows always read the LM head's own weights (few rows: the 4-bit kernel's best).
 
         Returns logits [len(logits_indices), vocab] in float32.
         """
@@ -272,13 +298,13 @@ class LlamaForCausalLM(nn.Module):
             residual = x
             h = layer.input_layernorm(x)
             attn = layer.self_attn
-            q, k, v = attn.qkv(h, cos, sin)
+            q, k, v = attn.qkv(h, cos, sin, rows)
             write_kv(kv_pool[i], k, v, meta)
             if layer_hook is not None:
                 layer_hook(i)
             o = paged_attention(q, kv_pool[i], meta, buffers, attn.scale)
-            x = residual + attn.output(o.flatten(1))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = residual + attn.output(o.flatten(1), rows)
+            x = x + layer.mlp(layer.post_attention_layernorm(x), rows)
         return self.logits(self.model.norm(x[logits_indices]))
 
     @torch.inference_mode()

@@ -1,4 +1,4 @@
-"""4-bit weights kept as groups of 32 and multiplied by torch's CPU int4 kernel, never made dense.
+"""4-bit weights kept as groups of 32 and multiplied by torch's CPU int4 kernel; optionally a dense copy.
 
 A `QuantizedLinear` holds a [out, in] weight as unsigned 4-bit values q (0..15) per element and,
 per row and per group of `GROUP_SIZE` consecutive inputs, a scale and a zero:
@@ -18,18 +18,71 @@ dequantized weights to bfloat16, as the dense path does, moves them by max 0.013
 
 Memory: the packed values are half a byte per weight and the scales and zeros 4 bytes per 32
 weights, 0.625 bytes per weight, as much as GGUF's Q4_1 blocks (20 bytes per 32).
+
+Dense copy (`from_q4(..., keep_dense=True)`, the "mixed" weights format): the int4 kernel's
+cost grows about linearly with the rows while a dense bf16 matmul's barely grows, so from a few
+rows on the dense copy of the same weights is faster, 15x at 512 rows (`DENSE_MIN_ROWS`). The
+copy holds exactly `dequantize()`'s weights rounded to bfloat16 (2 bytes per weight on top of
+the 0.625), outside the state dict, so the weight digest stays that of the 4-bit weights.
+`forward` takes a `RowSplit` saying which rows multiply it; every other row still reads the
+4-bit weights.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
+
+from minipd.models import prepacked_linear
 
 GROUP_SIZE = 32
 OUT_MULTIPLE = 16  # the CPU packing works on blocks of 16 output rows
 # `_convert_weight_to_int4pack_for_cpu`'s inner tiling argument: the CPU kernel ignores it (it
 # packs [out, in / 2] bytes itself) but the signature requires one.
 _INNER_K_TILES = 1
+# The crossover: rows from which the dense copy is faster, so prompts of this many tokens on
+# prefill through it (model_runner.py; per prompt, not per chunk). SmolLM2-135M's projections (one
+# thread, prepacked bf16, median ms per layer over 30 distinct layers, int4 / dense):
+#   rows     1          2          4          8          16         32         64         512
+#   qkv      .032/.064  .040/.064  .055/.066  .107/.066  .202/.070  .391/.070  .791/.090  6.24/.376
+#   o        .022/.051  .026/.044  .036/.044  .063/.046  .123/.046  .244/.051  .481/.062  3.79/.237
+#   gate_up  .119/.216  .136/.208  .186/.204  .348/.214  .664/.230  1.29/.288  2.54/.372  20.1/1.28
+#   down     .055/.111  .065/.093  .087/.096  .168/.099  .340/.135  .650/.125  1.29/.189  10.3/.670
+# (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536.)
+# int4 is 0.5x dense at 1 row, 0.8-0.9x at 4 and 1.4-1.7x at 8, 15x at 512: every shape
+# crosses between 4 and 8 rows. Dequantizing per use instead of keeping the copy costs 2.3 ms
+# for gate_up alone, more than its dense 512-row matmul (1.28 ms).
+DENSE_MIN_ROWS = 8
+
+
+class RowSplit(NamedTuple):
+    """Which rows of a step's [rows, in] input a `QuantizedLinear` with a dense copy multiplies
+    densely: `dense` holds [start, stop) row ranges, each multiplied alone (a dense bf16 matmul's
+    row results depend on how many rows it is given, so a segment's result must not depend on
+    which other segments share the step); `rest` the other rows, multiplied together by the
+    int4 kernel (whose rows are independent), as a slice, an index tensor, or None for none."""
+
+    dense: tuple[tuple[int, int], ...]
+    rest: slice | torch.Tensor | None
+
+    @classmethod
+    def of(cls, dense: list[tuple[int, int]], num_rows: int) -> RowSplit:
+        """The split of `num_rows` rows whose `dense` ranges are disjoint and ascending."""
+        if not dense:
+            return cls((), slice(0, num_rows))
+        rest: list[int] = []
+        previous = 0
+        for start, stop in dense:
+            rest.extend(range(previous, start))
+            previous = stop
+        rest.extend(range(previous, num_rows))
+        if not rest:
+            return cls(tuple(dense), None)
+        if rest[-1] - rest[0] + 1 == len(rest):
+            return cls(tuple(dense), slice(rest[0], rest[-1] + 1))
+        return cls(tuple(dense), torch.tensor(rest, dtype=torch.long))
 
 
 def kernel_available() -> bool:
@@ -46,14 +99,24 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("packed", packed)  # uint8 [out, in / 2], the kernel's layout
         self.register_buffer("scales_zeros", scales_zeros)  # bfloat16 [in / GROUP_SIZE, out, 2]
         self.in_features, self.out_features = in_features, out_features
+        # The dense copy (`from_q4`'s keep_dense): plain attributes, so the state dict stays the 4-bit one.
+        self.dense: torch.Tensor | None = None  # bfloat16 [out, in], kept only where it cannot be packed
+        self.dense_packed: torch.Tensor | None = None  # its oneDNN-packed form (prepacked_linear.py)
 
     @staticmethod
     def supports(out_features: int, in_features: int) -> bool:
         return out_features % OUT_MULTIPLE == 0 and in_features % GROUP_SIZE == 0
 
     @classmethod
-    def from_q4(cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> QuantizedLinear:
-        """q: integers 0..15 [out, in]; scale, zero: float [out, in / GROUP_SIZE] (w = (q - 8) * scale + zero)."""
+    def from_q4(
+        cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, keep_dense: bool = False
+    ) -> QuantizedLinear:
+        """q: integers 0..15 [out, in]; scale, zero: float [out, in / GROUP_SIZE] (w = (q - 8) * scale + zero).
+        `keep_dense`: also keep the dense bfloat16 copy that `forward` multiplies a `RowSplit`'s
+        dense rows by: `dequantize()`'s weights (scales and zeros rounded to bfloat16 as the
+        kernel's are) rounded to bfloat16, computed here from q (SmolLM2 loads in 1.8 s
+        instead of 1.4; running the kernel on an identity instead took 3.4 s); only its packed
+        form is kept where oneDNN takes it."""
         out_features, in_features = q.shape
         if in_features % GROUP_SIZE or scale.shape != (out_features, in_features // GROUP_SIZE):
             raise ValueError(
@@ -67,22 +130,60 @@ class QuantizedLinear(nn.Module):
             raise ValueError("quantized linear: q must hold 0..15 and zero match the scale's shape")
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), _INNER_K_TILES)
         scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).to(torch.bfloat16).contiguous()
-        return cls(packed, scales_zeros, in_features, out_features)
+        linear = cls(packed, scales_zeros, in_features, out_features)
+        if keep_dense:
+
+            def groups(t: torch.Tensor) -> torch.Tensor:  # per group of inputs -> per input
+                return t.to(torch.bfloat16).float().repeat_interleave(GROUP_SIZE, 1)
+
+            weight = ((q.float() - 8) * groups(scale) + groups(zero)).to(torch.bfloat16)
+            linear.dense_packed = prepacked_linear.prepack(weight)
+            linear.dense = weight if linear.dense_packed is None else None
+        return linear
 
     @classmethod
-    def concat(cls, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> QuantizedLinear:
+    def concat(
+        cls, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], keep_dense: bool = False
+    ) -> QuantizedLinear:
         """One module for several weights that read the same input (q, k, v; gate, up): their
         (q, scale, zero) stacked along the outputs, as the dense path fuses them."""
-        return cls.from_q4(*(torch.cat(column) for column in zip(*parts)))
+        return cls.from_q4(*(torch.cat(column) for column in zip(*parts)), keep_dense=keep_dense)
 
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales_zeros.nbytes
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @property
+    def dense_nbytes(self) -> int:
+        """Bytes of the dense copy (0 without one)."""
+        copy = self.dense_packed if self.dense_packed is not None else self.dense
+        return 0 if copy is None else copy.numel() * copy.element_size()
+
+    @property
+    def has_dense(self) -> bool:
+        return self.dense is not None or self.dense_packed is not None
+
+    def forward(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
+        """x @ w.T; with a dense copy and `rows`, each `rows.dense` range through the copy and
+        the other rows through the 4-bit weights. Without either, every row reads the 4-bit ones."""
         if x.dtype != torch.bfloat16:
             raise TypeError(f"quantized linear: takes bfloat16 inputs, got {x.dtype}")
+        if rows is None or not rows.dense or not self.has_dense:
+            return self._int4(x)
+        if rows.rest is None and len(rows.dense) == 1:
+            return self._dense(x)  # one segment of every row: no output to assemble
+        out = x.new_empty(x.shape[0], self.out_features)
+        for start, stop in rows.dense:
+            out[start:stop] = self._dense(x[start:stop])
+        if rows.rest is not None:
+            out[rows.rest] = self._int4(x[rows.rest])
+        return out
+
+    def _int4(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        return prepacked_linear.linear(x, self.dense, None, self.dense_packed)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 [out, in] weights the kernel multiplies (for tests and comparisons): the

@@ -37,6 +37,7 @@ import torch
 from benchmarks.engine import engine_decode, engine_kernels, engine_serving
 from benchmarks.engine.engine_report import BF16_BATCH, print_table  # noqa: F401 (bench.py prints with print_table)
 from benchmarks.loadgen.baseline_plots import plot_engine as plot  # noqa: F401 (bench.py --plot)
+from minipd.engine.config import WEIGHTS_CHOICES
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import gguf_path
 from minipd.models.gguf_file import read_gguf
@@ -72,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--weights",
         default="auto",
-        choices=["auto", "quantized", "dense"],
+        choices=list(WEIGHTS_CHOICES),
         help="a GGUF's 4-bit weights, as minipd's --weights (default: %(default)s)",
     )
     parser.add_argument("--decode-batches", type=int, nargs="+", default=[1, BF16_BATCH])
@@ -205,7 +206,7 @@ def run(args: argparse.Namespace) -> dict:
             warm = engine_decode.prompts(2, 16, engine.model_config.vocab_size)
             await engine_decode.engine_step(engine, warm, 4)
             fp32 = _engine(args, "float32", BF16_BATCH, max_len) if "dtype" in args.parts else None
-            compare = "decode" in args.parts and engine.config.weights == "quantized"
+            compare = "decode" in args.parts and engine.config.weights in ("quantized", "mixed")
             dense = _engine(args, args.dtype, max(args.decode_batches), max_len, "dense") if compare else None
             try:
                 for other in (e for e in (fp32, dense) if e is not None):

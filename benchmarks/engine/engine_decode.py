@@ -119,7 +119,7 @@ def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) ->
             for r in requests:
                 r.num_computed_tokens = len(r.token_ids)
                 r.token_ids.append(first[0])  # placeholder id; the loop feeds argmax output instead
-            _, positions, meta, _ = runner._prepare([ScheduledChunk(r, 1, True) for r in requests])
+            _, positions, meta, _, _ = runner._prepare([ScheduledChunk(r, 1, True) for r in requests])
             steps.append((positions, meta))
         index = torch.arange(len(requests), device=engine.device)
         next_ids = torch.tensor(first, device=engine.device)
@@ -157,8 +157,9 @@ def weight_bytes(model) -> int:
 
 def resident_weight_bytes(model) -> dict[str, int]:
     """What the weights hold in memory: `weights`, every distinct weight storage (the plain
-    parameters and the 4-bit buffers), and `prepacked`, the copies packed for oneDNN's bf16
-    matmuls that sit beside the plain weights (prepacked_linear.py)."""
+    parameters and the 4-bit buffers), `prepacked`, the copies packed for oneDNN's bf16
+    matmuls that sit beside the plain weights (prepacked_linear.py), and `dense_copy`, the
+    4-bit projections' dense copies that prefill rows multiply (weights "mixed")."""
     seen, weights = set(), 0
     for t in _weights(model):
         if t.untyped_storage().data_ptr() not in seen:
@@ -166,7 +167,7 @@ def resident_weight_bytes(model) -> dict[str, int]:
             weights += t.untyped_storage().nbytes()
     copies = [getattr(m, n) for m in model.modules() for n in vars(m) if n.startswith("packed_")]
     prepacked = sum(t.numel() * t.element_size() for t in copies if isinstance(t, torch.Tensor))
-    return {"weights": weights, "prepacked": prepacked}
+    return {"weights": weights, "prepacked": prepacked, "dense_copy": model.dense_copy_nbytes}
 
 
 def memcpy(num_bytes: int) -> Timing:

@@ -99,6 +99,11 @@ def _print_decode(result: dict) -> None:
         f"  resident weights {resident['weights'] / 1e6:.1f} MB"
         + (f" ({resident['weights'] / gguf:.2f}x the GGUF file's {gguf / 1e6:.1f} MB of tensors)" if gguf else "")
         + f", plus {resident['prepacked'] / 1e6:.1f} MB of copies prepacked for oneDNN's bf16 matmuls"
+        + (
+            f", plus {resident['dense_copy'] / 1e6:.1f} MB of dense copies of the 4-bit projections (prefill rows)"
+            if resident.get("dense_copy")
+            else ""
+        )
     )
 
 

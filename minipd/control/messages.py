@@ -42,7 +42,9 @@ class Fingerprint(msgspec.Struct, frozen=True):
     dtype: str
     block_size: int
     kv_layout: str
-    weights: str = "dense"  # "quantized" (4-bit projections served as stored) or "dense": logits differ
+    # "quantized" (4-bit projections served as stored), "mixed" (so, prefill rows through dense
+    # copies) or "dense": logits differ
+    weights: str = "dense"
 
     def differences(self, other: "Fingerprint") -> list[str]:
         """Human-readable `field: ours != theirs` for every differing field."""

@@ -19,14 +19,16 @@ from minipd.engine.dtype_choice import AUTO, DTYPE_CHOICES
 from minipd.engine.scheduler import SchedulerConfig
 
 SCHEDULER_FIELDS = frozenset(SchedulerConfig.__struct_fields__)
+WEIGHTS_CHOICES = (AUTO, "quantized", "mixed", "dense")  # --weights; see model_loader.load_model
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: str = "tiny"  # preset, packaged model (smollm2), .gguf file or Hugging Face-format directory
     device: str = "cpu"
     dtype: str = AUTO  # or float32, bfloat16, float16; the engine resolves "auto" (see dtype_choice.py)
-    # A GGUF's 4-bit tensors: "quantized" (multiplied as stored) or "dense" (dequantized to dtype);
-    # the engine resolves "auto" to quantized where it can (see model_loader.py).
+    # A GGUF's 4-bit tensors: "quantized" (multiplied as stored), "mixed" (so, plus a dense bf16 copy
+    # for prefill chunks) or "dense" (dequantized to dtype); the engine resolves "auto" to mixed
+    # where it can (see model_loader.py).
     weights: str = AUTO
     block_size: int = 16
     num_blocks: int = 1024
@@ -63,8 +65,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             )
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
-        if self.weights not in (AUTO, "quantized", "dense"):
-            raise ValueError(f"weights: unknown {self.weights!r}; choose one of auto, quantized, dense")
+        if self.weights not in WEIGHTS_CHOICES:
+            raise ValueError(f"weights: unknown {self.weights!r}; choose one of {', '.join(WEIGHTS_CHOICES)}")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype: unknown {self.dtype!r}; choose one of {list(DTYPE_CHOICES)}")
         cpu_placement.resolve(self.torch_threads, self.cpus, self.cpu_placement)

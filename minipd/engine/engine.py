@@ -58,7 +58,7 @@ class Engine(GeneratesFromSubmit):
     def __init__(self, config: EngineConfig):
         """Loads the model and allocates the KV pool. `config.dtype` "auto" is resolved first:
         `self.config.dtype` is always the concrete dtype (`self.dtype_choice` says why), and
-        `self.config.weights` the weight format the model serves ("quantized" or "dense")."""
+        `self.config.weights` the weight format the model serves ("quantized", "mixed" or "dense")."""
         config.validate()
         kernel_caches.bound()  # before any bf16 matmul of this process, loading included
         self.dtype_choice = resolve_dtype(config.dtype, config.device)

@@ -40,10 +40,12 @@ def load_model(
 ) -> tuple[LlamaForCausalLM, Tokenizer]:
     """Return (model, tokenizer), the weights packed for the device's matmuls where that helps
     (`LlamaForCausalLM.prepack`). Presets get seeded random weights and the byte tokenizer.
-    A GGUF's Q4_0/Q4_1 projections are served as stored with `weights` "quantized", and by
-    "auto" wherever that can be (bfloat16 on the CPU), else dequantized to `dtype` ("dense",
-    which every other tensor and every other format is); `model.weights_format` says which.
-    "quantized" where it cannot be is a ValueError saying why."""
+    A GGUF's Q4_0/Q4_1 projections are served as stored with `weights` "quantized"; "mixed"
+    also keeps a dense bf16 copy of each for prefill chunks (decode still reads the 4-bit
+    weights), and "auto" is "mixed" wherever that can be (bfloat16 on the CPU), else they are
+    dequantized to `dtype` ("dense", which every other tensor and every other format is);
+    `model.weights_format` says which. "quantized" or "mixed" where it cannot be is a
+    ValueError saying why."""
     model, tokenizer = _load(name_or_path, device, dtype, weights)
     model.prepack()
     return model, tokenizer
@@ -53,8 +55,8 @@ def _load(
     name_or_path: str, device: torch.device, dtype: torch.dtype, weights: str
 ) -> tuple[LlamaForCausalLM, Tokenizer]:
     gguf_file_path = None if name_or_path in PRESETS else gguf_path(name_or_path)
-    if weights == "quantized" and gguf_file_path is None:
-        raise ValueError(f"weights: quantized: {name_or_path!r} is not a GGUF file with 4-bit tensors")
+    if weights in ("quantized", "mixed") and gguf_file_path is None:
+        raise ValueError(f"weights: {weights}: {name_or_path!r} is not a GGUF file with 4-bit tensors")
     if name_or_path in PRESETS:
         model = LlamaForCausalLM(preset_config(name_or_path), device=device, dtype=dtype)
         init_random_weights(model, PRESET_SEED)
@@ -67,7 +69,7 @@ def _load(
         file = read_gguf(gguf_file_path)
         tokenizer = gguf_tokenizer(file)  # refuses an unsupported tokenizer before any weight is read
         if weights == "auto":
-            weights = "dense" if quantized_unsupported(file, device, dtype) else "quantized"
+            weights = "dense" if quantized_unsupported(file, device, dtype) else "mixed"
         return load_gguf_weights(file, device=device, dtype=dtype, weights=weights).eval(), tokenizer
     if os.path.isdir(name_or_path):
         from minipd.models.hf_loader import load_hf_model

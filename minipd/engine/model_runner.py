@@ -2,6 +2,16 @@
 
 `execute` runs on the engine's single compute thread. It only reads the requests it is given
 (token ids, block ids, progress); the event loop does not mutate them while a step runs.
+
+Weights served "mixed" (4-bit plus a dense copy, quantized_linear.py): the prompt rows of a
+request whose prompt has at least `dense_min_prompt` tokens go through the dense copy, each
+chunk in a matmul of its own; decode rows, recomputed output rows (after a preemption) and
+short prompts read the 4-bit weights, as they did when first computed. The choice is per
+request, not per chunk size: a colocated step's token budget is shared with its decodes, so
+the same prompt is chunked differently there and on a prefill instance, and a short tail chunk
+must not switch format. Nothing else that shares the step changes a row's result, so a
+colocated step that mixes a prefill chunk with decodes computes each row as a prefill instance
+(its chunks alone) and a decode instance (its decodes alone) would.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
 from minipd.models.llama import LayerHook, LlamaForCausalLM
 from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan
+from minipd.models.quantized_linear import DENSE_MIN_ROWS, RowSplit
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +47,10 @@ class ModelRunner:
         self.device = kv_pool.device
         self.block_size = kv_pool.shape[3]
         self.buffers = GatherBuffers(tuple(kv_pool.shape[3:]), kv_pool.dtype, self.device)
+        # Prompts from this many tokens on prefill through the dense copies (see the module
+        # docstring). At most a block: every prompt that fills a block (and so can be found in
+        # the prefix cache) goes dense, so a cached block was computed as it would be again.
+        self.dense_min_prompt = min(DENSE_MIN_ROWS, self.block_size)
 
     def execute(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None = None) -> list[ChunkResult]:
         """Run one step; one result per chunk, in order: the sampled token of a chunk that
@@ -67,11 +82,11 @@ class ModelRunner:
 
     def _run(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None) -> list[ChunkResult]:
         ordered = sorted(range(len(chunks)), key=lambda i: _step_order(chunks[i]))
-        input_ids, positions, meta, logit_rows = self._prepare([chunks[i] for i in ordered])
+        input_ids, positions, meta, logit_rows, rows = self._prepare([chunks[i] for i in ordered])
         logits_indices = [row for i, row in zip(ordered, logit_rows) if chunks[i].samples]
         sampled_order = [i for i in ordered if chunks[i].samples]
         index = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
-        logits = self.model(input_ids, positions, self.kv_pool, meta, index, self.buffers, layer_hook)
+        logits = self.model(input_ids, positions, self.kv_pool, meta, index, self.buffers, layer_hook, rows)
         requests = [chunks[i].request for i in sampled_order]
         params, steps = [r.sampling for r in requests], [r.num_output_tokens for r in requests]
         tokens = sample(suppress_stop_tokens(logits, params, steps, self.eos_token_ids), params, steps)
@@ -88,6 +103,7 @@ class ModelRunner:
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
         prefill_specs: list[tuple[int, int, int, list[int]]] = []
+        dense_rows: list[tuple[int, int]] = []
         for request, num_new, _ in chunks:
             start = request.num_computed_tokens
             end = start + num_new
@@ -98,6 +114,9 @@ class ModelRunner:
             slot_blocks.extend(blocks[p // bs] for p in range(start, end))
             slot_offsets.extend(p % bs for p in range(start, end))
             logit_rows.append(len(input_ids) - 1)
+            num_prompt_rows = min(end, request.num_prompt_tokens) - start
+            if num_prompt_rows > 0 and request.num_prompt_tokens >= self.dense_min_prompt:
+                dense_rows.append((query_start, query_start + num_prompt_rows))
             num_ctx_blocks = -(-end // bs)
             if num_new == 1:
                 decode_tables.append(blocks[:num_ctx_blocks])
@@ -106,7 +125,7 @@ class ModelRunner:
                 prefill_specs.append((query_start, num_new, end, blocks[:num_ctx_blocks]))
         meta = self._metadata(slot_blocks, slot_offsets, decode_tables, decode_lens, prefill_specs)
         as_tensor = _long_tensor_factory(self.device)
-        return as_tensor(input_ids), as_tensor(positions), meta, logit_rows
+        return as_tensor(input_ids), as_tensor(positions), meta, logit_rows, RowSplit.of(dense_rows, len(input_ids))
 
     def _metadata(self, slot_blocks, slot_offsets, decode_tables, decode_lens, prefill_specs) -> AttentionMetadata:
         as_tensor = _long_tensor_factory(self.device)

@@ -5,6 +5,7 @@ the defaults are those configs' own."""
 from __future__ import annotations
 
 from minipd.control.role import INSTANCE_ROLES, Role
+from minipd.engine.config import WEIGHTS_CHOICES
 from minipd.engine.dtype_choice import DTYPE_CHOICES
 from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.config_sections import InstanceConfig, TransportConfig
@@ -21,6 +22,7 @@ from minipd.entrypoints.flag_spec import (
 )
 from minipd.models.model_config import PRESETS
 from minipd.models.packaged_models import PACKAGED_MODELS
+from minipd.models.quantized_linear import DENSE_MIN_ROWS
 from minipd.transports.backends import BACKENDS
 
 _ENGINE = EngineConfig()
@@ -75,10 +77,12 @@ FLAGS = (
         INSTANCES,
         sets="engine.weights",
         default=_ENGINE.weights,
-        choices=("auto", "quantized", "dense"),
-        help="a GGUF's Q4_0/Q4_1 weights: quantized (multiplied as stored, 4-bit; bfloat16 on the CPU only) or "
-        "dense (dequantized to --dtype); auto is quantized where it can be; printed at start-up; prefill and "
-        "decode instances must agree (default: %(default)s)",
+        choices=WEIGHTS_CHOICES,
+        help="a GGUF's Q4_0/Q4_1 weights: quantized (multiplied as stored, 4-bit; bfloat16 on the CPU only), "
+        f"mixed (quantized for decode, plus a dense bf16 copy that the prompts of {DENSE_MIN_ROWS}+ tokens "
+        "prefill through: several times faster prefill for 2 more bytes per weight) or dense (dequantized to --dtype); "
+        "auto is mixed where it can be; printed at start-up with the weights' memory; prefill and decode "
+        "instances must agree (default: %(default)s)",
     ),
     flag(
         "--block-size",

@@ -90,7 +90,7 @@ def load_engine(role: Role, config: EngineConfig) -> Engine:
     engine = Engine(config)
     print(
         f"minipd {role.value}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
-        f"{engine.dtype_choice.describe()}, weights {engine.config.weights}",
+        f"{engine.dtype_choice.describe()}, weights {engine.model.describe_weights()}",
         file=sys.stderr,
         flush=True,
     )

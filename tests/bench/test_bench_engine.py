@@ -69,13 +69,16 @@ def test_engine_bench_quick_writes_finite_figures(tmp_path):
 def test_engine_bench_times_a_quantized_model_against_it_served_dense(tmp_path):
     model = write_llama_gguf(tmp_path / "tiny.gguf", TINY, hf_weights(TINY), GGMLQuantizationType.Q4_1)
     result, stdout = _bench(tmp_path, "engine", "--quick", "--parts", "decode", "--model", str(model))
-    assert _finite(result) and result["weights"] == "quantized"
+    assert _finite(result) and result["weights"] == "mixed"
     # the floor counts the 4-bit bytes the step reads; the dense comparison reads bf16
     assert 0 < result["weight_bytes"] < 0.5 * result["dense_weight_bytes"]
-    assert 0 < result["resident_weight_bytes"]["weights"] <= 1.3 * result["gguf_tensor_bytes"]
+    resident = result["resident_weight_bytes"]
+    assert 0 < resident["weights"] <= 1.3 * result["gguf_tensor_bytes"]
+    # the dense copies (prefill rows) are reported apart: bf16, 2 bytes per 4-bit projection weight
+    assert resident["dense_copy"] > 2 * resident["weights"]
     for row in result["decode"].values():
         assert row["dense_engine_step_ms"] > 0 and row["quantized_vs_dense"] > 0
-    assert "quantized vs dense" in stdout and "resident weights" in stdout
+    assert "quantized vs dense" in stdout and "resident weights" in stdout and "dense copies" in stdout
 
 
 @pytest.mark.timeout(300)

@@ -134,15 +134,22 @@ def _assert_disaggregated_equal(expected, actual, prompts, engine) -> None:
         assert transfer.num_bytes == -(-len(prompt) // BLOCK_SIZE) * _block_bytes(engine)
 
 
-def test_smollm2_disaggregated_equals_colocated_with_chunked_prefill(make_engine, loop_thread):
-    colocated = make_engine(**msgspec.structs.asdict(SHORT))
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_smollm2_disaggregated_equals_colocated_with_chunked_prefill(make_engine, loop_thread, dtype):
+    """float32 serves the weights dense; bfloat16 serves them "mixed" (`--weights auto`): the
+    prompts prefill through the dense copies, in chunks that may differ between the colocated
+    engine (its budget shared with the decodes) and the prefill instance, and decode from the
+    4-bit weights."""
+    config = SHORT.replace(dtype=dtype)
+    colocated = make_engine(**msgspec.structs.asdict(config))
+    assert colocated.config.weights == ("mixed" if dtype == "bfloat16" else "dense")
     prompts = [colocated.tokenizer.encode(p) for p in PROMPTS]
     assert sum(len(p) <= LOCAL_PREFILL_MAX_TOKENS for p in prompts) == 1
     assert max(map(len, prompts)) > 2 * SHORT.scheduler.max_num_batched_tokens, (
         "one prompt needs several prefill chunks"
     )
     expected = loop_thread.run(complete_all(colocated, prompts, greedy(SHORT_MAX_TOKENS)), timeout=RUN_TIMEOUT_S)
-    processes, client = _start(SHORT, loop_thread)
+    processes, client = _start(config, loop_thread)
     try:
         actual = loop_thread.run(_through_cluster(client, prompts, greedy(SHORT_MAX_TOKENS)), timeout=RUN_TIMEOUT_S)
     finally:

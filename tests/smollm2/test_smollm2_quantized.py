@@ -34,12 +34,12 @@ MIN_DECODE_AGREEMENT = 0.9
 @pytest.fixture(scope="module")
 def models():
     cpu = torch.device("cpu")
-    quantized, tokenizer = load_model("smollm2", cpu, torch.bfloat16)
+    quantized, tokenizer = load_model("smollm2", cpu, torch.bfloat16, weights="quantized")
     dense, _ = load_model("smollm2", cpu, torch.bfloat16, weights="dense")
     return quantized, dense, tokenizer
 
 
-def test_bfloat16_serves_the_4_bit_weights_by_default(models):
+def test_bfloat16_serves_the_4_bit_weights(models):
     quantized, dense, _ = models
     assert (quantized.weights_format, dense.weights_format) == ("quantized", "dense")
     resident = sum(t.nbytes for t in quantized.state_dict().values())
@@ -60,16 +60,17 @@ def test_quantized_greedy_tokens_and_logits_stay_near_the_dequantized_model(mode
 
 def test_the_engine_decodes_from_the_4_bit_weights(make_engine, loop_thread, models):
     quantized, _, _ = models
+    # by default in bfloat16: the 4-bit weights, plus dense copies that only prefill chunks read
     engine = make_engine(model="smollm2", dtype="bfloat16", num_blocks=64, max_model_len=256, torch_threads=1)
-    assert engine.config.weights == "quantized" and engine.model.weights_format == "quantized"
-    # Decode cannot read dense projections: the model holds none.
+    assert engine.config.weights == "mixed" and engine.model.weights_format == "mixed"
+    # Decode cannot read dense projections: the state dict holds none (the copies sit outside it).
     assert not any(name.endswith("proj.weight") for name in engine.model.state_dict())
     dense = make_engine(
         model="smollm2", dtype="bfloat16", num_blocks=16, max_model_len=256, weights="dense", torch_threads=1
     )
     differences = engine_fingerprint(engine).differences(engine_fingerprint(dense))
     # a quantized prefill and a dense decode (or the reverse) refuse each other, saying why
-    assert "weights: 'quantized' != 'dense'" in differences
+    assert "weights: 'mixed' != 'dense'" in differences
     assert any(d.startswith("weights_digest:") for d in differences)
     prompt = engine.tokenizer.encode(PROSE)[:DECODE_PROMPT_TOKENS]
     out = loop_thread.run(complete(engine, prompt, greedy(DECODE_TOKENS))).token_ids

@@ -55,7 +55,7 @@ def test_a_grouped_decode_step_matches_one_request_at_a_time(make_engine):
         chunks = [ScheduledChunk(r, 1, True) for r in requests]
 
         def logits_of(batch):
-            _, positions, meta, _ = runner._prepare(batch)
+            _, positions, meta, _, _ = runner._prepare(batch)
             ids = torch.tensor([c.request.token_ids[-1] for c in batch])
             index = torch.arange(len(batch))
             return meta, engine.model(ids, positions, engine.kv_pool, meta, index, runner.buffers)

@@ -1,6 +1,7 @@
-"""`--weights` (EngineConfig.weights): "auto" serves a GGUF's 4-bit tensors as stored where they
-can be (bfloat16 on the CPU) and dense elsewhere, "quantized" where they cannot be is refused
-saying why, and an unknown value names the field."""
+"""`--weights` (EngineConfig.weights): "auto" serves a GGUF's 4-bit tensors as stored, with dense
+copies for prefill ("mixed"), where they can be (bfloat16 on the CPU) and dense elsewhere,
+"quantized" keeps only the 4-bit weights, "quantized" or "mixed" where they cannot be is
+refused saying why, and an unknown value names the field."""
 
 from __future__ import annotations
 
@@ -22,8 +23,9 @@ def q4_file(tmp_path: Path) -> str:
     return str(write_llama_gguf(tmp_path / "tiny.gguf", TINY, hf_weights(TINY), GGMLQuantizationType.Q4_1))
 
 
-def test_auto_serves_4_bit_weights_quantized_in_bfloat16_and_dense_in_float32(q4_file: str) -> None:
-    assert load_model(q4_file, CPU, torch.bfloat16)[0].weights_format == "quantized"
+def test_auto_serves_4_bit_weights_mixed_in_bfloat16_and_dense_in_float32(q4_file: str) -> None:
+    assert load_model(q4_file, CPU, torch.bfloat16)[0].weights_format == "mixed"
+    assert load_model(q4_file, CPU, torch.bfloat16, weights="quantized")[0].weights_format == "quantized"
     assert load_model(q4_file, CPU, torch.float32)[0].weights_format == "dense"
     assert load_model(q4_file, CPU, torch.bfloat16, weights="dense")[0].weights_format == "dense"
     assert load_model("tiny", CPU, torch.bfloat16)[0].weights_format == "dense"
@@ -34,6 +36,10 @@ def test_quantized_is_refused_where_it_cannot_be_served(q4_file: str) -> None:
         load_model("tiny", CPU, torch.bfloat16, weights="quantized")
     with pytest.raises(ValueError, match="bfloat16"):
         load_model(q4_file, CPU, torch.float32, weights="quantized")
+    with pytest.raises(ValueError, match="weights: mixed: .*bfloat16"):
+        load_model(q4_file, CPU, torch.float32, weights="mixed")
+    with pytest.raises(ValueError, match="weights: mixed: 'tiny' is not a GGUF file"):
+        load_model("tiny", CPU, torch.bfloat16, weights="mixed")
 
 
 def test_an_unknown_weights_value_names_the_field() -> None:
