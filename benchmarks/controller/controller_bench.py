@@ -107,23 +107,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--num-decode", type=int, default=1, help="decode instances at the start (default: 1)")
     c.add_argument("--link-gbps", type=float, default=DEFAULT_LINK_GBPS, help="every instance's KV egress cap")
     parser.set_defaults(num_blocks=DEFAULT_NUM_BLOCKS)
+    add_controller_arguments(parser, c)
+
+
+def add_controller_arguments(parser: argparse.ArgumentParser, group, flags: dict | None = None) -> None:
+    """`--goodput` (what attainment is judged against), `--controller-slo`, and one flag per
+    entry of `flags` (default CONTROLLER_FLAGS: the ratio controller's --controller-* settings;
+    other entries name the cluster flag of the same name) with its default."""
     options.add_slo_arguments(
         parser, "--goodput", DEFAULT_SLO, "the SLO attainment is judged against (default: %(default)s)"
     )
-    c.add_argument(
+    group.add_argument(
         "--controller-slo",
         nargs="+",
         default=DEFAULT_CONTROLLER_SLO,
         metavar="KEY:MS",
         help="the controller's objectives: ttft and itl or tpot (default: %(default)s)",
     )
-    for field, value in CONTROLLER_FLAGS.items():
-        c.add_argument(
-            f"--{field.replace('_', '-')}",
+    for field, value in (flags or CONTROLLER_FLAGS).items():
+        flag = field.replace("_", "-")
+        group.add_argument(
+            f"--{flag}",
             type=type(value),
             default=value,
             dest=field,
-            help=f"the controller's --controller-{field.replace('_', '-')} (default: %(default)s)",
+            help=f"the cluster's --{'controller-' + flag if field in CONTROLLER_FLAGS else flag} "
+            "(default: %(default)s)",
         )
 
 

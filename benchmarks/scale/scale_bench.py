@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import msgspec
 
-from benchmarks.controller.controller_bench import CONTROLLER_FLAGS, QUEUE_ON_A_FULL_POOL
+from benchmarks.controller.controller_bench import CONTROLLER_FLAGS, QUEUE_ON_A_FULL_POOL, add_controller_arguments
 from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import start_server
 from benchmarks.loadgen.measure import MS_PER_S, measure
@@ -74,7 +74,6 @@ AFTER = Stream("after", "prefill-heavy", 1.0, 0.0, 8.0, *PREFILL_HEAVY)
 PHASES = ("warm", "peak", "after")
 DEFAULT_LINK_GBPS = 0.015  # as bench.py controller: ~0.8 s to send one 192-token prompt of `small`
 DEFAULT_NUM_BLOCKS = 96
-DEFAULT_SLO = ["ttft:2000", "tpot:50"]
 SCALE_FLAGS = {"scale_idle_window_s": 10.0, "scale_cooldown_s": 15.0}
 BOUNDS = ("--min-prefill", "1", "--max-prefill", "2", "--min-decode", "1", "--max-decode", "2")
 INSTANCES = 3  # at the start, in both runs; the scale run peaks at one more
@@ -112,25 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("clusters, controller and scaling")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--link-gbps", type=float, default=DEFAULT_LINK_GBPS, help="every instance's KV egress cap")
-    options.add_slo_arguments(
-        parser, "--goodput", DEFAULT_SLO, "the SLO attainment is judged against (default: %(default)s)"
-    )
-    g.add_argument(
-        "--controller-slo",
-        nargs="+",
-        default=DEFAULT_SLO,
-        metavar="KEY:MS",
-        help="the controller's objectives (default: %(default)s)",
-    )
-    for field, value in {**CONTROLLER_FLAGS, **SCALE_FLAGS}.items():
-        flag = field.replace("_", "-")
-        g.add_argument(
-            f"--{flag}",
-            type=type(value),
-            default=value,
-            dest=field,
-            help=f"the cluster's --{flag if field in SCALE_FLAGS else 'controller-' + flag} (default: %(default)s)",
-        )
+    add_controller_arguments(parser, g, {**CONTROLLER_FLAGS, **SCALE_FLAGS})
 
 
 def requests_of(streams, seed: int, offset_s: float = 0.0) -> tuple[list[RequestSpec], list[str]]:
