@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_controller_arguments(parser, g, {**CONTROLLER_FLAGS, **SCALE_FLAGS})
 
 
-def requests_of(streams, seed: int, offset_s: float = 0.0) -> tuple[list[RequestSpec], list[str]]:
+def requests_of(streams, seed: int) -> tuple[list[RequestSpec], list[str]]:
     """Every stream's requests, by arrival, and each one's phase."""
     tagged = []
     for i, s in enumerate(streams):
@@ -126,7 +126,7 @@ def requests_of(streams, seed: int, offset_s: float = 0.0) -> tuple[list[Request
             prompt_len=s.prompt_len,
             output_len=s.output_len,
         )
-        tagged += [(spec._replace(arrival_s=spec.arrival_s + s.start_s + offset_s), s.phase) for spec in part]
+        tagged += [(spec._replace(arrival_s=spec.arrival_s + s.start_s), s.phase) for spec in part]
     tagged.sort(key=lambda pair: pair[0].arrival_s)
     return [spec for spec, _ in tagged], [phase for _, phase in tagged]
 

@@ -387,6 +387,7 @@ class Attempt:
         if routed.times is not None:
             routed.times.stream_sent = time.monotonic()
         decode.channel.send(message)
+        migratable = self.config.migration_limit > 0  # what migration needs is kept only when it is on
         while True:
             received = await _next_output(routed, decode, self.config.inter_token_timeout_s)
             if isinstance(received, CallError):  # refused in place of a stream (a stale role epoch)
@@ -401,7 +402,8 @@ class Attempt:
                 if stopped and not output.finished:  # on a stop string across the move: this try ends here
                     decode.channel.send(Abort(request_id=routed.wire_id))
                     output.finished, output.finish_reason = True, FinishReason.STOP.value
-            routed.num_text_sent += len(output.text)
+            if migratable:
+                routed.num_text_sent += len(output.text)
             if output.error is not None and not routed.first_token_sent and not output.token_ids:
                 if received.failure_kind == FAILURE_KV_LOAD:
                     raise KVLoadFailed(output.error)
@@ -413,7 +415,8 @@ class Attempt:
                     routed.timeline.token_relayed()
             routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
             if output.token_ids:
-                routed.generated.extend(output.token_ids)
+                if migratable:
+                    routed.generated.extend(output.token_ids)
                 relay_tokens(self.observer, routed, len(output.token_ids))
             if output.finished:
                 output.transfer = routed.transfer

@@ -37,10 +37,10 @@ class RoutedRequest:
         self.params = params  # the current try's parameters
         self.prompt_ids = token_ids  # the caller's prompt and parameters (router/migration.py)
         self.original_params = params
-        self.generated: list[int] = []  # every token relayed to the caller so far
+        self.generated: list[int] = []  # every token relayed to the caller so far (kept with migration on)
         self.output_offset = 0  # tokens relayed before the current try (a migrated request's)
         self.num_migrations = 0
-        self.num_text_sent = 0  # characters of text relayed to the caller
+        self.num_text_sent = 0  # characters of text relayed to the caller (counted with migration on)
         self.continued_text: ContinuedText | None = None  # a migrated request's text, made by the router
         self.stream = stream
         self.layerwise = layerwise  # stream the KV per layer during prefill, or send it afterwards

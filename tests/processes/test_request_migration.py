@@ -9,14 +9,17 @@ migration; the surviving pools end full.
 from __future__ import annotations
 
 import contextlib
+import http.client
+import json
 import signal
 import time
 from typing import Iterator
+from urllib.parse import urlsplit
 
 import openai
 import pytest
 from disagg_helpers import ENGINE_ARGV
-from http_helpers import http_json, sample, wait_until_pools_full
+from http_helpers import sample, wait_until_pools_full
 
 from minipd.control.role import Role
 from minipd.entrypoints.process_cluster import ProcessCluster
@@ -63,15 +66,22 @@ def _stream(client: openai.OpenAI):
 
 
 def _decoding_on(base_url: str, after: float) -> str:
-    """The decode instance the router routed the one running request to, from a dashboard
-    snapshot (built once a second) made after wall time `after`: its `inflight` is the router's
-    own count, kept from the pick on."""
-    deadline = time.monotonic() + SNAPSHOT_BOUND_S
-    while (snapshot := http_json("GET", f"{base_url}/dashboard/snapshot").body)["time"] <= after:
-        assert time.monotonic() < deadline, "no new dashboard snapshot"
-        time.sleep(0.1)  # a bounded poll for the next snapshot
-    [found] = [row["instance"] for row in snapshot["pools"]["decode"] if row["inflight"]]
-    return found
+    """The decode instance the router routed the one running request to, from the first
+    dashboard snapshot (pushed once a second on /dashboard/events) made after wall time
+    `after`: its `inflight` is the router's own count, kept from the pick on."""
+    url = urlsplit(base_url)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=SNAPSHOT_BOUND_S)
+    try:
+        connection.request("GET", "/dashboard/events")
+        response = connection.getresponse()
+        assert response.status == 200, response.status
+        for line in response:  # each read waits for the next pushed line, within the timeout
+            if line.startswith(b"data: ") and (snapshot := json.loads(line[6:]))["time"] > after:
+                [found] = [row["instance"] for row in snapshot["pools"]["decode"] if row["inflight"]]
+                return found
+    finally:
+        connection.close()
+    raise AssertionError("the event stream ended before a new snapshot")
 
 
 def _read(chunks) -> tuple[str, str | None, object]:
