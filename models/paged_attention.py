@@ -39,8 +39,7 @@ class DecodeGroup(NamedTuple):
 class AttentionMetadata(NamedTuple):
     """Where a step's new K/V go and what each query attends to."""
 
-    slot_blocks: torch.Tensor  # [T] int64: block id for each token's new K/V
-    slot_offsets: torch.Tensor  # [T] int64: offset inside that block
+    slot_rows: torch.Tensor  # [2T] int64: rows of `kv_rows_view` for each token's new K (first T), then its V
     num_decodes: int  # the first num_decodes tokens are single-token decode steps
     decode_groups: tuple[DecodeGroup, ...]  # covering the decode tokens in order
     prefills: tuple[PrefillSpan, ...]
@@ -67,9 +66,22 @@ class GatherBuffers:
         return self._k[:num_blocks], self._v[:num_blocks]
 
 
+def slot_rows(blocks: list[int], offsets: list[int], block_size: int) -> list[int]:
+    """`AttentionMetadata.slot_rows` of tokens going to (blocks[i], offsets[i]): in the layer's
+    rows view, block b's K rows start at 2 * b * block_size and its V rows block_size later."""
+    k_rows = [2 * b * block_size + o for b, o in zip(blocks, offsets)]
+    return k_rows + [r + block_size for r in k_rows]
+
+
+def kv_rows_view(layer_kv: torch.Tensor) -> torch.Tensor:
+    """One layer's pool as [num_blocks * 2 * block_size, kv_heads * head_dim] rows (a view)."""
+    return layer_kv.view(-1, layer_kv.shape[-2] * layer_kv.shape[-1])
+
+
 def write_kv(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> None:
-    """Store the step's new K/V ([T, kv_heads, head_dim]) into their slots."""
-    layer_kv[meta.slot_blocks, :, meta.slot_offsets] = torch.stack((k, v), dim=1)
+    """Store the step's new K/V ([T, kv_heads, head_dim]) into their slots: one row copy for all
+    of them (an advanced-indexing assignment costs several ops more, on every layer)."""
+    kv_rows_view(layer_kv).index_copy_(0, meta.slot_rows, torch.cat((k.flatten(1), v.flatten(1))))
 
 
 def paged_attention(
@@ -79,19 +91,13 @@ def paged_attention(
 
     The step's own K/V must already be written (see `write_kv`).
     """
+    if not meta.prefills and len(meta.decode_groups) == 1:  # a decode-only step: no output to assemble
+        return _decode_attention(q, layer_kv, meta.decode_groups[0], buffers, scale)
     out = torch.empty_like(q)
-    _, _, block_size, kv_heads, head_dim = layer_kv.shape
     for group in meta.decode_groups:  # one after another, so they share the gather buffers
-        n, end = group.count, group.start + group.count
-        k_buf, v_buf = buffers.get(group.block_table.numel())
-        torch.index_select(layer_kv[:, 0], 0, group.block_table, out=k_buf)
-        torch.index_select(layer_kv[:, 1], 0, group.block_table, out=v_buf)
-        seq_len = group.max_blocks * block_size
-        k = k_buf.view(n, seq_len, kv_heads, head_dim).transpose(1, 2)
-        v = v_buf.view(n, seq_len, kv_heads, head_dim).transpose(1, 2)
-        qd = q[group.start : end].unsqueeze(2)  # [n, heads, 1, head_dim]
-        od = F.scaled_dot_product_attention(qd, k, v, attn_mask=group.mask, scale=scale, enable_gqa=True)
-        out[group.start : end] = od.squeeze(2)
+        out[group.start : group.start + group.count] = _decode_attention(
+            q[group.start : group.start + group.count], layer_kv, group, buffers, scale
+        )
     for span in meta.prefills:
         end = span.query_start + span.query_len
         kv = layer_kv[span.block_ids]  # [blocks, 2, block_size, kv_heads, head_dim]
@@ -103,6 +109,21 @@ def paged_attention(
         )
         out[span.query_start : end] = op[0].transpose(0, 1)
     return out
+
+
+def _decode_attention(
+    q: torch.Tensor, layer_kv: torch.Tensor, group: DecodeGroup, buffers: GatherBuffers, scale: float
+) -> torch.Tensor:
+    """Attention of the group's single-token queries q ([count, heads, head_dim])."""
+    _, _, block_size, kv_heads, head_dim = layer_kv.shape
+    k_buf, v_buf = buffers.get(group.block_table.numel())
+    torch.index_select(layer_kv[:, 0], 0, group.block_table, out=k_buf)
+    torch.index_select(layer_kv[:, 1], 0, group.block_table, out=v_buf)
+    n, seq_len = group.count, group.max_blocks * block_size
+    k = k_buf.view(n, seq_len, kv_heads, head_dim).transpose(1, 2)
+    v = v_buf.view(n, seq_len, kv_heads, head_dim).transpose(1, 2)
+    od = F.scaled_dot_product_attention(q.unsqueeze(2), k, v, attn_mask=group.mask, scale=scale, enable_gqa=True)
+    return od.squeeze(2)  # [count, heads, head_dim]
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """Rotary position embeddings with the usual scaling options (HF `rope_scaling`).
 
 `RotaryEmbedding` precomputes cos/sin tables for every position up to
-`max_position_embeddings` once; applying it is an index and two fused multiply-adds.
+`max_position_embeddings` once; applying it is an index, a roll and two multiply-adds.
 The inverse-frequency formulas follow Hugging Face's `modeling_rope_utils` so that
 checkpoints behave the same here and there.
 """
@@ -88,17 +88,21 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer(
             "cos", (emb.float().cos() * attention_factor).to(device=device, dtype=dtype), persistent=False
         )
-        self.register_buffer(
-            "sin", (emb.float().sin() * attention_factor).to(device=device, dtype=dtype), persistent=False
-        )
+        sin = (emb.float().sin() * attention_factor).to(device=device, dtype=dtype)
+        self.register_buffer("sin", sin, persistent=False)
+        # sin with its first half negated: rotate_half(x) * sin == x.roll(half) * signed_sin
+        # bit for bit (negating is exact on either factor), in one op where rotate_half takes four.
+        half = sin.shape[-1] // 2
+        self.register_buffer("signed_sin", torch.cat((-sin[:, :half], sin[:, half:]), dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for `positions` ([T]), shaped [T, 1, head_dim] to broadcast over heads."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """cos and signed sin (see `apply_rope`) for `positions` ([T]), shaped [T, 1, head_dim] to
+        broadcast over heads."""
+        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x ([T, heads, head_dim]) by the angles whose cos/sin come from `RotaryEmbedding`."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x ([T, heads, head_dim]) by the angles whose cos and signed sin come from
+    `RotaryEmbedding`: HF's x * cos + rotate_half(x) * sin, with rotate_half(x) =
+    cat(-x2, x1) written as roll(x) times the sign folded into the table."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin

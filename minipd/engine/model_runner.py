@@ -26,7 +26,7 @@ from minipd.engine.min_tokens import suppress_stop_tokens
 from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
 from minipd.models.llama import LayerHook, LlamaForCausalLM
-from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan
+from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan, slot_rows
 from minipd.models.quantized_linear import DENSE_MIN_ROWS, RowSplit
 
 log = logging.getLogger(__name__)
@@ -137,7 +137,9 @@ class ModelRunner:
             PrefillSpan(q_start, q_len, ctx_len, as_tensor(blocks), _chunk_mask(q_len, ctx_len, self.device))
             for q_start, q_len, ctx_len, blocks in prefill_specs
         )
-        return AttentionMetadata(as_tensor(slot_blocks), as_tensor(slot_offsets), len(decode_tables), groups, prefills)
+        return AttentionMetadata(
+            as_tensor(slot_rows(slot_blocks, slot_offsets, self.block_size)), len(decode_tables), groups, prefills
+        )
 
     def _decode_group(self, start: int, tables: list[list[int]], lens: list[int]) -> DecodeGroup:
         """Decodes [start, start + len(tables)), sorted by context length (the last is the longest)."""
