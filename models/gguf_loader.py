@@ -25,11 +25,12 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
+from minipd.models import vnni_kernels
 from minipd.models.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
 from minipd.models.gguf_quantized import Q4_TYPES, attach_quantized
 from minipd.models.llama import LlamaForCausalLM
 from minipd.models.model_config import ModelConfig, RopeScaling
-from minipd.models.quantized_linear import kernel_available
+from minipd.models.quantized_linear import choose_kernel, kernel_available
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TENSOR_TYPES = tuple(GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"))
@@ -215,15 +216,22 @@ def quantized_unsupported(file: GGUFFile, device: torch.device | str, dtype: tor
     """Why `file` cannot be served with quantized weights on `device` in `dtype`, or None."""
     if not has_q4_tensors(file):
         return f"{file.path} has no Q4_0/Q4_1 tensors"
-    if torch.device(device).type != "cpu" or dtype != torch.bfloat16 or not kernel_available():
-        return "quantized weights are served on the CPU in bfloat16 (torch's int4 kernel), only"
+    if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
+        return "quantized weights are served on the CPU in bfloat16, only"
+    if not kernel_available() and (why := vnni_kernels.unavailable()) is not None:
+        return f"no quantized kernel: this torch has no int4 kernel and {why}"
     return None
 
 
 def load_gguf_weights(
-    file: GGUFFile, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, weights: str = "dense"
+    file: GGUFFile,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    weights: str = "dense",
+    quantized_kernel: str = "auto",
 ) -> LlamaForCausalLM:
-    """Build the model of an already parsed GGUF file (see `load_gguf_model`)."""
+    """Build the model of an already parsed GGUF file (see `load_gguf_model`); quantized weights
+    are multiplied by `quantized_kernel` (`choose_kernel`)."""
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights: unknown {weights!r}; choose one of {list(WEIGHT_FORMATS)}")
     config = config_from_gguf(file)
@@ -235,7 +243,10 @@ def load_gguf_weights(
     served_quantized: set[str] = set()
     if weights in QUANTIZED_FORMATS:
         gguf_names = {h: g for g, h in names.items()}
-        served_quantized = attach_quantized(model, file, gguf_names, unpermute_qk_rows, dense_copies=weights == "mixed")
+        kernel = choose_kernel(quantized_kernel)
+        served_quantized = attach_quantized(
+            model, file, gguf_names, unpermute_qk_rows, dense_copies=weights == "mixed", kernel=kernel
+        )
     params = model.state_dict()
     with torch.no_grad():
         for gguf_name, name in names.items():
@@ -258,7 +269,11 @@ def _model_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 def load_gguf_model(
-    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, weights: str = "dense"
+    path: str | Path,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    weights: str = "dense",
+    quantized_kernel: str = "auto",
 ) -> LlamaForCausalLM:
     """Build a `LlamaForCausalLM` from the llama GGUF file at `path`, dequantized to `dtype` on
     `device` (`weights="quantized"`: its 4-bit projections kept as stored; "mixed": so, plus
@@ -266,4 +281,6 @@ def load_gguf_model(
     FileNotFoundError when it does not exist and ValueError naming an
     unsupported architecture, tensor type or feature, or missing/unexpected/misshapen tensors
     (all checked before the model is allocated)."""
-    return load_gguf_weights(read_gguf(path), device=device, dtype=dtype, weights=weights)
+    return load_gguf_weights(
+        read_gguf(path), device=device, dtype=dtype, weights=weights, quantized_kernel=quantized_kernel
+    )

@@ -1,4 +1,4 @@
-"""GGUF's 4-bit tensors (Q4_0, Q4_1) served as stored: decoded into `QuantizedLinear` modules.
+"""GGUF's quantized tensors (Q4_0, Q4_1; Q8_0 for the lm_head) served as stored, in `QuantizedLinear` modules.
 
 `q4_values` reads a Q4_0/Q4_1 tensor's blocks (ggml's `block_q4_0` / `block_q4_1`: a float16
 d, for Q4_1 a float16 m, then 16 bytes whose low nibbles are elements 0..15 of the block and
@@ -6,11 +6,16 @@ high nibbles 16..31) into q (0..15), scale and zero with w = (q - 8) * scale + z
 equals GGUF's own dequantization in float32 (Q4_0: scale d, zero 0; Q4_1: scale d,
 zero m + 8d, exact in float32 since 8d is).
 
+`q8_values` reads a Q8_0 tensor's blocks (`block_q8_0`: a float16 d, then 32 int8 q; w = d * q).
+
 `attach_quantized` gives a model's projections that are stored in 4 bits (each fused group --
 q/k/v, gate/up -- only when every part is, and the kernel takes its shape) a
 `QuantizedLinear` (with its dense copy for prefill rows when asked: weights "mixed") and
-returns the parameter names it replaced, which the loader then skips; everything else (norms,
-the embedding, Q8_0 and float tensors) stays dense.
+returns the parameter names it replaced, which the loader then skips. With the "vnni" kernel
+the lm_head is served from its blocks too when they are Q4_0, Q4_1 or Q8_0, a tied one (the
+embedding) included: the embedding's dense table then stays for the input lookups, and the
+lm_head reads the blocks (SmolLM2: 31.9 MB of Q8_0 instead of 56.6 MB of bf16 a token).
+Everything else (norms, the embedding, other Q8_0 and float tensors) stays dense.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from minipd.models.llama import LlamaForCausalLM
 from minipd.models.quantized_linear import GROUP_SIZE, QuantizedLinear
 
 Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
+Q8_0 = GGMLQuantizationType.Q8_0
 Q4Values = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # q [out, in], scale and zero [out, in / 32]
 
 
@@ -44,18 +50,33 @@ def q4_values(file: GGUFFile, info: GGUFTensorInfo) -> Q4Values:
     return q, d, m + 8 * d
 
 
+def q8_values(file: GGUFFile, info: GGUFTensorInfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (int8 [out, in]) and d (float32 [out, in / 32]) of a Q8_0 tensor (w = d * q)."""
+    if info.ggml_type != Q8_0:
+        raise ValueError(f"gguf: tensor {info.name!r} has type {info.type_name}, not Q8_0")
+    rows, cols = info.shape
+    blocks = np.asarray(file.tensor_bytes(info)).reshape(rows, cols // GROUP_SIZE, 2 + GROUP_SIZE)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0]).float()
+    return torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).reshape(rows, cols), d
+
+
 def _unpermute(values: Q4Values, num_heads: int, unpermute_rows) -> Q4Values:
     # llama.cpp's Q/K permutation moves whole rows, and every row's groups move with it.
     return tuple(unpermute_rows(v, num_heads) for v in values)  # type: ignore[return-value]
 
 
 def attach_quantized(
-    model: LlamaForCausalLM, file: GGUFFile, gguf_names: dict[str, str], unpermute_rows, dense_copies: bool = False
+    model: LlamaForCausalLM,
+    file: GGUFFile,
+    gguf_names: dict[str, str],
+    unpermute_rows,
+    dense_copies: bool = False,
+    kernel: str = "torch",
 ) -> set[str]:
     """Serve the 4-bit projections of `model` from their blocks, each with its dense copy when
-    `dense_copies`; returns the parameter names now served quantized (no longer in the model's
-    state dict). `gguf_names`: parameter name -> GGUF tensor name; `unpermute_rows(tensor,
-    heads)` undoes llama.cpp's Q/K row order."""
+    `dense_copies`, multiplied by `kernel` ("vnni" or "torch"); returns the parameter names now
+    served quantized (no longer in the model's state dict). `gguf_names`: parameter name ->
+    GGUF tensor name; `unpermute_rows(tensor, heads)` undoes llama.cpp's Q/K row order."""
     config = model.config
     if config.attention_bias:
         return set()  # the fused q/k/v bias would need the dense path; llama GGUFs have none
@@ -78,7 +99,21 @@ def attach_quantized(
                 values = _unpermute(values, config.num_kv_heads, unpermute_rows)
             parts.append(values)
         replaced.update(names)
-        return QuantizedLinear.concat(parts, keep_dense=dense_copies)
+        return QuantizedLinear.concat(parts, keep_dense=dense_copies, kernel=kernel)
+
+    def head(name: str) -> QuantizedLinear | None:  # "vnni" only: torch's kernel keeps the old rule
+        tensor = info(name)
+        if not QuantizedLinear.supports(*tensor.shape):
+            return None
+        if tensor.ggml_type == Q8_0:
+            linear = QuantizedLinear.from_q8(*q8_values(file, tensor))
+        elif tensor.ggml_type in Q4_TYPES:
+            linear = QuantizedLinear.from_q4(*q4_values(file, tensor), kernel=kernel)
+        else:
+            return None
+        if name == "lm_head.weight":
+            replaced.add(name)  # a tied head is the embedding: its dense table is still loaded
+        return linear
 
     replaced: set[str] = set()
     for i, layer in enumerate(model.model.layers):
@@ -89,6 +124,9 @@ def attach_quantized(
         layer.mlp.use_quantized(
             group([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]), group([p + "mlp.down_proj.weight"])
         )
-    if not config.tie_word_embeddings:
+    if kernel == "vnni":
+        tied = config.tie_word_embeddings
+        model.use_quantized_lm_head(head("model.embed_tokens.weight" if tied else "lm_head.weight"))
+    elif not config.tie_word_embeddings:
         model.use_quantized_lm_head(group(["lm_head.weight"]))
     return replaced

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minipd.models import prepacked_linear
+from minipd.models import prepacked_linear, weights_summary
 from minipd.models.model_config import ModelConfig
 from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
 from minipd.models.quantized_linear import QuantizedLinear, RowSplit
@@ -224,12 +224,14 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def weights_format(self) -> str:
-        """ "mixed" when 4-bit projections also hold dense copies, "quantized" when any projection
-        is served from 4-bit weights only, else "dense"."""
+        """ "mixed", "quantized" or "dense" (see weights_summary.py)."""
+        return weights_summary.weights_format(self._quantized_linears(), self.quant_lm_head)
+
+    @property
+    def quantized_kernel(self) -> str:
+        """The kernel the quantized weights are multiplied by ("vnni" or "torch"), "" for none."""
         quantized = self._quantized_linears()
-        if not quantized:
-            return "dense"
-        return "mixed" if all(m.has_dense for m in quantized) else "quantized"
+        return quantized[0].kernel if quantized else ""
 
     @property
     def dense_copy_nbytes(self) -> int:
@@ -237,19 +239,16 @@ class LlamaForCausalLM(nn.Module):
         return sum(m.dense_nbytes for m in self._quantized_linears())
 
     def describe_weights(self) -> str:
-        """The weights format and, for 4-bit projections, their memory and their dense copies'
-        (for the start-up line), e.g. "mixed (4-bit projections 66.4 MB + dense copy 212.3 MB)"."""
-        quantized = self._quantized_linears()
-        if not quantized:
-            return self.weights_format
-        four_bit = sum(m.nbytes for m in quantized) / 1e6
-        copy = f" + dense copy {self.dense_copy_nbytes / 1e6:.1f} MB" if self.dense_copy_nbytes else ", no dense copy"
-        return f"{self.weights_format} (4-bit projections {four_bit:.1f} MB{copy})"
+        """The weights format, memory and kernel, for the start-up line (see weights_summary.py)."""
+        return weights_summary.describe(self._quantized_linears(), self.quant_lm_head)
 
     def use_quantized_lm_head(self, lm_head: QuantizedLinear | None) -> None:
-        """Serve an untied lm_head from 4-bit weights (a tied one is the embedding, kept dense)."""
-        if lm_head is not None and not self.config.tie_word_embeddings:
-            self.quant_lm_head = lm_head
+        """Serve the lm_head from quantized weights: an untied one's dense weight is dropped; a
+        tied one is the embedding, whose dense table stays for the input lookups."""
+        if lm_head is None:
+            return
+        self.quant_lm_head = lm_head
+        if not self.config.tie_word_embeddings:
             del self.lm_head
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:

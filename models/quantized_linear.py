@@ -1,25 +1,35 @@
-"""4-bit weights kept as groups of 32 and multiplied by torch's CPU int4 kernel; optionally a dense copy.
+"""Weights kept in GGUF's blocks of 32 and multiplied by a CPU kernel that reads them; optionally a dense copy.
 
-A `QuantizedLinear` holds a [out, in] weight as unsigned 4-bit values q (0..15) per element and,
-per row and per group of `GROUP_SIZE` consecutive inputs, a scale and a zero:
-w = (q - 8) * scale + zero, the format of `torch.ops.aten._weight_int4pack_mm_for_cpu` (the
-kernel torchao's int4 weight-only CPU path uses). GGUF's 4-bit blocks are exactly this shape:
-Q4_0 stores d and w = d * (q - 8) (scale d, zero 0); Q4_1 stores d and m and w = d * q + m
-(scale d, zero m + 8d). `from_q4` takes q, scale and zero as a loader decoded them.
+Two kernels (`kernel`), chosen by the loader (`--quantized-kernel`):
+- "vnni" (vnni_kernels.py, minipd's own): Q4_0, Q4_1 and Q8_0 weights held exactly as the file
+  stores them (d and m in float16; 0.625 bytes per 4-bit weight, 1.125 per 8-bit one), the
+  activations quantized to int8 per block of 32 and multiplied by integer dot products, as
+  llama.cpp does on the CPU. The activations' rounding is the deviation from the dense model
+  (SmolLM2: see tests/smollm2/test_smollm2_quantized.py).
+- "torch": torch's `_weight_int4pack_mm_for_cpu` (the kernel torchao's int4 weight-only CPU
+  path uses), 4-bit only, whose format holds per row and group of 32 inputs a scale and a zero:
+  w = (q - 8) * scale + zero, with the activations in bfloat16 and the scales rounded to it.
 
-Why bfloat16 scales: the kernel's only vectorized (AVX512) path takes bfloat16 activations and
+A `QuantizedLinear` is built from q (0..15) per element and, per row and per group of
+`GROUP_SIZE` consecutive inputs, a scale and a zero: w = (q - 8) * scale + zero. GGUF's 4-bit
+blocks are exactly this shape: Q4_0 stores d and w = d * (q - 8) (scale d, zero 0); Q4_1 stores
+d and m and w = d * q + m (scale d, zero m + 8d). `from_q4` takes q, scale and zero as a loader
+decoded them; `from_q8` Q8_0's q (int8) and d (vnni only).
+
+Why bfloat16 scales (torch's kernel): its only vectorized (AVX512) path takes bfloat16 activations and
 bfloat16 scales and zeros; its float32 and float16 paths are scalar loops, 35-400x slower than
 the dense bf16 matmul. With float32 scales the kernel reproduces GGUF's float32 dequantization
 bit for bit, but at bfloat16 d and m + 8d keep 8 significant bits, so the weights it multiplies
 differ from GGUF's by up to 8 half-steps of the scale plus half a step of the zero (SmolLM2's
 Q4_1 tensors: max |dw| 0.0215, mean 0.00026, at most 0.24% of a tensor's norm; rounding the
 dequantized weights to bfloat16, as the dense path does, moves them by max 0.0137, mean
-0.00017). `dequantize()` returns exactly the weights the kernel multiplies.
+0.00017). `dequantize()` returns exactly the weights the kernel multiplies (for "vnni": the
+file's own).
 
 Memory: the packed values are half a byte per weight and the scales and zeros 4 bytes per 32
 weights, 0.625 bytes per weight, as much as GGUF's Q4_1 blocks (20 bytes per 32).
 
-Dense copy (`from_q4(..., keep_dense=True)`, the "mixed" weights format): the int4 kernel's
+Dense copy (`from_q4(..., keep_dense=True)`, the "mixed" weights format): either kernel's
 cost grows about linearly with the rows while a dense bf16 matmul's barely grows, so from a few
 rows on the dense copy of the same weights is faster, 15x at 512 rows (`DENSE_MIN_ROWS`). The
 copy holds exactly `dequantize()`'s weights rounded to bfloat16 (2 bytes per weight on top of
@@ -30,14 +40,18 @@ the 0.625), outside the state dict, so the weight digest stays that of the 4-bit
 
 from __future__ import annotations
 
+import logging
 from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from minipd.models import prepacked_linear
+from minipd.models import prepacked_linear, vnni_kernels
+
+logger = logging.getLogger(__name__)
 
 GROUP_SIZE = 32
+KERNELS = ("vnni", "torch")
 OUT_MULTIPLE = 16  # the CPU packing works on blocks of 16 output rows
 # `_convert_weight_to_int4pack_for_cpu`'s inner tiling argument: the CPU kernel ignores it (it
 # packs [out, in / 2] bytes itself) but the signature requires one.
@@ -85,20 +99,51 @@ class RowSplit(NamedTuple):
         return cls(tuple(dense), torch.tensor(rest, dtype=torch.long))
 
 
+def choose_kernel(choice: str = "auto") -> str:
+    """What `choice` ("auto", "vnni" or "torch") resolves to in this process: "auto" is "vnni"
+    where it can run (building it on first use), else "torch". ValueError saying why where the
+    chosen kernel cannot run."""
+    if choice not in ("auto", *KERNELS):
+        raise ValueError(f"quantized kernel: unknown {choice!r}; choose one of auto, {', '.join(KERNELS)}")
+    if choice in ("auto", "vnni"):
+        why = vnni_kernels.unavailable()
+        if why is None:
+            return "vnni"
+        if choice == "vnni":
+            raise ValueError(f"quantized kernel vnni: {why}")
+        logger.warning("quantized kernel: %s; multiplying with torch's int4 kernel instead", why)
+    if not kernel_available():
+        raise ValueError("quantized kernel torch: this torch has no _weight_int4pack_mm_for_cpu")
+    return "torch"
+
+
 def kernel_available() -> bool:
     ops = torch.ops.aten
     return hasattr(ops, "_weight_int4pack_mm_for_cpu") and hasattr(ops, "_convert_weight_to_int4pack_for_cpu")
 
 
 class QuantizedLinear(nn.Module):
-    """y = x @ w.T for a bfloat16 x [rows, in], w held as 4-bit groups; no bias (Llama has none)."""
+    """y = x @ w.T for a bfloat16 x [rows, in], w held as blocks; no bias (Llama has none)."""
 
-    def __init__(self, packed: torch.Tensor, scales_zeros: torch.Tensor, in_features: int, out_features: int):
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        scales_zeros: torch.Tensor | None,
+        in_features: int,
+        out_features: int,
+        kernel: str = "torch",
+        bits: int = 4,
+    ):
         super().__init__()
+        if kernel == "vnni":
+            vnni_kernels.load()  # builds it on first use; RuntimeError saying why it cannot run here
         # Buffers, so `state_dict` (and with it the instances' weight digest) covers them.
-        self.register_buffer("packed", packed)  # uint8 [out, in / 2], the kernel's layout
-        self.register_buffer("scales_zeros", scales_zeros)  # bfloat16 [in / GROUP_SIZE, out, 2]
+        # torch: uint8 [out, in / 2] in its layout; vnni: uint8 [out / 16, ...] (vnni_kernels.pack_q4 / pack_q8).
+        self.register_buffer("packed", packed)
+        if scales_zeros is not None:  # torch only: bfloat16 [in / GROUP_SIZE, out, 2]
+            self.register_buffer("scales_zeros", scales_zeros)
         self.in_features, self.out_features = in_features, out_features
+        self.kernel, self.bits = kernel, bits
         # The dense copy (`from_q4`'s keep_dense): plain attributes, so the state dict stays the 4-bit one.
         self.dense: torch.Tensor | None = None  # bfloat16 [out, in], kept only where it cannot be packed
         self.dense_packed: torch.Tensor | None = None  # its oneDNN-packed form (prepacked_linear.py)
@@ -109,14 +154,14 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_q4(
-        cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, keep_dense: bool = False
+        cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, keep_dense: bool = False, kernel: str = "torch"
     ) -> QuantizedLinear:
         """q: integers 0..15 [out, in]; scale, zero: float [out, in / GROUP_SIZE] (w = (q - 8) * scale + zero).
         `keep_dense`: also keep the dense bfloat16 copy that `forward` multiplies a `RowSplit`'s
-        dense rows by: `dequantize()`'s weights (scales and zeros rounded to bfloat16 as the
-        kernel's are) rounded to bfloat16, computed here from q (SmolLM2 loads in 1.8 s
-        instead of 1.4; running the kernel on an identity instead took 3.4 s); only its packed
-        form is kept where oneDNN takes it."""
+        dense rows by: `dequantize()`'s weights rounded to bfloat16, computed here from q
+        (SmolLM2 loads in 1.8 s instead of 1.4; running the kernel on an identity instead took
+        3.4 s); only its packed form is kept where oneDNN takes it. `kernel` "vnni" holds d =
+        scale and m = zero - 8 * scale in float16, as GGUF does: they must be float16 values."""
         out_features, in_features = q.shape
         if in_features % GROUP_SIZE or scale.shape != (out_features, in_features // GROUP_SIZE):
             raise ValueError(
@@ -128,30 +173,48 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"quantized linear: {out_features} outputs; the kernel needs a multiple of {OUT_MULTIPLE}")
         if scale.shape != zero.shape or int(q.min()) < 0 or int(q.max()) > 15:
             raise ValueError("quantized linear: q must hold 0..15 and zero match the scale's shape")
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), _INNER_K_TILES)
-        scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).to(torch.bfloat16).contiguous()
-        linear = cls(packed, scales_zeros, in_features, out_features)
+        if kernel == "vnni":
+            d, m = scale.float(), zero.float() - 8 * scale.float()
+            if not (torch.equal(d.half().float(), d) and torch.equal(m.half().float(), m)):
+                raise ValueError("quantized linear: the vnni kernel holds d and m = zero - 8 * scale as float16")
+            linear = cls(vnni_kernels.pack_q4(q, d.half(), m.half()), None, in_features, out_features, kernel)
+            weights = lambda: q.float() * _groups(d) + _groups(m)  # noqa: E731 (GGUF's own, in float32)
+        elif kernel == "torch":
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), _INNER_K_TILES)
+            scales_zeros = torch.stack([scale, zero], dim=-1).transpose(0, 1).to(torch.bfloat16).contiguous()
+            linear = cls(packed, scales_zeros, in_features, out_features, kernel)
+            weights = lambda: (q.float() - 8) * _groups(_bf16(scale)) + _groups(_bf16(zero))  # noqa: E731
+        else:
+            raise ValueError(f"quantized linear: unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
         if keep_dense:
-
-            def groups(t: torch.Tensor) -> torch.Tensor:  # per group of inputs -> per input
-                return t.to(torch.bfloat16).float().repeat_interleave(GROUP_SIZE, 1)
-
-            weight = ((q.float() - 8) * groups(scale) + groups(zero)).to(torch.bfloat16)
+            weight = weights().to(torch.bfloat16)
             linear.dense_packed = prepacked_linear.prepack(weight)
             linear.dense = weight if linear.dense_packed is None else None
         return linear
 
     @classmethod
+    def from_q8(cls, q: torch.Tensor, d: torch.Tensor) -> QuantizedLinear:
+        """Q8_0's q (int8 [out, in]) and d (float16 values [out, in / GROUP_SIZE]), w = d * q, for
+        the "vnni" kernel (torch has none whose format holds per-block scales)."""
+        out_features, in_features = q.shape
+        if not cls.supports(out_features, in_features) or d.shape != (out_features, in_features // GROUP_SIZE):
+            raise ValueError(f"quantized linear: a [{out_features}, {in_features}] Q8_0 weight does not fit the kernel")
+        return cls(vnni_kernels.pack_q8(q, d.half()), None, in_features, out_features, "vnni", bits=8)
+
+    @classmethod
     def concat(
-        cls, parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], keep_dense: bool = False
+        cls,
+        parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+        keep_dense: bool = False,
+        kernel: str = "torch",
     ) -> QuantizedLinear:
         """One module for several weights that read the same input (q, k, v; gate, up): their
         (q, scale, zero) stacked along the outputs, as the dense path fuses them."""
-        return cls.from_q4(*(torch.cat(column) for column in zip(*parts)), keep_dense=keep_dense)
+        return cls.from_q4(*(torch.cat(column) for column in zip(*parts)), keep_dense=keep_dense, kernel=kernel)
 
     @property
     def nbytes(self) -> int:
-        return self.packed.nbytes + self.scales_zeros.nbytes
+        return sum(b.nbytes for b in self.buffers())
 
     @property
     def dense_nbytes(self) -> int:
@@ -169,28 +232,42 @@ class QuantizedLinear(nn.Module):
         if x.dtype != torch.bfloat16:
             raise TypeError(f"quantized linear: takes bfloat16 inputs, got {x.dtype}")
         if rows is None or not rows.dense or not self.has_dense:
-            return self._int4(x)
+            return self._quantized(x)
         if rows.rest is None and len(rows.dense) == 1:
             return self._dense(x)  # one segment of every row: no output to assemble
         out = x.new_empty(x.shape[0], self.out_features)
         for start, stop in rows.dense:
             out[start:stop] = self._dense(x[start:stop])
         if rows.rest is not None:
-            out[rows.rest] = self._int4(x[rows.rest])
+            out[rows.rest] = self._quantized(x[rows.rest])
         return out
 
-    def _int4(self, x: torch.Tensor) -> torch.Tensor:
+    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "vnni":
+            multiply = vnni_kernels.q8_mm if self.bits == 8 else vnni_kernels.q4_mm
+            return multiply(x, self.packed, self.in_features)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
         return prepacked_linear.linear(x, self.dense, None, self.dense_packed)
 
     def dequantize(self) -> torch.Tensor:
-        """The float32 [out, in] weights the kernel multiplies (for tests and comparisons): the
-        kernel run on the identity, in float32 so that nothing but the scales is rounded."""
+        """The float32 [out, in] weights the kernel multiplies (for tests and comparisons): for
+        "vnni" the file's own, from the packed blocks; for "torch" the kernel run on the
+        identity, in float32 so that nothing but the scales is rounded."""
+        if self.kernel == "vnni":
+            return vnni_kernels.dequantize(self.packed, self.out_features, self.in_features, self.bits)
         eye = torch.eye(self.in_features)
         return (
             torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP_SIZE, self.scales_zeros.float())
             .t()
             .contiguous()
         )
+
+
+def _groups(t: torch.Tensor) -> torch.Tensor:  # per group of inputs -> per input
+    return t.float().repeat_interleave(GROUP_SIZE, 1)
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.bfloat16).float()

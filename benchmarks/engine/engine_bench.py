@@ -37,7 +37,7 @@ import torch
 from benchmarks.engine import engine_decode, engine_kernels, engine_serving
 from benchmarks.engine.engine_report import BF16_BATCH, print_table  # noqa: F401 (bench.py prints with print_table)
 from benchmarks.loadgen.baseline_plots import plot_engine as plot  # noqa: F401 (bench.py --plot)
-from minipd.engine.config import WEIGHTS_CHOICES
+from minipd.engine.config import QUANTIZED_KERNEL_CHOICES, WEIGHTS_CHOICES
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import gguf_path
 from minipd.models.gguf_file import read_gguf
@@ -76,6 +76,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=list(WEIGHTS_CHOICES),
         help="a GGUF's 4-bit weights, as minipd's --weights (default: %(default)s)",
     )
+    parser.add_argument(
+        "--quantized-kernel",
+        default="auto",
+        choices=list(QUANTIZED_KERNEL_CHOICES),
+        help="as minipd's --quantized-kernel; with vnni, the decode steps are also timed with torch's kernel "
+        "beside them (default: %(default)s)",
+    )
     parser.add_argument("--decode-batches", type=int, nargs="+", default=[1, BF16_BATCH])
     parser.add_argument("--decode-prompt-len", type=int, default=128)
     parser.add_argument("--decode-output-len", type=int, default=32)
@@ -87,13 +94,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="a short smoke run (small workload, one repeat)")
 
 
-def _engine(args: argparse.Namespace, dtype: str, num_seqs: int, max_len: int, weights: str | None = None) -> Engine:
+def _engine(
+    args: argparse.Namespace,
+    dtype: str,
+    num_seqs: int,
+    max_len: int,
+    weights: str | None = None,
+    quantized_kernel: str | None = None,
+) -> Engine:
     blocks_per_seq = -(-max_len // BLOCK_SIZE)
     return Engine(
         EngineConfig.of(
             model=args.model,
             dtype=dtype,
             weights=weights or args.weights,
+            quantized_kernel=quantized_kernel or args.quantized_kernel,
             block_size=BLOCK_SIZE,
             num_blocks=num_seqs * blocks_per_seq + 1,
             max_model_len=max_len,
@@ -104,12 +119,15 @@ def _engine(args: argparse.Namespace, dtype: str, num_seqs: int, max_len: int, w
     )
 
 
-async def _decode_part(args: argparse.Namespace, engine: Engine, fp32: Engine | None, dense: Engine | None) -> dict:
-    """`dense`: the same model served dense, timed beside a quantized `engine` (else None)."""
+async def _decode_part(
+    args: argparse.Namespace, engine: Engine, fp32: Engine | None, dense: Engine | None, torch_kernel: Engine | None
+) -> dict:
+    """`dense`: the same model served dense, timed beside a quantized `engine` (else None);
+    `torch_kernel`: the same weights multiplied by torch's int4 kernel, beside a vnni `engine`."""
     vocab = engine.model_config.vocab_size
     n_bytes = engine.run_on_compute_thread(engine_decode.weight_bytes, engine.model)
     rows: dict[int, dict[str, list[engine_decode.Timing]]] = {
-        b: {"engine": [], "raw": [], "floor": [], "dense": []} for b in args.decode_batches
+        b: {"engine": [], "raw": [], "floor": [], "dense": [], "torch": []} for b in args.decode_batches
     }
     speed: dict[str, list[engine_decode.Timing]] = {"bf16": [], "fp32": []}
     length = args.decode_output_len
@@ -133,6 +151,8 @@ async def _decode_part(args: argparse.Namespace, engine: Engine, fp32: Engine | 
                 rows[b]["raw"].append(engine.run_on_compute_thread(engine_decode.raw_step, engine, batch, length))
             if dense is not None:  # right after the quantized engine's steps, which the floor brackets
                 rows[b]["dense"].append(await engine_decode.engine_step(dense, batch, length))
+            if torch_kernel is not None:
+                rows[b]["torch"].append(await engine_decode.engine_step(torch_kernel, batch, length))
         if fp32 is not None:
             batch = engine_decode.prompts(BF16_BATCH, args.decode_prompt_len, vocab, seed=r)
             for dtype, e in (("bf16", engine), ("fp32", fp32)) if r % 2 == 0 else (("fp32", fp32), ("bf16", engine)):
@@ -170,6 +190,10 @@ def _decode_row(m: dict[str, list]) -> dict:
         for clock, suffix in (("wall_s", ""), ("cpu_s", "_cpu")):
             row[f"dense_engine_step{suffix}_ms"] = statistics.median(getattr(t, clock) for t in m["dense"]) * MS
             row[f"quantized_vs_dense{suffix}"] = _paired(m["engine"], m["dense"], clock)
+    if m["torch"]:
+        for clock, suffix in (("wall_s", ""), ("cpu_s", "_cpu")):
+            row[f"torch_kernel_engine_step{suffix}_ms"] = statistics.median(getattr(t, clock) for t in m["torch"]) * MS
+            row[f"vnni_vs_torch_kernel{suffix}"] = _paired(m["engine"], m["torch"], clock)
     # What the engine adds to its own forward passes, within the same steps (CPU time).
     row["engine_vs_its_forward_cpu"] = statistics.median(t.cpu_s / t.forward_cpu_s for t in m["engine"])
     return row
@@ -203,19 +227,23 @@ def run(args: argparse.Namespace) -> dict:
             result["torch_threads"] = engine.placement.torch_threads
             result["placement"] = engine.placement.describe()
             result["weights"] = engine.config.weights
+            result["quantized_kernel"] = engine.model.quantized_kernel
             warm = engine_decode.prompts(2, 16, engine.model_config.vocab_size)
             await engine_decode.engine_step(engine, warm, 4)
             fp32 = _engine(args, "float32", BF16_BATCH, max_len) if "dtype" in args.parts else None
             compare = "decode" in args.parts and engine.config.weights in ("quantized", "mixed")
             dense = _engine(args, args.dtype, max(args.decode_batches), max_len, "dense") if compare else None
+            vnni = compare and engine.model.quantized_kernel == "vnni"
+            torch_kernel = _engine(args, args.dtype, max(args.decode_batches), max_len, None, "torch") if vnni else None
+            others = [e for e in (fp32, dense, torch_kernel) if e is not None]
             try:
-                for other in (e for e in (fp32, dense) if e is not None):
+                for other in others:
                     await other.start()
                     await engine_decode.engine_step(other, warm, 4)
                 if "decode" in args.parts or fp32 is not None:
-                    result.update(await _decode_part(args, engine, fp32, dense))
+                    result.update(await _decode_part(args, engine, fp32, dense, torch_kernel))
             finally:
-                for other in (e for e in (fp32, dense) if e is not None):
+                for other in others:
                     await other.close()
             if "kernels" in args.parts and engine.dtype == torch.bfloat16 and engine.device.type == "cpu":
                 rounds = 3 if args.quick else 15

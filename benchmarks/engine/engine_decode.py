@@ -142,10 +142,12 @@ def _weights(model) -> list[torch.Tensor]:
 
 
 def weight_bytes(model) -> int:
-    """Bytes of the weights one decode step reads: every distinct weight storage (4-bit
-    buffers included), except an untied input embedding (of which a step reads one row per
-    token)."""
-    skip = set() if model.config.tie_word_embeddings else {model.model.embed_tokens.weight.untyped_storage().data_ptr()}
+    """Bytes of the weights one decode step reads: every distinct weight storage (quantized
+    buffers included), except an input embedding the lm_head does not read (of which a step
+    reads one row per token): an untied one, or a tied one whose lm_head reads its quantized
+    blocks instead."""
+    reads_embedding = model.config.tie_word_embeddings and model.quant_lm_head is None
+    skip = set() if reads_embedding else {model.model.embed_tokens.weight.untyped_storage().data_ptr()}
     seen, total = skip, 0
     for p in _weights(model):
         storage = p.untyped_storage()

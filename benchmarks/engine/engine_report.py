@@ -39,10 +39,15 @@ def print_table(result: dict) -> None:
     if "decode" in result:
         _print_decode(result)
     if "kernels" in result:
+        vnni = all("vnni_ms" in k for k in result["kernels"].values())
         print(
-            f"one layer's projections (prepacked bf16 vs int4, {result['placement']}): "
+            f"one layer's projections (prepacked bf16 vs torch int4{' vs vnni' if vnni else ''}, "
+            f"{result['placement']}): "
             + ", ".join(
-                f"batch {b} {k['dense_ms']:.3f} vs {k['int4_ms']:.3f} ms ({k['int4_vs_dense']:.2f}x)"
+                f"batch {b} {k['dense_ms']:.3f} vs {k['int4_ms']:.3f}"
+                + (f" vs {k['vnni_ms']:.3f}" if vnni else "")
+                + f" ms ({k['int4_vs_dense']:.2f}x"
+                + (f", {k['vnni_vs_dense']:.2f}x)" if vnni else ")")
                 for b, k in result["kernels"].items()
             )
         )
@@ -90,6 +95,15 @@ def _print_decode(result: dict) -> None:
             + ", ".join(
                 f"batch {b} {d['engine_step_ms']:.1f} vs {d['dense_engine_step_ms']:.1f} ms, "
                 f"{d['quantized_vs_dense']:.2f}x (CPU {d['quantized_vs_dense_cpu']:.2f}x)"
+                for b, d in result["decode"].items()
+            )
+        )
+    if all("vnni_vs_torch_kernel" in d for d in result["decode"].values()):
+        print(
+            "  vnni vs torch's int4 kernel, same weights, engine step, back to back: "
+            + ", ".join(
+                f"batch {b} {d['engine_step_ms']:.1f} vs {d['torch_kernel_engine_step_ms']:.1f} ms, "
+                f"{d['vnni_vs_torch_kernel']:.2f}x (CPU {d['vnni_vs_torch_kernel_cpu']:.2f}x)"
                 for b, d in result["decode"].items()
             )
         )

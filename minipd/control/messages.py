@@ -45,6 +45,8 @@ class Fingerprint(msgspec.Struct, frozen=True):
     # "quantized" (4-bit projections served as stored), "mixed" (so, prefill rows through dense
     # copies) or "dense": logits differ
     weights: str = "dense"
+    # What multiplies quantized weights ("vnni" or "torch"; "" for dense): logits differ
+    quantized_kernel: str = ""
 
     def differences(self, other: "Fingerprint") -> list[str]:
         """Human-readable `field: ours != theirs` for every differing field."""

@@ -30,6 +30,7 @@ def engine_fingerprint(engine: Engine) -> Fingerprint:
         weights_digest=engine.run_on_compute_thread(weights_digest, engine.model),
         dtype=engine.config.dtype,
         weights=engine.config.weights,
+        quantized_kernel=engine.model.quantized_kernel,
         block_size=engine.config.block_size,
         kv_layout=KV_LAYOUT,
     )

@@ -20,6 +20,7 @@ from minipd.engine.scheduler import SchedulerConfig
 
 SCHEDULER_FIELDS = frozenset(SchedulerConfig.__struct_fields__)
 WEIGHTS_CHOICES = (AUTO, "quantized", "mixed", "dense")  # --weights; see model_loader.load_model
+QUANTIZED_KERNEL_CHOICES = (AUTO, "vnni", "torch")  # --quantized-kernel; see quantized_linear.choose_kernel
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,6 +31,9 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     # for prefill chunks) or "dense" (dequantized to dtype); the engine resolves "auto" to mixed
     # where it can (see model_loader.py).
     weights: str = AUTO
+    # What multiplies quantized weights: "vnni" (minipd's int8 dot-product kernels), "torch"
+    # (torch's int4 kernel) or "auto" (vnni where it runs); the model says which it got.
+    quantized_kernel: str = AUTO
     block_size: int = 16
     num_blocks: int = 1024
     scheduler: SchedulerConfig = SchedulerConfig()
@@ -67,6 +71,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"device: {self.device!r} requested but CUDA is not available")
         if self.weights not in WEIGHTS_CHOICES:
             raise ValueError(f"weights: unknown {self.weights!r}; choose one of {', '.join(WEIGHTS_CHOICES)}")
+        if self.quantized_kernel not in QUANTIZED_KERNEL_CHOICES:
+            raise ValueError(
+                f"quantized_kernel: unknown {self.quantized_kernel!r}; "
+                f"choose one of {', '.join(QUANTIZED_KERNEL_CHOICES)}"
+            )
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype: unknown {self.dtype!r}; choose one of {list(DTYPE_CHOICES)}")
         cpu_placement.resolve(self.torch_threads, self.cpus, self.cpu_placement)

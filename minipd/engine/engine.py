@@ -74,7 +74,7 @@ class Engine(GeneratesFromSubmit):
         try:
             self.run_on_compute_thread(cpu_placement.apply, self.placement)
             self.model, self.tokenizer = self.run_on_compute_thread(
-                load_model, config.model, self.device, self.dtype, config.weights
+                load_model, config.model, self.device, self.dtype, config.weights, config.quantized_kernel
             )
             self.config = config = msgspec.structs.replace(config, weights=self.model.weights_format)
             self.model_config = self.model.config

@@ -36,7 +36,7 @@ def _unknown(name_or_path: str) -> ValueError:
 
 
 def load_model(
-    name_or_path: str, device: torch.device, dtype: torch.dtype, weights: str = "auto"
+    name_or_path: str, device: torch.device, dtype: torch.dtype, weights: str = "auto", quantized_kernel: str = "auto"
 ) -> tuple[LlamaForCausalLM, Tokenizer]:
     """Return (model, tokenizer), the weights packed for the device's matmuls where that helps
     (`LlamaForCausalLM.prepack`). Presets get seeded random weights and the byte tokenizer.
@@ -45,14 +45,15 @@ def load_model(
     weights), and "auto" is "mixed" wherever that can be (bfloat16 on the CPU), else they are
     dequantized to `dtype` ("dense", which every other tensor and every other format is);
     `model.weights_format` says which. "quantized" or "mixed" where it cannot be is a
-    ValueError saying why."""
-    model, tokenizer = _load(name_or_path, device, dtype, weights)
+    ValueError saying why. `quantized_kernel` ("auto", "vnni", "torch") multiplies the quantized
+    weights (`quantized_linear.choose_kernel`); `model.quantized_kernel` says which."""
+    model, tokenizer = _load(name_or_path, device, dtype, weights, quantized_kernel)
     model.prepack()
     return model, tokenizer
 
 
 def _load(
-    name_or_path: str, device: torch.device, dtype: torch.dtype, weights: str
+    name_or_path: str, device: torch.device, dtype: torch.dtype, weights: str, quantized_kernel: str
 ) -> tuple[LlamaForCausalLM, Tokenizer]:
     gguf_file_path = None if name_or_path in PRESETS else gguf_path(name_or_path)
     if weights in ("quantized", "mixed") and gguf_file_path is None:
@@ -70,7 +71,8 @@ def _load(
         tokenizer = gguf_tokenizer(file)  # refuses an unsupported tokenizer before any weight is read
         if weights == "auto":
             weights = "dense" if quantized_unsupported(file, device, dtype) else "mixed"
-        return load_gguf_weights(file, device=device, dtype=dtype, weights=weights).eval(), tokenizer
+        model = load_gguf_weights(file, device=device, dtype=dtype, weights=weights, quantized_kernel=quantized_kernel)
+        return model.eval(), tokenizer
     if os.path.isdir(name_or_path):
         from minipd.models.hf_loader import load_hf_model
         from minipd.models.tokenizer import load_tokenizer

@@ -5,7 +5,7 @@ the defaults are those configs' own."""
 from __future__ import annotations
 
 from minipd.control.role import INSTANCE_ROLES, Role
-from minipd.engine.config import WEIGHTS_CHOICES
+from minipd.engine.config import QUANTIZED_KERNEL_CHOICES, WEIGHTS_CHOICES
 from minipd.engine.dtype_choice import DTYPE_CHOICES
 from minipd.engine.engine import EngineConfig
 from minipd.entrypoints.config_sections import InstanceConfig, TransportConfig
@@ -83,6 +83,20 @@ FLAGS = (
         "prefill through: several times faster prefill for 2 more bytes per weight) or dense (dequantized to --dtype); "
         "auto is mixed where it can be; printed at start-up with the weights' memory; prefill and decode "
         "instances must agree (default: %(default)s)",
+    ),
+    flag(
+        "--quantized-kernel",
+        ENGINE_ROLES,
+        MODEL,
+        INSTANCES,
+        sets="engine.quantized_kernel",
+        default=_ENGINE.quantized_kernel,
+        choices=QUANTIZED_KERNEL_CHOICES,
+        help="what multiplies quantized weights: vnni (minipd's kernels for x86 CPUs with AVX-512 VNNI, built with "
+        "g++ at first use and cached: the activations quantized to int8 per block of 32, integer dot products with "
+        "the file's Q4_0/Q4_1/Q8_0 blocks as stored, the lm_head included), torch (torch's int4 kernel, 4-bit "
+        "projections only) or auto (vnni where it runs); printed at start-up; prefill and decode instances must "
+        "agree (default: %(default)s)",
     ),
     flag(
         "--block-size",

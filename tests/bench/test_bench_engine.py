@@ -14,6 +14,8 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
+from minipd.models import vnni_kernels
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -79,6 +81,11 @@ def test_engine_bench_times_a_quantized_model_against_it_served_dense(tmp_path):
     for row in result["decode"].values():
         assert row["dense_engine_step_ms"] > 0 and row["quantized_vs_dense"] > 0
     assert "quantized vs dense" in stdout and "resident weights" in stdout and "dense copies" in stdout
+    if vnni_kernels.unavailable() is None:  # auto is minipd's kernel here, timed against torch's beside it
+        assert result["quantized_kernel"] == "vnni"
+        for row in result["decode"].values():
+            assert row["torch_kernel_engine_step_ms"] > 0 and row["vnni_vs_torch_kernel"] > 0
+        assert "vnni vs torch's int4 kernel" in stdout
 
 
 @pytest.mark.timeout(300)

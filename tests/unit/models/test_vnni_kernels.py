@@ -1,0 +1,164 @@
+"""minipd's VNNI kernels (models/vnni_kernels.cpp) against a float64 model of what they promise:
+the activations rounded to int8 per block of 32, the file's weights exactly, each output within
+one bfloat16 step of that; a row's result the same alone, in any batch and with any threads;
+packing that round-trips to GGUF's own dequantization; bad input refused with the op still
+serving; and the build cached, once, for processes that start together."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from minipd.models import prepacked_linear, vnni_kernels
+from minipd.models.quantized_linear import QuantizedLinear, RowSplit, choose_kernel
+
+pytestmark = pytest.mark.skipif(
+    vnni_kernels.unavailable() is not None, reason=f"no VNNI kernels here: {vnni_kernels.unavailable()}"
+)
+
+Q = GGMLQuantizationType
+BLOCK = vnni_kernels.BLOCK
+ROWS, OUT, IN = 11, 48, 4 * BLOCK  # 11 rows: a full pass of 8 and a partial one
+
+
+def _blocks(tensor_type, out: int = OUT, in_: int = IN, seed: int = 0):
+    """Real GGUF blocks of random weights: (q, d, m) as stored, and GGUF's float32 dequantization."""
+    weight = (torch.randn(out, in_, generator=torch.Generator().manual_seed(seed)) * 0.1).numpy()
+    raw = quantize(weight, tensor_type)
+    expected = torch.from_numpy(dequantize(raw, tensor_type).reshape(out, in_))
+    blocks = raw.reshape(out, in_ // BLOCK, -1)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    if tensor_type == Q.Q8_0:
+        return torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).reshape(out, in_), d, None, expected
+    header = 4 if tensor_type == Q.Q4_1 else 2
+    nibbles = torch.from_numpy(blocks[..., header:].copy())
+    q = torch.cat([nibbles & 0xF, nibbles >> 4], -1).reshape(out, in_)
+    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0]) if header == 4 else -8 * d
+    return q, d, m, expected
+
+
+def _linear(tensor_type, **kwargs) -> tuple[QuantizedLinear, torch.Tensor]:
+    q, d, m, expected = _blocks(tensor_type, **kwargs)
+    if tensor_type == Q.Q8_0:
+        return QuantizedLinear.from_q8(q, d.float()), expected
+    return QuantizedLinear.from_q4(q, d.float(), m.float() + 8 * d.float(), kernel="vnni"), expected
+
+
+def _int8_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel rounds it, per block of 32, in float32: dx = max|x| / 127, q = x * (1 / dx)
+    to nearest even; returned as float64 q * dx."""
+    blocks = x.float().view(x.shape[0], -1, BLOCK)
+    dx = blocks.abs().amax(-1, keepdim=True) / 127
+    qx = (blocks * torch.where(dx > 0, 1 / dx, 0)).round().clamp(-127, 127)
+    return (qx.double() * dx.double()).view_as(x)
+
+
+@pytest.mark.parametrize("tensor_type", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
+def test_the_kernel_multiplies_the_files_weights_by_int8_activations(tensor_type) -> None:
+    linear, expected = _linear(tensor_type)
+    assert torch.equal(linear.dequantize(), expected)  # packing keeps GGUF's own values
+    x = torch.randn(ROWS, IN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    y = linear(x)
+    assert y.dtype == torch.bfloat16 and y.shape == (ROWS, OUT)
+    xq = _int8_activations(x)
+    model = xq @ expected.double().t()
+    # within one bfloat16 step (2^-8 relative) of the int8 model, plus float32 summation order
+    scale = xq.abs() @ expected.double().abs().t()
+    assert ((y.double() - model).abs() <= model.abs() * 2.0**-8 + scale * 1e-6).all()
+    exact = x.double() @ expected.double().t()
+    relative = ((y.double() - exact).norm() / exact.norm()).item()
+    assert 0 < relative < 0.02, f"int8 activations move the outputs by {relative:.4f} of their norm"
+
+
+@pytest.mark.parametrize("tensor_type", [Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
+def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads(tensor_type) -> None:
+    linear, _ = _linear(tensor_type, out=64, in_=6 * BLOCK)
+    x = torch.randn(19, 6 * BLOCK, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    together = linear(x)
+    for i in range(x.shape[0]):
+        assert torch.equal(linear(x[i : i + 1]), together[i : i + 1])
+    assert torch.equal(linear(x[5:13]), together[5:13])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(linear(x), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_mixed_dense_copy_holds_the_files_weights_in_bfloat16() -> None:
+    q, d, m, expected = _blocks(Q.Q4_1)
+    linear = QuantizedLinear.from_q4(q, d.float(), m.float() + 8 * d.float(), keep_dense=True, kernel="vnni")
+    weight = expected.to(torch.bfloat16)  # what loading the file dense in bfloat16 gives
+    x = torch.randn(ROWS, IN, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    through_copy = linear(x, RowSplit.of([(0, ROWS)], ROWS))
+    assert linear.has_dense
+    assert torch.equal(through_copy, prepacked_linear.linear(x, weight, None, prepacked_linear.prepack(weight)))
+
+
+def test_bad_input_is_refused_and_the_op_keeps_serving() -> None:
+    linear, _ = _linear(Q.Q4_1)
+    good = torch.ones(2, IN, dtype=torch.bfloat16)
+    before = linear(good)
+    for bad, match in (
+        (torch.ones(2, IN), "bfloat16"),
+        (torch.ones(2, IN + BLOCK, dtype=torch.bfloat16), "bfloat16 CPU tensor"),
+        (torch.ones(IN, dtype=torch.bfloat16), "bfloat16 CPU tensor"),
+    ):
+        with pytest.raises((RuntimeError, TypeError), match=match):
+            linear(bad)
+    with pytest.raises(RuntimeError, match="packed weights"):
+        vnni_kernels.q4_mm(good, linear.packed[:, :-1].contiguous(), IN)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        vnni_kernels.q8_mm(good, linear.packed, IN - 1)
+    with pytest.raises(ValueError, match="multiples of 16"):
+        vnni_kernels.pack_q4(torch.zeros(8, IN, dtype=torch.uint8), torch.ones(8, 4).half(), torch.ones(8, 4).half())
+    with pytest.raises(ValueError, match="float16"):  # a scale GGUF could not have stored
+        QuantizedLinear.from_q4(
+            torch.zeros(16, 32, dtype=torch.uint8), torch.full((16, 1), 0.1), torch.zeros(16, 1), kernel="vnni"
+        )
+    assert torch.equal(linear(good), before)
+    assert linear(torch.empty(0, IN, dtype=torch.bfloat16)).shape == (0, OUT)
+
+
+def test_choose_kernel_falls_back_only_for_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert choose_kernel("auto") == "vnni" and choose_kernel("torch") == "torch"
+    monkeypatch.setattr(vnni_kernels, "unavailable", lambda: "this CPU lacks avx512_vnni")
+    assert choose_kernel("auto") == "torch"
+    with pytest.raises(ValueError, match="vnni: this CPU lacks avx512_vnni"):
+        choose_kernel("vnni")
+    with pytest.raises(ValueError, match="unknown 'int4'"):
+        choose_kernel("int4")
+
+
+_BUILD = """
+import os, sys, time, torch
+from minipd.models import vnni_kernels
+assert vnni_kernels.unavailable() is None, vnni_kernels.unavailable()
+x = torch.ones(1, 32, dtype=torch.bfloat16)
+packed = vnni_kernels.pack_q8(torch.ones(16, 32, dtype=torch.int8), torch.ones(16, 1).half())
+print(float(vnni_kernels.q8_mm(x, packed, 32)[0, 0]), [p.name for p in vnni_kernels.cache_dir().glob("*.so")])
+"""
+
+
+def test_the_build_is_cached_once_for_processes_that_start_together(tmp_path: Path) -> None:
+    env = {**os.environ, "MINIPD_KERNEL_CACHE": str(tmp_path / "cache")}
+    run = lambda: subprocess.Popen([sys.executable, "-c", _BUILD], env=env, stdout=subprocess.PIPE, text=True)  # noqa: E731
+    first, second = run(), run()
+    outputs = [p.communicate(timeout=vnni_kernels.BUILD_TIMEOUT_S)[0] for p in (first, second)]
+    assert first.returncode == second.returncode == 0
+    libraries = sorted((tmp_path / "cache").glob("*.so"))
+    assert len(libraries) == 1 and all(out.strip().startswith("32.0") for out in outputs)
+    built = libraries[0].stat().st_mtime_ns
+    again = run()
+    assert again.communicate(timeout=120)[0].startswith("32.0") and again.returncode == 0
+    assert libraries[0].stat().st_mtime_ns == built  # loaded, not rebuilt
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]  # no build directory left behind
