@@ -74,7 +74,8 @@ def _command(compiler: str, output: Path) -> list[str]:
 
 def _library_path(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + version.encode()).hexdigest()[:16]
+    inputs = [SOURCE.read_bytes(), torch.__version__.encode(), version.encode(), " ".join(COMPILE_FLAGS).encode()]
+    key = hashlib.sha256(b"\0".join(inputs)).hexdigest()[:16]
     return cache_dir() / f"vnni_kernels-{key}.so"
 
 
