@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from minipd.models.cpu_flags import read_cpu_flags
+
 SOURCE = Path(__file__).with_name("vnni_kernels.cpp")
 BLOCK = 32  # GGUF's block of weights, and of activations the kernels quantize together
 TILE = 16  # outputs per packed chunk; out_features must be a multiple
@@ -37,17 +39,6 @@ Q8_CHUNK = 512 + 32 + 32  # int8 weights, d, block sums
 CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "f16c", "fma")
 COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx512bf16", "-mf16c")
 BUILD_TIMEOUT_S = 600
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def _compiler() -> str | None:
@@ -98,7 +89,8 @@ def _load() -> str | None:
     """Build and register the ops; returns why that failed, or None."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return f"the VNNI kernels run on x86-64 Linux only, not {platform.system()} {platform.machine()}"
-    missing = [f for f in CPU_FLAGS if f not in _cpu_flags()]
+    flags = read_cpu_flags() or frozenset()
+    missing = [f for f in CPU_FLAGS if f not in flags]
     if missing:
         return f"this CPU lacks {', '.join(missing)}"
     compiler = _compiler()

@@ -15,19 +15,18 @@ it (the model, the KV pool, the compatibility fingerprint), so two instances sta
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterable, NamedTuple
 
 import torch
 
 from minipd.engine.kv_pool import DTYPES
+from minipd.models.cpu_flags import read_cpu_flags
 
 AUTO = "auto"
 DTYPE_CHOICES = (AUTO, *sorted(DTYPES))
 BF16, FP32 = "bfloat16", "float32"
 BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")  # Linux names of the x86 bf16 dot-product extensions
 MIN_CUDA_BF16_CAPABILITY = (8, 0)
-CPUINFO = Path("/proc/cpuinfo")
 
 
 class DtypeChoice(NamedTuple):
@@ -36,19 +35,6 @@ class DtypeChoice(NamedTuple):
 
     def describe(self) -> str:
         return f"dtype {self.name} ({self.reason})"
-
-
-def read_cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
-    """The CPU feature flags of the first processor in `cpuinfo`, or None when unreadable."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip() == "flags":
-            return frozenset(value.split())
-    return None
 
 
 def choose_auto_dtype(
