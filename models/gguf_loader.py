@@ -10,8 +10,9 @@ then dequantizes one tensor at a time (F32, F16, BF16, Q8_0, Q4_0, Q4_1, through
 `gguf.quants`) to float32, undoes llama.cpp's Q/K row permutation, and copies it into the
 model in the engine dtype; each float32 copy is dropped before the next tensor is read.
 With `weights="quantized"` the Q4_0/Q4_1 projections are instead kept in their 4-bit blocks
-and multiplied as stored (gguf_quantized.py); that needs bfloat16 on the CPU. `weights="mixed"`
-keeps them so too and adds each one's dense bf16 copy, for the rows of prefill chunks
+and multiplied as stored (gguf_quantized.py); that needs the CPU, in bfloat16 (any kernel) or
+float32 (minipd's int8 kernels). `weights="mixed"` keeps them so too and adds each one's dense
+copy in the model's dtype, for the rows of prefill chunks
 (`QuantizedLinear.from_q4`).
 """
 
@@ -30,7 +31,7 @@ from minipd.models.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
 from minipd.models.gguf_quantized import Q4_TYPES, attach_quantized
 from minipd.models.llama import LlamaForCausalLM
 from minipd.models.model_config import ModelConfig, RopeScaling
-from minipd.models.quantized_linear import choose_kernel, kernel_available
+from minipd.models.quantized_linear import INT8_KERNELS, choose_kernel, kernel_available
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TENSOR_TYPES = tuple(GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"))
@@ -212,15 +213,40 @@ def has_q4_tensors(file: GGUFFile) -> bool:
     return any(info.ggml_type in Q4_TYPES for info in file.tensors.values())
 
 
-def quantized_unsupported(file: GGUFFile, device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """Why `file` cannot be served with quantized weights on `device` in `dtype`, or None."""
+def quantized_unsupported(
+    file: GGUFFile, device: torch.device | str, dtype: torch.dtype, quantized_kernel: str = "auto"
+) -> str | None:
+    """Why `file` cannot be served with quantized weights on `device` in `dtype` by
+    `quantized_kernel` ("auto", "vnni", "avx2", "torch"), or None."""
     if not has_q4_tensors(file):
         return f"{file.path} has no Q4_0/Q4_1 tensors"
-    if torch.device(device).type != "cpu" or dtype != torch.bfloat16:
-        return "quantized weights are served on the CPU in bfloat16, only"
-    if not kernel_available() and (why := vnni_kernels.unavailable()) is not None:
-        return f"no quantized kernel: this torch has no int4 kernel and {why}"
+    if torch.device(device).type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
+        return "quantized weights are served on the CPU in bfloat16 or float32, only"
+    if quantized_kernel in INT8_KERNELS:
+        return vnni_kernels.unavailable(quantized_kernel)
+    if quantized_kernel == "auto" and vnni_kernels.best() is not None:
+        return None
+    if dtype != torch.bfloat16:  # "torch", or "auto" where none of minipd's kernels runs
+        why = "" if quantized_kernel == "torch" else f" and none of minipd's kernels runs here ({_why_no_int8()})"
+        return f"torch's int4 kernel takes bfloat16 only{why}"
+    if not kernel_available():
+        return f"no quantized kernel: this torch has no int4 kernel and none of minipd's runs here ({_why_no_int8()})"
     return None
+
+
+def _why_no_int8() -> str:
+    return "; ".join(f"{v}: {vnni_kernels.unavailable(v)}" for v in INT8_KERNELS)
+
+
+def auto_weights(file: GGUFFile, device: torch.device | str, dtype: torch.dtype, quantized_kernel: str = "auto") -> str:
+    """`--weights auto` for `file`: "mixed" in bfloat16 (decode reads the 4-bit weights, prefill
+    chunks a dense bf16 copy, which beats the 4-bit kernels from 8 rows on an AVX512-BF16 CPU);
+    "quantized" in float32 (minipd's int8 kernels beat a dense float32 matmul at every row count
+    measured, 1 to 512, so a float32 dense copy would cost memory and time); "dense" where the
+    weights cannot be served quantized (`quantized_unsupported`)."""
+    if quantized_unsupported(file, device, dtype, quantized_kernel) is not None:
+        return "dense"
+    return "mixed" if dtype == torch.bfloat16 else "quantized"
 
 
 def load_gguf_weights(
@@ -237,7 +263,7 @@ def load_gguf_weights(
     config = config_from_gguf(file)
     shapes = _model_shapes(config)
     names = _check_tensors(file, shapes)
-    if weights in QUANTIZED_FORMATS and (why := quantized_unsupported(file, device, dtype)) is not None:
+    if weights in QUANTIZED_FORMATS and (why := quantized_unsupported(file, device, dtype, quantized_kernel)):
         raise ValueError(f"weights: {weights}: {why}")
     model = LlamaForCausalLM(config, device=device, dtype=dtype, initialize=False)  # every tensor is loaded below
     served_quantized: set[str] = set()

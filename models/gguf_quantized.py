@@ -11,10 +11,11 @@ zero m + 8d, exact in float32 since 8d is).
 `attach_quantized` gives a model's projections that are stored in 4 bits (each fused group --
 q/k/v, gate/up -- only when every part is, and the kernel takes its shape) a
 `QuantizedLinear` (with its dense copy for prefill rows when asked: weights "mixed") and
-returns the parameter names it replaced, which the loader then skips. With the "vnni" kernel
-the lm_head is served from its blocks too when they are Q4_0, Q4_1 or Q8_0, a tied one (the
+returns the parameter names it replaced, which the loader then skips. With minipd's kernels
+("vnni", "avx2") the lm_head is served from its blocks too when they are Q4_0, Q4_1 or Q8_0, a tied one (the
 embedding) included: the embedding's dense table then stays for the input lookups, and the
-lm_head reads the blocks (SmolLM2: 31.9 MB of Q8_0 instead of 56.6 MB of bf16 a token).
+lm_head reads the blocks (SmolLM2: 31.9 MB of Q8_0 instead of 56.6 MB of bf16 a token); where
+they are Q8_0 the input lookups read them too (block_embedding.py) and no dense table is kept.
 Everything else (norms, the embedding, other Q8_0 and float tensors) stays dense.
 """
 
@@ -26,7 +27,7 @@ from gguf import GGMLQuantizationType
 
 from minipd.models.gguf_file import GGUFFile, GGUFTensorInfo
 from minipd.models.llama import LlamaForCausalLM
-from minipd.models.quantized_linear import GROUP_SIZE, QuantizedLinear
+from minipd.models.quantized_linear import GROUP_SIZE, INT8_KERNELS, QuantizedLinear
 
 Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 Q8_0 = GGMLQuantizationType.Q8_0
@@ -74,10 +75,12 @@ def attach_quantized(
     kernel: str = "torch",
 ) -> set[str]:
     """Serve the 4-bit projections of `model` from their blocks, each with its dense copy when
-    `dense_copies`, multiplied by `kernel` ("vnni" or "torch"); returns the parameter names now
-    served quantized (no longer in the model's state dict). `gguf_names`: parameter name ->
-    GGUF tensor name; `unpermute_rows(tensor, heads)` undoes llama.cpp's Q/K row order."""
+    `dense_copies` (in the model's dtype), multiplied by `kernel` ("vnni", "avx2" or "torch");
+    returns the parameter names now served quantized (no longer in the model's state dict).
+    `gguf_names`: parameter name -> GGUF tensor name; `unpermute_rows(tensor, heads)` undoes
+    llama.cpp's Q/K row order."""
     config = model.config
+    dense_dtype = model.model.norm.weight.dtype
     if config.attention_bias:
         return set()  # the fused q/k/v bias would need the dense path; llama GGUFs have none
 
@@ -99,14 +102,14 @@ def attach_quantized(
                 values = _unpermute(values, config.num_kv_heads, unpermute_rows)
             parts.append(values)
         replaced.update(names)
-        return QuantizedLinear.concat(parts, keep_dense=dense_copies, kernel=kernel)
+        return QuantizedLinear.concat(parts, keep_dense=dense_copies, kernel=kernel, dense_dtype=dense_dtype)
 
-    def head(name: str) -> QuantizedLinear | None:  # "vnni" only: torch's kernel keeps the old rule
+    def head(name: str) -> QuantizedLinear | None:  # minipd's kernels only: torch's keeps the old rule
         tensor = info(name)
         if not QuantizedLinear.supports(*tensor.shape):
             return None
         if tensor.ggml_type == Q8_0:
-            linear = QuantizedLinear.from_q8(*q8_values(file, tensor))
+            linear = QuantizedLinear.from_q8(*q8_values(file, tensor), kernel=kernel)
         elif tensor.ggml_type in Q4_TYPES:
             linear = QuantizedLinear.from_q4(*q4_values(file, tensor), kernel=kernel)
         else:
@@ -124,9 +127,10 @@ def attach_quantized(
         layer.mlp.use_quantized(
             group([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]), group([p + "mlp.down_proj.weight"])
         )
-    if kernel == "vnni":
+    if kernel in INT8_KERNELS:
         tied = config.tie_word_embeddings
-        model.use_quantized_lm_head(head("model.embed_tokens.weight" if tied else "lm_head.weight"))
+        if model.use_quantized_lm_head(head("model.embed_tokens.weight" if tied else "lm_head.weight")):
+            replaced.add("model.embed_tokens.weight")  # looked up in the head's blocks: no table to load
     elif not config.tie_word_embeddings:
         model.use_quantized_lm_head(group(["lm_head.weight"]))
     return replaced

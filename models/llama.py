@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minipd.models import prepacked_linear, weights_summary
+from minipd.models.block_embedding import BlockEmbedding
 from minipd.models.model_config import ModelConfig
 from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
 from minipd.models.quantized_linear import QuantizedLinear, RowSplit
@@ -229,7 +230,7 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def quantized_kernel(self) -> str:
-        """The kernel the quantized weights are multiplied by ("vnni" or "torch"), "" for none."""
+        """The kernel the quantized weights are multiplied by ("vnni", "avx2" or "torch"), "" for none."""
         quantized = self._quantized_linears()
         return quantized[0].kernel if quantized else ""
 
@@ -242,14 +243,21 @@ class LlamaForCausalLM(nn.Module):
         """The weights format, memory and kernel, for the start-up line (see weights_summary.py)."""
         return weights_summary.describe(self._quantized_linears(), self.quant_lm_head)
 
-    def use_quantized_lm_head(self, lm_head: QuantizedLinear | None) -> None:
+    def use_quantized_lm_head(self, lm_head: QuantizedLinear | None) -> bool:
         """Serve the lm_head from quantized weights: an untied one's dense weight is dropped; a
-        tied one is the embedding, whose dense table stays for the input lookups."""
+        tied one is the embedding, whose input lookups then read the same blocks where they are
+        Q8_0 for minipd's int8 kernels (block_embedding.py; its dense table is dropped), else its
+        dense table stays for them. Returns whether the embedding table was dropped."""
         if lm_head is None:
-            return
+            return False
         self.quant_lm_head = lm_head
         if not self.config.tie_word_embeddings:
             del self.lm_head
+            return False
+        if lm_head.bits != 8 or lm_head.kernel == "torch":
+            return False
+        self.model.embed_tokens = BlockEmbedding(lm_head, self.model.norm.weight.dtype)
+        return True
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """float32 logits of the final-normed hidden states x [T, hidden]."""

@@ -1,12 +1,13 @@
 """Weights kept in GGUF's blocks of 32 and multiplied by a CPU kernel that reads them; optionally a dense copy.
 
-Two kernels (`kernel`), chosen by the loader (`--quantized-kernel`):
-- "vnni" (vnni_kernels.py, minipd's own): Q4_0, Q4_1 and Q8_0 weights held exactly as the file
+Three kernels (`kernel`), chosen by the loader (`--quantized-kernel`):
+- "vnni" and "avx2" (vnni_kernels.py, minipd's own, for CPUs with AVX-512 VNNI or with AVX2
+  only; the same bits on both): Q4_0, Q4_1 and Q8_0 weights held exactly as the file
   stores them (d and m in float16; 0.625 bytes per 4-bit weight, 1.125 per 8-bit one), the
-  activations quantized to int8 per block of 32 and multiplied by integer dot products, as
-  llama.cpp does on the CPU. The activations' rounding is the deviation from the dense model
-  (SmolLM2: see tests/smollm2/test_smollm2_quantized.py).
-- "torch": torch's `_weight_int4pack_mm_for_cpu` (the kernel torchao's int4 weight-only CPU
+  activations (bfloat16 or float32) quantized to int8 per block of 32 and multiplied by integer
+  dot products, as llama.cpp does on the CPU. The activations' rounding is the deviation from
+  the dense model (SmolLM2: see tests/smollm2/test_smollm2_quantized.py).
+- "torch" (bfloat16 activations only): torch's `_weight_int4pack_mm_for_cpu` (the kernel torchao's int4 weight-only CPU
   path uses), 4-bit only, whose format holds per row and group of 32 inputs a scale and a zero:
   w = (q - 8) * scale + zero, with the activations in bfloat16 and the scales rounded to it.
 
@@ -14,7 +15,7 @@ A `QuantizedLinear` is built from q (0..15) per element and, per row and per gro
 `GROUP_SIZE` consecutive inputs, a scale and a zero: w = (q - 8) * scale + zero. GGUF's 4-bit
 blocks are exactly this shape: Q4_0 stores d and w = d * (q - 8) (scale d, zero 0); Q4_1 stores
 d and m and w = d * q + m (scale d, zero m + 8d). `from_q4` takes q, scale and zero as a loader
-decoded them; `from_q8` Q8_0's q (int8) and d (vnni only).
+decoded them; `from_q8` Q8_0's q (int8) and d (vnni and avx2 only).
 
 Why bfloat16 scales (torch's kernel): its only vectorized (AVX512) path takes bfloat16 activations and
 bfloat16 scales and zeros; its float32 and float16 paths are scalar loops, 35-400x slower than
@@ -23,8 +24,8 @@ bit for bit, but at bfloat16 d and m + 8d keep 8 significant bits, so the weight
 differ from GGUF's by up to 8 half-steps of the scale plus half a step of the zero (SmolLM2's
 Q4_1 tensors: max |dw| 0.0215, mean 0.00026, at most 0.24% of a tensor's norm; rounding the
 dequantized weights to bfloat16, as the dense path does, moves them by max 0.0137, mean
-0.00017). `dequantize()` returns exactly the weights the kernel multiplies (for "vnni": the
-file's own).
+0.00017). `dequantize()` returns exactly the weights the kernel multiplies (for "vnni" and
+"avx2": the file's own).
 
 Memory: the packed values are half a byte per weight and the scales and zeros 4 bytes per 32
 weights, 0.625 bytes per weight, as much as GGUF's Q4_1 blocks (20 bytes per 32).
@@ -32,8 +33,9 @@ weights, 0.625 bytes per weight, as much as GGUF's Q4_1 blocks (20 bytes per 32)
 Dense copy (`from_q4(..., keep_dense=True)`, the "mixed" weights format): either kernel's
 cost grows about linearly with the rows while a dense bf16 matmul's barely grows, so from a few
 rows on the dense copy of the same weights is faster, 15x at 512 rows (`DENSE_MIN_ROWS`). The
-copy holds exactly `dequantize()`'s weights rounded to bfloat16 (2 bytes per weight on top of
-the 0.625), outside the state dict, so the weight digest stays that of the 4-bit weights.
+copy holds exactly `dequantize()`'s weights in the model's dtype (rounded to bfloat16: 2 bytes
+per weight on top of the 0.625; float32: 4), outside the state dict, so the weight digest stays
+that of the 4-bit weights.
 `forward` takes a `RowSplit` saying which rows multiply it; every other row still reads the
 4-bit weights.
 """
@@ -51,7 +53,8 @@ from minipd.models import prepacked_linear, vnni_kernels
 logger = logging.getLogger(__name__)
 
 GROUP_SIZE = 32
-KERNELS = ("vnni", "torch")
+INT8_KERNELS = tuple(vnni_kernels.VARIANTS)  # ("vnni", "avx2"): minipd's own, fastest first
+KERNELS = (*INT8_KERNELS, "torch")
 OUT_MULTIPLE = 16  # the CPU packing works on blocks of 16 output rows
 # `_convert_weight_to_int4pack_for_cpu`'s inner tiling argument: the CPU kernel ignores it (it
 # packs [out, in / 2] bytes itself) but the signature requires one.
@@ -100,18 +103,20 @@ class RowSplit(NamedTuple):
 
 
 def choose_kernel(choice: str = "auto") -> str:
-    """What `choice` ("auto", "vnni" or "torch") resolves to in this process: "auto" is "vnni"
-    where it can run (building it on first use), else "torch". ValueError saying why where the
-    chosen kernel cannot run."""
+    """What `choice` ("auto", "vnni", "avx2" or "torch") resolves to in this process: "auto" is
+    the first of minipd's kernels that can run here (building it on first use), else "torch".
+    ValueError saying why where the chosen kernel cannot run."""
     if choice not in ("auto", *KERNELS):
         raise ValueError(f"quantized kernel: unknown {choice!r}; choose one of auto, {', '.join(KERNELS)}")
-    if choice in ("auto", "vnni"):
-        why = vnni_kernels.unavailable()
-        if why is None:
-            return "vnni"
-        if choice == "vnni":
-            raise ValueError(f"quantized kernel vnni: {why}")
-        logger.warning("quantized kernel: %s; multiplying with torch's int4 kernel instead", why)
+    if choice in INT8_KERNELS:
+        if (why := vnni_kernels.unavailable(choice)) is not None:
+            raise ValueError(f"quantized kernel {choice}: {why}")
+        return choice
+    if choice == "auto":
+        if (best := vnni_kernels.best()) is not None:
+            return best
+        why = "; ".join(f"{v}: {vnni_kernels.unavailable(v)}" for v in INT8_KERNELS)
+        logger.warning("quantized kernel: none of minipd's runs here (%s); multiplying with torch's int4 kernel", why)
     if not kernel_available():
         raise ValueError("quantized kernel torch: this torch has no _weight_int4pack_mm_for_cpu")
     return "torch"
@@ -135,17 +140,17 @@ class QuantizedLinear(nn.Module):
         bits: int = 4,
     ):
         super().__init__()
-        if kernel == "vnni":
-            vnni_kernels.load()  # builds it on first use; RuntimeError saying why it cannot run here
+        if kernel in INT8_KERNELS:
+            vnni_kernels.load(kernel)  # builds it on first use; RuntimeError saying why it cannot run here
         # Buffers, so `state_dict` (and with it the instances' weight digest) covers them.
-        # torch: uint8 [out, in / 2] in its layout; vnni: uint8 [out / 16, ...] (vnni_kernels.pack_q4 / pack_q8).
+        # torch: uint8 [out, in / 2] in its layout; vnni, avx2: uint8 [out / 16, ...] (vnni_kernels.pack_q4 / pack_q8).
         self.register_buffer("packed", packed)
         if scales_zeros is not None:  # torch only: bfloat16 [in / GROUP_SIZE, out, 2]
             self.register_buffer("scales_zeros", scales_zeros)
         self.in_features, self.out_features = in_features, out_features
         self.kernel, self.bits = kernel, bits
         # The dense copy (`from_q4`'s keep_dense): plain attributes, so the state dict stays the 4-bit one.
-        self.dense: torch.Tensor | None = None  # bfloat16 [out, in], kept only where it cannot be packed
+        self.dense: torch.Tensor | None = None  # [out, in] in the model's dtype, kept only where it cannot be packed
         self.dense_packed: torch.Tensor | None = None  # its oneDNN-packed form (prepacked_linear.py)
 
     @staticmethod
@@ -154,14 +159,20 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_q4(
-        cls, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, keep_dense: bool = False, kernel: str = "torch"
+        cls,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        keep_dense: bool = False,
+        kernel: str = "torch",
+        dense_dtype: torch.dtype = torch.bfloat16,
     ) -> QuantizedLinear:
         """q: integers 0..15 [out, in]; scale, zero: float [out, in / GROUP_SIZE] (w = (q - 8) * scale + zero).
-        `keep_dense`: also keep the dense bfloat16 copy that `forward` multiplies a `RowSplit`'s
-        dense rows by: `dequantize()`'s weights rounded to bfloat16, computed here from q
+        `keep_dense`: also keep the dense copy that `forward` multiplies a `RowSplit`'s
+        dense rows by: `dequantize()`'s weights in `dense_dtype`, computed here from q
         (SmolLM2 loads in 1.8 s instead of 1.4; running the kernel on an identity instead took
-        3.4 s); only its packed form is kept where oneDNN takes it. `kernel` "vnni" holds d =
-        scale and m = zero - 8 * scale in float16, as GGUF does: they must be float16 values."""
+        3.4 s); only its packed form is kept where oneDNN takes it. `kernel` "vnni" or "avx2" holds
+        d = scale and m = zero - 8 * scale in float16, as GGUF does: they must be float16 values."""
         out_features, in_features = q.shape
         if in_features % GROUP_SIZE or scale.shape != (out_features, in_features // GROUP_SIZE):
             raise ValueError(
@@ -173,10 +184,10 @@ class QuantizedLinear(nn.Module):
             raise ValueError(f"quantized linear: {out_features} outputs; the kernel needs a multiple of {OUT_MULTIPLE}")
         if scale.shape != zero.shape or int(q.min()) < 0 or int(q.max()) > 15:
             raise ValueError("quantized linear: q must hold 0..15 and zero match the scale's shape")
-        if kernel == "vnni":
+        if kernel in INT8_KERNELS:
             d, m = scale.float(), zero.float() - 8 * scale.float()
             if not (torch.equal(d.half().float(), d) and torch.equal(m.half().float(), m)):
-                raise ValueError("quantized linear: the vnni kernel holds d and m = zero - 8 * scale as float16")
+                raise ValueError(f"quantized linear: the {kernel} kernel holds d and m = zero - 8 * scale as float16")
             linear = cls(vnni_kernels.pack_q4(q, d.half(), m.half()), None, in_features, out_features, kernel)
             weights = lambda: q.float() * _groups(d) + _groups(m)  # noqa: E731 (GGUF's own, in float32)
         elif kernel == "torch":
@@ -187,19 +198,21 @@ class QuantizedLinear(nn.Module):
         else:
             raise ValueError(f"quantized linear: unknown kernel {kernel!r}; choose one of {', '.join(KERNELS)}")
         if keep_dense:
-            weight = weights().to(torch.bfloat16)
+            weight = weights().to(dense_dtype)
             linear.dense_packed = prepacked_linear.prepack(weight)
             linear.dense = weight if linear.dense_packed is None else None
         return linear
 
     @classmethod
-    def from_q8(cls, q: torch.Tensor, d: torch.Tensor) -> QuantizedLinear:
+    def from_q8(cls, q: torch.Tensor, d: torch.Tensor, kernel: str = "vnni") -> QuantizedLinear:
         """Q8_0's q (int8 [out, in]) and d (float16 values [out, in / GROUP_SIZE]), w = d * q, for
-        the "vnni" kernel (torch has none whose format holds per-block scales)."""
+        the "vnni" or "avx2" kernel (torch has none whose format holds per-block scales)."""
+        if kernel not in INT8_KERNELS:
+            raise ValueError(f"quantized linear: Q8_0 weights need one of {', '.join(INT8_KERNELS)}, not {kernel!r}")
         out_features, in_features = q.shape
         if not cls.supports(out_features, in_features) or d.shape != (out_features, in_features // GROUP_SIZE):
             raise ValueError(f"quantized linear: a [{out_features}, {in_features}] Q8_0 weight does not fit the kernel")
-        return cls(vnni_kernels.pack_q8(q, d.half()), None, in_features, out_features, "vnni", bits=8)
+        return cls(vnni_kernels.pack_q8(q, d.half()), None, in_features, out_features, kernel, bits=8)
 
     @classmethod
     def concat(
@@ -207,10 +220,12 @@ class QuantizedLinear(nn.Module):
         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
         keep_dense: bool = False,
         kernel: str = "torch",
+        dense_dtype: torch.dtype = torch.bfloat16,
     ) -> QuantizedLinear:
         """One module for several weights that read the same input (q, k, v; gate, up): their
         (q, scale, zero) stacked along the outputs, as the dense path fuses them."""
-        return cls.from_q4(*(torch.cat(column) for column in zip(*parts)), keep_dense=keep_dense, kernel=kernel)
+        columns = (torch.cat(column) for column in zip(*parts))
+        return cls.from_q4(*columns, keep_dense=keep_dense, kernel=kernel, dense_dtype=dense_dtype)
 
     @property
     def nbytes(self) -> int:
@@ -228,9 +243,10 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
         """x @ w.T; with a dense copy and `rows`, each `rows.dense` range through the copy and
-        the other rows through the 4-bit weights. Without either, every row reads the 4-bit ones."""
-        if x.dtype != torch.bfloat16:
-            raise TypeError(f"quantized linear: takes bfloat16 inputs, got {x.dtype}")
+        the other rows through the 4-bit weights. Without either, every row reads the 4-bit ones.
+        x is bfloat16, or float32 for the "vnni" and "avx2" kernels; y is in x's dtype."""
+        if x.dtype != torch.bfloat16 and not (x.dtype == torch.float32 and self.kernel in INT8_KERNELS):
+            raise TypeError(f"quantized linear: the {self.kernel} kernel does not take {x.dtype} inputs")
         if rows is None or not rows.dense or not self.has_dense:
             return self._quantized(x)
         if rows.rest is None and len(rows.dense) == 1:
@@ -243,9 +259,9 @@ class QuantizedLinear(nn.Module):
         return out
 
     def _quantized(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "vnni":
+        if self.kernel in INT8_KERNELS:
             multiply = vnni_kernels.q8_mm if self.bits == 8 else vnni_kernels.q4_mm
-            return multiply(x, self.packed, self.in_features)
+            return multiply(x, self.packed, self.in_features, self.kernel)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
@@ -253,9 +269,9 @@ class QuantizedLinear(nn.Module):
 
     def dequantize(self) -> torch.Tensor:
         """The float32 [out, in] weights the kernel multiplies (for tests and comparisons): for
-        "vnni" the file's own, from the packed blocks; for "torch" the kernel run on the
+        "vnni" and "avx2" the file's own, from the packed blocks; for "torch" the kernel run on the
         identity, in float32 so that nothing but the scales is rounded."""
-        if self.kernel == "vnni":
+        if self.kernel in INT8_KERNELS:
             return vnni_kernels.dequantize(self.packed, self.out_features, self.in_features, self.bits)
         eye = torch.eye(self.in_features)
         return (

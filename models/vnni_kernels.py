@@ -4,15 +4,22 @@ Why a kernel of our own: torch's `_weight_int4pack_mm_for_cpu` dequantizes every
 float for every few rows it multiplies, so at a batch of 8 a 4-bit projection costs 3.4x what
 it does at one row, and the only 8-bit kernel, `_weight_int8pack_mm`, has per-channel scales
 that cannot hold Q8_0's per-block ones. These kernels quantize the activations to int8 per
-block of 32 and take integer dot products with AVX-512 VNNI (as llama.cpp's CPU path does),
-so the weights, held exactly as the file stores them, are never dequantized; what each output
-depends on is stated in the .cpp's header (its row of x and its row of w only).
+block of 32 and take integer dot products (as llama.cpp's CPU path does), so the weights, held
+exactly as the file stores them, are never dequantized; what each output depends on is stated
+in the .cpp's header (its row of x and its row of w only).
 
-`unavailable()` says why they cannot be used here (not x86-64 Linux, a CPU without the
-instructions, no C++ compiler, a failed build), else None; `load()` builds the shared library
-once per source, torch and compiler (about 15 s; under `MINIPD_KERNEL_CACHE`, by default
-`~/.cache/minipd/kernels`; concurrent processes wait on a lock for the first build) and
-registers the ops. `pack_q4` / `pack_q8` lay weights out as the kernels read them.
+The same source builds for two instruction sets (`VARIANTS`), each a kernel of its own name:
+"vnni" (AVX-512 VNNI and BF16: 16 outputs per instruction) and "avx2" (AVX2, FMA and F16C,
+for CPUs without AVX-512: `vpmaddubsw` on two halves of each tile). Both compute the same
+integers and the same float32 steps, so they give the same bits; both take bfloat16 or float32
+activations and answer in the same dtype.
+
+`unavailable(variant)` says why a variant cannot be used here (not x86-64 Linux, a CPU without
+the instructions, no C++ compiler, a failed build), else None; `best()` names the fastest that
+runs; `load(variant)` builds its shared library once per source, torch, compiler and flags
+(about 15 s; under `MINIPD_KERNEL_CACHE`, by default `~/.cache/minipd/kernels`; concurrent
+processes wait on a lock for the first build) and registers its ops (`torch.ops.minipd_<variant>`).
+`pack_q4` / `pack_q8` lay weights out as the kernels read them (one layout for both variants).
 """
 
 from __future__ import annotations
@@ -26,18 +33,35 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from minipd.models.cpu_flags import read_cpu_flags
 
 SOURCE = Path(__file__).with_name("vnni_kernels.cpp")
+# Built into one library with SOURCE: the fused decode step (fused_decode.py); both include the header.
+SOURCES = (SOURCE, Path(__file__).with_name("fused_decode.cpp"))
+HEADERS = (Path(__file__).with_name("int8_kernels.h"),)
 BLOCK = 32  # GGUF's block of weights, and of activations the kernels quantize together
 TILE = 16  # outputs per packed chunk; out_features must be a multiple
 Q4_CHUNK = 256 + 32 + 32  # bytes per tile and block: nibbles, d, m
 Q8_CHUNK = 512 + 32 + 32  # int8 weights, d, block sums
-CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "f16c", "fma")
-COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx512bf16", "-mf16c")
+
+
+class Variant(NamedTuple):
+    cpu_flags: tuple[str, ...]  # Linux's names in /proc/cpuinfo, all needed
+    compile_flags: tuple[str, ...]
+
+
+# Fastest first: `best()` takes the first that runs here.
+VARIANTS = {
+    "vnni": Variant(
+        ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "f16c", "fma"),
+        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx512bf16", "-mf16c", "-mfma"),
+    ),
+    "avx2": Variant(("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
+}
 BUILD_TIMEOUT_S = 600
 
 
@@ -51,7 +75,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minipd" / "kernels"
 
 
-def _command(compiler: str, output: Path) -> list[str]:
+def _command(compiler: str, output: Path, variant: str) -> list[str]:
     from torch.utils.cpp_extension import include_paths, library_paths
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
@@ -59,18 +83,21 @@ def _command(compiler: str, output: Path) -> list[str]:
     libs = [f"-L{p}" for p in library_paths()] + [f"-Wl,-rpath,{p}" for p in library_paths()]
     return [
         compiler, "-O3", "-shared", "-fPIC", "-std=c++17", "-w", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        *COMPILE_FLAGS, *includes, str(SOURCE), "-o", str(output), *libs, "-lc10", "-ltorch_cpu", "-ltorch",
+        f"-DMINIPD_OPS=minipd_{variant}", *VARIANTS[variant].compile_flags, *includes, *map(str, SOURCES),
+        "-o", str(output), *libs, "-lc10", "-ltorch_cpu", "-ltorch",
     ]  # fmt: skip
 
 
-def _library_path(compiler: str) -> Path:
+def _library_path(compiler: str, variant: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    inputs = [SOURCE.read_bytes(), torch.__version__.encode(), version.encode(), " ".join(COMPILE_FLAGS).encode()]
+    flags = " ".join(VARIANTS[variant].compile_flags)
+    sources = [p.read_bytes() for p in (*SOURCES, *HEADERS)]
+    inputs = [*sources, torch.__version__.encode(), version.encode(), flags.encode()]
     key = hashlib.sha256(b"\0".join(inputs)).hexdigest()[:16]
-    return cache_dir() / f"vnni_kernels-{key}.so"
+    return cache_dir() / f"{variant}_kernels-{key}.so"
 
 
-def _build(compiler: str, library: Path) -> None:
+def _build(compiler: str, library: Path, variant: str) -> None:
     library.parent.mkdir(parents=True, exist_ok=True)
     with open(library.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds; the others wait, then load its result
@@ -78,43 +105,57 @@ def _build(compiler: str, library: Path) -> None:
             return
         with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
             output = Path(tmp) / library.name
-            done = subprocess.run(_command(compiler, output), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            done = subprocess.run(
+                _command(compiler, output, variant), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+            )
             if done.returncode != 0:
                 raise RuntimeError(f"building {SOURCE.name} failed:\n{done.stderr[-2000:]}")
             os.replace(output, library)  # atomic: nobody loads a half-written library
 
 
 @functools.cache
-def _load() -> str | None:
-    """Build and register the ops; returns why that failed, or None."""
+def _load(variant: str) -> str | None:
+    """Build and register `variant`'s ops; returns why that failed, or None."""
+    if variant not in VARIANTS:
+        raise ValueError(f"minipd kernels: unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"the VNNI kernels run on x86-64 Linux only, not {platform.system()} {platform.machine()}"
+        return f"the {variant} kernels run on x86-64 Linux only, not {platform.system()} {platform.machine()}"
     flags = read_cpu_flags() or frozenset()
-    missing = [f for f in CPU_FLAGS if f not in flags]
+    missing = [f for f in VARIANTS[variant].cpu_flags if f not in flags]
     if missing:
         return f"this CPU lacks {', '.join(missing)}"
     compiler = _compiler()
     if compiler is None:
-        return "no C++ compiler (g++ or $CXX) to build the VNNI kernels"
+        return f"no C++ compiler (g++ or $CXX) to build the {variant} kernels"
     try:
-        library = _library_path(compiler)
+        library = _library_path(compiler, variant)
         if not library.exists():
-            _build(compiler, library)
+            _build(compiler, library, variant)
         torch.ops.load_library(str(library))
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        return f"the VNNI kernels could not be built or loaded: {e}"
+        return f"the {variant} kernels could not be built or loaded: {e}"
     return None
 
 
-def unavailable() -> str | None:
-    """Why the kernels cannot run in this process (building them on the first call), or None."""
-    return _load()
+def unavailable(variant: str = "vnni") -> str | None:
+    """Why `variant`'s kernels cannot run in this process (building them on the first call), or None."""
+    return _load(variant)
 
 
-def load() -> None:
-    """Build (once) and register the ops, or raise RuntimeError saying why they cannot be."""
-    if (why := _load()) is not None:
+def best() -> str | None:
+    """The fastest variant that runs here (building it), or None when none does."""
+    return next((v for v in VARIANTS if _load(v) is None), None)
+
+
+def load(variant: str = "vnni") -> None:
+    """Build (once) and register `variant`'s ops, or raise RuntimeError saying why they cannot be."""
+    if (why := _load(variant)) is not None:
         raise RuntimeError(why)
+
+
+def _ops(variant: str):
+    load(variant)  # cached after the first call
+    return getattr(torch.ops, f"minipd_{variant}")
 
 
 def _check(out_features: int, in_features: int) -> None:
@@ -164,14 +205,14 @@ def pack_q8(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, dim=-1).reshape(tiles, blocks * Q8_CHUNK).contiguous()
 
 
-def q4_mm(x: torch.Tensor, packed: torch.Tensor, in_features: int) -> torch.Tensor:
-    """x (bfloat16 [rows, in]) @ w.T for `pack_q4`'s weights: bfloat16 [rows, out]."""
-    return torch.ops.minipd_vnni.q4_mm(x, packed, in_features)
+def q4_mm(x: torch.Tensor, packed: torch.Tensor, in_features: int, variant: str = "vnni") -> torch.Tensor:
+    """x (bfloat16 or float32 [rows, in]) @ w.T for `pack_q4`'s weights: [rows, out] in x's dtype."""
+    return _ops(variant).q4_mm(x, packed, in_features)
 
 
-def q8_mm(x: torch.Tensor, packed: torch.Tensor, in_features: int) -> torch.Tensor:
-    """x (bfloat16 [rows, in]) @ w.T for `pack_q8`'s weights: bfloat16 [rows, out]."""
-    return torch.ops.minipd_vnni.q8_mm(x, packed, in_features)
+def q8_mm(x: torch.Tensor, packed: torch.Tensor, in_features: int, variant: str = "vnni") -> torch.Tensor:
+    """x (bfloat16 or float32 [rows, in]) @ w.T for `pack_q8`'s weights: [rows, out] in x's dtype."""
+    return _ops(variant).q8_mm(x, packed, in_features)
 
 
 def _untile(rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:

@@ -41,6 +41,7 @@ from minipd.engine.config import QUANTIZED_KERNEL_CHOICES, WEIGHTS_CHOICES
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import gguf_path
 from minipd.models.gguf_file import read_gguf
+from minipd.models.quantized_linear import INT8_KERNELS
 from minipd.workload.lengths import LengthDist
 
 PARTS = ("serving", "decode", "dtype", "kernels")  # 1. to 4. above
@@ -80,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quantized-kernel",
         default="auto",
         choices=list(QUANTIZED_KERNEL_CHOICES),
-        help="as minipd's --quantized-kernel; with vnni, the decode steps are also timed with torch's kernel "
-        "beside them (default: %(default)s)",
+        help="as minipd's --quantized-kernel; with vnni or avx2 in bfloat16, the decode steps are also timed with "
+        "torch's kernel beside them (default: %(default)s)",
     )
     parser.add_argument("--decode-batches", type=int, nargs="+", default=[1, BF16_BATCH])
     parser.add_argument("--decode-prompt-len", type=int, default=128)
@@ -233,7 +234,8 @@ def run(args: argparse.Namespace) -> dict:
             fp32 = _engine(args, "float32", BF16_BATCH, max_len) if "dtype" in args.parts else None
             compare = "decode" in args.parts and engine.config.weights in ("quantized", "mixed")
             dense = _engine(args, args.dtype, max(args.decode_batches), max_len, "dense") if compare else None
-            vnni = compare and engine.model.quantized_kernel == "vnni"
+            # torch's int4 kernel takes bfloat16 only; the key stays vnni_vs_torch_kernel for either int8 kernel
+            vnni = compare and engine.model.quantized_kernel in INT8_KERNELS and args.dtype == "bfloat16"
             torch_kernel = _engine(args, args.dtype, max(args.decode_batches), max_len, None, "torch") if vnni else None
             others = [e for e in (fp32, dense, torch_kernel) if e is not None]
             try:

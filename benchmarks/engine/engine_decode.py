@@ -105,7 +105,7 @@ async def engine_step(engine: Engine, batch_prompts: list[list[int]], output_len
 def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) -> Timing:
     """The median decode step of the raw loop: prefill untimed, then decode with inputs and
     attention metadata all built before timing. Call it on the engine's compute thread."""
-    runner = ModelRunner(engine.model, engine.kv_pool)
+    runner = ModelRunner(engine.model, engine.kv_pool, fused_decode=engine.config.fused_decode)
     bm = engine.block_manager
     requests = []
     for i, prompt in enumerate(batch_prompts):
@@ -120,12 +120,15 @@ def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) ->
                 r.num_computed_tokens = len(r.token_ids)
                 r.token_ids.append(first[0])  # placeholder id; the loop feeds argmax output instead
             _, positions, meta, _, _ = runner._prepare([ScheduledChunk(r, 1, True) for r in requests])
-            steps.append((positions, meta))
+            steps.append((positions, meta, _block_tables(requests, runner.block_size, engine.device)))
         index = torch.arange(len(requests), device=engine.device)
         next_ids = torch.tensor(first, device=engine.device)
         marks = [(time.perf_counter(), time.process_time(), 0.0)]
-        for positions, meta in steps:
-            logits = engine.model(next_ids, positions, engine.kv_pool, meta, index, runner.buffers)
+        for positions, meta, tables in steps:
+            if runner.fused is not None:  # the step the engine runs: fused_decode.py
+                logits = runner.fused(next_ids, positions, tables, engine.kv_pool)
+            else:
+                logits = engine.model(next_ids, positions, engine.kv_pool, meta, index, runner.buffers)
             next_ids = logits.argmax(dim=-1)
             next_ids.tolist()  # wait for the device, so that each step is timed alone
             marks.append((time.perf_counter(), time.process_time(), 0.0))
@@ -133,6 +136,14 @@ def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) ->
     finally:
         for r in requests:
             bm.free(r.block_ids)
+
+
+def _block_tables(requests: list[Request], block_size: int, device: torch.device) -> torch.Tensor:
+    """The fused step's [rows, max_blocks] block tables at each request's current position."""
+    width = max(r.num_computed_tokens // block_size + 1 for r in requests)
+    return torch.tensor(
+        [r.block_ids[:width] + [0] * (width - len(r.block_ids[:width])) for r in requests], device=device
+    )
 
 
 def _weights(model) -> list[torch.Tensor]:
@@ -147,7 +158,8 @@ def weight_bytes(model) -> int:
     reads one row per token): an untied one, or a tied one whose lm_head reads its quantized
     blocks instead."""
     reads_embedding = model.config.tie_word_embeddings and model.quant_lm_head is None
-    skip = set() if reads_embedding else {model.model.embed_tokens.weight.untyped_storage().data_ptr()}
+    table = getattr(model.model.embed_tokens, "weight", None)  # none where lookups read the head's blocks
+    skip = set() if reads_embedding or table is None else {table.untyped_storage().data_ptr()}
     seen, total = skip, 0
     for p in _weights(model):
         storage = p.untyped_storage()

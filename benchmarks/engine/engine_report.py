@@ -100,7 +100,7 @@ def _print_decode(result: dict) -> None:
         )
     if all("vnni_vs_torch_kernel" in d for d in result["decode"].values()):
         print(
-            "  vnni vs torch's int4 kernel, same weights, engine step, back to back: "
+            f"  {result['quantized_kernel']} vs torch's int4 kernel, same weights, engine step, back to back: "
             + ", ".join(
                 f"batch {b} {d['engine_step_ms']:.1f} vs {d['torch_kernel_engine_step_ms']:.1f} ms, "
                 f"{d['vnni_vs_torch_kernel']:.2f}x (CPU {d['vnni_vs_torch_kernel_cpu']:.2f}x)"

@@ -45,7 +45,7 @@ class Fingerprint(msgspec.Struct, frozen=True):
     # "quantized" (4-bit projections served as stored), "mixed" (so, prefill rows through dense
     # copies) or "dense": logits differ
     weights: str = "dense"
-    # What multiplies quantized weights ("vnni" or "torch"; "" for dense): logits differ
+    # What multiplies quantized weights ("vnni", "avx2" or "torch"; "" for dense): logits may differ
     quantized_kernel: str = ""
 
     def differences(self, other: "Fingerprint") -> list[str]:

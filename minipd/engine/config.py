@@ -20,24 +20,28 @@ from minipd.engine.scheduler import SchedulerConfig
 
 SCHEDULER_FIELDS = frozenset(SchedulerConfig.__struct_fields__)
 WEIGHTS_CHOICES = (AUTO, "quantized", "mixed", "dense")  # --weights; see model_loader.load_model
-QUANTIZED_KERNEL_CHOICES = (AUTO, "vnni", "torch")  # --quantized-kernel; see quantized_linear.choose_kernel
+QUANTIZED_KERNEL_CHOICES = (AUTO, "vnni", "avx2", "torch")  # --quantized-kernel; see quantized_linear.choose_kernel
 
 
 class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     model: str = "tiny"  # preset, packaged model (smollm2), .gguf file or Hugging Face-format directory
     device: str = "cpu"
     dtype: str = AUTO  # or float32, bfloat16, float16; the engine resolves "auto" (see dtype_choice.py)
-    # A GGUF's 4-bit tensors: "quantized" (multiplied as stored), "mixed" (so, plus a dense bf16 copy
-    # for prefill chunks) or "dense" (dequantized to dtype); the engine resolves "auto" to mixed
-    # where it can (see model_loader.py).
+    # A GGUF's 4-bit tensors: "quantized" (multiplied as stored), "mixed" (so, plus a dense copy
+    # for prefill chunks) or "dense" (dequantized to dtype); the engine resolves "auto" to mixed in
+    # bfloat16 and quantized in float32 where it can (see gguf_loader.auto_weights).
     weights: str = AUTO
-    # What multiplies quantized weights: "vnni" (minipd's int8 dot-product kernels), "torch"
-    # (torch's int4 kernel) or "auto" (vnni where it runs); the model says which it got.
+    # What multiplies quantized weights: "vnni" or "avx2" (minipd's int8 dot-product kernels for
+    # AVX-512 VNNI or AVX2 CPUs), "torch" (torch's int4 kernel) or "auto" (the first of vnni, avx2
+    # that runs, else torch); the model says which it got.
     quantized_kernel: str = AUTO
     block_size: int = 16
     num_blocks: int = 1024
     scheduler: SchedulerConfig = SchedulerConfig()
     enable_prefix_caching: bool = True
+    # Decode rows through the fused decode step where the model allows it (float32, every
+    # projection and the lm_head in GGUF's blocks: models/fused_decode.py); off: eager torch ops.
+    fused_decode: bool = True
     # The compute thread's OpenMP team size and cores (see cpu_placement.py). None: one core
     # of the CPU set left to the event loop, not pinned; without cpu_placement, torch's choice.
     torch_threads: int | None = None

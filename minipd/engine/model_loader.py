@@ -41,11 +41,12 @@ def load_model(
     """Return (model, tokenizer), the weights packed for the device's matmuls where that helps
     (`LlamaForCausalLM.prepack`). Presets get seeded random weights and the byte tokenizer.
     A GGUF's Q4_0/Q4_1 projections are served as stored with `weights` "quantized"; "mixed"
-    also keeps a dense bf16 copy of each for prefill chunks (decode still reads the 4-bit
-    weights), and "auto" is "mixed" wherever that can be (bfloat16 on the CPU), else they are
+    also keeps a dense copy of each for prefill chunks (decode still reads the 4-bit
+    weights), and "auto" is "mixed" in bfloat16 and "quantized" in float32 wherever that can
+    be (`gguf_loader.auto_weights`), else they are
     dequantized to `dtype` ("dense", which every other tensor and every other format is);
     `model.weights_format` says which. "quantized" or "mixed" where it cannot be is a
-    ValueError saying why. `quantized_kernel` ("auto", "vnni", "torch") multiplies the quantized
+    ValueError saying why. `quantized_kernel` ("auto", "vnni", "avx2", "torch") multiplies the quantized
     weights (`quantized_linear.choose_kernel`); `model.quantized_kernel` says which."""
     model, tokenizer = _load(name_or_path, device, dtype, weights, quantized_kernel)
     model.prepack()
@@ -64,13 +65,13 @@ def _load(
         return model.eval(), ByteTokenizer()
     if gguf_file_path is not None:
         from minipd.models.gguf_file import read_gguf
-        from minipd.models.gguf_loader import load_gguf_weights, quantized_unsupported
+        from minipd.models.gguf_loader import auto_weights, load_gguf_weights
         from minipd.models.gguf_tokenizer import gguf_tokenizer
 
         file = read_gguf(gguf_file_path)
         tokenizer = gguf_tokenizer(file)  # refuses an unsupported tokenizer before any weight is read
         if weights == "auto":
-            weights = "dense" if quantized_unsupported(file, device, dtype) else "mixed"
+            weights = auto_weights(file, device, dtype, quantized_kernel)
         model = load_gguf_weights(file, device=device, dtype=dtype, weights=weights, quantized_kernel=quantized_kernel)
         return model.eval(), tokenizer
     if os.path.isdir(name_or_path):

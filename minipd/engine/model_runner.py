@@ -12,6 +12,13 @@ the same prompt is chunked differently there and on a prefill instance, and a sh
 must not switch format. Nothing else that shares the step changes a row's result, so a
 colocated step that mixes a prefill chunk with decodes computes each row as a prefill instance
 (its chunks alone) and a decode instance (its decodes alone) would.
+
+Decode rows (one new token of a request past its prompt) go through the fused decode step
+(models/fused_decode.py) where the model allows it and `fused_decode` is on: a float32 model
+whose projections and lm_head are all in GGUF's blocks. Its rows are close to, not bit-equal
+to, the eager path's, so every decode row of such an engine takes it, in decode-only steps and
+beside prefill chunks alike (those run eagerly, apart): a row is computed the same way on a
+colocated instance as on a decode instance.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from minipd.engine.decode_groups import split_by_length
 from minipd.engine.min_tokens import suppress_stop_tokens
 from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
+from minipd.models.fused_decode import FusedDecode
 from minipd.models.llama import LayerHook, LlamaForCausalLM
 from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan, slot_rows
 from minipd.models.quantized_linear import DENSE_MIN_ROWS, RowSplit
@@ -40,8 +48,16 @@ ChunkResult = int | None | SamplingFailed | StepFailed
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaForCausalLM, kv_pool: torch.Tensor, eos_token_ids: frozenset[int] = frozenset()):
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_pool: torch.Tensor,
+        eos_token_ids: frozenset[int] = frozenset(),
+        fused_decode: bool = True,
+    ):
         self.model = model
+        # The fused decode step for this model, where it can run it (else every row runs eagerly).
+        self.fused = FusedDecode.of(model) if fused_decode else None
         self.eos_token_ids = eos_token_ids  # masked while a request is below its min_tokens
         self.kv_pool = kv_pool
         self.device = kv_pool.device
@@ -81,6 +97,34 @@ class ModelRunner:
         return results
 
     def _run(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None) -> list[ChunkResult]:
+        fused = [i for i, c in enumerate(chunks) if self.fused is not None and _is_decode_row(c)]
+        if not fused:
+            return self._run_eager(chunks, layer_hook)
+        results: list[ChunkResult] = [None] * len(chunks)
+        rest = [i for i in range(len(chunks)) if i not in set(fused)]
+        if rest:  # prefill chunks (and their KV streams) first, as the eager order has them
+            for i, result in zip(rest, self._run_eager([chunks[i] for i in rest], layer_hook)):
+                results[i] = result
+        for i, result in zip(fused, self._run_fused([chunks[i] for i in fused])):
+            results[i] = result
+        return results
+
+    def _run_fused(self, chunks: Sequence[ScheduledChunk]) -> list[ChunkResult]:
+        """Decode rows through the fused step: every chunk one new token past its prompt."""
+        requests = [c.request for c in chunks]
+        positions = [r.num_computed_tokens for r in requests]
+        num_blocks = [p // self.block_size + 1 for p in positions]
+        width = max(num_blocks)
+        tables = [r.block_ids[:n] + [0] * (width - n) for r, n in zip(requests, num_blocks)]
+        as_tensor = _long_tensor_factory(self.device)
+        ids = as_tensor([r.token_ids[p] for r, p in zip(requests, positions)])
+        logits = self.fused(
+            ids, as_tensor(positions), as_tensor([b for t in tables for b in t]).view(-1, width), self.kv_pool
+        )
+        params, steps = [r.sampling for r in requests], [r.num_output_tokens for r in requests]
+        return sample(suppress_stop_tokens(logits, params, steps, self.eos_token_ids), params, steps)
+
+    def _run_eager(self, chunks: Sequence[ScheduledChunk], layer_hook: LayerHook | None) -> list[ChunkResult]:
         ordered = sorted(range(len(chunks)), key=lambda i: _step_order(chunks[i]))
         input_ids, positions, meta, logit_rows, rows = self._prepare([chunks[i] for i in ordered])
         logits_indices = [row for i, row in zip(ordered, logit_rows) if chunks[i].samples]
@@ -151,6 +195,13 @@ class ModelRunner:
             lengths = _long_tensor_factory(self.device)(lens)
             mask = (key_pos[None, :] < lengths[:, None]).view(len(tables), 1, 1, -1)
         return DecodeGroup(start, len(tables), _long_tensor_factory(self.device)(flat_table), max_blocks, mask)
+
+
+def _is_decode_row(chunk: ScheduledChunk) -> bool:
+    """One new token past the prompt, sampled: a decode step's row (not a prompt's last token,
+    nor output tokens recomputed as a chunk after a preemption)."""
+    request = chunk.request
+    return chunk.num_new_tokens == 1 and chunk.samples and request.num_computed_tokens >= request.num_prompt_tokens
 
 
 def _step_order(chunk: ScheduledChunk) -> tuple[bool, int]:

@@ -78,11 +78,11 @@ FLAGS = (
         sets="engine.weights",
         default=_ENGINE.weights,
         choices=WEIGHTS_CHOICES,
-        help="a GGUF's Q4_0/Q4_1 weights: quantized (multiplied as stored, 4-bit; bfloat16 on the CPU only), "
-        f"mixed (quantized for decode, plus a dense bf16 copy that the prompts of {DENSE_MIN_ROWS}+ tokens "
-        "prefill through: several times faster prefill for 2 more bytes per weight) or dense (dequantized to --dtype); "
-        "auto is mixed where it can be; printed at start-up with the weights' memory; prefill and decode "
-        "instances must agree (default: %(default)s)",
+        help="a GGUF's Q4_0/Q4_1 weights: quantized (multiplied as stored, 4-bit; on the CPU, in bfloat16, or in "
+        f"float32 with the vnni or avx2 kernel), mixed (quantized for decode, plus a dense copy that the prompts of "
+        f"{DENSE_MIN_ROWS}+ tokens prefill through: several times faster bf16 prefill for 2 more bytes per weight) or "
+        "dense (dequantized to --dtype); auto is mixed in bfloat16 and quantized in float32 where it can be; "
+        "printed at start-up with the weights' memory; prefill and decode instances must agree (default: %(default)s)",
     ),
     flag(
         "--quantized-kernel",
@@ -92,11 +92,24 @@ FLAGS = (
         sets="engine.quantized_kernel",
         default=_ENGINE.quantized_kernel,
         choices=QUANTIZED_KERNEL_CHOICES,
-        help="what multiplies quantized weights: vnni (minipd's kernels for x86 CPUs with AVX-512 VNNI, built with "
-        "g++ at first use and cached: the activations quantized to int8 per block of 32, integer dot products with "
-        "the file's Q4_0/Q4_1/Q8_0 blocks as stored, the lm_head included), torch (torch's int4 kernel, 4-bit "
-        "projections only) or auto (vnni where it runs); printed at start-up; prefill and decode instances must "
+        help="what multiplies quantized weights: vnni or avx2 (minipd's kernels for x86 CPUs with AVX-512 VNNI, or "
+        "with AVX2 only; built with g++ at first use and cached: the activations quantized to int8 per block of 32, "
+        "integer dot products with the file's Q4_0/Q4_1/Q8_0 blocks as stored, the lm_head included; the same bits "
+        "on both), torch (torch's int4 kernel, bfloat16, 4-bit projections only) or auto (the first of vnni, avx2 "
+        "that runs here, else torch); printed at start-up; prefill and decode instances must "
         "agree (default: %(default)s)",
+    ),
+    flag(
+        "--no-fused-decode",
+        ENGINE_ROLES,
+        MODEL,
+        INSTANCES,
+        sets="engine.fused_decode",
+        dest="fused_decode",
+        action="store_false",
+        help="run decode rows as eager torch ops instead of the fused decode step that a float32 model with every "
+        "projection and the lm_head in GGUF's blocks uses by default (one C++ call a step; see README, Models); "
+        "the start-up line says which",
     ),
     flag(
         "--block-size",

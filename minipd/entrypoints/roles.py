@@ -90,7 +90,8 @@ def load_engine(role: Role, config: EngineConfig) -> Engine:
     engine = Engine(config)
     print(
         f"minipd {role.value}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
-        f"{engine.dtype_choice.describe()}, weights {engine.model.describe_weights()}",
+        f"{engine.dtype_choice.describe()}, weights {engine.model.describe_weights()}, "
+        f"decode steps {'fused' if engine.runner.fused is not None else 'eager'}",
         file=sys.stderr,
         flush=True,
     )

@@ -42,7 +42,7 @@ def theirs():
 
 @pytest.fixture(scope="module")
 def engine(make_engine):
-    return make_engine(model="smollm2", dtype="float32", num_blocks=128, max_model_len=1024)
+    return make_engine(model="smollm2", dtype="float32", num_blocks=128, max_model_len=1024, weights="dense")
 
 
 def _their_greedy(model, ids: list[int], steps: int) -> list[int]:

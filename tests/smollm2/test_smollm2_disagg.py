@@ -4,9 +4,11 @@ prefill instance's token budget (so it is prefilled in several chunks, each chun
 streamed as it is computed), and a 6,000-token prompt within SmolLM2's 8k context.
 
 Both sides run one torch thread, so their kernels split the same work the same way. The
-long prompt runs in bfloat16, the dtype SmolLM2 is served in here (`--dtype auto`): a
-6,000-token prefill takes about a third of the float32 time, and disaggregated must still
-equal colocated bit for bit, because both run the same chunks through the same kernels. It
+long prompt runs in the dtype SmolLM2 is served in on this machine (`--dtype auto`: bfloat16
+with native bf16 matmuls, where a 6,000-token prefill takes about a third of the dense float32
+time; float32 with the 4-bit weights elsewhere, where emulated bf16 would take minutes), and
+disaggregated must still equal colocated bit for bit, because both run the same chunks through
+the same kernels. It
 asks for three tokens: the one sampled on the prefill instance, and two decoded from the
 6,000 positions of KV that crossed the wire.
 """
@@ -39,7 +41,7 @@ SHORT = EngineConfig.of(
 LONG_PROMPT_TOKENS = 6000
 LONG = EngineConfig.of(
     model="smollm2",
-    dtype="bfloat16",
+    dtype="auto",
     block_size=BLOCK_SIZE,
     num_blocks=8192 // BLOCK_SIZE,
     max_model_len=8192,
@@ -136,8 +138,10 @@ def _assert_disaggregated_equal(expected, actual, prompts, engine) -> None:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_smollm2_disaggregated_equals_colocated_with_chunked_prefill(make_engine, loop_thread, dtype):
-    """float32 serves the weights dense, all prompts at once, in chunks that differ between the
-    colocated engine (its budget shared with the decodes) and the prefill instance. bfloat16
+    """float32 serves the 4-bit weights from their blocks (`--weights auto` where minipd's int8
+    kernels run) and decodes through the fused step, all prompts at once, in chunks that differ
+    between the colocated engine (its budget shared with the decodes) and the prefill instance;
+    a colocated step's decode rows take the fused step apart from its prefill chunk. bfloat16
     serves them "mixed" (`--weights auto`): the prompts prefill through the dense copies and
     decode from the 4-bit weights, one request at a time, so that both sides compute the same
     chunks: in bfloat16 torch's CPU attention rounds a row differently when its keys are split
@@ -146,7 +150,7 @@ def test_smollm2_disaggregated_equals_colocated_with_chunked_prefill(make_engine
     differs by up to 0.09) and may flip a near-tie (README, "Quantized weights")."""
     config = SHORT.replace(dtype=dtype)
     colocated = make_engine(**msgspec.structs.asdict(config))
-    assert colocated.config.weights == ("mixed" if dtype == "bfloat16" else "dense")
+    assert colocated.config.weights == ("mixed" if dtype == "bfloat16" else "quantized")
     prompts = [colocated.tokenizer.encode(p) for p in PROMPTS]
     assert sum(len(p) <= LOCAL_PREFILL_MAX_TOKENS for p in prompts) == 1
     assert max(map(len, prompts)) > 2 * SHORT.scheduler.max_num_batched_tokens, (

@@ -14,7 +14,7 @@ from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
 from minipd.disagg.fingerprint import weights_digest
 from minipd.models.gguf_loader import load_gguf_model
-from minipd.models.quantized_linear import GROUP_SIZE, QuantizedLinear, RowSplit
+from minipd.models.quantized_linear import GROUP_SIZE, INT8_KERNELS, QuantizedLinear, RowSplit
 
 IN, OUT = 4 * GROUP_SIZE, 48
 # SmolLM2's gate/up projection: oneDNN's bf16 row results there depend on the rows it is given
@@ -100,11 +100,11 @@ def test_mixed_keeps_the_4_bit_state_dict_digest_and_reference(q4_path: Path) ->
     assert mixed.state_dict().keys() == quantized.state_dict().keys()
     assert weights_digest(mixed) == weights_digest(quantized)
     # every 4-bit projection (q/k/v, o, gate/up, down per layer) has its copy; so has the untied
-    # LM head with torch's kernel, while the vnni one serves it from its blocks alone (it only
+    # LM head with torch's kernel, while minipd's (vnni, avx2) serve it from its blocks alone (it only
     # multiplies the few rows that need logits)
     h, f, qkv = TINY.hidden_size, TINY.intermediate_size, (TINY.num_heads + 2 * TINY.num_kv_heads) * TINY.head_dim
     per_layer = qkv * h + h * h + 2 * f * h + h * f
-    head = 0 if mixed.quantized_kernel == "vnni" else TINY.vocab_size * h
+    head = 0 if mixed.quantized_kernel in INT8_KERNELS else TINY.vocab_size * h
     weights = TINY.num_layers * per_layer + head
     assert mixed.dense_copy_nbytes == 2 * weights and quantized.dense_copy_nbytes == 0
     assert "dense copy" in mixed.describe_weights() and "no dense copy" in quantized.describe_weights()

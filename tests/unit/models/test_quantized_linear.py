@@ -21,9 +21,11 @@ from minipd.models.quantized_linear import GROUP_SIZE, QuantizedLinear
 
 Q = GGMLQuantizationType
 Q4 = [Q.Q4_0, Q.Q4_1]
-# Largest |logit difference| of the tiny model, quantized vs dense bf16 (measured: 0.051 Q4_0,
-# 0.055 Q4_1, logits up to ~3.6); a wrong row order, group or nibble moves them by far more.
-TINY_LOGITS_TOLERANCE = 0.1
+# Largest |logit difference| of the tiny model, quantized vs dense bf16 (measured with torch's
+# kernel: 0.051 Q4_0, 0.055 Q4_1; with the int8 kernels, whose activations are rounded to int8
+# too: 0.112 Q4_0 on an AVX2 CPU; logits up to ~3.6); a wrong row order, group or nibble moves
+# them by far more (1+).
+TINY_LOGITS_TOLERANCE = 0.2
 
 
 def _gguf_file(tmp_path: Path, tensor_type, **kwargs):
@@ -80,7 +82,7 @@ def test_bad_shapes_and_inputs_are_refused() -> None:
         QuantizedLinear.from_q4(torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1), torch.zeros(8, 1))
     assert not QuantizedLinear.supports(8, 32) and QuantizedLinear.supports(16, 64)
     linear = QuantizedLinear.from_q4(torch.zeros(16, 32, dtype=torch.uint8), torch.ones(16, 1), torch.zeros(16, 1))
-    with pytest.raises(TypeError, match="bfloat16"):
+    with pytest.raises(TypeError, match="the torch kernel does not take torch.float32 inputs"):
         linear(torch.zeros(1, 32))
 
 
@@ -110,8 +112,10 @@ def test_a_fused_group_with_a_part_not_in_4_bits_stays_dense(tmp_path: Path) -> 
 
 def test_quantized_weights_are_refused_where_they_cannot_be_served(tmp_path: Path) -> None:
     q4_path = _gguf_file(tmp_path, Q.Q4_1).path
-    with pytest.raises(ValueError, match="bfloat16"):
-        load_gguf_model(q4_path, dtype=torch.float32, weights="quantized")
+    with pytest.raises(ValueError, match="torch's int4 kernel takes bfloat16 only"):
+        load_gguf_model(q4_path, dtype=torch.float32, weights="quantized", quantized_kernel="torch")
+    with pytest.raises(ValueError, match="bfloat16 or float32, only"):
+        load_gguf_model(q4_path, dtype=torch.float16, weights="quantized")
     float_path = write_llama_gguf(tmp_path / "f32.gguf", TINY, hf_weights(TINY), Q.F32)
     with pytest.raises(ValueError, match="no Q4_0/Q4_1 tensors"):
         load_gguf_model(float_path, dtype=torch.bfloat16, weights="quantized")

@@ -1,8 +1,10 @@
-"""minipd's VNNI kernels (models/vnni_kernels.cpp) against a float64 model of what they promise:
-the activations rounded to int8 per block of 32, the file's weights exactly, each output within
-one bfloat16 step of that; a row's result the same alone, in any batch and with any threads;
-packing that round-trips to GGUF's own dequantization; bad input refused with the op still
-serving; and the build cached, once, for processes that start together."""
+"""minipd's int8 kernels (models/vnni_kernels.cpp, each variant that runs on this CPU: "vnni",
+"avx2") against a float64 model of what they promise: the activations rounded to int8 per block
+of 32, the file's weights exactly, each output within one bfloat16 step of that (float32
+activations: float32 summation only); a row's result the same alone, in any batch and with any
+threads, and the same from every variant; packing that round-trips to GGUF's own dequantization;
+bad input refused with the op still serving; and the build cached, once, for processes that
+start together. A variant whose instructions this CPU lacks is skipped, saying which."""
 
 from __future__ import annotations
 
@@ -20,9 +22,13 @@ from gguf.quants import dequantize, quantize
 from minipd.models import prepacked_linear, vnni_kernels
 from minipd.models.quantized_linear import QuantizedLinear, RowSplit, choose_kernel
 
-pytestmark = pytest.mark.skipif(
-    vnni_kernels.unavailable() is not None, reason=f"no VNNI kernels here: {vnni_kernels.unavailable()}"
-)
+VARIANTS = [
+    pytest.param(v, marks=pytest.mark.skipif(bool(why), reason=f"no {v} kernels here: {why}"))
+    for v, why in ((v, vnni_kernels.unavailable(v)) for v in vnni_kernels.VARIANTS)
+]
+RUNNABLE = [v for v in vnni_kernels.VARIANTS if vnni_kernels.unavailable(v) is None]
+pytestmark = pytest.mark.skipif(not RUNNABLE, reason="no variant of minipd's int8 kernels runs on this CPU")
+DTYPES = [torch.bfloat16, torch.float32]
 
 Q = GGMLQuantizationType
 BLOCK = vnni_kernels.BLOCK
@@ -45,11 +51,11 @@ def _blocks(tensor_type, out: int = OUT, in_: int = IN, seed: int = 0):
     return q, d, m, expected
 
 
-def _linear(tensor_type, **kwargs) -> tuple[QuantizedLinear, torch.Tensor]:
+def _linear(tensor_type, variant: str, **kwargs) -> tuple[QuantizedLinear, torch.Tensor]:
     q, d, m, expected = _blocks(tensor_type, **kwargs)
     if tensor_type == Q.Q8_0:
-        return QuantizedLinear.from_q8(q, d.float()), expected
-    return QuantizedLinear.from_q4(q, d.float(), m.float() + 8 * d.float(), kernel="vnni"), expected
+        return QuantizedLinear.from_q8(q, d.float(), kernel=variant), expected
+    return QuantizedLinear.from_q4(q, d.float(), m.float() + 8 * d.float(), kernel=variant), expected
 
 
 def _int8_activations(x: torch.Tensor) -> torch.Tensor:
@@ -61,27 +67,32 @@ def _int8_activations(x: torch.Tensor) -> torch.Tensor:
     return (qx.double() * dx.double()).view_as(x)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("tensor_type", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
-def test_the_kernel_multiplies_the_files_weights_by_int8_activations(tensor_type) -> None:
-    linear, expected = _linear(tensor_type)
+def test_the_kernel_multiplies_the_files_weights_by_int8_activations(tensor_type, variant, dtype) -> None:
+    linear, expected = _linear(tensor_type, variant)
     assert torch.equal(linear.dequantize(), expected)  # packing keeps GGUF's own values
-    x = torch.randn(ROWS, IN, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    x = torch.randn(ROWS, IN, generator=torch.Generator().manual_seed(1)).to(dtype)
     y = linear(x)
-    assert y.dtype == torch.bfloat16 and y.shape == (ROWS, OUT)
+    assert y.dtype == dtype and y.shape == (ROWS, OUT)
     xq = _int8_activations(x)
     model = xq @ expected.double().t()
     # within one bfloat16 step (2^-8 relative) of the int8 model, plus float32 summation order
     scale = xq.abs() @ expected.double().abs().t()
-    assert ((y.double() - model).abs() <= model.abs() * 2.0**-8 + scale * 1e-6).all()
+    step = 2.0**-8 if dtype == torch.bfloat16 else 0.0
+    assert ((y.double() - model).abs() <= model.abs() * step + scale * 1e-6).all()
     exact = x.double() @ expected.double().t()
     relative = ((y.double() - exact).norm() / exact.norm()).item()
     assert 0 < relative < 0.02, f"int8 activations move the outputs by {relative:.4f} of their norm"
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("tensor_type", [Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
-def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads(tensor_type) -> None:
-    linear, _ = _linear(tensor_type, out=64, in_=6 * BLOCK)
-    x = torch.randn(19, 6 * BLOCK, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads(tensor_type, variant, dtype) -> None:
+    linear, _ = _linear(tensor_type, variant, out=64, in_=6 * BLOCK)
+    x = torch.randn(19, 6 * BLOCK, generator=torch.Generator().manual_seed(2)).to(dtype)
     together = linear(x)
     for i in range(x.shape[0]):
         assert torch.equal(linear(x[i : i + 1]), together[i : i + 1])
@@ -94,47 +105,70 @@ def test_a_rows_result_does_not_depend_on_its_batch_or_the_threads(tensor_type) 
         torch.set_num_threads(threads)
 
 
-def test_a_mixed_dense_copy_holds_the_files_weights_in_bfloat16() -> None:
+@pytest.mark.skipif(len(RUNNABLE) < 2, reason=f"only {RUNNABLE} of {list(vnni_kernels.VARIANTS)} runs on this CPU")
+@pytest.mark.parametrize("tensor_type", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
+def test_every_variant_gives_the_same_bits(tensor_type) -> None:
+    x = torch.randn(ROWS, IN, generator=torch.Generator().manual_seed(4))
+    for dtype in DTYPES:
+        results = [_linear(tensor_type, v)[0](x.to(dtype)) for v in RUNNABLE]
+        assert all(torch.equal(results[0], other) for other in results[1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_mixed_dense_copy_holds_the_files_weights_in_the_models_dtype(variant, dtype) -> None:
     q, d, m, expected = _blocks(Q.Q4_1)
-    linear = QuantizedLinear.from_q4(q, d.float(), m.float() + 8 * d.float(), keep_dense=True, kernel="vnni")
-    weight = expected.to(torch.bfloat16)  # what loading the file dense in bfloat16 gives
-    x = torch.randn(ROWS, IN, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    linear = QuantizedLinear.from_q4(
+        q, d.float(), m.float() + 8 * d.float(), keep_dense=True, kernel=variant, dense_dtype=dtype
+    )
+    weight = expected.to(dtype)  # what loading the file dense in that dtype gives
+    x = torch.randn(ROWS, IN, generator=torch.Generator().manual_seed(3)).to(dtype)
     through_copy = linear(x, RowSplit.of([(0, ROWS)], ROWS))
-    assert linear.has_dense
+    assert linear.has_dense and linear.dense_nbytes == OUT * IN * weight.element_size()
     assert torch.equal(through_copy, prepacked_linear.linear(x, weight, None, prepacked_linear.prepack(weight)))
 
 
-def test_bad_input_is_refused_and_the_op_keeps_serving() -> None:
-    linear, _ = _linear(Q.Q4_1)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bad_input_is_refused_and_the_op_keeps_serving(variant) -> None:
+    linear, _ = _linear(Q.Q4_1, variant)
     good = torch.ones(2, IN, dtype=torch.bfloat16)
     before = linear(good)
     for bad, match in (
-        (torch.ones(2, IN), "bfloat16"),
-        (torch.ones(2, IN + BLOCK, dtype=torch.bfloat16), "bfloat16 CPU tensor"),
-        (torch.ones(IN, dtype=torch.bfloat16), "bfloat16 CPU tensor"),
+        (torch.ones(2, IN, dtype=torch.float16), "does not take torch.float16"),
+        (torch.ones(2, IN + BLOCK, dtype=torch.bfloat16), "bfloat16 or float32 CPU tensor"),
+        (torch.ones(IN, dtype=torch.bfloat16), "bfloat16 or float32 CPU tensor"),
     ):
         with pytest.raises((RuntimeError, TypeError), match=match):
             linear(bad)
     with pytest.raises(RuntimeError, match="packed weights"):
-        vnni_kernels.q4_mm(good, linear.packed[:, :-1].contiguous(), IN)
+        vnni_kernels.q4_mm(good, linear.packed[:, :-1].contiguous(), IN, variant)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        vnni_kernels.q8_mm(good, linear.packed, IN - 1)
+        vnni_kernels.q8_mm(good, linear.packed, IN - 1, variant)
+    with pytest.raises(RuntimeError, match="bfloat16 or float32"):
+        vnni_kernels.q4_mm(good.half(), linear.packed, IN, variant)
     with pytest.raises(ValueError, match="multiples of 16"):
         vnni_kernels.pack_q4(torch.zeros(8, IN, dtype=torch.uint8), torch.ones(8, 4).half(), torch.ones(8, 4).half())
     with pytest.raises(ValueError, match="float16"):  # a scale GGUF could not have stored
         QuantizedLinear.from_q4(
-            torch.zeros(16, 32, dtype=torch.uint8), torch.full((16, 1), 0.1), torch.zeros(16, 1), kernel="vnni"
+            torch.zeros(16, 32, dtype=torch.uint8), torch.full((16, 1), 0.1), torch.zeros(16, 1), kernel=variant
         )
     assert torch.equal(linear(good), before)
     assert linear(torch.empty(0, IN, dtype=torch.bfloat16)).shape == (0, OUT)
 
 
-def test_choose_kernel_falls_back_only_for_auto(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert choose_kernel("auto") == "vnni" and choose_kernel("torch") == "torch"
-    monkeypatch.setattr(vnni_kernels, "unavailable", lambda: "this CPU lacks avx512_vnni")
-    assert choose_kernel("auto") == "torch"
+def test_choose_kernel_takes_the_fastest_that_runs_and_falls_back_only_for_auto(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert choose_kernel("auto") == RUNNABLE[0] and choose_kernel("torch") == "torch"
+    for variant in RUNNABLE:
+        assert choose_kernel(variant) == variant
+    why = {"vnni": "this CPU lacks avx512_vnni", "avx2": None}
+    monkeypatch.setattr(vnni_kernels, "_load", lambda variant: why[variant])
+    assert choose_kernel("auto") == "avx2" and vnni_kernels.best() == "avx2"
     with pytest.raises(ValueError, match="vnni: this CPU lacks avx512_vnni"):
         choose_kernel("vnni")
+    why["avx2"] = "this CPU lacks avx2"
+    assert choose_kernel("auto") == "torch" and vnni_kernels.best() is None
     with pytest.raises(ValueError, match="unknown 'int4'"):
         choose_kernel("int4")
 
@@ -142,10 +176,11 @@ def test_choose_kernel_falls_back_only_for_auto(monkeypatch: pytest.MonkeyPatch)
 _BUILD = """
 import os, sys, time, torch
 from minipd.models import vnni_kernels
-assert vnni_kernels.unavailable() is None, vnni_kernels.unavailable()
+variant = vnni_kernels.best()
+assert variant is not None
 x = torch.ones(1, 32, dtype=torch.bfloat16)
 packed = vnni_kernels.pack_q8(torch.ones(16, 32, dtype=torch.int8), torch.ones(16, 1).half())
-print(float(vnni_kernels.q8_mm(x, packed, 32)[0, 0]), [p.name for p in vnni_kernels.cache_dir().glob("*.so")])
+print(float(vnni_kernels.q8_mm(x, packed, 32, variant)[0, 0]), [p.name for p in vnni_kernels.cache_dir().glob("*.so")])
 """
 
 
@@ -162,3 +197,20 @@ def test_the_build_is_cached_once_for_processes_that_start_together(tmp_path: Pa
     assert again.communicate(timeout=120)[0].startswith("32.0") and again.returncode == 0
     assert libraries[0].stat().st_mtime_ns == built  # loaded, not rebuilt
     assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]  # no build directory left behind
+
+
+@pytest.mark.parametrize("variant", [v for v in vnni_kernels.VARIANTS if v not in RUNNABLE] or [None])
+def test_a_variant_this_cpu_cannot_run_still_compiles(variant, tmp_path: Path) -> None:
+    """Edits made on a machine without a variant's instructions must not break its build there."""
+    if variant is None:
+        pytest.skip("every variant runs on this CPU (and the tests above built each)")
+    compiler = vnni_kernels._compiler()
+    assert compiler is not None, "no C++ compiler"
+    done = subprocess.run(
+        vnni_kernels._command(compiler, tmp_path / f"{variant}.so", variant),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / f"{variant}.so").stat().st_size > 0

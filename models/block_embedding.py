@@ -1,0 +1,48 @@
+"""Input embeddings looked up in the Q8_0 blocks that a tied lm_head already reads.
+
+A tied model's token table is its lm_head: with minipd's int8 kernels (vnni_kernels.py) the
+lm_head multiplies the file's Q8_0 blocks, so a dense copy of the table kept only for the
+input lookups would be the largest tensor in memory (SmolLM2: 113 MB in float32, 57 MB in
+bfloat16, against 31.9 MB of blocks). `BlockEmbedding` reads each looked-up row from the
+packed blocks instead: q * d in float32, exactly GGUF's dequantization, then the model's
+dtype, so a row equals the dense table's row bit for bit (the table is that dequantization in
+the dtype). A step reads one row of ~600 bytes per token.
+
+It is no parameter and holds no buffer: the blocks are the lm_head's, in its state dict once.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from minipd.models import vnni_kernels
+from minipd.models.quantized_linear import QuantizedLinear
+
+
+class BlockEmbedding(nn.Module):
+    """`nn.Embedding`'s lookup (ids [T] -> [T, hidden] in `dtype`) from a Q8_0 `QuantizedLinear`'s blocks."""
+
+    def __init__(self, blocks: QuantizedLinear, dtype: torch.dtype):
+        super().__init__()
+        if blocks.bits != 8 or blocks.kernel not in vnni_kernels.VARIANTS:
+            raise ValueError("block embedding: needs Q8_0 blocks packed for minipd's int8 kernels")
+        self._blocks = [blocks]  # a list: not a sub-module, so its buffer is not in this state dict twice
+        self.num_embeddings, self.embedding_dim, self.dtype = blocks.out_features, blocks.in_features, dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        blocks = self._blocks[0]
+        n, per_row = ids.numel(), self.embedding_dim // vnni_kernels.BLOCK
+        chunks = blocks.packed.view(-1, per_row, vnni_kernels.Q8_CHUNK)[ids.reshape(-1) // vnni_kernels.TILE]
+        lane, rows = ids.reshape(-1) % vnni_kernels.TILE, torch.arange(n, device=ids.device)
+        # a chunk: 8 rows (inputs / 4) x 16 outputs x 4 inputs of int8, then 16 float16 d
+        q = chunks[..., :512].view(n, per_row, 8, vnni_kernels.TILE, 4)[rows, :, :, lane]
+        d = chunks[..., 512:544].contiguous().view(torch.float16)[rows, :, lane]
+        values = q.view(torch.int8).float() * d.float().repeat_interleave(vnni_kernels.BLOCK, dim=1).view(
+            n, per_row, 8, 4
+        )
+        return values.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return 0  # the lm_head's blocks, counted there

@@ -1,0 +1,255 @@
+// One decode step of a Llama model served in float32 with every projection and the lm_head in
+// GGUF's blocks (minipd's int8 kernels, int8_kernels.h), as one op: `MINIPD_OPS::decode_step`.
+//
+// Why: the eager step is ~30 torch ops a layer around the four matmuls (norms, rotary, the KV
+// write, the gathers and SDPA of paged attention, SiLU, residual adds); at one row each costs
+// more in dispatch than in arithmetic, ~10 ms a step for SmolLM2 on one core against ~11 ms of
+// matmuls. Here each row's step is plain loops between direct calls of the matmul kernels.
+//
+// What it computes, per row r (a sequence's single new token at position p = positions[r]),
+// layer by layer, all in float32:
+//   h = rms_norm(x) * w_in                     (sum of squares in float32, 8 lanes, then lanes in order)
+//   q, k, v = h @ W_qkv (int8 kernel); q, k rotated: x * cos[p] + roll(x, d / 2) * signed_sin[p]
+//   K/V of position p written to the pool at block_tables[r][p / block_size], offset p % block_size
+//   o = softmax(scale * q . K[0..p]) . V[0..p] per head (kv head = head / (heads / kv_heads)),
+//       the maximum subtracted first, exp on 8 lanes (Cephes' polynomial, ~2 ulp)
+//   x += o @ W_o;  h = rms_norm(x) * w_post;  g, u = h @ W_gate_up;  x += (silu(g) * u) @ W_down
+// then logits = rms_norm(x) * w_final @ W_lm_head (Q8_0 or Q4 blocks). A row's result depends on
+// its own token, position, block table and cached K/V only: not on the other rows, their number
+// or the threads. It is not bit-equal to the eager path's (other summation orders, another exp):
+// an engine uses one of the two for every decode row, so a row is computed alike wherever it runs.
+//
+// The caller (models/fused_decode.py) checks the model's shapes; this op checks every index it
+// is given (positions against the tables and the pool, block ids against the pool).
+
+#include <cmath>
+
+#include "int8_kernels.h"
+
+#ifndef MINIPD_OPS
+#error "build with -DMINIPD_OPS=<the ops' namespace> (vnni_kernels.py does)"
+#endif
+
+namespace {
+using namespace minipd_int8;
+
+inline __m256 exp8(__m256 x) {  // e^x, Cephes' expf on 8 lanes; below ~-87.3 it is ~0, as expf's
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n));
+}
+
+inline float sum8(__m256 v) {  // lanes added in a fixed order
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, v);
+  float s = 0.0f;
+  for (float lane : lanes) s += lane;
+  return s;
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple of 8
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  return sum8(acc);
+}
+
+void rms_norm(const float* x, const float* w, int64_t rows, int64_t H, float eps, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * H;
+    const float inv = 1.0f / std::sqrt(dot(xr, xr, H) / static_cast<float>(H) + eps);
+    for (int64_t i = 0; i < H; ++i) out[r * H + i] = w[i] * (xr[i] * inv);
+  }
+}
+
+void rotate(float* v, const float* cos, const float* signed_sin, int64_t D) {  // one head, in place
+  alignas(32) float rotated[512];
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < D; ++i) rotated[i] = v[i] * cos[i] + v[(i + half) % D] * signed_sin[i];
+  std::memcpy(v, rotated, D * sizeof(float));
+}
+
+struct Shapes {
+  int64_t L, H, heads, kv_heads, D, F, V, num_blocks, block_size, max_blocks, max_pos;
+};
+
+// Attention of row r's heads of kv head g over positions [0, p]: writes out[heads / kv_heads][D].
+void attend(const float* q, const float* pool_layer, const int64_t* table, int64_t p, int64_t g, const Shapes& s,
+            float scale, float* out, std::vector<float>& scores) {
+  const int64_t rep = s.heads / s.kv_heads, n = p + 1, row = s.kv_heads * s.D;
+  scores.resize(rep * n);
+  auto key = [&](int64_t j, int64_t kv) {
+    const int64_t block = table[j / s.block_size];
+    return pool_layer + ((block * 2 + kv) * s.block_size + j % s.block_size) * row + g * s.D;
+  };
+  for (int64_t j = 0; j < n; ++j) {
+    const float* k = key(j, 0);
+    for (int64_t h = 0; h < rep; ++h) scores[h * n + j] = scale * dot(q + h * s.D, k, s.D);
+  }
+  for (int64_t h = 0; h < rep; ++h) {
+    float* sh = scores.data() + h * n;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, sh[j]);
+    __m256 total = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sh + j), _mm256_set1_ps(m)));
+      _mm256_storeu_ps(sh + j, e);
+      total = _mm256_add_ps(total, e);
+    }
+    if (j < n) {  // the tail through the same lanes, the lanes past it zero
+      alignas(32) float tail[8] = {};
+      for (int64_t t = 0; j + t < n; ++t) tail[t] = sh[j + t] - m;
+      _mm256_store_ps(tail, exp8(_mm256_load_ps(tail)));
+      for (int64_t t = 0; t < 8; ++t) {
+        if (j + t < n)
+          sh[j + t] = tail[t];
+        else
+          tail[t] = 0.0f;
+      }
+      total = _mm256_add_ps(total, _mm256_load_ps(tail));
+    }
+    const float inv = 1.0f / sum8(total);
+    float* o = out + h * s.D;
+    std::fill(o, o + s.D, 0.0f);
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const float* v = key(jj, 1);
+      const __m256 pj = _mm256_set1_ps(sh[jj] * inv);
+      for (int64_t i = 0; i < s.D; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
+    }
+  }
+}
+
+void check_packed(const at::Tensor& w, int64_t out, int64_t in, bool q8, const char* what) {
+  const int64_t chunk = q8 ? kQ8Chunk : kQ4Chunk;
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() && w.size(0) * kTile == out &&
+                  w.size(1) == in / kBlock * chunk,
+              "minipd decode_step: ", what, " must be packed blocks for a [", out, ", ", in, "] weight");
+}
+
+at::Tensor decode_step(const at::Tensor& x_in, const at::Tensor& positions_in, const at::Tensor& tables_in,
+                       const at::Tensor& pool, const at::Tensor& cos, const at::Tensor& signed_sin,
+                       at::TensorList norms, at::TensorList packed, int64_t heads, int64_t kv_heads,
+                       int64_t intermediate, int64_t lm_head_bits, double eps, double scale) {
+  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2, "minipd decode_step: x must be float32 [rows, hidden]");
+  TORCH_CHECK(pool.scalar_type() == at::kFloat && pool.dim() == 6 && pool.is_contiguous(),
+              "minipd decode_step: the KV pool must be a contiguous float32 [layers, blocks, 2, block, kv_heads, d]");
+  const int64_t n = x_in.size(0);
+  Shapes s{pool.size(0), x_in.size(1), heads, kv_heads, pool.size(5), intermediate, 0,
+           pool.size(1),  pool.size(3),  tables_in.dim() == 2 ? tables_in.size(1) : 0, cos.size(0)};
+  TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0 && pool.size(4) == kv_heads && s.D % 8 == 0 && s.D <= 512 &&
+                  s.H % kBlock == 0 && (heads * s.D) % kBlock == 0 && s.F % kBlock == 0,
+              "minipd decode_step: unsupported shapes");
+  TORCH_CHECK(positions_in.scalar_type() == at::kLong && positions_in.numel() == n && tables_in.scalar_type() == at::kLong &&
+                  tables_in.dim() == 2 && tables_in.size(0) == n,
+              "minipd decode_step: positions [rows] and block_tables [rows, max_blocks] must be int64");
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && signed_sin.scalar_type() == at::kFloat && cos.dim() == 2 &&
+                  cos.size(1) == s.D && signed_sin.sizes() == cos.sizes() && cos.is_contiguous() &&
+                  signed_sin.is_contiguous(),
+              "minipd decode_step: cos and signed_sin must be contiguous float32 [positions, d]");
+  TORCH_CHECK(static_cast<int64_t>(norms.size()) == 2 * s.L + 1 && static_cast<int64_t>(packed.size()) == 4 * s.L + 1,
+              "minipd decode_step: one input and one post-attention norm per layer and a final one; four packed "
+              "projections per layer and the lm_head");
+  TORCH_CHECK(lm_head_bits == 4 || lm_head_bits == 8, "minipd decode_step: lm_head_bits must be 4 or 8");
+  const int64_t qkv_out = (heads + 2 * kv_heads) * s.D;
+  for (int64_t l = 0; l < s.L; ++l) {
+    check_packed(packed[4 * l], qkv_out, s.H, false, "qkv");
+    check_packed(packed[4 * l + 1], s.H, heads * s.D, false, "o");
+    check_packed(packed[4 * l + 2], 2 * s.F, s.H, false, "gate_up");
+    check_packed(packed[4 * l + 3], s.H, s.F, false, "down");
+  }
+  s.V = packed[4 * s.L].size(0) * kTile;
+  check_packed(packed[4 * s.L], s.V, s.H, lm_head_bits == 8, "lm_head");
+  for (const at::Tensor& w : norms)
+    TORCH_CHECK(w.scalar_type() == at::kFloat && w.numel() == s.H && w.is_contiguous(),
+                "minipd decode_step: norms must be contiguous float32 [hidden]");
+  const at::Tensor positions = positions_in.contiguous(), tables = tables_in.contiguous();
+  const int64_t* pos = positions.data_ptr<int64_t>();
+  const int64_t* table = tables.data_ptr<int64_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    TORCH_CHECK(pos[r] >= 0 && pos[r] < s.max_pos && pos[r] < s.max_blocks * s.block_size,
+                "minipd decode_step: position ", pos[r], " of row ", r, " is outside its block table or the rotary tables");
+    for (int64_t b = 0; b <= pos[r] / s.block_size; ++b) {
+      const int64_t id = table[r * s.max_blocks + b];
+      TORCH_CHECK(id >= 0 && id < s.num_blocks, "minipd decode_step: block id ", id, " of row ", r, " is not in the pool");
+    }
+  }
+
+  at::Tensor x = x_in.contiguous().clone();
+  at::Tensor logits = at::empty({n, s.V}, x.options());
+  float* xp = x.data_ptr<float>();
+  const int64_t qkv_row = qkv_out, att_row = heads * s.D, kv_row = kv_heads * s.D;
+  std::vector<float> h(n * s.H), qkv(n * qkv_row), att(n * att_row), o(n * s.H), gu(n * 2 * s.F), act(n * s.F);
+  const int64_t layer_floats = s.num_blocks * 2 * s.block_size * kv_row;
+  const float fscale = static_cast<float>(scale), feps = static_cast<float>(eps);
+  auto add_into_x = [&](const std::vector<float>& y) {
+    for (int64_t i = 0; i < n * s.H; ++i) xp[i] += y[i];
+  };
+  for (int64_t l = 0; l < s.L; ++l) {
+    float* pool_layer = pool.data_ptr<float>() + l * layer_floats;
+    rms_norm(xp, norms[2 * l].data_ptr<float>(), n, s.H, feps, h.data());
+    multiply<false>(h.data(), n, s.H, packed[4 * l].data_ptr<uint8_t>(), packed[4 * l].size(0), qkv.data());
+    for (int64_t r = 0; r < n; ++r) {
+      float* row = qkv.data() + r * qkv_row;
+      const float* c = cos.data_ptr<float>() + pos[r] * s.D;
+      const float* sn = signed_sin.data_ptr<float>() + pos[r] * s.D;
+      for (int64_t head = 0; head < heads + kv_heads; ++head) rotate(row + head * s.D, c, sn, s.D);
+      const int64_t block = table[r * s.max_blocks + pos[r] / s.block_size], offset = pos[r] % s.block_size;
+      float* k_slot = pool_layer + ((block * 2 + 0) * s.block_size + offset) * kv_row;
+      float* v_slot = pool_layer + ((block * 2 + 1) * s.block_size + offset) * kv_row;
+      std::memcpy(k_slot, row + heads * s.D, kv_row * sizeof(float));
+      std::memcpy(v_slot, row + (heads + kv_heads) * s.D, kv_row * sizeof(float));
+    }
+    at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores;
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t r = i / kv_heads, g = i % kv_heads, rep = heads / kv_heads;
+        attend(qkv.data() + r * qkv_row + g * rep * s.D, pool_layer, table + r * s.max_blocks, pos[r], g, s, fscale,
+               att.data() + r * att_row + g * rep * s.D, scores);
+      }
+    });
+    multiply<false>(att.data(), n, att_row, packed[4 * l + 1].data_ptr<uint8_t>(), packed[4 * l + 1].size(0), o.data());
+    add_into_x(o);
+    rms_norm(xp, norms[2 * l + 1].data_ptr<float>(), n, s.H, feps, h.data());
+    multiply<false>(h.data(), n, s.H, packed[4 * l + 2].data_ptr<uint8_t>(), packed[4 * l + 2].size(0), gu.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const float* g = gu.data() + r * 2 * s.F;
+      float* a = act.data() + r * s.F;
+      for (int64_t i = 0; i < s.F; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 sig = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(g + s.F + i)));
+      }
+    }
+    multiply<false>(act.data(), n, s.F, packed[4 * l + 3].data_ptr<uint8_t>(), packed[4 * l + 3].size(0), o.data());
+    add_into_x(o);
+  }
+  rms_norm(xp, norms[2 * s.L].data_ptr<float>(), n, s.H, feps, h.data());
+  const uint8_t* head = packed[4 * s.L].data_ptr<uint8_t>();
+  if (lm_head_bits == 8)
+    multiply<true>(h.data(), n, s.H, head, packed[4 * s.L].size(0), logits.data_ptr<float>());
+  else
+    multiply<false>(h.data(), n, s.H, head, packed[4 * s.L].size(0), logits.data_ptr<float>());
+  return logits;
+}
+
+}  // namespace
+
+#define MINIPD_TORCH_LIBRARY_FRAGMENT(ns, m) TORCH_LIBRARY_FRAGMENT(ns, m)
+MINIPD_TORCH_LIBRARY_FRAGMENT(MINIPD_OPS, m) {
+  m.def(
+      "decode_step(Tensor x, Tensor positions, Tensor block_tables, Tensor(a!) kv_pool, Tensor cos, "
+      "Tensor signed_sin, Tensor[] norms, Tensor[] packed, int heads, int kv_heads, int intermediate, "
+      "int lm_head_bits, float eps, float scale) -> Tensor");
+  m.impl("decode_step", c10::kCPU, &decode_step);
+}

@@ -1,0 +1,98 @@
+"""The fused decode step (`fused_decode.cpp`): a whole decode step of a float32 model whose
+projections and lm_head all sit in GGUF's blocks, in one op call instead of ~30 eager torch
+ops a layer.
+
+`FusedDecode.of(model)` prepares a model's arguments once (the packed weights and norms in the
+op's order, its shapes), or says why it cannot be used (`unsupported`): the model must be in
+float32 on the CPU, every projection and the lm_head served by one of minipd's int8 kernels
+("vnni", "avx2"), without attention biases. Calling it runs decode rows, one new token per
+sequence at its position, writing their K/V into the pool and returning float32 logits.
+
+What the step computes is stated in the .cpp's header; a row's logits depend on that row only,
+and they are close to, not bit-equal to, the eager path's (the engine uses one of the two for
+every decode row: model_runner.py). Prefill chunks always run eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minipd.models import vnni_kernels
+from minipd.models.llama import LlamaForCausalLM
+from minipd.models.quantized_linear import INT8_KERNELS, QuantizedLinear
+
+
+def unsupported(model: LlamaForCausalLM) -> str | None:
+    """Why the fused step cannot run `model`, or None."""
+    norm = model.model.norm.weight
+    if norm.device.type != "cpu" or norm.dtype != torch.float32:
+        return f"the fused decode step runs float32 models on the CPU, not {norm.dtype} on {norm.device.type}"
+    if model.config.attention_bias:
+        return "the fused decode step has no attention biases"
+    linears: list[QuantizedLinear | None] = [model.quant_lm_head]
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        linears += [attn.quant_qkv, attn.quant_o, mlp.quant_gate_up, mlp.quant_down]
+    kernels = {m.kernel if m is not None else None for m in linears}
+    if None in kernels or len(kernels) != 1 or not kernels <= set(INT8_KERNELS):
+        return "the fused decode step needs every projection and the lm_head in blocks, multiplied by one int8 kernel"
+    if any(m.bits != 4 for m in linears[1:]):
+        return "the fused decode step multiplies 4-bit projections only"
+    return None
+
+
+class FusedDecode:
+    """A model's arguments for `decode_step`, gathered once (they are views of its weights)."""
+
+    def __init__(self, model: LlamaForCausalLM):
+        if (why := unsupported(model)) is not None:
+            raise ValueError(why)
+        config, layers = model.config, model.model.layers
+        self.kernel = model.quant_lm_head.kernel
+        vnni_kernels.load(self.kernel)
+        self.norms = [
+            w for layer in layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+        ]
+        self.norms.append(model.model.norm.weight)
+        self.packed = [
+            m.packed
+            for layer in layers
+            for m in (layer.self_attn.quant_qkv, layer.self_attn.quant_o, layer.mlp.quant_gate_up, layer.mlp.quant_down)
+        ]
+        self.packed.append(model.quant_lm_head.packed)
+        self.lm_head_bits = model.quant_lm_head.bits
+        self.embed = model.model.embed_tokens  # nn.Embedding, or block_embedding.BlockEmbedding
+        self.cos, self.signed_sin = model.rope.cos, model.rope.signed_sin
+        self.heads, self.kv_heads = config.num_heads, config.num_kv_heads
+        self.intermediate, self.eps = config.intermediate_size, config.rms_norm_eps
+        self.scale = layers[0].self_attn.scale
+
+    @classmethod
+    def of(cls, model: LlamaForCausalLM) -> FusedDecode | None:
+        """The prepared step, or None where `unsupported(model)`."""
+        return None if unsupported(model) is not None else cls(model)
+
+    @torch.inference_mode()
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor, kv_pool: torch.Tensor
+    ) -> torch.Tensor:
+        """Logits [rows, vocab] (float32) of each row's token `input_ids[r]` at `positions[r]`,
+        its sequence's blocks in `block_tables[r]` (int64 [rows, max_blocks], padded with any
+        id past the position's block); writes each row's K/V into `kv_pool`."""
+        ops = getattr(torch.ops, f"minipd_{self.kernel}")
+        return ops.decode_step(
+            self.embed(input_ids),
+            positions,
+            block_tables,
+            kv_pool,
+            self.cos,
+            self.signed_sin,
+            self.norms,
+            self.packed,
+            self.heads,
+            self.kv_heads,
+            self.intermediate,
+            self.lm_head_bits,
+            self.eps,
+            self.scale,
+        )
