@@ -49,12 +49,11 @@ inline __m256 exp8(__m256 x) {  // e^x, Cephes' expf on 8 lanes; below ~-87.3 it
   return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n));
 }
 
-inline float sum8(__m256 v) {  // lanes added in a fixed order
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, v);
-  float s = 0.0f;
-  for (float lane : lanes) s += lane;
-  return s;
+inline float sum8(__m256 v) {  // lanes added in a fixed order: halves, then pairs, then the last two
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
 }
 
 inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple of 8
@@ -120,12 +119,20 @@ void attend(const float* q, const float* pool_layer, const int64_t* table, int64
     }
     const float inv = 1.0f / sum8(total);
     float* o = out + h * s.D;
-    std::fill(o, o + s.D, 0.0f);
-    for (int64_t jj = 0; jj < n; ++jj) {
-      const float* v = key(jj, 1);
-      const __m256 pj = _mm256_set1_ps(sh[jj] * inv);
-      for (int64_t i = 0; i < s.D; i += 8)
-        _mm256_storeu_ps(o + i, _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + i), _mm256_loadu_ps(o + i)));
+    for (int64_t i0 = 0; i0 < s.D; i0 += 64) {  // 64 outputs at a time in 8 registers
+      const int64_t lanes = std::min<int64_t>(64, s.D - i0) / 8;
+      __m256 acc[8];
+      for (int64_t i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+      for (int64_t jj = 0; jj < n; ++jj) {
+        const float* v = key(jj, 1) + i0;
+        const __m256 pj = _mm256_set1_ps(sh[jj] * inv);
+        if (lanes == 8) {
+          for (int64_t i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[i]);
+        } else {
+          for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[i]);
+        }
+      }
+      for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(o + i0 + 8 * i, acc[i]);
     }
   }
 }

@@ -76,25 +76,31 @@ async def engine_step(engine: Engine, batch_prompts: list[list[int]], output_len
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     first_tokens: list[float] = []
     marks: list[tuple[float, float, float]] = []  # at the end of each forward: wall, process CPU, its thread CPU
-    model_forward = engine.model.forward
 
-    def timed_forward(*args, **kwargs):
-        start = time.thread_time()
-        try:
-            return model_forward(*args, **kwargs)
-        finally:
-            marks.append((time.perf_counter(), time.process_time(), time.thread_time() - start))
+    def timed(forward):
+        def timed_forward(*args, **kwargs):
+            start = time.thread_time()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                marks.append((time.perf_counter(), time.process_time(), time.thread_time() - start))
+
+        return timed_forward
 
     async def one(prompt: list[int]) -> None:
         async for out in engine.generate(prompt, params):
             if out.num_output_tokens == len(out.token_ids):  # the increment carrying the first token
                 first_tokens.append(time.perf_counter())
 
-    engine.model.forward = timed_forward
+    engine.model.forward = timed(engine.model.forward)
+    fused = engine.runner.fused  # decode rows' forward where the engine fuses them (fused_decode.py)
+    if fused is not None:
+        engine.runner.fused = timed(fused)
     try:
         await asyncio.gather(*(one(p) for p in batch_prompts))
     finally:
         del engine.model.forward  # back to the class's method
+        engine.runner.fused = fused
     # The last prefill's forward ended before its first token was seen: decode steps follow it.
     decode_marks = [m for m in marks if m[0] < max(first_tokens)][-1:] + [m for m in marks if m[0] > max(first_tokens)]
     if len(decode_marks) < 2:
