@@ -32,16 +32,8 @@ class BlockEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         blocks = self._blocks[0]
-        n, per_row = ids.numel(), self.embedding_dim // vnni_kernels.BLOCK
-        chunks = blocks.packed.view(-1, per_row, vnni_kernels.Q8_CHUNK)[ids.reshape(-1) // vnni_kernels.TILE]
-        lane, rows = ids.reshape(-1) % vnni_kernels.TILE, torch.arange(n, device=ids.device)
-        # a chunk: 8 rows (inputs / 4) x 16 outputs x 4 inputs of int8, then 16 float16 d
-        q = chunks[..., :512].view(n, per_row, 8, vnni_kernels.TILE, 4)[rows, :, :, lane]
-        d = chunks[..., 512:544].contiguous().view(torch.float16)[rows, :, lane]
-        values = q.view(torch.int8).float() * d.float().repeat_interleave(vnni_kernels.BLOCK, dim=1).view(
-            n, per_row, 8, 4
-        )
-        return values.reshape(*ids.shape, self.embedding_dim).to(self.dtype)
+        rows = vnni_kernels.q8_rows(blocks.packed, ids.reshape(-1), blocks.in_features, self.dtype, blocks.kernel)
+        return rows.view(*ids.shape, self.embedding_dim)
 
     @property
     def nbytes(self) -> int:

@@ -57,6 +57,36 @@ at::Tensor quantized_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t in_
   return y;
 }
 
+// Rows `ids` of a Q8_0 weight packed as above, dequantized as GGUF does (float32 d * q), in
+// `dtype` (float32, or bfloat16 rounded to nearest even, as .to() rounds): embedding lookups
+// from a tied lm_head's blocks (block_embedding.py).
+at::Tensor q8_rows(const at::Tensor& w, const at::Tensor& ids_in, int64_t in_features, at::ScalarType dtype) {
+  TORCH_CHECK(in_features > 0 && in_features % kBlock == 0 && w.scalar_type() == at::kByte && w.dim() == 2 &&
+                  w.is_contiguous() && w.size(1) == in_features / kBlock * kQ8Chunk,
+              "minipd kernels: q8_rows needs Q8_0 blocks packed for [out, ", in_features, "]");
+  TORCH_CHECK(ids_in.scalar_type() == at::kLong, "minipd kernels: q8_rows takes int64 ids");
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16, "minipd kernels: q8_rows answers float32 or bfloat16");
+  const at::Tensor ids = ids_in.contiguous();
+  const int64_t n = ids.numel(), nb = in_features / kBlock, rows = w.size(0) * kTile;
+  at::Tensor out = at::empty({n, in_features}, w.options().dtype(at::kFloat));
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  float* o = out.data_ptr<float>();
+  for (int64_t r = 0; r < n; ++r) {
+    TORCH_CHECK(id[r] >= 0 && id[r] < rows, "minipd kernels: id ", id[r], " is not below ", rows);
+    const int64_t tile = id[r] / kTile, lane = id[r] % kTile;
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* chunk = wp + (tile * nb + b) * kQ8Chunk;
+      at::Half d;
+      std::memcpy(&d, chunk + 512 + 2 * lane, 2);
+      const float scale = static_cast<float>(d);
+      for (int64_t k = 0; k < kBlock; ++k)
+        o[r * in_features + b * kBlock + k] = scale * static_cast<float>(static_cast<int8_t>(chunk[(k / 4) * 64 + lane * 4 + k % 4]));
+    }
+  }
+  return dtype == at::kFloat ? out : out.to(dtype);
+}
+
 }  // namespace
 
 // TORCH_LIBRARY pastes its namespace argument; one more macro level expands MINIPD_OPS first.
@@ -66,4 +96,6 @@ MINIPD_TORCH_LIBRARY(MINIPD_OPS, m) {
   m.def("q8_mm(Tensor x, Tensor packed, int in_features) -> Tensor");
   m.impl("q4_mm", c10::kCPU, &quantized_mm<false>);
   m.impl("q8_mm", c10::kCPU, &quantized_mm<true>);
+  m.def("q8_rows(Tensor packed, Tensor ids, int in_features, ScalarType dtype) -> Tensor");
+  m.impl("q8_rows", c10::kCPU, &q8_rows);
 }

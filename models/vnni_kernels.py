@@ -215,6 +215,12 @@ def q8_mm(x: torch.Tensor, packed: torch.Tensor, in_features: int, variant: str 
     return _ops(variant).q8_mm(x, packed, in_features)
 
 
+def q8_rows(packed: torch.Tensor, ids: torch.Tensor, in_features: int, dtype: torch.dtype, variant: str = "vnni"):
+    """Rows `ids` (int64 [n]) of `pack_q8`'s weights as GGUF dequantizes them, in `dtype`
+    (float32 or bfloat16): [n, in]. RuntimeError for an id past the rows."""
+    return _ops(variant).q8_rows(packed, ids, in_features, dtype)
+
+
 def _untile(rows: torch.Tensor, out_features: int, in_features: int) -> torch.Tensor:
     """`_tiles`'s inverse for blocks of 32: [tiles, blocks, 8, 64] -> [out, in]."""
     tiles, blocks = rows.shape[:2]

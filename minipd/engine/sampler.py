@@ -66,8 +66,10 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams], steps: Sequen
 
     `steps[i]` is how many output tokens row i's request already has; seeds must be set.
     """
-    tokens: list[int | SamplingFailed] = logits.argmax(dim=-1).tolist()
-    has_nan = torch.isnan(logits).any(dim=-1).tolist()
+    # One pass: max propagates NaN, so a row's maximum is NaN exactly when the row holds one.
+    best, argmax = logits.max(dim=-1)
+    tokens: list[int | SamplingFailed] = argmax.tolist()
+    has_nan = best.isnan().tolist()
     for i, p in enumerate(params):
         if has_nan[i]:  # argmax would pick a NaN's position as if it were a token
             tokens[i] = SamplingFailed("the model produced NaN logits")

@@ -14,6 +14,7 @@ from gguf_helpers import PROSE, requires_smollm2
 
 from minipd.engine.model_loader import load_model
 from minipd.models import vnni_kernels
+from minipd.models.block_embedding import BlockEmbedding
 from minipd.models.fused_decode import FusedDecode, unsupported
 
 pytestmark = [
@@ -94,6 +95,20 @@ def test_a_rows_logits_do_not_depend_on_its_batch(models):
         alone = step(ids[39:40], torch.tensor([position]), tables[r : r + 1], pool.clone())
         assert torch.equal(alone, together[r : r + 1])
     assert not torch.equal(together[0], together[1])
+
+
+def test_lookups_read_the_lm_heads_blocks_as_the_dense_table_holds_them(models):
+    quantized, dense, _ = models
+    # the tied embedding is the Q8_0 lm_head: no dense table is kept for the lookups
+    assert isinstance(quantized.model.embed_tokens, BlockEmbedding)
+    assert not any("embed_tokens" in name for name in quantized.state_dict())
+    ids = torch.randint(0, quantized.config.vocab_size, (2000,), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(quantized.model.embed_tokens(ids), dense.model.embed_tokens.weight[ids])
+    assert quantized.model.embed_tokens(ids.view(40, 50)).shape == (40, 50, quantized.config.hidden_size)
+    for bad in (quantized.config.vocab_size, -1):
+        with pytest.raises(RuntimeError, match="is not below"):
+            quantized.model.embed_tokens(torch.tensor([3, bad]))
+    assert torch.equal(quantized.model.embed_tokens(ids[:5]), dense.model.embed_tokens.weight[ids[:5]])
 
 
 def test_bad_indices_are_refused_and_the_step_keeps_serving(models):
