@@ -158,6 +158,23 @@ def _weights(model) -> list[torch.Tensor]:
     return [*model.parameters(), *quantized]
 
 
+def _distinct_bytes(tensors: list[torch.Tensor], skip: set[int] = frozenset()) -> int:
+    """Bytes the tensors span, each storage counted once: from its first used byte to its last
+    (views of one fused weight count once; the 4-bit buffers packed side by side in one
+    huge-page arena count as themselves, not as the arena's unused slack). `skip`: storages
+    (by data_ptr) left out."""
+    spans: dict[int, tuple[int, int]] = {}
+    for t in tensors:
+        storage = t.untyped_storage().data_ptr()
+        if storage in skip:
+            continue
+        start = t.data_ptr() - storage
+        end = start + t.numel() * t.element_size()
+        low, high = spans.get(storage, (start, end))
+        spans[storage] = (min(low, start), max(high, end))
+    return sum(high - low for low, high in spans.values())
+
+
 def weight_bytes(model) -> int:
     """Bytes of the weights one decode step reads: every distinct weight storage (quantized
     buffers included), except an input embedding the lm_head does not read (of which a step
@@ -166,13 +183,7 @@ def weight_bytes(model) -> int:
     reads_embedding = model.config.tie_word_embeddings and model.quant_lm_head is None
     table = getattr(model.model.embed_tokens, "weight", None)  # none where lookups read the head's blocks
     skip = set() if reads_embedding or table is None else {table.untyped_storage().data_ptr()}
-    seen, total = skip, 0
-    for p in _weights(model):
-        storage = p.untyped_storage()
-        if storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-    return total
+    return _distinct_bytes(_weights(model), skip)
 
 
 def resident_weight_bytes(model) -> dict[str, int]:
@@ -180,11 +191,7 @@ def resident_weight_bytes(model) -> dict[str, int]:
     parameters and the 4-bit buffers), `prepacked`, the copies packed for oneDNN's bf16
     matmuls that sit beside the plain weights (prepacked_linear.py), and `dense_copy`, the
     4-bit projections' dense copies that prefill rows multiply (weights "mixed")."""
-    seen, weights = set(), 0
-    for t in _weights(model):
-        if t.untyped_storage().data_ptr() not in seen:
-            seen.add(t.untyped_storage().data_ptr())
-            weights += t.untyped_storage().nbytes()
+    weights = _distinct_bytes(_weights(model))
     copies = [getattr(m, n) for m in model.modules() for n in vars(m) if n.startswith("packed_")]
     prepacked = sum(t.numel() * t.element_size() for t in copies if isinstance(t, torch.Tensor))
     return {"weights": weights, "prepacked": prepacked, "dense_copy": model.dense_copy_nbytes}
