@@ -101,7 +101,8 @@ class ModelRunner:
         if not fused:
             return self._run_eager(chunks, layer_hook)
         results: list[ChunkResult] = [None] * len(chunks)
-        rest = [i for i in range(len(chunks)) if i not in set(fused)]
+        fused_rows = set(fused)
+        rest = [i for i in range(len(chunks)) if i not in fused_rows]
         if rest:  # prefill chunks (and their KV streams) first, as the eager order has them
             for i, result in zip(rest, self._run_eager([chunks[i] for i in rest], layer_hook)):
                 results[i] = result

@@ -19,6 +19,7 @@ from gguf_helpers import TINY, hf_weights, write_llama_gguf
 from minipd.engine.model_runner import ModelRunner
 from minipd.engine.request import Request
 from minipd.engine.scheduler import ScheduledChunk
+from minipd.models import vnni_kernels
 from minipd.models.quantized_linear import DENSE_MIN_ROWS
 
 PROMPT_TOKENS = 40
@@ -128,6 +129,36 @@ def test_a_request_prefilled_beside_running_decodes_gets_the_tokens_it_gets_alon
 ):
     step_log = tmp_path / "steps.jsonl"
     engine = _engine(make_engine, q4_model, enable_prefix_caching=False, step_log=str(step_log))
+    _assert_overlapped_equals_alone(engine, loop_thread, step_log)
+
+
+@pytest.mark.skipif(vnni_kernels.best() is None, reason="none of minipd's int8 kernels runs on this CPU")
+def test_fused_decode_rows_beside_a_prefill_chunk_get_the_tokens_they_get_alone(
+    make_engine, loop_thread, q4_model, tmp_path
+):
+    """float32 serves the blocks and decodes through the fused step: a step that mixes a
+    prefill chunk with decode rows runs the chunk eagerly and the rows fused, apart."""
+    step_log = tmp_path / "steps.jsonl"
+    engine = _engine(
+        make_engine, q4_model, dtype="float32", weights="quantized", enable_prefix_caching=False, step_log=str(step_log)
+    )
+    fused, rows = engine.runner.fused, []
+    assert fused is not None
+
+    def counted(input_ids, *args):
+        rows.append(input_ids.numel())
+        return fused(input_ids, *args)
+
+    engine.runner.fused = counted
+    try:
+        _assert_overlapped_equals_alone(engine, loop_thread, step_log)
+    finally:
+        engine.runner.fused = fused
+    # two requests alone, then overlapped: every output token but each one's first is a fused row
+    assert sum(rows) == 4 * (DECODE_TOKENS - 1)
+
+
+def _assert_overlapped_equals_alone(engine, loop_thread, step_log) -> None:
     running, arriving = _prompt(30), _prompt(31)
 
     async def alone(prompt):
