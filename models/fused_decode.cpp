@@ -1,5 +1,7 @@
-// One decode step of a Llama model served in float32 with every projection and the lm_head in
-// GGUF's blocks (minipd's int8 kernels, int8_kernels.h), as one op: `MINIPD_OPS::decode_step`.
+// One decode step of a Llama model with every projection and the lm_head in GGUF's blocks
+// (minipd's int8 kernels, int8_kernels.h), as one op: `MINIPD_OPS::decode_step`. It computes in
+// float32 whatever the model's dtype; the KV pool is float32 or bfloat16 (the model's), its new
+// rows rounded to nearest even in bfloat16, as the eager path's .to() rounds them.
 //
 // Why: the eager step is ~30 torch ops a layer around the four matmuls (norms, rotary, the KV
 // write, the gathers and SDPA of paged attention, SiLU, residual adds); at one row each costs
@@ -7,7 +9,7 @@
 // matmuls. Here each row's step is plain loops between direct calls of the matmul kernels.
 //
 // What it computes, per row r (a sequence's single new token at position p = positions[r]),
-// layer by layer, all in float32:
+// layer by layer, all in float32 (the norms and rotary tables given in float32):
 //   h = rms_norm(x) * w_in                     (sum of squares in float32, 8 lanes, then lanes in order)
 //   q, k, v = h @ W_qkv (int8 kernel); q, k rotated: x * cos[p] + roll(x, d / 2) * signed_sin[p]
 //   K/V of position p written to the pool at block_tables[r][p / block_size], offset p % block_size
@@ -56,9 +58,22 @@ inline float sum8(__m256 v) {  // lanes added in a fixed order: halves, then pai
   return _mm_cvtss_f32(s);
 }
 
-inline float dot(const float* a, const float* b, int64_t n) {  // n a multiple of 8
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const at::BFloat16* p) {  // bfloat16 is float32's top half: exact
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// K/V rows into the pool: float32 as they are, bfloat16 rounded to nearest even (as .to() rounds).
+inline void store_row(float* dst, const float* src, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void store_row(at::BFloat16* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = at::BFloat16(src[i]);
+}
+
+template <typename T>
+inline float dot(const float* a, const T* b, int64_t n) {  // n a multiple of 8
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc);
   return sum8(acc);
 }
 
@@ -82,7 +97,8 @@ struct Shapes {
 };
 
 // Attention of row r's heads of kv head g over positions [0, p]: writes out[heads / kv_heads][D].
-void attend(const float* q, const float* pool_layer, const int64_t* table, int64_t p, int64_t g, const Shapes& s,
+template <typename T>
+void attend(const float* q, const T* pool_layer, const int64_t* table, int64_t p, int64_t g, const Shapes& s,
             float scale, float* out, std::vector<float>& scores) {
   const int64_t rep = s.heads / s.kv_heads, n = p + 1, row = s.kv_heads * s.D;
   scores.resize(rep * n);
@@ -91,7 +107,7 @@ void attend(const float* q, const float* pool_layer, const int64_t* table, int64
     return pool_layer + ((block * 2 + kv) * s.block_size + j % s.block_size) * row + g * s.D;
   };
   for (int64_t j = 0; j < n; ++j) {
-    const float* k = key(j, 0);
+    const T* k = key(j, 0);
     for (int64_t h = 0; h < rep; ++h) scores[h * n + j] = scale * dot(q + h * s.D, k, s.D);
   }
   for (int64_t h = 0; h < rep; ++h) {
@@ -124,12 +140,12 @@ void attend(const float* q, const float* pool_layer, const int64_t* table, int64
       __m256 acc[8];
       for (int64_t i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
       for (int64_t jj = 0; jj < n; ++jj) {
-        const float* v = key(jj, 1) + i0;
+        const T* v = key(jj, 1) + i0;
         const __m256 pj = _mm256_set1_ps(sh[jj] * inv);
         if (lanes == 8) {
-          for (int64_t i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[i]);
+          for (int64_t i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(pj, load8(v + 8 * i), acc[i]);
         } else {
-          for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * i), acc[i]);
+          for (int64_t i = 0; i < lanes; ++i) acc[i] = _mm256_fmadd_ps(pj, load8(v + 8 * i), acc[i]);
         }
       }
       for (int64_t i = 0; i < lanes; ++i) _mm256_storeu_ps(o + i0 + 8 * i, acc[i]);
@@ -144,13 +160,11 @@ void check_packed(const at::Tensor& w, int64_t out, int64_t in, bool q8, const c
               "minipd decode_step: ", what, " must be packed blocks for a [", out, ", ", in, "] weight");
 }
 
-at::Tensor decode_step(const at::Tensor& x_in, const at::Tensor& positions_in, const at::Tensor& tables_in,
-                       const at::Tensor& pool, const at::Tensor& cos, const at::Tensor& signed_sin,
-                       at::TensorList norms, at::TensorList packed, int64_t heads, int64_t kv_heads,
-                       int64_t intermediate, int64_t lm_head_bits, double eps, double scale) {
-  TORCH_CHECK(x_in.scalar_type() == at::kFloat && x_in.dim() == 2, "minipd decode_step: x must be float32 [rows, hidden]");
-  TORCH_CHECK(pool.scalar_type() == at::kFloat && pool.dim() == 6 && pool.is_contiguous(),
-              "minipd decode_step: the KV pool must be a contiguous float32 [layers, blocks, 2, block, kv_heads, d]");
+template <typename T>
+at::Tensor run(const at::Tensor& x_in, const at::Tensor& positions_in, const at::Tensor& tables_in,
+               const at::Tensor& pool, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList norms,
+               at::TensorList packed, int64_t heads, int64_t kv_heads, int64_t intermediate, int64_t lm_head_bits,
+               double eps, double scale) {
   const int64_t n = x_in.size(0);
   Shapes s{pool.size(0), x_in.size(1), heads, kv_heads, pool.size(5), intermediate, 0,
            pool.size(1),  pool.size(3),  tables_in.dim() == 2 ? tables_in.size(1) : 0, cos.size(0)};
@@ -203,7 +217,7 @@ at::Tensor decode_step(const at::Tensor& x_in, const at::Tensor& positions_in, c
     for (int64_t i = 0; i < n * s.H; ++i) xp[i] += y[i];
   };
   for (int64_t l = 0; l < s.L; ++l) {
-    float* pool_layer = pool.data_ptr<float>() + l * layer_floats;
+    T* pool_layer = pool.data_ptr<T>() + l * layer_floats;
     rms_norm(xp, norms[2 * l].data_ptr<float>(), n, s.H, feps, h.data());
     multiply<false>(h.data(), n, s.H, packed[4 * l].data_ptr<uint8_t>(), packed[4 * l].size(0), qkv.data());
     for (int64_t r = 0; r < n; ++r) {
@@ -212,10 +226,8 @@ at::Tensor decode_step(const at::Tensor& x_in, const at::Tensor& positions_in, c
       const float* sn = signed_sin.data_ptr<float>() + pos[r] * s.D;
       for (int64_t head = 0; head < heads + kv_heads; ++head) rotate(row + head * s.D, c, sn, s.D);
       const int64_t block = table[r * s.max_blocks + pos[r] / s.block_size], offset = pos[r] % s.block_size;
-      float* k_slot = pool_layer + ((block * 2 + 0) * s.block_size + offset) * kv_row;
-      float* v_slot = pool_layer + ((block * 2 + 1) * s.block_size + offset) * kv_row;
-      std::memcpy(k_slot, row + heads * s.D, kv_row * sizeof(float));
-      std::memcpy(v_slot, row + (heads + kv_heads) * s.D, kv_row * sizeof(float));
+      store_row(pool_layer + ((block * 2 + 0) * s.block_size + offset) * kv_row, row + heads * s.D, kv_row);
+      store_row(pool_layer + ((block * 2 + 1) * s.block_size + offset) * kv_row, row + (heads + kv_heads) * s.D, kv_row);
     }
     at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores;
@@ -248,6 +260,22 @@ at::Tensor decode_step(const at::Tensor& x_in, const at::Tensor& positions_in, c
   else
     multiply<false>(h.data(), n, s.H, head, packed[4 * s.L].size(0), logits.data_ptr<float>());
   return logits;
+}
+
+at::Tensor decode_step(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& tables,
+                       const at::Tensor& pool, const at::Tensor& cos, const at::Tensor& signed_sin,
+                       at::TensorList norms, at::TensorList packed, int64_t heads, int64_t kv_heads,
+                       int64_t intermediate, int64_t lm_head_bits, double eps, double scale) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "minipd decode_step: x must be float32 [rows, hidden]");
+  TORCH_CHECK((pool.scalar_type() == at::kFloat || pool.scalar_type() == at::kBFloat16) && pool.dim() == 6 &&
+                  pool.is_contiguous(),
+              "minipd decode_step: the KV pool must be a contiguous float32 or bfloat16 [layers, blocks, 2, block, "
+              "kv_heads, d]");
+  if (pool.scalar_type() == at::kFloat)
+    return run<float>(x, positions, tables, pool, cos, signed_sin, norms, packed, heads, kv_heads, intermediate,
+                      lm_head_bits, eps, scale);
+  return run<at::BFloat16>(x, positions, tables, pool, cos, signed_sin, norms, packed, heads, kv_heads, intermediate,
+                           lm_head_bits, eps, scale);
 }
 
 }  // namespace

@@ -1,12 +1,12 @@
-"""The fused decode step (`fused_decode.cpp`): a whole decode step of a float32 model whose
-projections and lm_head all sit in GGUF's blocks, in one op call instead of ~30 eager torch
-ops a layer.
+"""The fused decode step (`fused_decode.cpp`): a whole decode step of a model whose projections
+and lm_head all sit in GGUF's blocks, in one op call instead of ~30 eager torch ops a layer.
 
-`FusedDecode.of(model)` prepares a model's arguments once (the packed weights and norms in the
-op's order, its shapes), or says why it cannot be used (`unsupported`): the model must be in
-float32 on the CPU, every projection and the lm_head served by one of minipd's int8 kernels
-("vnni", "avx2"), without attention biases. Calling it runs decode rows, one new token per
-sequence at its position, writing their K/V into the pool and returning float32 logits.
+`FusedDecode.of(model)` prepares a model's arguments once (the packed weights in the op's
+order, float32 copies of the norms and rotary tables, its shapes), or says why it cannot be
+used (`unsupported`): the model must be on the CPU in float32 or bfloat16, every projection and
+the lm_head served by one of minipd's int8 kernels ("vnni", "avx2"), without attention biases.
+Calling it runs decode rows, one new token per sequence at its position, in float32 whatever
+the model's dtype, writing their K/V into the pool (in its dtype) and returning float32 logits.
 
 What the step computes is stated in the .cpp's header; a row's logits depend on that row only,
 and they are close to, not bit-equal to, the eager path's (the engine uses one of the two for
@@ -25,8 +25,10 @@ from minipd.models.quantized_linear import INT8_KERNELS, QuantizedLinear
 def unsupported(model: LlamaForCausalLM) -> str | None:
     """Why the fused step cannot run `model`, or None."""
     norm = model.model.norm.weight
-    if norm.device.type != "cpu" or norm.dtype != torch.float32:
-        return f"the fused decode step runs float32 models on the CPU, not {norm.dtype} on {norm.device.type}"
+    if norm.device.type != "cpu" or norm.dtype not in (torch.float32, torch.bfloat16):
+        return (
+            f"the fused decode step runs float32 or bfloat16 models on the CPU, not {norm.dtype} on {norm.device.type}"
+        )
     if model.config.attention_bias:
         return "the fused decode step has no attention biases"
     linears: list[QuantizedLinear | None] = [model.quant_lm_head]
@@ -50,10 +52,8 @@ class FusedDecode:
         config, layers = model.config, model.model.layers
         self.kernel = model.quant_lm_head.kernel
         vnni_kernels.load(self.kernel)
-        self.norms = [
-            w for layer in layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-        ]
-        self.norms.append(model.model.norm.weight)
+        norms = [w for layer in layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
+        self.norms = [w.float().contiguous() for w in (*norms, model.model.norm.weight)]
         self.packed = [
             m.packed
             for layer in layers
@@ -62,7 +62,7 @@ class FusedDecode:
         self.packed.append(model.quant_lm_head.packed)
         self.lm_head_bits = model.quant_lm_head.bits
         self.embed = model.model.embed_tokens  # nn.Embedding, or block_embedding.BlockEmbedding
-        self.cos, self.signed_sin = model.rope.cos, model.rope.signed_sin
+        self.cos, self.signed_sin = model.rope.cos.float().contiguous(), model.rope.signed_sin.float().contiguous()
         self.heads, self.kv_heads = config.num_heads, config.num_kv_heads
         self.intermediate, self.eps = config.intermediate_size, config.rms_norm_eps
         self.scale = layers[0].self_attn.scale
@@ -81,7 +81,7 @@ class FusedDecode:
         id past the position's block); writes each row's K/V into `kv_pool`."""
         ops = getattr(torch.ops, f"minipd_{self.kernel}")
         return ops.decode_step(
-            self.embed(input_ids),
+            self.embed(input_ids).float(),
             positions,
             block_tables,
             kv_pool,

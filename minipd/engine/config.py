@@ -39,8 +39,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_blocks: int = 1024
     scheduler: SchedulerConfig = SchedulerConfig()
     enable_prefix_caching: bool = True
-    # Decode rows through the fused decode step where the model allows it (float32, every
-    # projection and the lm_head in GGUF's blocks: models/fused_decode.py); off: eager torch ops.
+    # Decode rows through the fused decode step where the model allows it (every projection and
+    # the lm_head in GGUF's blocks, float32 or bfloat16: models/fused_decode.py); off: eager torch ops.
     fused_decode: bool = True
     # The compute thread's OpenMP team size and cores (see cpu_placement.py). None: one core
     # of the CPU set left to the event loop, not pinned; without cpu_placement, torch's choice.

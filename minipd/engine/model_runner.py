@@ -14,8 +14,8 @@ colocated step that mixes a prefill chunk with decodes computes each row as a pr
 (its chunks alone) and a decode instance (its decodes alone) would.
 
 Decode rows (one new token of a request past its prompt) go through the fused decode step
-(models/fused_decode.py) where the model allows it and `fused_decode` is on: a float32 model
-whose projections and lm_head are all in GGUF's blocks. Its rows are close to, not bit-equal
+(models/fused_decode.py) where the model allows it and `fused_decode` is on: a float32 or
+bfloat16 model whose projections and lm_head are all in GGUF's blocks. Its rows are close to, not bit-equal
 to, the eager path's, so every decode row of such an engine takes it, in decode-only steps and
 beside prefill chunks alike (those run eagerly, apart): a row is computed the same way on a
 colocated instance as on a decode instance.

@@ -107,9 +107,9 @@ FLAGS = (
         sets="engine.fused_decode",
         dest="fused_decode",
         action="store_false",
-        help="run decode rows as eager torch ops instead of the fused decode step that a float32 model with every "
-        "projection and the lm_head in GGUF's blocks uses by default (one C++ call a step; see README, Models); "
-        "the start-up line says which",
+        help="run decode rows as eager torch ops instead of the fused decode step that a model with every "
+        "projection and the lm_head in GGUF's blocks (minipd's kernels) uses by default (one C++ call a step; see "
+        "README, Models); the start-up line says which",
     ),
     flag(
         "--block-size",
