@@ -10,7 +10,7 @@
 //
 // What it computes, per row r (a sequence's single new token at position p = positions[r]),
 // layer by layer, all in float32 (the norms and rotary tables given in float32):
-//   h = rms_norm(x) * w_in                     (sum of squares in float32, 8 lanes, then lanes in order)
+//   h = rms_norm(x) * w_in                     (sum of squares in float32 on 8 lanes, then the lanes pairwise)
 //   q, k, v = h @ W_qkv (int8 kernel); q, k rotated: x * cos[p] + roll(x, d / 2) * signed_sin[p]
 //   K/V of position p written to the pool at block_tables[r][p / block_size], offset p % block_size
 //   o = softmax(scale * q . K[0..p]) . V[0..p] per head (kv head = head / (heads / kv_heads)),
