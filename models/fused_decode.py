@@ -52,6 +52,7 @@ class FusedDecode:
         config, layers = model.config, model.model.layers
         self.kernel = model.quant_lm_head.kernel
         vnni_kernels.load(self.kernel)
+        self._op = getattr(torch.ops, f"minipd_{self.kernel}").decode_step  # looked up once, not every step
         norms = [w for layer in layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
         self.norms = [w.float().contiguous() for w in (*norms, model.model.norm.weight)]
         self.packed = [
@@ -79,8 +80,7 @@ class FusedDecode:
         """Logits [rows, vocab] (float32) of each row's token `input_ids[r]` at `positions[r]`,
         its sequence's blocks in `block_tables[r]` (int64 [rows, max_blocks], padded with any
         id past the position's block); writes each row's K/V into `kv_pool`."""
-        ops = getattr(torch.ops, f"minipd_{self.kernel}")
-        return ops.decode_step(
+        return self._op(
             self.embed(input_ids).float(),
             positions,
             block_tables,

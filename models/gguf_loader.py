@@ -226,16 +226,13 @@ def quantized_unsupported(
         return vnni_kernels.unavailable(quantized_kernel)
     if quantized_kernel == "auto" and vnni_kernels.best() is not None:
         return None
+    none_of_ours = f"none of minipd's kernels runs here ({vnni_kernels.why_none()})"
     if dtype != torch.bfloat16:  # "torch", or "auto" where none of minipd's kernels runs
-        why = "" if quantized_kernel == "torch" else f" and none of minipd's kernels runs here ({_why_no_int8()})"
+        why = "" if quantized_kernel == "torch" else f" and {none_of_ours}"
         return f"torch's int4 kernel takes bfloat16 only{why}"
     if not kernel_available():
-        return f"no quantized kernel: this torch has no int4 kernel and none of minipd's runs here ({_why_no_int8()})"
+        return f"no quantized kernel: this torch has no int4 kernel and {none_of_ours}"
     return None
-
-
-def _why_no_int8() -> str:
-    return "; ".join(f"{v}: {vnni_kernels.unavailable(v)}" for v in INT8_KERNELS)
 
 
 def auto_weights(file: GGUFFile, device: torch.device | str, dtype: torch.dtype, quantized_kernel: str = "auto") -> str:

@@ -115,8 +115,10 @@ def choose_kernel(choice: str = "auto") -> str:
     if choice == "auto":
         if (best := vnni_kernels.best()) is not None:
             return best
-        why = "; ".join(f"{v}: {vnni_kernels.unavailable(v)}" for v in INT8_KERNELS)
-        logger.warning("quantized kernel: none of minipd's runs here (%s); multiplying with torch's int4 kernel", why)
+        logger.warning(
+            "quantized kernel: none of minipd's runs here (%s); multiplying with torch's int4 kernel",
+            vnni_kernels.why_none(),
+        )
     if not kernel_available():
         raise ValueError("quantized kernel torch: this torch has no _weight_int4pack_mm_for_cpu")
     return "torch"

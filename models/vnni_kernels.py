@@ -142,6 +142,11 @@ def unavailable(variant: str = "vnni") -> str | None:
     return _load(variant)
 
 
+def why_none() -> str:
+    """Why each variant cannot run here, in one line (for when none does)."""
+    return "; ".join(f"{v}: {_load(v)}" for v in VARIANTS)
+
+
 def best() -> str | None:
     """The fastest variant that runs here (building it), or None when none does."""
     return next((v for v in VARIANTS if _load(v) is None), None)
