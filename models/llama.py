@@ -30,7 +30,14 @@ from torch import nn
 from minipd.models import prepacked_linear, weights_summary
 from minipd.models.block_embedding import BlockEmbedding
 from minipd.models.model_config import ModelConfig
-from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, causal_attention, paged_attention, write_kv
+from minipd.models.paged_attention import (
+    AttentionMetadata,
+    GatherBuffers,
+    PrefillKernel,
+    causal_attention,
+    paged_attention,
+    write_kv,
+)
 from minipd.models.quantized_linear import QuantizedLinear, RowSplit
 from minipd.models.rope import RotaryEmbedding, apply_rope
 
@@ -291,10 +298,12 @@ class LlamaForCausalLM(nn.Module):
         buffers: GatherBuffers,
         layer_hook: LayerHook | None = None,
         rows: RowSplit | None = None,
+        prefill: PrefillKernel | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim];
         `rows`: which rows the 4-bit projections' dense copies multiply (None: none). The
         logits rows always read the LM head's own weights (few rows: the 4-bit kernel's best).
+        `prefill`: the prefill chunks' attention kernel (paged_attention's; None: SDPA).
 
         Returns logits [len(logits_indices), vocab] in float32.
         """
@@ -310,7 +319,7 @@ class LlamaForCausalLM(nn.Module):
             write_kv(kv_pool[i], k, v, meta)
             if layer_hook is not None:
                 layer_hook(i)
-            o = paged_attention(q, kv_pool[i], meta, buffers, attn.scale)
+            o = paged_attention(q, kv_pool[i], meta, buffers, attn.scale, prefill)
             x = residual + attn.output(o.flatten(1), rows)
             x = x + layer.mlp.forward(layer.post_attention_layernorm.forward(x), rows)
         return self.logits(self.model.norm.forward(x[logits_indices]))

@@ -9,6 +9,7 @@ The model runner builds one `AttentionMetadata` per step; every layer reuses it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -43,6 +44,11 @@ class AttentionMetadata(NamedTuple):
     num_decodes: int  # the first num_decodes tokens are single-token decode steps
     decode_groups: tuple[DecodeGroup, ...]  # covering the decode tokens in order
     prefills: tuple[PrefillSpan, ...]
+
+
+# A prefill chunk's attention from the pool: (q, layer_kv, block_ids, context_len, scale) -> out,
+# as SDPA with the chunk's causal mask answers it (prefill_attention.py).
+PrefillKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 
 class GatherBuffers:
@@ -85,9 +91,15 @@ def write_kv(layer_kv: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Att
 
 
 def paged_attention(
-    q: torch.Tensor, layer_kv: torch.Tensor, meta: AttentionMetadata, buffers: GatherBuffers, scale: float
+    q: torch.Tensor,
+    layer_kv: torch.Tensor,
+    meta: AttentionMetadata,
+    buffers: GatherBuffers,
+    scale: float,
+    prefill: PrefillKernel | None = None,
 ) -> torch.Tensor:
     """Attention of q ([T, heads, head_dim]) over the cached K/V; returns [T, heads, head_dim].
+    Prefill chunks go through `prefill` when given, else SDPA over their gathered blocks.
 
     The step's own K/V must already be written (see `write_kv`).
     """
@@ -100,6 +112,10 @@ def paged_attention(
         )
     for span in meta.prefills:
         end = span.query_start + span.query_len
+        if prefill is not None:
+            chunk_q = q[span.query_start : end]
+            out[span.query_start : end] = prefill(chunk_q, layer_kv, span.block_ids, span.context_len, scale)
+            continue
         kv = layer_kv[span.block_ids]  # [blocks, 2, block_size, kv_heads, head_dim]
         k = kv[:, 0].flatten(0, 1)[: span.context_len].transpose(0, 1).unsqueeze(0)
         v = kv[:, 1].flatten(0, 1)[: span.context_len].transpose(0, 1).unsqueeze(0)

@@ -40,8 +40,9 @@ import torch
 from minipd.models.cpu_flags import read_cpu_flags
 
 SOURCE = Path(__file__).with_name("vnni_kernels.cpp")
-# Built into one library with SOURCE: the fused decode step (fused_decode.py); both include the header.
-SOURCES = (SOURCE, Path(__file__).with_name("fused_decode.cpp"))
+# Built into one library with SOURCE: the fused decode step (fused_decode.py; it includes the header
+# too) and the float32 prefill attention (prefill_attention.py).
+SOURCES = (SOURCE, Path(__file__).with_name("fused_decode.cpp"), Path(__file__).with_name("prefill_attention.cpp"))
 HEADERS = (Path(__file__).with_name("int8_kernels.h"),)
 BLOCK = 32  # GGUF's block of weights, and of activations the kernels quantize together
 TILE = 16  # outputs per packed chunk; out_features must be a multiple

@@ -92,7 +92,9 @@ class Engine(GeneratesFromSubmit):
         self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
-        self.runner = ModelRunner(self.model, self.kv_pool, self.eos_token_ids, config.fused_decode)
+        self.runner = ModelRunner(
+            self.model, self.kv_pool, self.eos_token_ids, config.fused_decode, config.prefill_kernel
+        )
         self.detokenizer = Detokenizer(self.tokenizer)
         self._streams: dict[str, RequestStream] = {}
         self.kv_claims = KVClaims()  # of the live requests (kv_admission.py)

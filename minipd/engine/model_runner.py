@@ -19,6 +19,11 @@ bfloat16 model whose projections and lm_head are all in GGUF's blocks. Its rows 
 to, the eager path's, so every decode row of such an engine takes it, in decode-only steps and
 beside prefill chunks alike (those run eagerly, apart): a row is computed the same way on a
 colocated instance as on a decode instance.
+
+Prefill chunks' attention goes through minipd's kernel (models/prefill_attention.py) where the
+model allows it and `prefill_kernel` is on (float32 on the CPU, weights multiplied by minipd's
+int8 kernels); a row's result there does not depend on the chunks, so a prompt prefilled in
+other chunks, or after a cached prefix, gets the same bits.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from minipd.engine.scheduler import ScheduledChunk
 from minipd.models.fused_decode import FusedDecode
 from minipd.models.llama import LayerHook, LlamaForCausalLM
 from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan, slot_rows
+from minipd.models.prefill_attention import PrefillAttention
 from minipd.models.quantized_linear import DENSE_MIN_ROWS, RowSplit
 
 log = logging.getLogger(__name__)
@@ -54,10 +60,13 @@ class ModelRunner:
         kv_pool: torch.Tensor,
         eos_token_ids: frozenset[int] = frozenset(),
         fused_decode: bool = True,
+        prefill_kernel: bool = True,
     ):
         self.model = model
         # The fused decode step for this model, where it can run it (else every row runs eagerly).
         self.fused = FusedDecode.of(model) if fused_decode else None
+        # Prefill chunks' attention through minipd's kernel where it runs this model (else SDPA).
+        self.prefill = PrefillAttention.of(model, kv_pool.dtype) if prefill_kernel else None
         self.eos_token_ids = eos_token_ids  # masked while a request is below its min_tokens
         self.kv_pool = kv_pool
         self.device = kv_pool.device
@@ -131,7 +140,9 @@ class ModelRunner:
         logits_indices = [row for i, row in zip(ordered, logit_rows) if chunks[i].samples]
         sampled_order = [i for i in ordered if chunks[i].samples]
         index = torch.tensor(logits_indices, dtype=torch.long, device=self.device)
-        logits = self.model(input_ids, positions, self.kv_pool, meta, index, self.buffers, layer_hook, rows)
+        logits = self.model(
+            input_ids, positions, self.kv_pool, meta, index, self.buffers, layer_hook, rows, self.prefill
+        )
         requests = [chunks[i].request for i in sampled_order]
         params, steps = [r.sampling for r in requests], [r.num_output_tokens for r in requests]
         tokens = sample(suppress_stop_tokens(logits, params, steps, self.eos_token_ids), params, steps)

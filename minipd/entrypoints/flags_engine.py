@@ -112,6 +112,18 @@ FLAGS = (
         "README, Models); the start-up line says which",
     ),
     flag(
+        "--no-prefill-kernel",
+        ENGINE_ROLES,
+        MODEL,
+        INSTANCES,
+        sets="engine.prefill_kernel",
+        dest="prefill_kernel",
+        action="store_false",
+        help="run prefill attention through torch's SDPA instead of minipd's float32 kernel, which a float32 "
+        "model served by minipd's int8 kernels uses by default (each query reads only the keys it sees, from the "
+        "pool's blocks; see README, Models); the start-up line says which",
+    ),
+    flag(
         "--block-size",
         ENGINE_ROLES,
         MODEL,

@@ -91,7 +91,8 @@ def load_engine(role: Role, config: EngineConfig) -> Engine:
     print(
         f"minipd {role.value}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
         f"{engine.dtype_choice.describe()}, weights {engine.model.describe_weights()}, "
-        f"decode steps {'fused' if engine.runner.fused is not None else 'eager'}",
+        f"decode steps {'fused' if engine.runner.fused is not None else 'eager'}, "
+        f"prefill attention {'kernel' if engine.runner.prefill is not None else 'sdpa'}",
         file=sys.stderr,
         flush=True,
     )
