@@ -21,7 +21,7 @@ other row, and all of `forward_reference`, reads the 4-bit weights. `weights_for
 from __future__ import annotations
 
 import contextlib
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -33,13 +33,15 @@ from minipd.models.model_config import ModelConfig
 from minipd.models.paged_attention import (
     AttentionMetadata,
     GatherBuffers,
-    PrefillKernel,
     causal_attention,
     paged_attention,
     write_kv,
 )
 from minipd.models.quantized_linear import QuantizedLinear, RowSplit
 from minipd.models.rope import RotaryEmbedding, apply_rope
+
+if TYPE_CHECKING:  # prefill_kernels.py imports this module
+    from minipd.models.prefill_kernels import PrefillKernels
 
 LayerHook = Callable[[int], None]
 RANDOM_LINEAR_GAIN = 2.0
@@ -168,16 +170,25 @@ class MLP(nn.Module):
         if self.quant_down is None:
             self.packed_down = prepacked_linear.prepack(self.down_proj.weight)
 
-    def forward(self, x: torch.Tensor, rows: RowSplit | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rows: RowSplit | None = None, kernels: PrefillKernels | None = None
+    ) -> torch.Tensor:
         if self.quant_gate_up is not None:
             gate_up = self.quant_gate_up.forward(x, rows)
         else:
             gate_up = prepacked_linear.linear(x, self.gate_up_weight, None, self.packed_gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        h = F.silu(gate).mul_(up)
+        if kernels is not None:
+            h = kernels.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            h = F.silu(gate).mul_(up)
         if self.quant_down is not None:
             return self.quant_down.forward(h, rows)
         return prepacked_linear.linear(h, self.down_proj.weight, None, self.packed_down)
+
+
+def _norm(norm: RMSNorm, x: torch.Tensor, kernels: PrefillKernels | None) -> torch.Tensor:
+    return norm.forward(x) if kernels is None else kernels.rms_norm(x, norm.weight, norm.eps)
 
 
 class DecoderLayer(nn.Module):
@@ -298,12 +309,13 @@ class LlamaForCausalLM(nn.Module):
         buffers: GatherBuffers,
         layer_hook: LayerHook | None = None,
         rows: RowSplit | None = None,
-        prefill: PrefillKernel | None = None,
+        kernels: PrefillKernels | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim];
         `rows`: which rows the 4-bit projections' dense copies multiply (None: none). The
         logits rows always read the LM head's own weights (few rows: the 4-bit kernel's best).
-        `prefill`: the prefill chunks' attention kernel (paged_attention's; None: SDPA).
+        `kernels`: minipd's float32 kernels for the norms, SiLU and prefill attention
+        (prefill_kernels.py; None: torch's ops and SDPA).
 
         Returns logits [len(logits_indices), vocab] in float32.
         """
@@ -313,16 +325,17 @@ class LlamaForCausalLM(nn.Module):
         # handling costs a few µs a call, ~200 calls a decode step, and none has hooks.
         for i, layer in enumerate(self.model.layers):
             residual = x
-            h = layer.input_layernorm.forward(x)
+            h = _norm(layer.input_layernorm, x, kernels)
             attn = layer.self_attn
             q, k, v = attn.qkv(h, cos, signed_sin, rows)
             write_kv(kv_pool[i], k, v, meta)
             if layer_hook is not None:
                 layer_hook(i)
-            o = paged_attention(q, kv_pool[i], meta, buffers, attn.scale, prefill)
+            prefill_attention = None if kernels is None else kernels.attention
+            o = paged_attention(q, kv_pool[i], meta, buffers, attn.scale, prefill_attention)
             x = residual + attn.output(o.flatten(1), rows)
-            x = x + layer.mlp.forward(layer.post_attention_layernorm.forward(x), rows)
-        return self.logits(self.model.norm.forward(x[logits_indices]))
+            x = x + layer.mlp.forward(_norm(layer.post_attention_layernorm, x, kernels), rows, kernels)
+        return self.logits(_norm(self.model.norm, x[logits_indices], kernels))
 
     @torch.inference_mode()
     def forward_reference(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -25,47 +25,19 @@
 #include <limits>
 #include <vector>
 
+#include "avx2_math.h"
+
 #ifndef MINIPD_OPS
 #error "build with -DMINIPD_OPS=<the ops' namespace> (vnni_kernels.py does)"
 #endif
 
 namespace {
+using namespace minipd_avx2_math;
 
 constexpr int64_t kKeys = 16;      // keys per score micro-tile: two float32 vectors
 constexpr int64_t kKeyBlock = 64;  // keys per online-softmax step
 constexpr int64_t kDims = 16;      // head dims per P.V micro-tile
 constexpr int64_t kMaxRows = 6;    // query rows per tile: 12 accumulators + 3 operands in 16 registers
-
-// e^x for x <= 0 (the callers' range), 0 below -87 (and for -inf); Cephes' expf polynomial.
-inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)), zero_below);
-}
-
-inline float hmax(__m256 v) {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)));
-}
-
-inline float hsum(__m256 v) {  // lanes summed in a fixed order
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  return _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)));
-}
 
 // One kv head's keys, transposed per group of 16 ([padded / 16][head_dim][16]: a micro-tile's keys
 // in one contiguous run, not 64 rows a power of two apart that share a few cache sets), and its
@@ -167,7 +139,7 @@ void attend(const Tile& t, const PackedKV& kv, int64_t d, float scale) {
         _mm256_storeu_ps(sr + j, v);
         block_max = _mm256_max_ps(block_max, v);
       }
-      const float m_new = std::max(m[r], hmax(block_max));
+      const float m_new = std::max(m[r], lanes_max(block_max));
       if (m_new == -std::numeric_limits<float>::infinity()) {  // sees no key yet (not so for a causal row)
         alpha[r] = 1.0f;
         std::fill(sr, sr + kKeyBlock, 0.0f);
@@ -181,7 +153,7 @@ void attend(const Tile& t, const PackedKV& kv, int64_t d, float scale) {
         _mm256_storeu_ps(sr + j, p);
         sum = _mm256_add_ps(sum, p);
       }
-      l[r] = l[r] * alpha[r] + hsum(sum);
+      l[r] = l[r] * alpha[r] + lanes_sum(sum);
       m[r] = m_new;
     }
     for (int64_t e0 = 0; e0 < d; e0 += kDims) accumulate<R>(o.data(), d, alpha, s, kv, j0, n, e0);

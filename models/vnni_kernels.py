@@ -41,9 +41,12 @@ from minipd.models.cpu_flags import read_cpu_flags
 
 SOURCE = Path(__file__).with_name("vnni_kernels.cpp")
 # Built into one library with SOURCE: the fused decode step (fused_decode.py; it includes the header
-# too) and the float32 prefill attention (prefill_attention.py).
-SOURCES = (SOURCE, Path(__file__).with_name("fused_decode.cpp"), Path(__file__).with_name("prefill_attention.cpp"))
-HEADERS = (Path(__file__).with_name("int8_kernels.h"),)
+# too) and the float32 prefill kernels (prefill_kernels.py).
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("vnni_kernels.cpp", "fused_decode.cpp", "prefill_attention.cpp", "row_ops.cpp")
+)
+HEADERS = (Path(__file__).with_name("int8_kernels.h"), Path(__file__).with_name("avx2_math.h"))
 BLOCK = 32  # GGUF's block of weights, and of activations the kernels quantize together
 TILE = 16  # outputs per packed chunk; out_features must be a multiple
 Q4_CHUNK = 256 + 32 + 32  # bytes per tile and block: nibbles, d, m

@@ -42,9 +42,10 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     # Decode rows through the fused decode step where the model allows it (every projection and
     # the lm_head in GGUF's blocks, float32 or bfloat16: models/fused_decode.py); off: eager torch ops.
     fused_decode: bool = True
-    # Prefill chunks' attention through minipd's float32 kernel where the model allows it (float32
-    # on the CPU, weights multiplied by minipd's int8 kernels: models/prefill_attention.py); off: SDPA.
-    prefill_kernel: bool = True
+    # Eager steps' norms, SiLU and prefill attention through minipd's float32 kernels where the
+    # model allows it (float32 on the CPU, weights multiplied by minipd's int8 kernels:
+    # models/prefill_kernels.py); off: torch's ops and SDPA.
+    prefill_kernels: bool = True
     # The compute thread's OpenMP team size and cores (see cpu_placement.py). None: one core
     # of the CPU set left to the event loop, not pinned; without cpu_placement, torch's choice.
     torch_threads: int | None = None

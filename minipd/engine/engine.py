@@ -93,7 +93,7 @@ class Engine(GeneratesFromSubmit):
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
         self.runner = ModelRunner(
-            self.model, self.kv_pool, self.eos_token_ids, config.fused_decode, config.prefill_kernel
+            self.model, self.kv_pool, self.eos_token_ids, config.fused_decode, config.prefill_kernels
         )
         self.detokenizer = Detokenizer(self.tokenizer)
         self._streams: dict[str, RequestStream] = {}

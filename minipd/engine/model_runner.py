@@ -20,10 +20,11 @@ to, the eager path's, so every decode row of such an engine takes it, in decode-
 beside prefill chunks alike (those run eagerly, apart): a row is computed the same way on a
 colocated instance as on a decode instance.
 
-Prefill chunks' attention goes through minipd's kernel (models/prefill_attention.py) where the
-model allows it and `prefill_kernel` is on (float32 on the CPU, weights multiplied by minipd's
-int8 kernels); a row's result there does not depend on the chunks, so a prompt prefilled in
-other chunks, or after a cached prefix, gets the same bits.
+Eager steps (prefill chunks and the rows the fused step does not take) run their norms, SiLU and
+prefill attention through minipd's float32 kernels (models/prefill_kernels.py) where the model
+allows it and `prefill_kernels` is on (float32 on the CPU, weights multiplied by minipd's int8
+kernels); a row's result there does not depend on the chunks, so a prompt prefilled in other
+chunks, or after a cached prefix, gets the same bits.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from minipd.engine.scheduler import ScheduledChunk
 from minipd.models.fused_decode import FusedDecode
 from minipd.models.llama import LayerHook, LlamaForCausalLM
 from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan, slot_rows
-from minipd.models.prefill_attention import PrefillAttention
+from minipd.models.prefill_kernels import PrefillKernels
 from minipd.models.quantized_linear import DENSE_MIN_ROWS, RowSplit
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,13 @@ class ModelRunner:
         kv_pool: torch.Tensor,
         eos_token_ids: frozenset[int] = frozenset(),
         fused_decode: bool = True,
-        prefill_kernel: bool = True,
+        prefill_kernels: bool = True,
     ):
         self.model = model
         # The fused decode step for this model, where it can run it (else every row runs eagerly).
         self.fused = FusedDecode.of(model) if fused_decode else None
-        # Prefill chunks' attention through minipd's kernel where it runs this model (else SDPA).
-        self.prefill = PrefillAttention.of(model, kv_pool.dtype) if prefill_kernel else None
+        # minipd's float32 prefill kernels where they run this model (else torch's ops and SDPA).
+        self.prefill = PrefillKernels.of(model, kv_pool.dtype) if prefill_kernels else None
         self.eos_token_ids = eos_token_ids  # masked while a request is below its min_tokens
         self.kv_pool = kv_pool
         self.device = kv_pool.device

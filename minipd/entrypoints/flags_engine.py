@@ -112,16 +112,17 @@ FLAGS = (
         "README, Models); the start-up line says which",
     ),
     flag(
-        "--no-prefill-kernel",
+        "--no-prefill-kernels",
         ENGINE_ROLES,
         MODEL,
         INSTANCES,
-        sets="engine.prefill_kernel",
-        dest="prefill_kernel",
+        sets="engine.prefill_kernels",
+        dest="prefill_kernels",
         action="store_false",
-        help="run prefill attention through torch's SDPA instead of minipd's float32 kernel, which a float32 "
-        "model served by minipd's int8 kernels uses by default (each query reads only the keys it sees, from the "
-        "pool's blocks; see README, Models); the start-up line says which",
+        help="run prefill chunks' norms, SiLU and attention through torch's ops and SDPA instead of minipd's "
+        "float32 kernels, which a float32 model served by minipd's int8 kernels uses by default (one pass a row; "
+        "attention reads each query's keys, and only those, from the pool's blocks; see README, Models); the "
+        "start-up line says which",
     ),
     flag(
         "--block-size",

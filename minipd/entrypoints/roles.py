@@ -92,7 +92,7 @@ def load_engine(role: Role, config: EngineConfig) -> Engine:
         f"minipd {role.value}: model {config.model} loaded in {time.perf_counter() - start:.1f} s, "
         f"{engine.dtype_choice.describe()}, weights {engine.model.describe_weights()}, "
         f"decode steps {'fused' if engine.runner.fused is not None else 'eager'}, "
-        f"prefill attention {'kernel' if engine.runner.prefill is not None else 'sdpa'}",
+        f"prefill {'kernels' if engine.runner.prefill is not None else 'torch ops'}",
         file=sys.stderr,
         flush=True,
     )

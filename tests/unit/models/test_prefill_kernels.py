@@ -1,9 +1,10 @@
-"""minipd's float32 prefill attention (models/prefill_attention.cpp, built into each int8 kernel
-variant that runs on this CPU) against a float64 model of causal attention over the pool's
-blocks: grouped-query and plain heads, chunks after a cached prefix, blocks out of order; a row's
-result the same bits whatever the chunks, the rows beside it and the threads; paged_attention
-routing prefill spans through it and decode rows as before; the engine choosing it exactly for
-float32 models served by the int8 kernels; bad input refused with the op still serving."""
+"""minipd's float32 prefill kernels (models/prefill_attention.cpp and row_ops.cpp, built into
+each int8 kernel variant that runs on this CPU) against float64 models of what they compute:
+causal attention over the pool's blocks (grouped-query and plain heads, chunks after a cached
+prefix, blocks out of order), RMSNorm, SiLU(gate) * up; a row's result the same bits whatever the
+chunks, the rows beside it and the threads; paged_attention routing prefill spans through the
+attention and decode rows as before; the engine choosing them exactly for float32 models served
+by the int8 kernels; bad input refused with the ops still serving."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from minipd.models.paged_attention import (
     PrefillSpan,
     paged_attention,
 )
-from minipd.models.prefill_attention import PrefillAttention, unsupported
+from minipd.models.prefill_kernels import PrefillKernels, unsupported
 
 RUNNABLE = [v for v in vnni_kernels.VARIANTS if vnni_kernels.unavailable(v) is None]
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason="no variant of minipd's int8 kernels runs on this CPU")
@@ -122,7 +123,7 @@ def test_paged_attention_sends_prefill_spans_to_it_and_decode_rows_as_before(var
         ),
     )
     buffers = GatherBuffers((block_size, kv_heads, head_dim), torch.float32, torch.device("cpu"))
-    kernel = PrefillAttention(variant)
+    kernel = PrefillKernels(variant).attention
     with_kernel = paged_attention(q, pool, meta, buffers, head_dim**-0.5, kernel)
     with_sdpa = paged_attention(q, pool, meta, buffers, head_dim**-0.5)
     assert torch.equal(with_kernel[:decodes], with_sdpa[:decodes])
@@ -172,4 +173,47 @@ def test_the_engine_takes_it_for_float32_models_served_by_the_int8_kernels_only(
     pool = torch.zeros(TINY.num_layers, 8, 2, 16, TINY.num_kv_heads, TINY.head_dim)
     runner = ModelRunner(quantized, pool)
     assert runner.prefill is not None and runner.prefill.kernel == quantized.quantized_kernel
-    assert ModelRunner(quantized, pool, prefill_kernel=False).prefill is None
+    assert ModelRunner(quantized, pool, prefill_kernels=False).prefill is None
+
+
+def _rows(rows: int, features: int, seed: int = 4, scale: float = 3.0) -> torch.Tensor:
+    """Rows with a column stride past their width (a view), values over a wide range."""
+    x = torch.randn(rows, features + 8, generator=torch.Generator().manual_seed(seed)) * scale
+    return x[:, :features]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rms_norm_and_silu_mul_are_the_ops_they_replace(variant):
+    kernels = PrefillKernels(variant)
+    x, weight = _rows(37, 576), torch.randn(576, generator=torch.Generator().manual_seed(5))
+    expected = weight.double() * x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-5)
+    assert (kernels.rms_norm(x, weight, 1e-5).double() - expected).abs().max().item() <= 2e-5
+    gate_up = _rows(37, 2 * 96, scale=10.0)
+    gate_up[0, :4] = torch.tensor([0.0, -100.0, 100.0, -0.0])  # e^-x would overflow at -100
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    expected = gate * torch.sigmoid(gate) * up
+    out = kernels.silu_mul(gate_up)
+    assert out.shape == (37, 96) and torch.isfinite(out).all()
+    assert (out.double() - expected).abs().max().item() <= 1e-5 * expected.abs().max().item()
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_norm_or_silu_row_does_not_depend_on_the_rows_beside_it(variant):
+    kernels, x, weight = PrefillKernels(variant), _rows(50, 64), torch.ones(64)
+    assert torch.equal(kernels.rms_norm(x[7:8], weight, 1e-6), kernels.rms_norm(x, weight, 1e-6)[7:8])
+    assert torch.equal(kernels.silu_mul(x[7:9]), kernels.silu_mul(x)[7:9])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_row_ops_refuse_bad_input_and_keep_serving(variant):
+    kernels, x = PrefillKernels(variant), _rows(3, 64)
+    for call, message in (
+        (lambda: kernels.rms_norm(x.double(), torch.ones(64), 1e-6), "float32"),
+        (lambda: kernels.rms_norm(x, torch.ones(63), 1e-6), "64 values"),
+        (lambda: kernels.rms_norm(_rows(3, 60), torch.ones(60), 1e-6), "multiple of 8"),
+        (lambda: kernels.silu_mul(_rows(3, 40)), "multiple of 16"),
+        (lambda: kernels.silu_mul(x.t()), "contiguous rows"),
+    ):
+        with pytest.raises(RuntimeError, match=message):
+            call()
+    assert kernels.silu_mul(x).shape == (3, 32) and kernels.rms_norm(x, torch.ones(64), 1e-6).shape == (3, 64)

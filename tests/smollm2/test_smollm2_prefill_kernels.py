@@ -1,9 +1,9 @@
-"""minipd's prefill attention kernel (models/prefill_attention.cpp) in SmolLM2 served from its
-Q4_1 file in float32, where the engine takes it by default: teacher-forced greedy tokens and
+"""minipd's float32 prefill kernels (models/prefill_kernels.py: attention, norms, SiLU) in SmolLM2
+served from its Q4_1 file in float32, where the engine takes them by default: teacher-forced greedy tokens and
 logits of a prompt prefilled in chunks against the same file dequantized (dense float32, full
 causal attention), as close as the SDPA path is; and the same bits whatever the chunks. (The
-engine's tokens with it, disaggregated against colocated: test_smollm2_disagg.py, whose float32
-engines prefill through it on both sides.)"""
+engine's tokens with them, disaggregated against colocated: test_smollm2_disagg.py, whose float32
+engines prefill through them on both sides.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from minipd.engine.model_loader import load_model
 from minipd.engine.model_runner import _chunk_mask
 from minipd.models import vnni_kernels
 from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, PrefillSpan, slot_rows
-from minipd.models.prefill_attention import PrefillAttention
+from minipd.models.prefill_kernels import PrefillKernels
 
 pytestmark = [
     requires_smollm2,
@@ -44,7 +44,7 @@ def models():
     return quantized, dense, ids
 
 
-def _prefill_logits(model, ids: torch.Tensor, chunks: list[int], prefill) -> torch.Tensor:
+def _prefill_logits(model, ids: torch.Tensor, chunks: list[int], kernels) -> torch.Tensor:
     """Logits at every position of a prompt prefilled chunk after chunk into a paged pool whose
     blocks come out of order, as the engine's runner would run it."""
     c, cpu = model.config, torch.device("cpu")
@@ -59,7 +59,7 @@ def _prefill_logits(model, ids: torch.Tensor, chunks: list[int], prefill) -> tor
         span = PrefillSpan(0, size, end, torch.tensor(blocks[: -(-end // BLOCK)]), _chunk_mask(size, end, cpu))
         meta = AttentionMetadata(torch.tensor(rows), 0, (), (span,))
         logits.append(
-            model(ids[start:end], torch.tensor(positions), pool, meta, torch.arange(size), buffers, None, None, prefill)
+            model(ids[start:end], torch.tensor(positions), pool, meta, torch.arange(size), buffers, None, None, kernels)
         )
         start = end
     return torch.cat(logits)
@@ -67,12 +67,12 @@ def _prefill_logits(model, ids: torch.Tensor, chunks: list[int], prefill) -> tor
 
 def test_a_chunked_prefill_through_the_kernel_stays_near_the_dequantized_model(models):
     quantized, dense, ids = models
-    kernel = PrefillAttention.of(quantized, torch.float32)
+    kernel = PrefillKernels.of(quantized, torch.float32)
     assert kernel is not None and kernel.kernel == vnni_kernels.best()
     theirs = dense.forward_reference(ids)
     for chunks in CHUNKINGS:
-        for name, prefill in (("kernel", kernel), ("sdpa", None)):
-            ours = _prefill_logits(quantized, ids, chunks, prefill)
+        for name, kernels in (("kernels", kernel), ("torch", None)):
+            ours = _prefill_logits(quantized, ids, chunks, kernels)
             agreement = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
             assert agreement >= MIN_AGREEMENT, f"{name}, chunks {chunks}: agrees with dense on {agreement:.1%}"
             difference = (ours - theirs).abs()
@@ -82,7 +82,7 @@ def test_a_chunked_prefill_through_the_kernel_stays_near_the_dequantized_model(m
 
 def test_the_kernels_logits_do_not_depend_on_the_chunks(models):
     quantized, _, ids = models
-    kernel = PrefillAttention.of(quantized, torch.float32)
+    kernel = PrefillKernels.of(quantized, torch.float32)
     whole = _prefill_logits(quantized, ids, [POSITIONS], kernel)
     for chunks in CHUNKINGS:
         assert torch.equal(_prefill_logits(quantized, ids, chunks, kernel), whole), chunks
