@@ -1,5 +1,5 @@
-// Float32 helpers on 8 AVX2 lanes shared by prefill_attention.cpp and row_ops.cpp (the int8
-// kernels' helpers are in int8_kernels.h). Internal linkage: one copy per source.
+// Float32 helpers on 8 AVX2 lanes shared by fused_decode.cpp, prefill_attention.cpp and row_ops.cpp
+// (the int8 kernels' helpers are in int8_kernels.h). Internal linkage: one copy per source.
 #pragma once
 
 #include <immintrin.h>
@@ -7,12 +7,9 @@
 namespace minipd_avx2_math {
 namespace {
 
-// e^x for x <= 0 (and -inf), Cephes' expf polynomial (within 2 ulp of expf); 0 below -87.
-inline __m256 exp_nonpositive(__m256 x) {
-  const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+inline __m256 exp8(__m256 x) {  // e^x, Cephes' expf on 8 lanes; below ~-87.3 it is ~0, as expf's
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
   x = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
   x = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), x);
   __m256 y = _mm256_set1_ps(1.9875691500e-4f);
@@ -23,7 +20,12 @@ inline __m256 exp_nonpositive(__m256 x) {
   y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i pow2n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2n)), zero_below);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2n));
+}
+
+// e^x for x <= 0, exactly 0 below -87 (and for -inf, a masked score).
+inline __m256 exp_nonpositive(__m256 x) {
+  return _mm256_and_ps(exp8(x), _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
 }
 
 inline float lanes_max(__m256 v) {
