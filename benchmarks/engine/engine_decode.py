@@ -111,7 +111,12 @@ async def engine_step(engine: Engine, batch_prompts: list[list[int]], output_len
 def raw_step(engine: Engine, batch_prompts: list[list[int]], output_len: int) -> Timing:
     """The median decode step of the raw loop: prefill untimed, then decode with inputs and
     attention metadata all built before timing. Call it on the engine's compute thread."""
-    runner = ModelRunner(engine.model, engine.kv_pool, fused_decode=engine.config.fused_decode)
+    runner = ModelRunner(
+        engine.model,
+        engine.kv_pool,
+        fused_decode=engine.config.fused_decode,
+        prefill_kernels=engine.config.prefill_kernels,
+    )
     bm = engine.block_manager
     requests = []
     for i, prompt in enumerate(batch_prompts):
