@@ -16,12 +16,17 @@ loader calls `use_quantized`, a `QuantizedLinear` of 4-bit weights that replaces
 parameters. In weights "mixed" each 4-bit projection also holds a dense bf16 copy,
 which `forward` multiplies the rows of `RowSplit.dense` by (the caller's prefill chunks); every
 other row, and all of `forward_reference`, reads the 4-bit weights. `weights_format` says which.
+`forward` takes `kernels` (paged_attention.EagerKernels) to run its norms, SiLU and prefill
+attention through instead of torch's ops (prefill_kernels.py).
+
+Length: the architecture's modules and its two forward paths over the same weights are one
+model, read together; the loaders and kernels they use live in their own modules.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +37,7 @@ from minipd.models.block_embedding import BlockEmbedding
 from minipd.models.model_config import ModelConfig
 from minipd.models.paged_attention import (
     AttentionMetadata,
+    EagerKernels,
     GatherBuffers,
     causal_attention,
     paged_attention,
@@ -39,9 +45,6 @@ from minipd.models.paged_attention import (
 )
 from minipd.models.quantized_linear import QuantizedLinear, RowSplit
 from minipd.models.rope import RotaryEmbedding, apply_rope
-
-if TYPE_CHECKING:  # prefill_kernels.py imports this module
-    from minipd.models.prefill_kernels import PrefillKernels
 
 LayerHook = Callable[[int], None]
 RANDOM_LINEAR_GAIN = 2.0
@@ -171,7 +174,7 @@ class MLP(nn.Module):
             self.packed_down = prepacked_linear.prepack(self.down_proj.weight)
 
     def forward(
-        self, x: torch.Tensor, rows: RowSplit | None = None, kernels: PrefillKernels | None = None
+        self, x: torch.Tensor, rows: RowSplit | None = None, kernels: EagerKernels | None = None
     ) -> torch.Tensor:
         if self.quant_gate_up is not None:
             gate_up = self.quant_gate_up.forward(x, rows)
@@ -187,7 +190,7 @@ class MLP(nn.Module):
         return prepacked_linear.linear(h, self.down_proj.weight, None, self.packed_down)
 
 
-def _norm(norm: RMSNorm, x: torch.Tensor, kernels: PrefillKernels | None) -> torch.Tensor:
+def _norm(norm: RMSNorm, x: torch.Tensor, kernels: EagerKernels | None) -> torch.Tensor:
     return norm.forward(x) if kernels is None else kernels.rms_norm(x, norm.weight, norm.eps)
 
 
@@ -309,7 +312,7 @@ class LlamaForCausalLM(nn.Module):
         buffers: GatherBuffers,
         layer_hook: LayerHook | None = None,
         rows: RowSplit | None = None,
-        kernels: PrefillKernels | None = None,
+        kernels: EagerKernels | None = None,
     ) -> torch.Tensor:
         """input_ids, positions: [T]; kv_pool: [layers, blocks, 2, block_size, kv_heads, head_dim];
         `rows`: which rows the 4-bit projections' dense copies multiply (None: none). The

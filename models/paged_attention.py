@@ -10,7 +10,7 @@ The model runner builds one `AttentionMetadata` per step; every layer reuses it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,19 @@ class AttentionMetadata(NamedTuple):
 # A prefill chunk's attention from the pool: (q, layer_kv, block_ids, context_len, scale) -> out,
 # as SDPA with the chunk's causal mask answers it (prefill_kernels.py).
 PrefillKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
+
+
+class EagerKernels(Protocol):
+    """Kernels an eager step may run its prefill attention, norms and SiLU through instead of
+    torch's ops (prefill_kernels.PrefillKernels is minipd's)."""
+
+    def attention(
+        self, q: torch.Tensor, layer_kv: torch.Tensor, block_ids: torch.Tensor, context_len: int, scale: float
+    ) -> torch.Tensor: ...
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
 
 class GatherBuffers:
