@@ -193,7 +193,7 @@ def test_the_panels_show_the_requests_sent_and_where_they_were_prefilled(observe
     spent = by_label(prometheus, "sum by (phase) (minipd_disagg_phase_seconds_sum)", "phase")
     # measured, not defaulted (the exposed part may be 0: a layerwise transfer can hide entirely)
     measured_phases = ("reserve", "prefill_compute", "kv_transfer", "adopt", "first_token")
-    assert all(spent[p] > 0 for p in measured_phases), spent
+    assert all(spent[p] > 0 for p in measured_phases), {p: spent[p] for p in measured_phases}
     assert spent["first_token"] > max(spent["prefill_compute"], spent["reserve"], spent["adopt"])  # TTFT holds them
     roles = by_label(prometheus, "sum by (role) (minipd_instance_role)", "role")
     assert roles == {"prefill": 1, "decode": 1}
