@@ -36,13 +36,7 @@
 namespace {
 using namespace minipd_int8;
 using minipd_avx2_math::exp8;
-
-inline float sum8(__m256 v) {  // lanes added in a fixed order: halves, then pairs, then the last two
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using minipd_avx2_math::lanes_sum;  // lanes added in a fixed order: halves, then pairs, then the last two
 
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const at::BFloat16* p) {  // bfloat16 is float32's top half: exact
@@ -60,7 +54,7 @@ template <typename T>
 inline float dot(const float* a, const T* b, int64_t n) {  // n a multiple of 8
   __m256 acc = _mm256_setzero_ps();
   for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8(b + i), acc);
-  return sum8(acc);
+  return lanes_sum(acc);
 }
 
 void rms_norm(const float* x, const float* w, int64_t rows, int64_t H, float eps, float* out) {
@@ -119,7 +113,7 @@ void attend(const float* q, const T* pool_layer, const int64_t* table, int64_t p
       }
       total = _mm256_add_ps(total, _mm256_load_ps(tail));
     }
-    const float inv = 1.0f / sum8(total);
+    const float inv = 1.0f / lanes_sum(total);
     float* o = out + h * s.D;
     for (int64_t i0 = 0; i0 < s.D; i0 += 64) {  // 64 outputs at a time in 8 registers
       const int64_t lanes = std::min<int64_t>(64, s.D - i0) / 8;

@@ -326,6 +326,7 @@ class LlamaForCausalLM(nn.Module):
         cos, signed_sin = self.rope(positions)
         # Sub-modules are called through `.forward` on this path: nn.Module.__call__'s hook
         # handling costs a few µs a call, ~200 calls a decode step, and none has hooks.
+        prefill_attention = None if kernels is None else kernels.attention
         for i, layer in enumerate(self.model.layers):
             residual = x
             h = _norm(layer.input_layernorm, x, kernels)
@@ -334,7 +335,6 @@ class LlamaForCausalLM(nn.Module):
             write_kv(kv_pool[i], k, v, meta)
             if layer_hook is not None:
                 layer_hook(i)
-            prefill_attention = None if kernels is None else kernels.attention
             o = paged_attention(q, kv_pool[i], meta, buffers, attn.scale, prefill_attention)
             x = residual + attn.output(o.flatten(1), rows)
             x = x + layer.mlp.forward(_norm(layer.post_attention_layernorm, x, kernels), rows, kernels)

@@ -27,7 +27,10 @@ def unsupported(model: LlamaForCausalLM, pool_dtype: torch.dtype) -> str | None:
     """Why the prefill kernels cannot serve `model` over a pool of `pool_dtype`, or None."""
     norm = model.model.norm.weight
     if norm.device.type != "cpu" or norm.dtype != torch.float32 or pool_dtype != torch.float32:
-        return f"the prefill kernels run float32 on the CPU, not {norm.dtype} on {norm.device.type}"
+        return (
+            "the prefill kernels run float32 on the CPU, "
+            f"not {norm.dtype} weights and a {pool_dtype} KV pool on {norm.device.type}"
+        )
     if model.quantized_kernel not in INT8_KERNELS:
         return "the prefill kernels are built with minipd's int8 kernels, which this model does not use"
     c = model.config
