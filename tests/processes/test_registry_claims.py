@@ -213,13 +213,13 @@ def test_a_short_lease_outlives_a_10s_etcd_outage(etcd):
             await loop.run_in_executor(None, etcd.stop)
             stopped = loop.time()
             while loop.time() - stopped < 10.0:  # the outage: the session keeps failing its refreshes
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(0.2)  # the outage's length is the scenario (5 TTLs), not a wait for an event
             await loop.run_in_executor(None, etcd.start)
             back = loop.time()
             present = []
             while loop.time() - back < 3 * ttl_s:  # past the TTL etcd granted on its return
                 present.append(bool(etcd.keys("/outage/")))
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)  # sampling the key over the TTL: it must never be missing
             return present, session.num_leases
         finally:
             await session.close()

@@ -115,5 +115,5 @@ def wait_gone(pids: list[int], timeout: float) -> list[int]:
     """The pids of `pids` still running after `timeout` (bounded condition poll)."""
     deadline = time.monotonic() + timeout
     while (left := [p for p in pids if not gone(p)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.05)  # /proc has no event for another process's end (not our child: no wait())
     return left

@@ -17,7 +17,7 @@ from minipd.control.role import Role
 from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import CAUSE_DECODE, CAUSE_DECODE_AT_MIN, CAUSE_WITHIN_BAND, Decision, Move
 from minipd.router.pool_scaler import LivePoolScaler
-from minipd.router.registry import InstanceRegistry
+from minipd.router.registry import InstanceHandle, InstanceRegistry
 from minipd.router.scale_link import ScaleLink, ScaleLinkError, ScaleReply, read_call, write_reply
 
 CONFIG = ScalingConfig(
@@ -77,6 +77,31 @@ async def settled(scaler: LivePoolScaler) -> None:
     await asyncio.wait_for(asyncio.gather(scaler._task), WAIT_S)
 
 
+class WatchedHandle(InstanceHandle):
+    """An instance handle whose count of routed requests tells when a drain has looked at it:
+    `looked` is set once the count was read `LOOKS` times while it drains with requests in flight
+    (the drain loop reads it once a poll)."""
+
+    LOOKS = 3
+
+    def watch(self) -> asyncio.Event:
+        self.looked, self.num_looks = asyncio.Event(), 0
+        return self.looked
+
+    @property
+    def num_inflight(self) -> int:
+        n = self.__dict__["num_inflight"]
+        if n and self.draining and hasattr(self, "looked"):
+            self.num_looks += 1
+            if self.num_looks >= self.LOOKS:
+                self.looked.set()
+        return n
+
+    @num_inflight.setter
+    def num_inflight(self, n: int) -> None:
+        self.__dict__["num_inflight"] = n
+
+
 def decision(move: Move, cause: str) -> Decision:
     return Decision(0.0, move, "", 1.0, 0.2, cause)
 
@@ -116,6 +141,8 @@ def test_wanted_decode_without_room_switches_one_in_place(loop_thread):
 def test_an_idle_pool_loses_an_instance_only_once_the_requests_routed_there_finished(loop_thread):
     async def scenario():
         staying, leaving = handle("decode-0", Role.DECODE), handle("decode-1", Role.DECODE)
+        leaving.__class__ = WatchedHandle  # the same handle, its count watched
+        looked = leaving.watch()
         s = await started(True, handle("prefill-0", Role.PREFILL), staying, leaving)
         hold = decision(Move.HOLD, CAUSE_WITHIN_BAND)
         s.scaler.step(s.controller, 0.0, hold)  # idle from here
@@ -125,7 +152,7 @@ def test_an_idle_pool_loses_an_instance_only_once_the_requests_routed_there_fini
         assert s.scaler.in_flight == 1
         # requests picked both instances just before the drain began (the scaler runs next)
         staying.num_inflight = leaving.num_inflight = 1
-        await asyncio.sleep(0.3)  # the drain keeps waiting while they run (the scaler polls every 50 ms)
+        await asyncio.wait_for(looked.wait(), WAIT_S)  # the drain has polled the count while they run
         during = (leaving.draining, set(s.scaler.removing), list(s.launcher.calls), staying.draining)
         leaving.num_inflight = 0
         await settled(s.scaler)
