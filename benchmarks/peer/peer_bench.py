@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
 from benchmarks.loadgen import options
 from benchmarks.loadgen.deployments import start_server
@@ -39,6 +40,11 @@ FIGURES = (  # name in the JSON, unit, True when higher is better
     ("output_tok_s", "tok/s", True),
     ("median_ttft_ms", "ms", False),
 )
+FIGURE_TITLES = {  # a plot's panel titles
+    "median_itl_ms": "median inter-token latency",
+    "output_tok_s": "output tokens/s",
+    "median_ttft_ms": "median time to first token",
+}
 SIDES = ("minipd", "peer")
 MS_PER_S = 1e3
 QUICK = {
@@ -189,6 +195,11 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
+def peer_name(result: dict) -> str:
+    """The peer as its user knows it: the binary the bench started, else its URL."""
+    return Path(result["peer_started"]).name if result.get("peer_started") else result["peer_url"]
+
+
 def print_table(result: dict) -> None:
     print(f"minipd {result['minipd_url']} vs peer {result['peer_url']}; ratios are minipd / peer")
     header = f"{'workload':<14}{'conc':>5}"
@@ -207,11 +218,12 @@ def plot(result: dict, path: str) -> None:
     fig, axes = subplots(ncols=len(FIGURES), width=4.5)
     labels = [f"{c['workload']}\nc={c['concurrency']}" for c in result["cells"]]
     for ax, (name, unit, higher_better) in zip(axes, FIGURES):
-        ax.bar(range(len(labels)), [c["ratio"][name] for c in result["cells"]])
+        bars = ax.bar(range(len(labels)), [c["ratio"][name] for c in result["cells"]])
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
         ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
         ax.set_xticks(range(len(labels)), labels, fontsize=7)
         ax.set_ylabel(f"minipd / peer ({'higher' if higher_better else 'lower'} is minipd better)")
-        ax.set_title(f"{name} ({unit})", fontsize=9)
+        ax.set_title(f"{FIGURE_TITLES[name]} ({unit}): minipd / peer", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(f"peer: minipd vs {result['peer_url']}", fontsize=9)
+    fig.suptitle(f"minipd vs {peer_name(result)} ({result['model']}), the same workloads in one run", fontsize=9)
     save(fig, path)
