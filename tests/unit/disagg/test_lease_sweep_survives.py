@@ -24,9 +24,11 @@ class _Transport:
 
 async def _run() -> tuple[list[str], list[int]]:
     engine, expired = _Engine(), []
+    expiries = {"first": asyncio.Event(), "second": asyncio.Event()}
 
     def on_expired(request_id: str, reservation) -> None:
         expired.append(request_id)
+        expiries[request_id].set()
         if request_id == "first":
             raise RuntimeError("the channel it came from is gone")
 
@@ -34,13 +36,9 @@ async def _run() -> tuple[list[str], list[int]]:
     reservations.start()
     try:
         reservations.add("first", [1, 2], [7], 0, channel=None)
-        async with asyncio.timeout(5):
-            while "first" not in expired:
-                await asyncio.sleep(0.01)  # bounded poll of the sweep's effect
+        await asyncio.wait_for(expiries["first"].wait(), 5)
         reservations.add("second", [3, 4], [8], 0, channel=None)
-        async with asyncio.timeout(5):
-            while "second" not in expired:
-                await asyncio.sleep(0.01)
+        await asyncio.wait_for(expiries["second"].wait(), 5)
     finally:
         await reservations.close()
     return expired, engine.released
