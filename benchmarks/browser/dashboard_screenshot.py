@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import select
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
+from collections import deque
 from pathlib import Path
+from typing import NamedTuple
 
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -31,26 +31,47 @@ from benchmarks.browser.chromium import close_browser, open_browser
 ROOT = Path(__file__).resolve().parents[2]
 ANNOUNCE = "minipd: dashboard on "
 STARTUP_TIMEOUT_S = 120.0
+OUTPUT_LINES = 200
+SNAPSHOT_TIMEOUT_S = 10.0
 
 
-def start_cluster(model: str, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    """The cluster's process and its dashboard URL (read from its start-up lines)."""
+class Cluster(NamedTuple):
+    process: subprocess.Popen
+    url: str  # the dashboard's
+    output: deque  # the last lines the cluster printed (stdout and stderr), drained as it runs
+
+
+def start_cluster(model: str, extra: list[str]) -> Cluster:
+    """Start the cluster; returns once it announced its dashboard. Its output is read to the end
+    by a thread (a pipe nobody drains would block the cluster once full); the last
+    OUTPUT_LINES lines are kept for a failure's report."""
     argv = [sys.executable, "-m", "minipd", "--role", "cluster", "--http-port", "0", "--model", model, *extra]
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
-    deadline, pending = time.monotonic() + STARTUP_TIMEOUT_S, b""
-    while time.monotonic() < deadline:
-        readable, _, _ = select.select([process.stdout], [], [], 1.0)
-        if not readable:
-            continue
-        chunk = os.read(process.stdout.fileno(), 65536)
-        if not chunk:
-            break
-        pending += chunk
-        for line in pending.decode(errors="replace").splitlines():
-            if line.startswith(ANNOUNCE):
-                return process, line[len(ANNOUNCE) :].strip()
-    stop(process)
-    raise RuntimeError("the cluster did not announce its dashboard")
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+    output: deque = deque(maxlen=OUTPUT_LINES)
+    announced: dict[str, str] = {}
+    ready = threading.Event()
+
+    def drain() -> None:
+        for line in process.stdout:
+            output.append(line.rstrip("\n"))
+            if line.startswith(ANNOUNCE) and not ready.is_set():
+                announced["url"] = line[len(ANNOUNCE) :].strip()
+                ready.set()
+        ready.set()  # the cluster exited (or closed its output) without announcing
+
+    threading.Thread(target=drain, name="cluster-output", daemon=True).start()
+    if not ready.wait(STARTUP_TIMEOUT_S) or "url" not in announced:
+        stop(process)
+        tail = "\n".join(output)
+        raise RuntimeError(f"the cluster did not announce its dashboard; its last lines:\n{tail}")
+    return Cluster(process, announced["url"], output)
+
+
+def fresh_snapshot(driver, after: float, timeout_s: float = SNAPSHOT_TIMEOUT_S) -> None:
+    """Wait until the page has rendered a snapshot built after `after` (Unix seconds)."""
+    WebDriverWait(driver, timeout_s).until(
+        lambda d: (d.execute_script("return window.minipdLatest && window.minipdLatest.time") or 0) > after
+    )
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -91,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=3)
     parser.add_argument("--element", help="the id of the one element to save (e.g. timelines-panel), not the page")
     args = parser.parse_args(argv)
-    process, url = start_cluster(args.model, ["--num-prefill", "2", "--num-decode", "2", "--dtype", "float32"])
+    process, url, _ = start_cluster(args.model, ["--num-prefill", "2", "--num-decode", "2", "--dtype", "float32"])
     driver = None
     try:
         base = url.rsplit("/dashboard", 1)[0]
@@ -105,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         for w in workers:
             w.join()
         WebDriverWait(driver, 10).until(lambda d: d.find_element(By.ID, "verdict").get_attribute("data-verdict"))
-        time.sleep(1.5)  # one more snapshot after the last request, so the figures are final
+        fresh_snapshot(driver, time.time())  # one more snapshot after the last request, so the figures are final
         args.out.parent.mkdir(parents=True, exist_ok=True)
         if args.element:
             element = driver.find_element(By.ID, args.element)

@@ -33,11 +33,11 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from benchmarks.browser.chromium import close_browser, console_errors, open_browser, type_into
-from benchmarks.browser.dashboard_screenshot import start_cluster, stop
+from benchmarks.browser.dashboard_screenshot import SNAPSHOT_TIMEOUT_S, fresh_snapshot, start_cluster, stop
 
 MOVES = ("mixed", "split", "starved")
 FLIP_TIMEOUT_S = 120.0
-SNAPSHOT_TIMEOUT_S = 10.0
+LOAD_START_TIMEOUT_S = 30.0
 
 
 def set_value(driver, element_id: str, value) -> None:
@@ -95,9 +95,19 @@ def run_load(driver, args) -> str:
     set_value(driver, "load-value", args.rate)
     set_value(driver, "load-count", args.num_requests)
     set_value(driver, "load-duration", args.duration_s)
-    driver.find_element(By.ID, "load-start").click()
     progress = driver.find_element(By.ID, "load-progress")
-    WebDriverWait(driver, SNAPSHOT_TIMEOUT_S).until(lambda d: progress.get_attribute("data-state") == "running")
+    before = progress.get_attribute("data-run") or ""
+    driver.find_element(By.ID, "load-start").click()
+
+    def started(d):
+        error = d.find_element(By.ID, "load-error").text
+        if error:
+            raise RuntimeError(f"the page's load start was refused: {error}")
+        return (progress.get_attribute("data-run") or "") not in ("", before)
+
+    # the page shows the new run's tag from the start call's answer on: a run that failed (or
+    # ended) before this wait first looked is seen too, where waiting for "running" could miss it
+    WebDriverWait(driver, LOAD_START_TIMEOUT_S).until(started, "the page shows no new load run")
     # the run is bounded by its duration; its in-flight requests are aborted at the end
     WebDriverWait(driver, args.duration_s + 120).until(
         lambda d: progress.get_attribute("data-state") in ("finished", "stopped", "failed")
@@ -105,13 +115,6 @@ def run_load(driver, args) -> str:
     if progress.get_attribute("data-state") == "failed":
         raise RuntimeError(f"the load run failed: {progress.text}")
     return progress.text
-
-
-def fresh_snapshot(driver, base: str, after: float) -> None:
-    """Wait until the page has rendered a snapshot built after `after` (Unix seconds)."""
-    WebDriverWait(driver, SNAPSHOT_TIMEOUT_S).until(
-        lambda d: (d.execute_script("return window.minipdLatest && window.minipdLatest.time") or 0) > after
-    )
 
 
 def read_page(driver) -> dict:
@@ -134,7 +137,7 @@ def run_move(driver, base: str, move: str, args, shots: Path | None) -> dict:
     else:
         setting = set_link_cap(driver, args.starve_gbps)
     panel = run_load(driver, args)
-    fresh_snapshot(driver, base, time.time())
+    fresh_snapshot(driver, time.time())
     load = admin_load(base)
     result = {
         "move": move,
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--screenshots", type=Path, help="folder for note_<move>.png")
     args = parser.parse_args(argv)
     extra = ["--num-prefill", "1", "--num-decode", "1", *args.cluster_args.split()]
-    process, url = start_cluster(args.model, extra)
+    process, url, output = start_cluster(args.model, extra)
     driver = None
     try:
         base = url.rsplit("/dashboard", 1)[0]
@@ -242,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.plot:
             plot(results, args, args.plot)
         return 1 if errors else 0
+    except Exception:
+        print("the cluster's last lines:", *output, sep="\n  ", file=sys.stderr)
+        raise
     finally:
         if driver is not None:
             close_browser(driver)

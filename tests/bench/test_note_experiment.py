@@ -25,7 +25,7 @@ def test_the_three_moves_from_the_page(tmp_path):
         text=True,
         timeout=RUN_TIMEOUT_S,
     )
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-10000:]
     result = json.loads(out.read_text())
     assert result["console_errors"] == []
     moves = {m["move"]: m for m in result["moves"]}

@@ -452,6 +452,7 @@ function pollLoad() {
 function showLoad(p) {
   const out = $("load-progress");
   out.dataset.state = p.state;
+  out.dataset.run = p.run;  // a new tag per run: a run that ended before a reader looked is still told apart
   out.dataset.completed = String(p.completed);
   if (p.state === "idle") { out.textContent = "no load run yet"; return; }
   out.textContent = p.state + (p.reason ? " (" + p.reason + ")" : "") + " · " + p.workload + " · sent " + p.sent +
