@@ -293,10 +293,10 @@ class Stats(Reply, tag="stats"):
 class SwitchRole(Call, tag="switch_role"):
     """Router -> instance: stop taking new work, let what is in flight finish, reset the KV
     pool (prefix cache included) and serve as `role` from then on, with the role epoch bumped.
-    Answered by `RoleSwitched`, or `CallError`: "invalid" (not an instance role, a stale
-    `epoch`, a switch already under way), STALE_EPOCH (the sender's epoch is not the
-    instance's) or DRAIN_TIMEOUT (in-flight work outlasted `drain_timeout_s`; the instance then
-    keeps serving in its old role and epoch)."""
+    Answered by `RoleSwitched`, or `CallError`: "invalid" (not an instance role, a bad
+    `drain_timeout_s`), STALE_EPOCH (the sender's epoch is not the instance's, or another
+    switch is under way) or DRAIN_TIMEOUT (in-flight work outlasted `drain_timeout_s`; the
+    instance then keeps serving in its old role and epoch)."""
 
     role: Role
     epoch: int  # the epoch the sender saw: the switch is refused if another one happened since

@@ -179,7 +179,11 @@ class RoleGuard:
                 f"of {', '.join(r.value for r in INSTANCE_ROLES)}"
             )
         if self.switching_to is not None:
-            raise SwitchRefused(f"{self.instance_id} is already switching to {self.switching_to.value}")
+            # the kind of new work refused while switching: whoever sent it has a view the switch
+            # is about to make stale (the router answers it as a conflict, not a failure)
+            raise SwitchRefused(
+                f"{self.instance_id} is already switching to {self.switching_to.value}", kind=STALE_EPOCH
+            )
         if sender_epoch != self.epoch:
             raise SwitchRefused(
                 f"{self.instance_id}: role epoch {sender_epoch} is stale (now {self.epoch}, a "

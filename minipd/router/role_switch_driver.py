@@ -10,8 +10,9 @@ registry only; the router records the report):
 3. mark the handle draining: from the decision on, no new work picks it (a try that picked
    it just before is refused by the instance for its stale epoch and retried elsewhere);
 4. `SwitchRole` with the epoch the router knows: the instance drains, resets its pool and
-   answers with its new role and epoch (or refuses: SwitchFailed, and it serves on as
-   before);
+   answers with its new role and epoch, or refuses and serves on as before: SwitchConflict
+   when it refuses for a stale epoch (another router switched it since this one looked),
+   SwitchFailed otherwise;
 5. the handle takes the new role and epoch and forgets the prefixes it remembered; the
    instance is picked for work of its new role from the next request on.
 The report times the whole switch from the decision (step 1) to step 5, and the instance's
@@ -26,7 +27,7 @@ import time
 import msgspec
 
 from minipd.control.channel import ChannelClosed, RemoteError
-from minipd.control.messages import RoleSwitched, SwitchRole
+from minipd.control.messages import STALE_EPOCH, RoleSwitched, SwitchRole
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.router.registry import InstanceRegistry
@@ -129,6 +130,13 @@ async def switch_instance_role(
                 drain_timeout_s + REPLY_MARGIN_S,
             )
         except RemoteError as exc:
+            if exc.kind == STALE_EPOCH:
+                # another router switched it after this one's view (and its claim's read of the
+                # registry, which the instance republishes after the switch): a conflict, and
+                # nothing was changed
+                raise SwitchConflict(
+                    "instance", f"{instance_id} was switched meanwhile by another router: {exc}"
+                ) from exc
             raise SwitchFailed(f"{instance_id} did not switch to {target.value}: {exc}", exc.kind) from exc
         except (ChannelClosed, TimeoutError) as exc:
             raise SwitchFailed(f"{instance_id} did not switch to {target.value}: {exc}", "lost") from exc

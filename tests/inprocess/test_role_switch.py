@@ -9,6 +9,7 @@ import msgspec
 import pytest
 from disagg_helpers import CONFIG
 from role_switch_helpers import (
+    RawRouter,
     assert_all_served,
     complete,
     complete_all,
@@ -18,15 +19,13 @@ from role_switch_helpers import (
     wrong_role,
 )
 
-from minipd.control.channel import Channel, RemoteError
+from minipd.control.channel import RemoteError
 from minipd.control.messages import (
     DRAIN_TIMEOUT,
-    PROTOCOL_VERSION,
     STALE_EPOCH,
     Abort,
     CallError,
     Generate,
-    Hello,
     Prefill,
     Reserve,
     SwitchRole,
@@ -114,22 +113,6 @@ def test_switch_under_load_loses_nothing_serves_nothing_wrongly_and_leaks_nothin
         assert_pools_full(cluster, loop_thread)
     finally:
         loop_thread.run(cluster.close())
-
-
-class RawRouter:
-    """A control connection to one instance, as a router would hold it, collecting the
-    messages that are not replies (token outputs, refused streams)."""
-
-    def __init__(self, channel: Channel):
-        self.channel, self.received = channel, asyncio.Queue()
-
-    @classmethod
-    async def connect(cls, port: int) -> "RawRouter":
-        raw = cls.__new__(cls)
-        raw.received = asyncio.Queue()
-        raw.channel = await Channel.connect("127.0.0.1", port, lambda ch, m: raw.received.put_nowait(m), "test")
-        raw.welcome = await raw.channel.call(Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER))
-        return raw
 
 
 def test_stale_epochs_and_work_during_a_switch_are_refused(loop_thread):

@@ -1,5 +1,5 @@
 """Shared pieces of the role-switch tests: a record of the role each instance had whenever it
-took work, and the prompts and reference outputs of a load."""
+took work, the prompts and reference outputs of a load, and a bare control connection."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from typing import NamedTuple
 
 from engine_helpers import Completion
 
+from minipd.control.channel import Channel
+from minipd.control.messages import PROTOCOL_VERSION, Hello
+from minipd.control.role import Role
 from minipd.disagg.instance import Instance
 from minipd.engine.sampling_params import SamplingParams
 
@@ -78,3 +81,19 @@ def assert_all_served(expected: list[Completion], actual: list[Completion], max_
         last = a.outputs[-1]
         assert last.error is None and last.finish_reason == "length", f"request {i}: {last}"
         assert len(a.token_ids) == n and a.token_ids == e.token_ids, f"request {i}"
+
+
+class RawRouter:
+    """A control connection to one instance, as a router would hold it, collecting the
+    messages that are not replies (token outputs, refused streams)."""
+
+    def __init__(self, channel: Channel):
+        self.channel, self.received = channel, asyncio.Queue()
+
+    @classmethod
+    async def connect(cls, port: int) -> "RawRouter":
+        raw = cls.__new__(cls)
+        raw.received = asyncio.Queue()
+        raw.channel = await Channel.connect("127.0.0.1", port, lambda ch, m: raw.received.put_nowait(m), "test")
+        raw.welcome = await raw.channel.call(Hello(protocol_version=PROTOCOL_VERSION, role=Role.ROUTER))
+        return raw
