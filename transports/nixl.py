@@ -22,6 +22,31 @@ from minipd.transports.wire import Abort, Finish, LayerHeader, Message, PoolDesc
 
 # NIXL's Python logger prints INFO to stdout unless told otherwise; it reads this on import.
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
+
+
+def _rdma_devices() -> list[str]:
+    """The RDMA devices the kernel knows (names under /sys/class/infiniband), none if absent."""
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
+
+
+def skip_rdma_modules_without_devices() -> bool:
+    """Keep the UCX that NIXL bundles from loading its InfiniBand modules on a host with no
+    RDMA device; True when it did so. Why: those modules pull in the bundled libnl-route,
+    whose destructors crash at process exit (SIGSEGV in `rtnl_tc_unregister`, after Python has
+    finalized), so every process that made a NIXL agent ended with rc 139 even after a clean
+    shutdown. Without a device the modules have nothing to drive; with one, or when the user
+    set `UCX_MODULES` themselves, nothing is changed. Must run before the first agent loads
+    UCX (UCX reads its configuration once, when its library loads)."""
+    if "UCX_MODULES" in os.environ or _rdma_devices():
+        return False
+    os.environ["UCX_MODULES"] = "^ib"
+    return True
+
+
+skip_rdma_modules_without_devices()
 from nixl_cu12._api import nixl_agent, nixl_agent_config  # noqa: E402
 
 logger = logging.getLogger(__name__)
