@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 
 from minipd.engine.engine import Engine
+from minipd.engine.model_loader import load_model
 from minipd.engine.sampling_params import SamplingParams
 from minipd.workload.lengths import LengthDist
 
@@ -68,8 +69,19 @@ async def engine_tok_s(engine: Engine, requests: list[ServingRequest]) -> Throug
     return Throughput(sum(produced) / elapsed, sum(produced) / cpu)
 
 
+def dense_state(engine: Engine) -> dict[str, torch.Tensor]:
+    """The engine's weights under `transformers`' Llama names: as loaded when the engine serves
+    them dense, else the same file loaded again dequantized (a 4-bit engine's quantized layers
+    and block embedding hold other tensors; `transformers` itself dequantizes a GGUF)."""
+    if engine.model.weights_format == "dense":
+        return engine.model.state_dict()
+    dense, _ = load_model(engine.config.model, engine.device, engine.dtype, weights="dense")
+    return dense.state_dict()
+
+
 def hf_model(engine: Engine):
-    """`transformers`' LlamaForCausalLM holding the engine's weights (as loaded, in its dtype)."""
+    """`transformers`' LlamaForCausalLM holding the engine's weights in its dtype (dequantized
+    where the engine serves them quantized: `dense_state`)."""
     import transformers
 
     c = engine.model_config
@@ -92,7 +104,7 @@ def hf_model(engine: Engine):
     if c.rope_scaling is not None:
         raise ValueError("the HF comparison builds a plain Llama config: models with rope_scaling are not supported")
     model = transformers.LlamaForCausalLM(hf_config).eval()
-    state = engine.model.state_dict()
+    state = dense_state(engine)
     if c.tie_word_embeddings:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     model.load_state_dict(state, strict=True)
