@@ -1,0 +1,61 @@
+"""Building minipd's CPU kernels with g++ (models/vnni_kernels.py): the build is cached, once,
+for processes that start together, and reused after; a variant this CPU cannot run still
+compiles, so an edit made on one CPU family cannot break the other's build. A process test:
+each build is a g++ run of tens of seconds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minipd.models import vnni_kernels
+
+RUNNABLE = [v for v in vnni_kernels.VARIANTS if vnni_kernels.unavailable(v) is None]
+
+
+_BUILD = """
+import os, sys, time, torch
+from minipd.models import vnni_kernels
+variant = vnni_kernels.best()
+assert variant is not None
+x = torch.ones(1, 32, dtype=torch.bfloat16)
+packed = vnni_kernels.pack_q8(torch.ones(16, 32, dtype=torch.int8), torch.ones(16, 1).half())
+print(float(vnni_kernels.q8_mm(x, packed, 32, variant)[0, 0]), [p.name for p in vnni_kernels.cache_dir().glob("*.so")])
+"""
+
+
+@pytest.mark.skipif(not RUNNABLE, reason="no variant of minipd's int8 kernels runs on this CPU")
+def test_the_build_is_cached_once_for_processes_that_start_together(tmp_path: Path) -> None:
+    env = {**os.environ, "MINIPD_KERNEL_CACHE": str(tmp_path / "cache")}
+    run = lambda: subprocess.Popen([sys.executable, "-c", _BUILD], env=env, stdout=subprocess.PIPE, text=True)  # noqa: E731
+    first, second = run(), run()
+    outputs = [p.communicate(timeout=vnni_kernels.BUILD_TIMEOUT_S)[0] for p in (first, second)]
+    assert first.returncode == second.returncode == 0
+    libraries = sorted((tmp_path / "cache").glob("*.so"))
+    assert len(libraries) == 1 and all(out.strip().startswith("32.0") for out in outputs)
+    built = libraries[0].stat().st_mtime_ns
+    again = run()
+    assert again.communicate(timeout=120)[0].startswith("32.0") and again.returncode == 0
+    assert libraries[0].stat().st_mtime_ns == built  # loaded, not rebuilt
+    assert not [p for p in (tmp_path / "cache").iterdir() if p.is_dir()]  # no build directory left behind
+
+
+@pytest.mark.parametrize("variant", [v for v in vnni_kernels.VARIANTS if v not in RUNNABLE] or [None])
+def test_a_variant_this_cpu_cannot_run_still_compiles(variant, tmp_path: Path) -> None:
+    """Edits made on a machine without a variant's instructions must not break its build there."""
+    if variant is None:
+        pytest.skip("every variant runs on this CPU (and the tests above built each)")
+    compiler = vnni_kernels._compiler()
+    assert compiler is not None, "no C++ compiler"
+    done = subprocess.run(
+        vnni_kernels._command(compiler, tmp_path / f"{variant}.so", variant),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / f"{variant}.so").stat().st_size > 0
