@@ -26,12 +26,20 @@ POSITIONS = 600
 CHUNKINGS = ([512, 88], [100, 300, 200])
 BLOCK = 16
 MIN_AGREEMENT = 0.95
-# Measured on these 600 positions (logits up to ~34), chunks of 512 and 88: the kernel against
-# the dense float32 model 98.5% greedy agreement, largest |logit difference| 1.87, mean 0.175;
-# SDPA over the same blocks 98.8%, 1.79, 0.176 (the int8 rounding of the activations, not the
-# attention, makes most of the difference: see test_smollm2_fused_decode.py). A wrong mask, head or
-# block gives differences of 10+ and agreement far below.
-MAX_LOGIT_DIFFERENCE, MAX_MEAN_LOGIT_DIFFERENCE = 3.0, 0.3
+# What the arithmetic allows. The 4-bit path rounds every activation to int8 per block of 32
+# (an error of up to half a step, 1/254 of the block's largest value) before each of a layer's
+# matmuls; over 30 layers that adds a noise to the logits (up to ~34 here) whose size the
+# rounding sets, not the CPU: a mean |logit difference| of 0.17-0.19 and a 99th percentile of
+# each position's largest difference of 1.2-1.6 against the dense float32 model, measured on
+# AVX2, AVX-512 and AMX machines alike, kernel and torch's ops alike. The single largest
+# difference among 600 x 49k logits is a tail of that noise, and moves with the last bits of
+# each CPU family's float32 summation order (1.8 to 3.6 measured), so it bounds gross errors
+# only: a wrong mask, head or block gives differences of 10+ and agreement far below.
+MAX_MEAN_LOGIT_DIFFERENCE = 0.3
+MAX_P99_POSITION_DIFFERENCE = 2.5
+MAX_LOGIT_DIFFERENCE = 6.0
+# The kernel rounds as torch's ops do: its mean difference stays near theirs, in the same run.
+MAX_MEAN_RATIO_TO_TORCH = 1.25
 
 
 @pytest.fixture(scope="module")
@@ -71,13 +79,18 @@ def test_a_chunked_prefill_through_the_kernel_stays_near_the_dequantized_model(m
     assert kernel is not None and kernel.kernel == vnni_kernels.best()
     theirs = dense.forward_reference(ids)
     for chunks in CHUNKINGS:
+        means = {}
         for name, kernels in (("kernels", kernel), ("torch", None)):
             ours = _prefill_logits(quantized, ids, chunks, kernels)
             agreement = (ours.argmax(-1) == theirs.argmax(-1)).float().mean().item()
             assert agreement >= MIN_AGREEMENT, f"{name}, chunks {chunks}: agrees with dense on {agreement:.1%}"
             difference = (ours - theirs).abs()
-            assert difference.max().item() <= MAX_LOGIT_DIFFERENCE, (name, chunks)
-            assert difference.mean().item() <= MAX_MEAN_LOGIT_DIFFERENCE, (name, chunks)
+            means[name] = difference.mean().item()
+            per_position = difference.max(-1).values.quantile(0.99).item()
+            assert means[name] <= MAX_MEAN_LOGIT_DIFFERENCE, (name, chunks, means[name])
+            assert per_position <= MAX_P99_POSITION_DIFFERENCE, (name, chunks, per_position)
+            assert difference.max().item() <= MAX_LOGIT_DIFFERENCE, (name, chunks, difference.max().item())
+        assert means["kernels"] <= MAX_MEAN_RATIO_TO_TORCH * means["torch"], (chunks, means)
 
 
 def test_the_kernels_logits_do_not_depend_on_the_chunks(models):
