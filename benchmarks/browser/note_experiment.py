@@ -29,6 +29,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -38,6 +39,8 @@ from benchmarks.browser.dashboard_screenshot import SNAPSHOT_TIMEOUT_S, fresh_sn
 MOVES = ("mixed", "split", "starved")
 FLIP_TIMEOUT_S = 120.0
 LOAD_START_TIMEOUT_S = 30.0
+LOAD_CLICK_WAIT_S = 5.0  # a start's answer, on a busy 2-core machine
+LOAD_START_CLICKS = 3
 
 
 def set_value(driver, element_id: str, value) -> None:
@@ -88,8 +91,25 @@ def set_link_cap(driver, gbps: float | None) -> str:
     return rows[0].find_element(By.CSS_SELECTOR, ".cap-state").text
 
 
-def run_load(driver, args) -> str:
-    """Start the built-in load from the panel and wait for it to end; the panel's last line."""
+def page_load_state(driver) -> dict:
+    """What the Controls panel's load form shows, for a report of why a start was not seen."""
+    return driver.execute_script(
+        """const p = document.getElementById("load-progress"), form = document.getElementById("load-form");
+        return {button_disabled: document.getElementById("load-start").disabled, form_valid: form.checkValidity(),
+                error: document.getElementById("load-error").textContent, run: p.dataset.run || "",
+                state: p.dataset.state || "", progress: p.textContent,
+                values: ["load-value", "load-count", "load-duration"].map((i) => document.getElementById(i).value)};"""
+    )
+
+
+def run_load(driver, args, base: str) -> str:
+    """Start the built-in load from the panel and wait for it to end; the panel's last line.
+
+    A click can reach no button: on a busy machine the page re-renders the panels above the
+    form between WebDriver scrolling to the button and the click landing, and the click hits
+    whatever moved under it. The page then sent nothing, the button never turned disabled
+    (it is, while a start is under way) and the server's last run is unchanged: only then is
+    the button clicked again, so no run is started twice."""
     Select(driver.find_element(By.ID, "load-workload")).select_by_visible_text(args.workload)
     Select(driver.find_element(By.ID, "load-arrivals")).select_by_value("rate")
     set_value(driver, "load-value", args.rate)
@@ -97,7 +117,7 @@ def run_load(driver, args) -> str:
     set_value(driver, "load-duration", args.duration_s)
     progress = driver.find_element(By.ID, "load-progress")
     before = progress.get_attribute("data-run") or ""
-    driver.find_element(By.ID, "load-start").click()
+    server_before = admin_load(base).get("run")
 
     def started(d):
         error = d.find_element(By.ID, "load-error").text
@@ -107,7 +127,32 @@ def run_load(driver, args) -> str:
 
     # the page shows the new run's tag from the start call's answer on: a run that failed (or
     # ended) before this wait first looked is seen too, where waiting for "running" could miss it
-    WebDriverWait(driver, LOAD_START_TIMEOUT_S).until(started, "the page shows no new load run")
+    deadline = time.monotonic() + LOAD_START_TIMEOUT_S
+    for attempt in range(1, LOAD_START_CLICKS + 1):
+        driver.find_element(By.ID, "load-start").click()
+        try:
+            WebDriverWait(driver, LOAD_CLICK_WAIT_S).until(started)
+            break
+        except TimeoutException:
+            pass
+        page, server = page_load_state(driver), admin_load(base)
+        if page["button_disabled"] or server.get("run") != server_before:
+            # the start reached the server (or is on its way): the page will show its answer
+            remaining = max(1.0, deadline - time.monotonic())
+            try:
+                WebDriverWait(driver, remaining).until(started)
+                break
+            except TimeoutException:
+                page, server = page_load_state(driver), admin_load(base)
+                raise RuntimeError(
+                    f"the page shows no new load run {LOAD_START_TIMEOUT_S:g} s after its start: page {page}, "
+                    f"server {server.get('run')!r} {server.get('state')!r}"
+                ) from None
+        print(f"the start click (attempt {attempt}) made no request (page {page}): clicked again", file=sys.stderr)
+    else:
+        raise RuntimeError(
+            f"{LOAD_START_CLICKS} clicks on the page's start button made no request: page {page_load_state(driver)}"
+        )
     # the run is bounded by its duration; its in-flight requests are aborted at the end
     WebDriverWait(driver, args.duration_s + 120).until(
         lambda d: progress.get_attribute("data-state") in ("finished", "stopped", "failed")
@@ -136,7 +181,7 @@ def run_move(driver, base: str, move: str, args, shots: Path | None) -> dict:
         setting = flip(driver, "split", 1)
     else:
         setting = set_link_cap(driver, args.starve_gbps)
-    panel = run_load(driver, args)
+    panel = run_load(driver, args, base)
     fresh_snapshot(driver, time.time())
     load = admin_load(base)
     result = {
