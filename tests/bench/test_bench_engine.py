@@ -1,5 +1,5 @@
 """`python bench.py engine --quick` and `python bench.py neighbour --quick` run end to end and write
-finite figures under the JSON names the README uses (tiny model: this checks the harness, not
+finite figures under the JSON names docs/benchmarks.md uses (tiny model: this checks the harness, not
 the speed)."""
 
 from __future__ import annotations
