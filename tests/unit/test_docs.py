@@ -295,3 +295,20 @@ def test_a_correct_command_passes():
         "minipd --role cluster --num-prefill 1 --num-decode 1 --transport tcp --prompt 'a --b' --max-tokens=8"
     )
     assert not unknown_flags("python bench.py slo --json slo.json --plot slo.png --quick")
+
+
+SOURCE_SUFFIXES = (".py", ".html", ".js", ".json", ".yml", ".yaml", ".md", ".cpp")
+
+
+def test_docs_pages_named_in_code_exist():
+    """A docs page that code, tests, examples or deploy/ cite (docs/NAME.md) exists."""
+    missing = []
+    for folder in ("minipd", "models", "transports", "benchmarks", "tests", "examples", "deploy", "contracts"):
+        for path in (ROOT / folder).rglob("*"):
+            if path.suffix not in SOURCE_SUFFIXES or not path.is_file():
+                continue
+            text = re.sub(r"https?://\S+", "", path.read_text(errors="replace"))  # other projects' docs/
+            for name in set(re.findall(r"(?<![\w/])docs/[a-z0-9_/-]+\.md", text)):
+                if not (ROOT / name).exists():
+                    missing.append(f"{_rel(path)}: {name}")
+    assert not missing, "\n".join(missing)
