@@ -7,11 +7,11 @@ except - and _; spaces to -; a repeated heading gets -1, -2, ...).
 
 Commands: the lines of code blocks (indented or fenced) in README.md and docs/*.md, split at
 `&&`, that start with `minipd`, `.venv/bin/minipd` or `python bench.py EXPERIMENT` (a line
-ending in a backslash goes on on the next). Each `--flag` must be an option of the parser that
-`--help` prints for it, built in this process: `minipd --role ROLE` by
-`minipd.entrypoints.flags.build_parser`, `minipd plan|day|calibrate-distserve` by the planner's,
-`python bench.py EXPERIMENT` by bench.py's. Values are not checked (the docs write
-placeholders such as HOST:PORT).
+ending in a backslash goes on on the next), and the code spans of their text that do. Each
+`--flag` must be an option of the parser that `--help` prints for it, built in this process:
+`minipd --role ROLE` by `minipd.entrypoints.flags.build_parser`, `minipd
+plan|day|calibrate-distserve` by the planner's, `python bench.py EXPERIMENT` by bench.py's.
+Values are not checked (the docs write placeholders such as HOST:PORT).
 """
 
 from __future__ import annotations
@@ -195,6 +195,26 @@ def commands(path: pathlib.Path) -> list[tuple[int, str]]:
     return found
 
 
+INLINE_COMMAND = re.compile(
+    r"`((?:\.venv/bin/)?minipd (?:--|plan |day |calibrate-distserve )[^`]*|python bench\.py [^`]*)`"
+)
+
+
+def inline_commands(path: pathlib.Path) -> list[tuple[int, str]]:
+    """The `minipd ...` and `python bench.py ...` code spans of a page's text (outside code
+    blocks; a span may wrap across the lines of a paragraph)."""
+    found: list[tuple[int, str]] = []
+    paragraph: list[Line] = []
+    for line in [*_lines(path), Line(0, "", False)]:
+        if line.code or not line.text.strip():
+            text = " ".join(part.text.strip() for part in paragraph)
+            found += [(paragraph[0].number, m.group(1)) for m in INLINE_COMMAND.finditer(text)]
+            paragraph = []
+        else:
+            paragraph.append(line)
+    return found
+
+
 def _words(command: str) -> list[str]:
     lexer = shlex.shlex(command, posix=True, punctuation_chars=False)
     lexer.whitespace_split = True
@@ -240,8 +260,11 @@ def unknown_flags(command: str) -> list[str]:
         experiment, rest = words[2], words[3:]
         import bench
 
-        assert experiment in bench.EXPERIMENTS, f"bench.py has no experiment {experiment!r}"
-        known = _bench_options(experiment)
+        if experiment.isupper():  # a placeholder (`python bench.py EXPERIMENT`): the flags of any
+            known = frozenset(o for name in bench.EXPERIMENTS for o in _bench_options(name))
+        else:
+            assert experiment in bench.EXPERIMENTS, f"bench.py has no experiment {experiment!r}"
+            known = _bench_options(experiment)
     elif len(words) > 1 and words[1] in PLANNER_COMMANDS:
         known, rest = _planner_options(words[1]), words[2:]
     else:
@@ -254,7 +277,11 @@ def unknown_flags(command: str) -> list[str]:
 
 
 def _all_commands() -> list[tuple[str, str]]:
-    return [(f"{_rel(page)}:{number}", command) for page in COMMAND_PAGES for number, command in commands(page)]
+    return [
+        (f"{_rel(page)}:{number}", command)
+        for page in COMMAND_PAGES
+        for number, command in [*commands(page), *inline_commands(page)]
+    ]
 
 
 def test_the_pages_show_commands_to_check():
@@ -263,13 +290,15 @@ def test_the_pages_show_commands_to_check():
     assert any("--role cluster --num-prefill 1 --num-decode 1" in c for _, c in found)  # the main job
     assert any(c.startswith("python bench.py slo") for _, c in found)
     assert any(c.startswith("minipd plan") for _, c in found)
+    inline = [c for page in COMMAND_PAGES for _, c in inline_commands(page)]
+    assert any(c.startswith("minipd --role cluster --launcher ray") for c in inline)  # code spans too
 
 
 @pytest.mark.parametrize("page", COMMAND_PAGES, ids=_rel)
 def test_every_command_uses_only_flags_its_help_knows(page):
     problems = [
         f"{_rel(page)}:{number}: {bad} unknown in `{command}`"
-        for number, command in commands(page)
+        for number, command in [*commands(page), *inline_commands(page)]
         if (bad := unknown_flags(command))
     ]
     assert not problems, "\n".join(problems)
