@@ -41,8 +41,8 @@ and how to run them: [cluster-operations.md](cluster-operations.md). The planner
 
 
 def _cell(text: str) -> str:
-    """Text that is safe inside a Markdown table cell."""
-    return " ".join(text.split()).replace("|", "\\|")
+    """Text that is safe inside a Markdown table cell: no row break, pipe or emphasis."""
+    return " ".join(text.split()).replace("|", "\\|").replace("*", "\\*").replace("<", "&lt;")
 
 
 def _roles(flag: Flag) -> str:
