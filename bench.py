@@ -114,15 +114,15 @@ def _interrupt_on_sigterm(signum, frame) -> None:
     raise KeyboardInterrupt  # so every `finally` runs: started servers and namespaces are removed
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser(chosen: str | None):
+    """The command line, with every flag of experiment `chosen` (its module imported; the others
+    know only --json): (the parser, the chosen experiment's subparser, its module), the last two
+    None when none is chosen. tests/unit/test_docs.py checks the docs' commands against it."""
     parser = argparse.ArgumentParser(
         prog="bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
-    # Idle OpenMP threads sleep, as in every minipd process; set before any experiment loads torch.
-    openmp_env.prefer_passive_waiting()
-    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if a in EXPERIMENTS), None)
-    module = None
+    module = chosen_parser = None
     for name, (module_name, summary) in EXPERIMENTS.items():
         p = sub.add_parser(name, help=summary, description=summary)
         p.add_argument("--json", metavar="FILE", help="write the results as JSON to FILE")
@@ -133,6 +133,15 @@ def main(argv: list[str] | None = None) -> int:
             module.add_arguments(p)
             if hasattr(module, "plot"):
                 p.add_argument("--plot", metavar="FILE.png", help="draw the results into this PNG file")
+            chosen_parser = p
+    return parser, chosen_parser, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Idle OpenMP threads sleep, as in every minipd process; set before any experiment loads torch.
+    openmp_env.prefer_passive_waiting()
+    chosen = next((a for a in (sys.argv[1:] if argv is None else argv) if a in EXPERIMENTS), None)
+    parser, _, module = build_parser(chosen)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
     try:

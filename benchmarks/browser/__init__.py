@@ -1,3 +1,3 @@
 """The live dashboard page in a real browser: Debian's headless Chromium driven by Selenium
-(`chromium`), and the script that takes the README's screenshot from a live cluster
+(`chromium`), and the script that takes the dashboard's screenshots (README, docs/observability.md) from a live cluster
 (`dashboard_screenshot`)."""

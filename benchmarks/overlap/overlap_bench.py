@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         default="float32",
         choices=DTYPE_CHOICES,
-        help="weights and KV dtype; the README's figures are float32 (default: %(default)s)",
+        help="weights and KV dtype; docs/benchmarks.md's figures are float32 (default: %(default)s)",
     )
     parser.add_argument(
         "--torch-threads",

@@ -38,7 +38,7 @@ DEMOS = frozenset({Role.BOTH, Role.CLUSTER})
 # the sections of --help, in the order they first appear in the table
 PROCESS, SECURITY, PLACEMENT, MODEL, SCHEDULER, INSTANCE, ROUTER, POLICY, CONTROLLER, HTTP, CLUSTER, DEMO = (
     "process",
-    "security (README: Security)",
+    "security (docs/security.md)",
     "CPU placement",
     "model and KV cache",
     "scheduler",

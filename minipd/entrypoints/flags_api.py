@@ -96,7 +96,7 @@ FLAGS = (
         metavar="FILE",
         help="a latency profile of these instances (python bench.py profile --model MODEL --json FILE): the "
         "dashboard's live prediction simulates the cluster with it, and its Plan view offers it "
-        "(README: The dashboard)",
+        "(docs/observability.md, The dashboard)",
     ),
     # ---- the local cluster launcher
     flag(

@@ -109,7 +109,7 @@ FLAGS = (
         action="store_false",
         help="run decode rows as eager torch ops instead of the fused decode step that a model with every "
         "projection and the lm_head in GGUF's blocks (minipd's kernels) uses by default (one C++ call a step; see "
-        "README, Models); the start-up line says which",
+        "docs/models.md); the start-up line says which",
     ),
     flag(
         "--no-prefill-kernels",
@@ -121,7 +121,7 @@ FLAGS = (
         action="store_false",
         help="run prefill chunks' norms, SiLU and attention through torch's ops and SDPA instead of minipd's "
         "float32 kernels, which a float32 model served by minipd's int8 kernels uses by default (one pass a row; "
-        "attention reads each query's keys, and only those, from the pool's blocks; see README, Models); the "
+        "attention reads each query's keys, and only those, from the pool's blocks; see docs/models.md); the "
         "start-up line says which",
     ),
     flag(

@@ -9,7 +9,7 @@ from minipd.entrypoints.config_sections import ProcessConfig
 from minipd.entrypoints.flag_spec import EVERY_CHILD, NETWORKED, flag
 from minipd.registry.etcd_url import DEFAULT_PREFIX, ETCD_PASSWORD_ENV, RegistryUrl, parse_registry_url
 
-REGISTRY = "registry (README: Running on several hosts)"
+REGISTRY = "registry (docs/multi-host.md)"
 MIN_TTL_S = 2  # etcd's own minimum lease TTL with its default election timeout
 
 _PROCESS = ProcessConfig()

@@ -15,16 +15,14 @@ COMMANDS = {
 }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser(chosen: str | None):
+    """The command line, with every flag of command `chosen` (its module imported): (the parser,
+    the chosen command's subparser, its module), the last two None when none is chosen."""
     import importlib
 
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
-        argv = ["plan"] + argv
     parser = argparse.ArgumentParser(prog="python -m minipd.planner", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    chosen = argv[0] if argv and argv[0] in COMMANDS else None
-    module = None
+    module = chosen_parser = None
     for name, (module_name, summary) in COMMANDS.items():
         p = sub.add_parser(name, help=summary, description=summary)
         if name == chosen:
@@ -32,6 +30,15 @@ def main(argv: list[str] | None = None) -> int:
             p.description = module.__doc__
             p.formatter_class = argparse.RawDescriptionHelpFormatter
             module.add_arguments(p)
+            chosen_parser = p
+    return parser, chosen_parser, module
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        argv = ["plan"] + argv
+    parser, _, module = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     return module.run(args)
 

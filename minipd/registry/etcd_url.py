@@ -1,6 +1,6 @@
 """`--registry etcd://HOST:PORT[,HOST:PORT...][/PREFIX]`, parsed and checked.
 
-The endpoints are etcd's client URLs (plain gRPC; see README "Running on several hosts" for
+The endpoints are etcd's client URLs (plain gRPC; see docs/multi-host.md for
 TLS and authentication of etcd itself); the prefix (default `/minipd`) scopes every key
 minipd writes, so several clusters can share one etcd. An optional `USER@` before the first
 endpoint logs in to etcd with that user, the password coming from the environment variable

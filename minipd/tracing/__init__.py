@@ -4,5 +4,5 @@
 - `exporter.py`: sets up the OpenTelemetry SDK for one process (a `BatchSpanProcessor` over
   OTLP/HTTP, flushed at exit); nothing of the SDK is imported while tracing is off;
 - `spans.py`: the few span operations minipd uses, a no-op (`None`) while tracing is off;
-- `names.py`: the span, event and attribute names (the README's tracing table).
+- `names.py`: the span, event and attribute names (docs/observability.md's tracing table).
 """

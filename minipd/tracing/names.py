@@ -1,4 +1,4 @@
-"""The names of minipd's spans, events and attributes (README: "Tracing" lists them).
+"""The names of minipd's spans, events and attributes (docs/observability.md, "Tracing", lists them).
 
 One trace per request. The router's spans (service `minipd-router`):
     minipd.request      the request, from its arrival to its end (SpanKind.SERVER), a child

@@ -1,6 +1,6 @@
 """`python bench.py engine --quick` (on its default model) and `python bench.py neighbour --quick`
-run end to end and write finite figures under the JSON names the README uses (a short run: this
-checks the harness, not the speed)."""
+run end to end and write finite figures under the JSON names docs/benchmarks.md uses (a short
+run: this checks the harness, not the speed)."""
 
 from __future__ import annotations
 

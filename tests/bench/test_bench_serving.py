@@ -1,5 +1,5 @@
 """Every `bench.py` experiment end to end with `--quick`: it exits 0, its JSON holds finite
-numbers in the fields the docs and the README name, and its plot is a PNG. (This checks the
+numbers in the fields docs/benchmarks.md names, and its plot is a PNG. (This checks the
 harness, not the speed: the quick runs use the tiny model and a handful of requests.)"""
 
 from __future__ import annotations

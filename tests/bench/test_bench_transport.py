@@ -1,5 +1,5 @@
-"""`python bench.py transport` runs end to end and writes the JSON fields the README and the
-issue name (small sizes: this checks the harness, not the speed)."""
+"""`python bench.py transport` runs end to end and writes the JSON fields docs/benchmarks.md
+and the issue name (small sizes: this checks the harness, not the speed)."""
 
 from __future__ import annotations
 

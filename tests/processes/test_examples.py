@@ -1,4 +1,4 @@
-"""The README's embedding example is a real file, shown verbatim in the README, and it runs."""
+"""The examples docs/api.md shows are real files, shown there verbatim, and they run."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ CLUSTER_EXAMPLE = ROOT / "examples" / "inprocess_cluster.py"
 
 
 @pytest.mark.parametrize("example", [EXAMPLE, CLUSTER_EXAMPLE], ids=lambda p: p.name)
-def test_readme_shows_the_example_verbatim(example):
+def test_docs_show_the_example_verbatim(example):
     body = example.read_text().split('"""', 2)[2].strip()  # without the module docstring
-    assert body in (ROOT / "README.md").read_text()
+    assert body in (ROOT / "docs" / "api.md").read_text()
 
 
 def test_embedding_example_runs_and_frees_every_block():

@@ -2,7 +2,7 @@
 
 As found: a streamed chat over `minipd --role cluster --http-port` whose decode process was
 SIGKILLed ended with "internal error while generating request ...; see the server log",
-though the README promises an error naming the instance. The HTTP API answered every backend
+though the docs promise an error naming the instance (docs/api.md, Errors). The HTTP API answered every backend
 failure but an overload as an internal error, and the router did not mark a lost instance's
 failure as such. Likewise, a request whose only decode instance died before its first token
 ended as a 500 "internal error": its retry found no decode instance, and said only that.

@@ -147,7 +147,7 @@ def test_smollm2_disaggregated_equals_colocated_with_chunked_prefill(make_engine
     chunks: in bfloat16 torch's CPU attention rounds a row differently when its keys are split
     otherwise (it blocks them by the context length), so other chunks move the last bits of the
     KV (SmolLM2 dense bf16, the 257-token prompt in chunks of 96 or 93: the last hidden state
-    differs by up to 0.09) and may flip a near-tie (README, "Quantized weights")."""
+    differs by up to 0.09) and may flip a near-tie (docs/models.md)."""
     config = SHORT.replace(dtype=dtype)
     colocated = make_engine(**msgspec.structs.asdict(config))
     assert colocated.config.weights == ("mixed" if dtype == "bfloat16" else "quantized")
