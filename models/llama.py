@@ -19,7 +19,7 @@ other row, and all of `forward_reference`, reads the 4-bit weights. `weights_for
 `forward` takes `kernels` (paged_attention.EagerKernels) to run its norms, SiLU and prefill
 attention through instead of torch's ops (prefill_kernels.py).
 
-Length: the architecture's modules and its two forward paths over the same weights are one
+Longer than 400 lines because: the architecture's modules and its two forward paths over the same weights are one
 model, read together; the loaders and kernels they use live in their own modules.
 """
 

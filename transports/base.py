@@ -41,7 +41,7 @@ and the request. Programming errors (a block outside the pool, an unknown layer)
 ValueError synchronously. No wait on a peer is unbounded: a send or a wait for the receiver
 that makes no progress for `stall_timeout_s` fails with TransferError.
 
-Length: one concept, the interface and the behaviour every backend shares (validation, the
+Longer than 400 lines because: one concept, the interface and the behaviour every backend shares (validation, the
 link limit, sender bookkeeping, aborts and fences), kept together so that the contract above
 is read and enforced in one place; the receiver's bookkeeping is in receive_ledger.py.
 """

@@ -11,7 +11,7 @@ One request's failure never fails the others of its step (`ModelRunner.execute`)
 All scheduler and request state is touched only on the event loop thread.
 
 
-Length: the request entry points (submit, prefill-only, reserve/adopt for KV that arrives)
+Longer than 400 lines because: the request entry points (submit, prefill-only, reserve/adopt for KV that arrives)
 and the loop share one scheduler, one set of streams and one pool, and must be read together;
 the configuration is in config.py, the forward pass in model_runner.py."""
 

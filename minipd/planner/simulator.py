@@ -21,7 +21,7 @@ after `switch_delay_s`. With a `SimScaling` the same tick asks the live scaler's
 `SimScaling.startup_delay_s`), drain and remove one, or switch one (sim_scaling.py); the
 result's `instance_seconds` integrates the instances held.
 
-Length: one run's event handlers share its state (the pools, the admission queue, the
+Longer than 400 lines because: one run's event handlers share its state (the pools, the admission queue, the
 instances draining, switching, starting and leaving), so they stay together in `_Run`; the
 workers, the batching, the policies and the scaling set-up live in their own modules.
 """

@@ -22,7 +22,7 @@ Each try has its own id on the instances (try_ids.py), so an instance that saw a
 try, and remembers it as aborted, never takes a later one for it. Traced, every message of the
 try carries its span (or its recompute's) as the instances' parent (request_spans.py).
 
-Length: the stages of one try read top-down in one place, each with the message it sends;
+Longer than 400 lines because: the stages of one try read top-down in one place, each with the message it sends;
 splitting them would scatter the blame and retry rules that tie them together.
 """
 
