@@ -40,8 +40,8 @@ from benchmarks.loadgen.baseline_plots import plot_engine as plot  # noqa: F401 
 from minipd.engine.config import QUANTIZED_KERNEL_CHOICES, WEIGHTS_CHOICES
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import gguf_path
-from minipd.models.gguf_file import read_gguf
-from minipd.models.quantized_linear import INT8_KERNELS
+from minipd.models.gguf.gguf_file import read_gguf
+from minipd.models.weights.quantized_linear import INT8_KERNELS
 from minipd.workload.lengths import LengthDist
 
 PARTS = ("serving", "decode", "dtype", "kernels")  # 1. to 4. above

@@ -33,7 +33,7 @@ from minipd.engine.model_runner import ModelRunner
 from minipd.engine.request import Request
 from minipd.engine.sampling_params import SamplingParams
 from minipd.engine.scheduler import ScheduledChunk
-from minipd.models.quantized_linear import QuantizedLinear
+from minipd.models.weights.quantized_linear import QuantizedLinear
 
 MEMCPY_ROUNDS = 3  # the fastest of these counts (the floor is a best case)
 

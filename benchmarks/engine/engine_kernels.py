@@ -16,9 +16,10 @@ import time
 
 import torch
 
-from minipd.models import prepacked_linear, vnni_kernels
-from minipd.models.model_config import ModelConfig
-from minipd.models.quantized_linear import GROUP_SIZE, QuantizedLinear
+from minipd.models.arch.model_config import ModelConfig
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights import prepacked_linear
+from minipd.models.weights.quantized_linear import GROUP_SIZE, QuantizedLinear
 
 MS = 1e3
 

@@ -1,6 +1,6 @@
 """The served model's layer count (the crossover model needs it), read without loading weights.
 
-A minipd preset from `minipd.models.model_config`; a Hugging Face directory from its config.json
+A minipd preset from `minipd.models.arch.model_config`; a Hugging Face directory from its config.json
 (`num_hidden_layers`); a `.gguf` file (or `smollm2`) from its `<arch>.block_count` metadata.
 """
 
@@ -32,7 +32,7 @@ def _gguf_layers(path: Path) -> int:
 
 def num_layers(model: str) -> int:
     """Raises ValueError (naming --num-layers) when the model's layer count cannot be found."""
-    from minipd.models.model_config import PRESETS
+    from minipd.models.arch.model_config import PRESETS
 
     if model in PRESETS:
         return PRESETS[model].num_layers

@@ -32,7 +32,7 @@ from minipd.engine.engine import EngineConfig
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.models.model_config import preset_config
+from minipd.models.arch.model_config import preset_config
 from minipd.router.router_config import RouterConfig
 
 MS = 1e3

@@ -25,7 +25,7 @@ def model_file(model: str) -> Path:
     ValueError when it names no GGUF file, since the peer must serve the very file minipd does."""
     path = Path(model)
     if path.suffix != ".gguf":
-        from minipd.models.packaged_models import packaged_model_path
+        from minipd.models.checkpoints.packaged_models import packaged_model_path
 
         try:
             path = packaged_model_path(model)

@@ -18,7 +18,7 @@ from minipd.control.messages import PROTOCOL_VERSION, Fingerprint, GetStats, Hel
 from minipd.control.role import Role
 from minipd.control.server import ControlServer
 from minipd.entrypoints.registration import register
-from models.model_config import preset_config
+from minipd.models.arch.model_config import preset_config
 from transports.shared_secret import SharedSecret
 
 LOCALHOST = "127.0.0.1"

@@ -25,7 +25,7 @@ from minipd.control.role import Role
 from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.engine import EngineStats
 from minipd.engine.request import RequestOutput
-from minipd.models.tokenizer import Tokenizer
+from minipd.models.tokenizers.tokenizer import Tokenizer
 
 
 class InstanceStats(msgspec.Struct, frozen=True):

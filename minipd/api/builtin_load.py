@@ -255,7 +255,7 @@ class BuiltinLoad:
 
 
 class TokenizerPrompts:
-    """A server's tokenizer (models/tokenizer.py) as the prompt builder's `PromptTokens`."""
+    """A server's tokenizer (models/tokenizers/tokenizer.py) as the prompt builder's `PromptTokens`."""
 
     def __init__(self, tokenizer, name: str = "served"):
         self._tokenizer, self.name = tokenizer, name

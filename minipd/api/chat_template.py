@@ -26,7 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from minipd.api.errors import bad_request
 from minipd.api.protocol import ChatMessage
-from minipd.models.tokenizer import Tokenizer
+from minipd.models.tokenizers.tokenizer import Tokenizer
 
 BUILTIN_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message.role }}: {{ message.content }}\n{% endfor %}"

@@ -15,7 +15,7 @@ import msgspec
 from minipd.control.role import Role
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
-from minipd.models.model_config import ModelConfig
+from minipd.models.arch.model_config import ModelConfig
 from minipd.tracing.traceparent import TRACEPARENT_CHARS, TRACEPARENT_PATTERN
 
 PROTOCOL_VERSION = 4  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs;

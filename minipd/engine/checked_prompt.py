@@ -18,7 +18,7 @@ import msgspec
 
 from minipd.engine.prompt_check import prompt_token_ids
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
-from minipd.models.tokenizer import Tokenizer
+from minipd.models.tokenizers.tokenizer import Tokenizer
 
 
 class CheckedPrompt(msgspec.Struct, frozen=True):

@@ -40,11 +40,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
     scheduler: SchedulerConfig = SchedulerConfig()
     enable_prefix_caching: bool = True
     # Decode rows through the fused decode step where the model allows it (every projection and
-    # the lm_head in GGUF's blocks, float32 or bfloat16: models/fused_decode.py); off: eager torch ops.
+    # the lm_head in GGUF's blocks, float32 or bfloat16: models/kernel_steps/fused_decode.py); off: eager torch ops.
     fused_decode: bool = True
     # Eager steps' norms, SiLU and prefill attention through minipd's float32 kernels where the
     # model allows it (float32 on the CPU, weights multiplied by minipd's int8 kernels:
-    # models/prefill_kernels.py); off: torch's ops and SDPA.
+    # models/kernel_steps/prefill_kernels.py); off: torch's ops and SDPA.
     prefill_kernels: bool = True
     # The compute thread's OpenMP team size and cores (see cpu_placement.py). None: one core
     # of the CPU set left to the event loop, not pinned; without cpu_placement, torch's choice.

@@ -9,7 +9,7 @@ taken back.
 from __future__ import annotations
 
 from minipd.engine.request import FinishReason, Request
-from minipd.models.tokenizer import Tokenizer
+from minipd.models.tokenizers.tokenizer import Tokenizer
 
 REPLACEMENT_CHAR = "\ufffd"
 

@@ -20,7 +20,7 @@ from typing import Iterable, NamedTuple
 import torch
 
 from minipd.engine.kv_pool import DTYPES
-from minipd.models.cpu_flags import read_cpu_flags
+from minipd.models.kernels.cpu_flags import read_cpu_flags
 
 AUTO = "auto"
 DTYPE_CHOICES = (AUTO, *sorted(DTYPES))

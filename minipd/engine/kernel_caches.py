@@ -1,7 +1,7 @@
 """Bounded per-shape kernel caches: an engine's memory must not grow with every prompt length.
 
 torch's bfloat16 matmuls on the CPU (`F.linear` and the prepacked `_linear_pointwise` of
-`models/prepacked_linear.py`) run oneDNN primitives, built for one exact input shape, and two
+`models/weights/prepacked_linear.py`) run oneDNN primitives, built for one exact input shape, and two
 caches keep each one built: ideep's computation cache (`LRU_CACHE_CAPACITY`) and oneDNN's
 primitive cache (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`), 1,024 entries each by default. A step
 of M tokens builds one primitive per distinct weight shape (qkv, o, gate-up, down, and the
@@ -11,7 +11,7 @@ lengths took an engine from 491 to 986 MB; bounding oneDNN's cache alone left 78
 bounding both to 64 entries, 562 MB. A single 576x1536 projection over 200 row counts grew
 138 MB with the default caches, 76 MB with oneDNN's alone bounded (to 0), and 2-5 MB with
 both bounded (ideep's to 1, oneDNN's to 8).
-float32 matmuls and the 4-bit kernel (`models/quantized_linear.py`) build no per-shape
+float32 matmuls and the 4-bit kernel (`models/weights/quantized_linear.py`) build no per-shape
 state; their growth was under 20 MB.
 
 `CAPACITY` entries per cache keep the primitives of about a dozen step sizes: a step's

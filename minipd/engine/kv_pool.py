@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from minipd.models.model_config import ModelConfig
+from minipd.models.arch.model_config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from minipd.models.llama import LlamaForCausalLM, init_random_weights
-from minipd.models.model_config import PRESET_SEED, PRESETS, preset_config
-from minipd.models.packaged_models import PACKAGED_MODELS, packaged_model_path
-from minipd.models.tokenizer import ByteTokenizer, Tokenizer
+from minipd.models.arch.llama import LlamaForCausalLM, init_random_weights
+from minipd.models.arch.model_config import PRESET_SEED, PRESETS, preset_config
+from minipd.models.checkpoints.packaged_models import PACKAGED_MODELS, packaged_model_path
+from minipd.models.tokenizers.tokenizer import ByteTokenizer, Tokenizer
 
 GGUF_SUFFIX = ".gguf"
 
@@ -64,9 +64,9 @@ def _load(
         init_random_weights(model, PRESET_SEED)
         return model.eval(), ByteTokenizer()
     if gguf_file_path is not None:
-        from minipd.models.gguf_file import read_gguf
-        from minipd.models.gguf_loader import auto_weights, load_gguf_weights
-        from minipd.models.gguf_tokenizer import gguf_tokenizer
+        from minipd.models.gguf.gguf_file import read_gguf
+        from minipd.models.gguf.gguf_loader import auto_weights, load_gguf_weights
+        from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
 
         file = read_gguf(gguf_file_path)
         tokenizer = gguf_tokenizer(file)  # refuses an unsupported tokenizer before any weight is read
@@ -75,8 +75,8 @@ def _load(
         model = load_gguf_weights(file, device=device, dtype=dtype, weights=weights, quantized_kernel=quantized_kernel)
         return model.eval(), tokenizer
     if os.path.isdir(name_or_path):
-        from minipd.models.hf_loader import load_hf_model
-        from minipd.models.tokenizer import load_tokenizer
+        from minipd.models.checkpoints.hf_loader import load_hf_model
+        from minipd.models.tokenizers.tokenizer import load_tokenizer
 
         return load_hf_model(name_or_path, device=device, dtype=dtype).eval(), load_tokenizer(name_or_path)
     raise _unknown(name_or_path)
@@ -89,12 +89,12 @@ def load_tokenizer_only(name_or_path: str) -> Tokenizer:
         return ByteTokenizer()
     gguf_file_path = gguf_path(name_or_path)
     if gguf_file_path is not None:
-        from minipd.models.gguf_file import read_gguf
-        from minipd.models.gguf_tokenizer import gguf_tokenizer
+        from minipd.models.gguf.gguf_file import read_gguf
+        from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
 
         return gguf_tokenizer(read_gguf(gguf_file_path))
     if os.path.isdir(name_or_path):
-        from minipd.models.tokenizer import load_tokenizer
+        from minipd.models.tokenizers.tokenizer import load_tokenizer
 
         return load_tokenizer(name_or_path)
     raise _unknown(name_or_path)

@@ -14,14 +14,14 @@ colocated step that mixes a prefill chunk with decodes computes each row as a pr
 (its chunks alone) and a decode instance (its decodes alone) would.
 
 Decode rows (one new token of a request past its prompt) go through the fused decode step
-(models/fused_decode.py) where the model allows it and `fused_decode` is on: a float32 or
+(models/kernel_steps/fused_decode.py) where the model allows it and `fused_decode` is on: a float32 or
 bfloat16 model whose projections and lm_head are all in GGUF's blocks. Its rows are close to, not bit-equal
 to, the eager path's, so every decode row of such an engine takes it, in decode-only steps and
 beside prefill chunks alike (those run eagerly, apart): a row is computed the same way on a
 colocated instance as on a decode instance.
 
 Eager steps (prefill chunks and the rows the fused step does not take) run their norms, SiLU and
-prefill attention through minipd's float32 kernels (models/prefill_kernels.py) where the model
+prefill attention through minipd's float32 kernels (models/kernel_steps/prefill_kernels.py) where the model
 allows it and `prefill_kernels` is on (float32 on the CPU, weights multiplied by minipd's int8
 kernels); a row's result there does not depend on the chunks, so a prompt prefilled in other
 chunks, or after a cached prefix, gets the same bits.
@@ -38,11 +38,11 @@ from minipd.engine.decode_groups import split_by_length
 from minipd.engine.min_tokens import suppress_stop_tokens
 from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
-from minipd.models.fused_decode import FusedDecode
-from minipd.models.llama import LayerHook, LlamaForCausalLM
-from minipd.models.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan, slot_rows
-from minipd.models.prefill_kernels import PrefillKernels
-from minipd.models.quantized_linear import DENSE_MIN_ROWS, RowSplit
+from minipd.models.arch.llama import LayerHook, LlamaForCausalLM
+from minipd.models.arch.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan, slot_rows
+from minipd.models.kernel_steps.fused_decode import FusedDecode
+from minipd.models.kernel_steps.prefill_kernels import PrefillKernels
+from minipd.models.weights.quantized_linear import DENSE_MIN_ROWS, RowSplit
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from minipd.engine.sampling_params import MAX_INT, InvalidRequestError
-from minipd.models.tokenizer import Tokenizer
+from minipd.models.tokenizers.tokenizer import Tokenizer
 
 
 def prompt_token_ids(

@@ -15,7 +15,7 @@ from typing import Callable, Sequence, TypeVar
 
 from minipd.engine.checked_prompt import CheckedPrompt, check_prompt
 from minipd.engine.sampling_params import SamplingParams
-from minipd.models.tokenizer import Tokenizer
+from minipd.models.tokenizers.tokenizer import Tokenizer
 
 # Two, so one huge prompt does not hold up every other request's tokenization; more would
 # only compete with the compute thread for cores.

@@ -20,9 +20,9 @@ from minipd.entrypoints.flag_spec import (
     non_negative_int,
     parse_address,
 )
-from minipd.models.model_config import PRESETS
-from minipd.models.packaged_models import PACKAGED_MODELS
-from minipd.models.quantized_linear import DENSE_MIN_ROWS
+from minipd.models.arch.model_config import PRESETS
+from minipd.models.checkpoints.packaged_models import PACKAGED_MODELS
+from minipd.models.weights.quantized_linear import DENSE_MIN_ROWS
 from minipd.transports.backends import BACKENDS
 
 _ENGINE = EngineConfig()

@@ -21,7 +21,7 @@ from minipd.engine.engine import Engine
 from minipd.engine.request import TransferInfo
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.entrypoints.config_sections import DemoConfig
-from minipd.models.tokenizer import Tokenizer
+from minipd.models.tokenizers.tokenizer import Tokenizer
 
 MS = 1e3
 

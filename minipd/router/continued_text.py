@@ -10,7 +10,7 @@ from minipd.engine.detokenizer import Detokenizer
 from minipd.engine.min_tokens import stops_active
 from minipd.engine.request import Request
 from minipd.engine.sampling_params import SamplingParams
-from minipd.models.tokenizer import Tokenizer
+from minipd.models.tokenizers.tokenizer import Tokenizer
 
 
 class ContinuedText:

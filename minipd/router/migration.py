@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from minipd.engine.sampling_params import MAX_SEED, SamplingParams
-from minipd.models.tokenizer import Tokenizer
+from minipd.models.tokenizers.tokenizer import Tokenizer
 from minipd.router.continued_text import ContinuedText
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import pytest
 from gguf import GGMLQuantizationType
 from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
-from minipd.models import vnni_kernels
+from minipd.models.kernels import vnni_kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 

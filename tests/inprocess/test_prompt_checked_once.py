@@ -19,7 +19,7 @@ from minipd.engine.checked_prompt import CheckedPrompt, check_invariants, check_
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.unavailable import BackendUnavailableError
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.models.tokenizer import ByteTokenizer
+from minipd.models.tokenizers.tokenizer import ByteTokenizer
 from minipd.router.cluster_client import ClusterClient
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import SHUTDOWN_RETRY_AFTER_S, Router

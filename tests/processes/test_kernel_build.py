@@ -1,4 +1,4 @@
-"""Building minipd's CPU kernels with g++ (models/vnni_kernels.py): the build is cached, once,
+"""Building minipd's CPU kernels with g++ (models/kernels/vnni_kernels.py): the build is cached, once,
 for processes that start together, and reused after; a variant this CPU cannot run still
 compiles, so an edit made on one CPU family cannot break the other's build. A process test:
 each build is a g++ run of tens of seconds."""
@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from minipd.models import vnni_kernels
+from minipd.models.kernels import vnni_kernels
 
 RUNNABLE = [v for v in vnni_kernels.VARIANTS if vnni_kernels.unavailable(v) is None]
 
 
 _BUILD = """
 import os, sys, time, torch
-from minipd.models import vnni_kernels
+from minipd.models.kernels import vnni_kernels
 variant = vnni_kernels.best()
 assert variant is not None
 x = torch.ones(1, 32, dtype=torch.bfloat16)

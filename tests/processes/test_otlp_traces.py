@@ -24,7 +24,7 @@ from http_helpers import http_post, start_colocated, stop
 from otlp_receiver import OtlpReceiver, spans_summary
 
 from minipd.entrypoints.process_cluster import ProcessCluster
-from minipd.models.model_config import PRESETS
+from minipd.models.arch.model_config import PRESETS
 
 NUM_LAYERS = PRESETS["tiny"].num_layers
 PROMPT_TOKENS = 100  # past --local-prefill-max-tokens: prefilled remotely, in 2 chunks of at most 64 tokens

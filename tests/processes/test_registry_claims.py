@@ -30,7 +30,7 @@ TIMEOUT_S = 20.0
 
 
 def record(instance_id: str, epoch: int, port: int = 9) -> InstanceRecord:
-    from minipd.models.model_config import PRESETS
+    from minipd.models.arch.model_config import PRESETS
 
     return InstanceRecord(
         instance_id=instance_id,

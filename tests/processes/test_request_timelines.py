@@ -20,7 +20,7 @@ import time
 import pytest
 from http_helpers import OpenStream, http_json, start_cluster, start_colocated, stop
 
-from models.model_config import preset_config
+from minipd.models.arch.model_config import preset_config
 
 NUM_LAYERS = preset_config("tiny").num_layers
 LONG_PROMPT = "hello " * 100  # ~600 tokens: ten 64-token chunks, prefilled on the prefill instance

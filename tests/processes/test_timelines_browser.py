@@ -19,7 +19,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from benchmarks.browser.chromium import close_browser, console_errors, open_browser
-from models.model_config import preset_config
+from minipd.models.arch.model_config import preset_config
 
 NUM_LAYERS = preset_config("tiny").num_layers
 PAGE_TIMEOUT_S = 60.0  # a snapshot comes every second; this bounds a wait for a change, on a busy machine

@@ -22,8 +22,8 @@ from gguf_helpers import SMOLLM2, requires_smollm2, smollm2_dir
 from minipd.api.chat_template import ChatTemplate
 from minipd.api.protocol import ChatMessage
 from minipd.engine.model_loader import load_tokenizer_only
-from minipd.models.gguf_file import read_gguf
-from minipd.models.gguf_tokenizer import gguf_tokenizer
+from minipd.models.gguf.gguf_file import read_gguf
+from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
 
 pytestmark = requires_smollm2
 
@@ -202,7 +202,7 @@ def test_chat_template_renders_like_transformers(ours, theirs, conversation, add
 
 
 def test_the_router_reads_the_tokenizer_without_touching_weights(monkeypatch, ours):
-    from minipd.models import gguf_file, gguf_loader
+    from minipd.models.gguf import gguf_file, gguf_loader
 
     def refuse(*args, **kwargs):
         raise AssertionError("the tokenizer alone must not read tensor data")

@@ -1,4 +1,4 @@
-"""The fused decode step (models/fused_decode.cpp) on SmolLM2's Q4_1 file in float32, where the
+"""The fused decode step (models/kernels/fused_decode.cpp) on SmolLM2's Q4_1 file in float32, where the
 engine serves the 4-bit projections and the Q8_0 lm_head from their blocks and decodes through
 it by default: teacher-forced greedy tokens and logits against the same file dequantized
 (float32, dense) and against the eager path over the same blocks; the engine's tokens with and
@@ -13,9 +13,9 @@ from engine_helpers import complete, greedy
 from gguf_helpers import PROSE, requires_smollm2
 
 from minipd.engine.model_loader import load_model
-from minipd.models import vnni_kernels
-from minipd.models.block_embedding import BlockEmbedding
-from minipd.models.fused_decode import FusedDecode, unsupported
+from minipd.models.kernel_steps.fused_decode import FusedDecode, unsupported
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights.block_embedding import BlockEmbedding
 
 pytestmark = [
     requires_smollm2,

@@ -1,4 +1,4 @@
-"""minipd's float32 prefill kernels (models/prefill_kernels.py: attention, norms, SiLU) in SmolLM2
+"""minipd's float32 prefill kernels (models/kernel_steps/prefill_kernels.py: attention, norms, SiLU) in SmolLM2
 served from its Q4_1 file in float32, where the engine takes them by default: teacher-forced greedy tokens and
 logits of a prompt prefilled in chunks against the same file dequantized (dense float32, full
 causal attention), as close as the SDPA path is; and the same bits whatever the chunks. (The
@@ -13,9 +13,9 @@ from gguf_helpers import PROSE, requires_smollm2
 
 from minipd.engine.model_loader import load_model
 from minipd.engine.model_runner import _chunk_mask
-from minipd.models import vnni_kernels
-from minipd.models.paged_attention import AttentionMetadata, GatherBuffers, PrefillSpan, slot_rows
-from minipd.models.prefill_kernels import PrefillKernels
+from minipd.models.arch.paged_attention import AttentionMetadata, GatherBuffers, PrefillSpan, slot_rows
+from minipd.models.kernel_steps.prefill_kernels import PrefillKernels
+from minipd.models.kernels import vnni_kernels
 
 pytestmark = [
     requires_smollm2,

@@ -13,8 +13,8 @@ from gguf_helpers import PROSE, requires_smollm2
 
 from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.engine.model_loader import load_model
-from minipd.models import vnni_kernels
-from minipd.models.quantized_linear import INT8_KERNELS
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights.quantized_linear import INT8_KERNELS
 
 pytestmark = requires_smollm2
 

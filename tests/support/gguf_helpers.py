@@ -14,8 +14,8 @@ import torch
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType
 from gguf.quants import quantize
 
-from minipd.models.model_config import ModelConfig
-from minipd.models.packaged_models import PACKAGED_MODELS
+from minipd.models.arch.model_config import ModelConfig
+from minipd.models.checkpoints.packaged_models import PACKAGED_MODELS
 
 SMOLLM2 = PACKAGED_MODELS["smollm2"]
 requires_smollm2 = pytest.mark.skipif(

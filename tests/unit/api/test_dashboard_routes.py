@@ -23,7 +23,7 @@ from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
 from minipd.dashboard.sse import parse_sse
 from minipd.engine.block_manager import BlockUsage
 from minipd.engine.engine import EngineStats
-from minipd.models.tokenizer import ByteTokenizer
+from minipd.models.tokenizers.tokenizer import ByteTokenizer
 
 KEY = "dashboard-unit-key-0123456789"
 

@@ -8,7 +8,7 @@ import pytest
 from minipd.api.chat_template import BUILTIN_CHAT_TEMPLATE, ChatTemplate
 from minipd.api.errors import ApiError
 from minipd.api.protocol import ChatMessage, TextPart
-from minipd.models.tokenizer import ByteTokenizer
+from minipd.models.tokenizers.tokenizer import ByteTokenizer
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"

@@ -13,7 +13,7 @@ from http_helpers import OpenStream, http_json, http_text, sample, scrape
 from minipd.api.backend import InstanceStats, ServingBackend
 from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.request import INSTANCE_LOST, RequestOutput
-from minipd.models.tokenizer import ByteTokenizer
+from minipd.models.tokenizers.tokenizer import ByteTokenizer
 
 MODEL = "tiny"
 MAX_MODEL_LEN = 512

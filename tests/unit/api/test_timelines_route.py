@@ -16,7 +16,7 @@ from minipd.dashboard.routes import Dashboard
 from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
 from minipd.dashboard.timelines_route import timelines_extension
 from minipd.engine.request import RequestOutput
-from minipd.models.tokenizer import ByteTokenizer
+from minipd.models.tokenizers.tokenizer import ByteTokenizer
 from minipd.router.timeline_store import TimelineStore
 
 KEY = "timelines-unit-key-0123456789"

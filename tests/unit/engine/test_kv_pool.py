@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from minipd.engine.kv_pool import HUGE_PAGE_BYTES, allocate_host_tensor, allocate_kv_pool, kv_pool_shape
-from minipd.models.model_config import preset_config
+from minipd.models.arch.model_config import preset_config
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -19,8 +19,8 @@ from gguf_helpers import TINY, hf_weights, write_llama_gguf
 from minipd.engine.model_runner import ModelRunner
 from minipd.engine.request import Request
 from minipd.engine.scheduler import ScheduledChunk
-from minipd.models import vnni_kernels
-from minipd.models.quantized_linear import DENSE_MIN_ROWS
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights.quantized_linear import DENSE_MIN_ROWS
 
 PROMPT_TOKENS = 40
 DECODE_TOKENS = 12

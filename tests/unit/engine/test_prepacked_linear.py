@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from minipd.engine.model_loader import load_model
-from minipd.models import prepacked_linear
+from minipd.models.weights import prepacked_linear
 
 requires_packing = pytest.mark.skipif(
     not prepacked_linear.can_prepack(torch.empty(2, 2, dtype=torch.bfloat16)),

@@ -15,7 +15,7 @@ from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
 from minipd.engine.config import EngineConfig
 from minipd.engine.model_loader import load_model
-from minipd.models import vnni_kernels
+from minipd.models.kernels import vnni_kernels
 
 CPU = torch.device("cpu")
 

@@ -13,8 +13,8 @@ from gguf import GGMLQuantizationType
 from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
 from minipd.disagg.fingerprint import weights_digest
-from minipd.models.gguf_loader import load_gguf_model
-from minipd.models.quantized_linear import GROUP_SIZE, INT8_KERNELS, QuantizedLinear, RowSplit
+from minipd.models.gguf.gguf_loader import load_gguf_model
+from minipd.models.weights.quantized_linear import GROUP_SIZE, INT8_KERNELS, QuantizedLinear, RowSplit
 
 IN, OUT = 4 * GROUP_SIZE, 48
 # SmolLM2's gate/up projection: oneDNN's bf16 row results there depend on the rows it is given

@@ -16,9 +16,9 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
-from minipd.models.gguf_file import read_gguf
-from minipd.models.gguf_loader import config_from_gguf, load_gguf_model
-from minipd.models.gguf_tokenizer import gguf_tokenizer
+from minipd.models.gguf.gguf_file import read_gguf
+from minipd.models.gguf.gguf_loader import config_from_gguf, load_gguf_model
+from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
 
 Q = GGMLQuantizationType
 # Largest |stored - written| per type for these weights (|w| < ~0.6): 0 where the type holds

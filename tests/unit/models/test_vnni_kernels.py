@@ -1,4 +1,4 @@
-"""minipd's int8 kernels (models/vnni_kernels.cpp, each variant that runs on this CPU: "vnni",
+"""minipd's int8 kernels (models/kernels/vnni_kernels.cpp, each variant that runs on this CPU: "vnni",
 "avx2") against a float64 model of what they promise: the activations rounded to int8 per block
 of 32, the file's weights exactly, each output within one bfloat16 step of that (float32
 activations: float32 summation only); a row's result the same alone, in any batch and with any
@@ -15,8 +15,9 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from minipd.models import prepacked_linear, vnni_kernels
-from minipd.models.quantized_linear import QuantizedLinear, RowSplit, choose_kernel
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights import prepacked_linear
+from minipd.models.weights.quantized_linear import QuantizedLinear, RowSplit, choose_kernel
 
 VARIANTS = [
     pytest.param(v, marks=pytest.mark.skipif(bool(why), reason=f"no {v} kernels here: {why}"))

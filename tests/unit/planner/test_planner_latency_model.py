@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from minipd.engine.kv_pool import block_bytes
-from minipd.models.model_config import PRESETS
+from minipd.models.arch.model_config import PRESETS
 from minipd.planner.kv_sizing import kv_bytes_per_token, kv_capacity_tokens
 from minipd.planner.latency_model import (
     DecodeModel,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from minipd.engine.sampling_params import SamplingParams
-from minipd.models.tokenizer import ByteTokenizer
+from minipd.models.tokenizers.tokenizer import ByteTokenizer
 from minipd.router.continued_text import ContinuedText
 from minipd.router.migration import continuation, may_migrate
 

@@ -10,7 +10,7 @@ import pytest
 
 from minipd.control.messages import PROTOCOL_VERSION, Fingerprint, Stats, Welcome
 from minipd.control.role import Role
-from minipd.models.model_config import PRESETS
+from minipd.models.arch.model_config import PRESETS
 from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
 
 BS = 16

@@ -9,7 +9,7 @@ import pytest
 
 from minipd.control.messages import PROTOCOL_VERSION, Fingerprint, Stats, Welcome
 from minipd.control.role import Role
-from minipd.models.model_config import PRESETS
+from minipd.models.arch.model_config import PRESETS
 from minipd.policy.local_prefill import Placement
 from minipd.router.prefill_site import decide_placement
 from minipd.router.registry import InstanceHandle

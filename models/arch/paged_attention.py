@@ -47,7 +47,7 @@ class AttentionMetadata(NamedTuple):
 
 
 # A prefill chunk's attention from the pool: (q, layer_kv, block_ids, context_len, scale) -> out,
-# as SDPA with the chunk's causal mask answers it (prefill_kernels.py).
+# as SDPA with the chunk's causal mask answers it (kernel_steps/prefill_kernels.py).
 PrefillKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int, float], torch.Tensor]
 
 

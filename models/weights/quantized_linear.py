@@ -1,7 +1,7 @@
 """Weights kept in GGUF's blocks of 32 and multiplied by a CPU kernel that reads them; optionally a dense copy.
 
 Three kernels (`kernel`), chosen by the loader (`--quantized-kernel`):
-- "vnni" and "avx2" (vnni_kernels.py, minipd's own, for CPUs with AVX-512 VNNI or with AVX2
+- "vnni" and "avx2" (kernels/vnni_kernels.py, minipd's own, for CPUs with AVX-512 VNNI or with AVX2
   only; the same bits on both): Q4_0, Q4_1 and Q8_0 weights held exactly as the file
   stores them (d and m in float16; 0.625 bytes per 4-bit weight, 1.125 per 8-bit one), the
   activations (bfloat16 or float32) quantized to int8 per block of 32 and multiplied by integer
@@ -48,7 +48,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from minipd.models import prepacked_linear, vnni_kernels
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights import prepacked_linear
 
 logger = logging.getLogger(__name__)
 

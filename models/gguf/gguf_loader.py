@@ -26,12 +26,12 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from minipd.models import vnni_kernels
-from minipd.models.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
-from minipd.models.gguf_quantized import Q4_TYPES, attach_quantized
-from minipd.models.llama import LlamaForCausalLM
-from minipd.models.model_config import ModelConfig, RopeScaling
-from minipd.models.quantized_linear import INT8_KERNELS, choose_kernel, kernel_available
+from minipd.models.arch.llama import LlamaForCausalLM
+from minipd.models.arch.model_config import ModelConfig, RopeScaling
+from minipd.models.gguf.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
+from minipd.models.gguf.gguf_quantized import Q4_TYPES, attach_quantized
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights.quantized_linear import INT8_KERNELS, choose_kernel, kernel_available
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 SUPPORTED_TENSOR_TYPES = tuple(GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"))

@@ -4,10 +4,10 @@
 (`unsupported` says why): a float32 model and KV pool on the CPU whose weights one of minipd's
 int8 kernel libraries ("vnni", "avx2") multiplies, as a GGUF file served quantized in float32
 is; these kernels are built into that library. They are:
-- `attention` (prefill_attention.cpp): a chunk's causal attention over the paged pool, what
+- `attention` (kernels/prefill_attention.cpp): a chunk's causal attention over the paged pool, what
   SDPA with the chunk's mask answers (within float32 rounding), reading each query's keys, and
   only those, from the pool's blocks;
-- `rms_norm` and `silu_mul` (row_ops.cpp): the layer's norms and its MLP's SiLU(gate) * up, one
+- `rms_norm` and `silu_mul` (kernels/row_ops.cpp): the layer's norms and its MLP's SiLU(gate) * up, one
   pass over the rows each instead of several torch ops.
 Each output row depends on that row (and, for attention, its keys) only, not on how the prompt
 was split into chunks or which other rows share the step: a prompt prefilled whole, in chunks
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from minipd.models import vnni_kernels
-from minipd.models.llama import LlamaForCausalLM
-from minipd.models.quantized_linear import INT8_KERNELS
+from minipd.models.arch.llama import LlamaForCausalLM
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights.quantized_linear import INT8_KERNELS
 
 
 def unsupported(model: LlamaForCausalLM, pool_dtype: torch.dtype) -> str | None:

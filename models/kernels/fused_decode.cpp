@@ -21,7 +21,7 @@
 // or the threads. It is not bit-equal to the eager path's (other summation orders, another exp):
 // an engine uses one of the two for every decode row, so a row is computed alike wherever it runs.
 //
-// The caller (models/fused_decode.py) checks the model's shapes; this op checks every index it
+// The caller (models/kernel_steps/fused_decode.py) checks the model's shapes; this op checks every index it
 // is given (positions against the tables and the pool, block ids against the pool).
 
 #include <cmath>

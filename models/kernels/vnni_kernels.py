@@ -37,11 +37,11 @@ from typing import NamedTuple
 
 import torch
 
-from minipd.models.cpu_flags import read_cpu_flags
+from minipd.models.kernels.cpu_flags import read_cpu_flags
 
 SOURCE = Path(__file__).with_name("vnni_kernels.cpp")
-# Built into one library with SOURCE: the fused decode step (fused_decode.py; it includes the header
-# too) and the float32 prefill kernels (prefill_kernels.py).
+# Built into one library with SOURCE: the fused decode step (kernel_steps/fused_decode.py; it includes the header
+# too) and the float32 prefill kernels (kernel_steps/prefill_kernels.py).
 SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in ("vnni_kernels.cpp", "fused_decode.cpp", "prefill_attention.cpp", "row_ops.cpp")

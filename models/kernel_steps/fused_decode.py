@@ -1,4 +1,4 @@
-"""The fused decode step (`fused_decode.cpp`): a whole decode step of a model whose projections
+"""The fused decode step (`kernels/fused_decode.cpp`): a whole decode step of a model whose projections
 and lm_head all sit in GGUF's blocks, in one op call instead of ~30 eager torch ops a layer.
 
 `FusedDecode.of(model)` prepares a model's arguments once (the packed weights in the op's
@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from minipd.models import vnni_kernels
-from minipd.models.llama import LlamaForCausalLM
-from minipd.models.quantized_linear import INT8_KERNELS, QuantizedLinear
+from minipd.models.arch.llama import LlamaForCausalLM
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights.quantized_linear import INT8_KERNELS, QuantizedLinear
 
 
 def unsupported(model: LlamaForCausalLM) -> str | None:

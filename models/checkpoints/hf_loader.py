@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from minipd.models.llama import LlamaForCausalLM
-from minipd.models.model_config import ModelConfig, RopeScaling
-from minipd.models.rope import SUPPORTED_ROPE_TYPES
+from minipd.models.arch.llama import LlamaForCausalLM
+from minipd.models.arch.model_config import ModelConfig, RopeScaling
+from minipd.models.arch.rope import SUPPORTED_ROPE_TYPES
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
 _ARCHITECTURE_BY_MODEL_TYPE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}

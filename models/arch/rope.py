@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from minipd.models.model_config import ModelConfig, RopeScaling
+from minipd.models.arch.model_config import ModelConfig, RopeScaling
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 

@@ -17,7 +17,7 @@ parameters. In weights "mixed" each 4-bit projection also holds a dense bf16 cop
 which `forward` multiplies the rows of `RowSplit.dense` by (the caller's prefill chunks); every
 other row, and all of `forward_reference`, reads the 4-bit weights. `weights_format` says which.
 `forward` takes `kernels` (paged_attention.EagerKernels) to run its norms, SiLU and prefill
-attention through instead of torch's ops (prefill_kernels.py).
+attention through instead of torch's ops (kernel_steps/prefill_kernels.py).
 
 Longer than 400 lines because: the architecture's modules and its two forward paths over the same weights are one
 model, read together; the loaders and kernels they use live in their own modules.
@@ -32,10 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minipd.models import prepacked_linear, weights_summary
-from minipd.models.block_embedding import BlockEmbedding
-from minipd.models.model_config import ModelConfig
-from minipd.models.paged_attention import (
+from minipd.models.arch.model_config import ModelConfig
+from minipd.models.arch.paged_attention import (
     AttentionMetadata,
     EagerKernels,
     GatherBuffers,
@@ -43,8 +41,10 @@ from minipd.models.paged_attention import (
     paged_attention,
     write_kv,
 )
-from minipd.models.quantized_linear import QuantizedLinear, RowSplit
-from minipd.models.rope import RotaryEmbedding, apply_rope
+from minipd.models.arch.rope import RotaryEmbedding, apply_rope
+from minipd.models.weights import prepacked_linear, weights_summary
+from minipd.models.weights.block_embedding import BlockEmbedding
+from minipd.models.weights.quantized_linear import QuantizedLinear, RowSplit
 
 LayerHook = Callable[[int], None]
 RANDOM_LINEAR_GAIN = 2.0
@@ -102,9 +102,9 @@ class Attention(nn.Module):
         self.scale = d**-0.5
         self.qkv_weight: torch.Tensor | None = None
         self.qkv_bias: torch.Tensor | None = None
-        self.packed_qkv: torch.Tensor | None = None  # see prepacked_linear.py
+        self.packed_qkv: torch.Tensor | None = None  # see weights/prepacked_linear.py
         self.packed_o: torch.Tensor | None = None
-        self.quant_qkv: QuantizedLinear | None = None  # see quantized_linear.py
+        self.quant_qkv: QuantizedLinear | None = None  # see weights/quantized_linear.py
         self.quant_o: QuantizedLinear | None = None
 
     def fuse(self, copy_values: bool = True) -> None:
@@ -150,9 +150,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.gate_up_weight: torch.Tensor | None = None
-        self.packed_gate_up: torch.Tensor | None = None  # see prepacked_linear.py
+        self.packed_gate_up: torch.Tensor | None = None  # see weights/prepacked_linear.py
         self.packed_down: torch.Tensor | None = None
-        self.quant_gate_up: QuantizedLinear | None = None  # see quantized_linear.py
+        self.quant_gate_up: QuantizedLinear | None = None  # see weights/quantized_linear.py
         self.quant_down: QuantizedLinear | None = None
 
     def fuse(self, copy_values: bool = True) -> None:
@@ -246,7 +246,7 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def weights_format(self) -> str:
-        """ "mixed", "quantized" or "dense" (see weights_summary.py)."""
+        """ "mixed", "quantized" or "dense" (see weights/weights_summary.py)."""
         return weights_summary.weights_format(self._quantized_linears(), self.quant_lm_head)
 
     @property
@@ -261,13 +261,13 @@ class LlamaForCausalLM(nn.Module):
         return sum(m.dense_nbytes for m in self._quantized_linears())
 
     def describe_weights(self) -> str:
-        """The weights format, memory and kernel, for the start-up line (see weights_summary.py)."""
+        """The weights format, memory and kernel, for the start-up line (see weights/weights_summary.py)."""
         return weights_summary.describe(self._quantized_linears(), self.quant_lm_head)
 
     def use_quantized_lm_head(self, lm_head: QuantizedLinear | None) -> bool:
         """Serve the lm_head from quantized weights: an untied one's dense weight is dropped; a
         tied one is the embedding, whose input lookups then read the same blocks where they are
-        Q8_0 for minipd's int8 kernels (block_embedding.py; its dense table is dropped), else its
+        Q8_0 for minipd's int8 kernels (weights/block_embedding.py; its dense table is dropped), else its
         dense table stays for them. Returns whether the embedding table was dropped."""
         if lm_head is None:
             return False
@@ -291,7 +291,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
 
     def prepack(self) -> bool:
-        """Pack every linear weight for the CPU's bf16 matmuls (see prepacked_linear.py); call
+        """Pack every linear weight for the CPU's bf16 matmuls (see weights/prepacked_linear.py); call
         it once the weights are loaded, and again whenever they change. Returns whether any
         weight was packed (False for other dtypes and devices, which need nothing)."""
         for layer in self.model.layers:
@@ -318,7 +318,7 @@ class LlamaForCausalLM(nn.Module):
         `rows`: which rows the 4-bit projections' dense copies multiply (None: none). The
         logits rows always read the LM head's own weights (few rows: the 4-bit kernel's best).
         `kernels`: minipd's float32 kernels for the norms, SiLU and prefill attention
-        (prefill_kernels.py; None: torch's ops and SDPA).
+        (kernel_steps/prefill_kernels.py; None: torch's ops and SDPA).
 
         Returns logits [len(logits_indices), vocab] in float32.
         """

@@ -27,8 +27,8 @@ from gguf import TokenType
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
-from minipd.models.gguf_file import GGUFFile
-from minipd.models.tokenizer import HFTokenizer
+from minipd.models.gguf.gguf_file import GGUFFile
+from minipd.models.tokenizers.tokenizer import HFTokenizer
 
 SUPPORTED_TOKENIZER_MODELS = ("gpt2",)
 _DEFAULT_PRE = "default"

@@ -15,9 +15,9 @@ returns the parameter names it replaced, which the loader then skips. With minip
 ("vnni", "avx2") the lm_head is served from its blocks too when they are Q4_0, Q4_1 or Q8_0, a tied one (the
 embedding) included: the embedding's dense table then stays for the input lookups, and the
 lm_head reads the blocks (SmolLM2: 31.9 MB of Q8_0 instead of 56.6 MB of bf16 a token); where
-they are Q8_0 the input lookups read them too (block_embedding.py) and no dense table is kept.
+they are Q8_0 the input lookups read them too (weights/block_embedding.py) and no dense table is kept.
 Everything else (norms, the embedding, other Q8_0 and float tensors) stays dense. The blocks
-are laid side by side on transparent huge pages where Linux gives them (huge_pages.py).
+are laid side by side on transparent huge pages where Linux gives them (weights/huge_pages.py).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-from minipd.models.gguf_file import GGUFFile, GGUFTensorInfo
-from minipd.models.huge_pages import to_huge_pages
-from minipd.models.llama import LlamaForCausalLM
-from minipd.models.quantized_linear import GROUP_SIZE, INT8_KERNELS, QuantizedLinear
+from minipd.models.arch.llama import LlamaForCausalLM
+from minipd.models.gguf.gguf_file import GGUFFile, GGUFTensorInfo
+from minipd.models.weights.huge_pages import to_huge_pages
+from minipd.models.weights.quantized_linear import GROUP_SIZE, INT8_KERNELS, QuantizedLinear
 
 Q4_TYPES = (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1)
 Q8_0 = GGMLQuantizationType.Q8_0
@@ -135,7 +135,7 @@ def attach_quantized(
             replaced.add("model.embed_tokens.weight")  # looked up in the head's blocks: no table to load
     elif not config.tie_word_embeddings:
         model.use_quantized_lm_head(group(["lm_head.weight"]))
-    # What every decode step streams goes onto huge pages where Linux gives them (huge_pages.py).
+    # What every decode step streams goes onto huge pages where Linux gives them (weights/huge_pages.py).
     linears = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     for linear, packed in zip(linears, to_huge_pages([m.packed for m in linears])):
         linear.packed = packed

@@ -1,6 +1,6 @@
 """Input embeddings looked up in the Q8_0 blocks that a tied lm_head already reads.
 
-A tied model's token table is its lm_head: with minipd's int8 kernels (vnni_kernels.py) the
+A tied model's token table is its lm_head: with minipd's int8 kernels (kernels/vnni_kernels.py) the
 lm_head multiplies the file's Q8_0 blocks, so a dense copy of the table kept only for the
 input lookups would be the largest tensor in memory (SmolLM2: 113 MB in float32, 57 MB in
 bfloat16, against 31.9 MB of blocks). `BlockEmbedding` reads each looked-up row from the
@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from minipd.models import vnni_kernels
-from minipd.models.quantized_linear import QuantizedLinear
+from minipd.models.kernels import vnni_kernels
+from minipd.models.weights.quantized_linear import QuantizedLinear
 
 
 class BlockEmbedding(nn.Module):

@@ -3,7 +3,7 @@ engine and the fingerprint carry, and the start-up line's description of it."""
 
 from __future__ import annotations
 
-from minipd.models.quantized_linear import QuantizedLinear
+from minipd.models.weights.quantized_linear import QuantizedLinear
 
 
 def weights_format(quantized: list[QuantizedLinear], lm_head: QuantizedLinear | None) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 from tokenizers import Tokenizer as _RustTokenizer
 
-from minipd.models.model_config import BYTE_BOS_ID, BYTE_EOS_ID, BYTE_VOCAB_SIZE
+from minipd.models.arch.model_config import BYTE_BOS_ID, BYTE_EOS_ID, BYTE_VOCAB_SIZE
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
