@@ -3,7 +3,7 @@ destination blocks, over an endpoint made from the receiver's worker address (sh
 on one host, RDMA where the hardware has it). Worker progress is in ucx_progress.py, the early
 end of a request in ends_after_headers.py.
 
-Length: one backend, sender and receiver sides of one protocol (header, READY, payload), which
+Longer than 400 lines because: one backend, sender and receiver sides of one protocol (header, READY, payload), which
 only make sense read together.
 """
 

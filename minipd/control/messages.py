@@ -3,7 +3,7 @@
 Each message names the request it concerns (`request_id`); calls that expect a reply carry a
 `call_id` that the reply echoes. Decoding is typed: anything that is not one of these
 messages, or has a field of the wrong type, is refused by the decoder (nothing is unpickled).
-Length: the union is one module on purpose, so every message and its decoder are read together.
+Longer than 400 lines because: the union is one module on purpose, so every message and its decoder are read together.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ switches) reads and changes on one event loop: requests, their KV claims and try
 instances (registry.py, connected and watched by instance_links.py); and it dispatches the
 instances' messages to the requests they concern.
 
-Length: a request's life from submission to its end (tries, retries, migration, aborts) is one
+Longer than 400 lines because: a request's life from submission to its end (tries, retries, migration, aborts) is one
 loop over tables that only this class changes; what each try does is attempt.py's."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MAX_LINES = 350  # in ruff format's layout, which spreads a long call over a line per argument
-LENGTH_REASON = "Length:"  # a module past MAX_LINES says why in its docstring, after this word
+MAX_LINES = 400  # in ruff format's layout, which spreads a long call over a line per argument
+LENGTH_REASON = "Longer than 400 lines because"  # a module past MAX_LINES says why in its docstring, in this sentence
 
 # Each layer and the layers it may import (itself included). Everything may import the
 # standard library and third-party packages; `minipd` itself is the public surface and counts
