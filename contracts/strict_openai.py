@@ -152,5 +152,5 @@ for _kind in ResponseKind:  # openai's models defer building their validators to
 
 def strict_completion_chunk(raw: Any) -> BaseModel:
     """One streamed `/v1/completions` event, checked strictly: the load client's parser in the
-    benchmarks (`minipd.loadgen.client.ChunkParser`)."""
+    benchmarks (`minipd.ops.loadgen.client.ChunkParser`)."""
     return parse_strict(raw, ResponseKind.COMPLETION_CHUNK)

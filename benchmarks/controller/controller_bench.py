@@ -1,6 +1,6 @@
 """controller: the live P:D ratio controller against a fixed ratio, on a shifting workload.
 
-The shift workload (minipd.workload's `shift`: prefill-heavy, then decode-heavy) with lengths
+The shift workload (minipd.ops.workload's `shift`: prefill-heavy, then decode-heavy) with lengths
 and rates sized for this small machine, on two local clusters of three instances that start
 alike (`--num-prefill 2 --num-decode 1`): one keeps that ratio, the other's router runs the
 ratio controller (`--ratio-controller`). Each run sends the same requests through the OpenAI
@@ -40,9 +40,9 @@ from benchmarks.loadgen.deployments import Deployment, start_disaggregated
 from benchmarks.loadgen.measure import MS_PER_S, Measured, measure
 from benchmarks.loadgen.plotting import save, slo_line, subplots
 from benchmarks.loadgen.processes import Processes
-from minipd.loadgen.records import attainment
+from minipd.ops.loadgen.records import attainment
+from minipd.ops.workload import ArrivalProcess, LengthDist, RequestSpec, make_workload
 from minipd.slo.targets import SLO
-from minipd.workload import ArrivalProcess, LengthDist, RequestSpec, make_workload
 
 DEFAULTS = {
     # `small` rather than `tiny`: its decode steps are slow enough that a full KV pool, not

@@ -42,7 +42,7 @@ from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import gguf_path
 from minipd.models.gguf.gguf_file import read_gguf
 from minipd.models.weights.quantized_linear import INT8_KERNELS
-from minipd.workload.lengths import LengthDist
+from minipd.ops.workload.lengths import LengthDist
 
 PARTS = ("serving", "decode", "dtype", "kernels")  # 1. to 4. above
 TARGETS = {"speedup_vs_hf_static": 3.0, "overhead_vs_raw": 1.1, "ratio_to_floor": 1.5, "bf16_speedup": 2.0}

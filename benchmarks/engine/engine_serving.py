@@ -27,7 +27,7 @@ import torch
 from minipd.engine.engine import Engine
 from minipd.engine.model_loader import load_model
 from minipd.engine.sampling_params import SamplingParams
-from minipd.workload.lengths import LengthDist
+from minipd.ops.workload.lengths import LengthDist
 
 
 class ServingRequest(NamedTuple):

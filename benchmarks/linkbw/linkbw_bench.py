@@ -30,8 +30,8 @@ from benchmarks.loadgen.plotting import save, slo_line, subplots
 from benchmarks.loadgen.processes import Processes
 from benchmarks.loadgen.rate_sweep import DEFAULT_STOP_BELOW
 from benchmarks.loadgen.server_metrics import transfer_totals
+from minipd.ops.workload import LengthDist
 from minipd.slo.goodput import bandwidth_threshold
-from minipd.workload import LengthDist
 
 METHODS = ("bucket", "netns")
 DEFAULT_GBPS = (10.0, 2.0, 1.0, 0.5, 0.3, 0.2, 0.15, 0.1, 0.07, 0.05)

@@ -1,6 +1,6 @@
 """The library the experiments in benchmarks/<name>/ share; not an experiment itself (bench.py
 runs none of it directly). The load client itself (one streamed completion, prompts, the
-runner, per-request records) is `minipd.loadgen`, so the router's built-in load uses it too;
+runner, per-request records) is `minipd.ops.loadgen`, so the router's built-in load uses it too;
 here is what the experiments add around it:
 
 tokenizer_source   which tokenizer measures prompts, from --model / --tokenizer

@@ -22,8 +22,8 @@ from benchmarks.loadgen.crossover_model import stall_s
 from benchmarks.loadgen.host_load import QuietGuard
 from benchmarks.loadgen.probes import DecodeStream, probe_ttft, warm_up_and_calibrate
 from benchmarks.loadgen.server_metrics import transfer_totals
-from minipd.loadgen.client import served_model
-from minipd.loadgen.prompts import PromptBuilder
+from minipd.ops.loadgen.client import served_model
+from minipd.ops.loadgen.prompts import PromptBuilder
 
 BACKGROUND_PROMPT_LEN = 32
 WARM_TOKENS = 16  # decode tokens before a probe, so the stream is in its steady state

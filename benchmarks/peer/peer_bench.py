@@ -29,7 +29,7 @@ from benchmarks.loadgen.measure import Measured, measure
 from benchmarks.loadgen.plotting import save, subplots
 from benchmarks.loadgen.processes import Processes, minipd_command
 from benchmarks.peer.peer_server import model_file, start_peer
-from minipd.workload import WORKLOADS, ArrivalProcess, LengthDist
+from minipd.ops.workload import WORKLOADS, ArrivalProcess, LengthDist
 
 NO_PEER = (
     "peer: nothing ran: no peer given. Pass --peer-url URL of an OpenAI-compatible server (e.g. llama.cpp's "

@@ -9,7 +9,7 @@ of `--repeats` runs after a warm-up; the fit (non-negative least squares, DistSe
 and its R^2 and residuals go into the profile, which `--json` writes for the planner:
 
     python bench.py profile --model small --torch-threads 2 --json profile.json
-    python -m minipd.planner --profile profile.json ...
+    python -m minipd.ops.planner --profile profile.json ...
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from minipd.engine.model_runner import ModelRunner
 from minipd.engine.request import Request
 from minipd.engine.sampling_params import SamplingParams
 from minipd.engine.scheduler import ScheduledChunk
-from minipd.planner.kv_sizing import kv_bytes_per_token
-from minipd.planner.latency_model import (
+from minipd.ops.planner.kv_sizing import kv_bytes_per_token
+from minipd.ops.planner.latency_model import (
     DecodeSample,
     PrefillSample,
     fit_decode,
     fit_prefill,
 )
-from minipd.planner.latency_profile import LatencyProfile
+from minipd.ops.planner.latency_profile import LatencyProfile
 
 PREFILL_LENS = (32, 64, 128, 256, 512)
 PREFILL_BATCHES = (1, 2, 4)
@@ -182,4 +182,4 @@ def print_table(result: dict) -> None:
             f"max error {fit['max_rel_error']:.1%} over {fit['num_samples']} points"
         )
     print(f"  KV {result['kv_bytes_per_token']} B/token, capacity {result['kv_capacity_tokens']} tokens")
-    print("  (the JSON is a LatencyProfile with its samples: python -m minipd.planner --profile FILE)")
+    print("  (the JSON is a LatencyProfile with its samples: python -m minipd.ops.planner --profile FILE)")

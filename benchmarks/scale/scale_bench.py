@@ -45,8 +45,8 @@ from benchmarks.loadgen.deployments import start_server
 from benchmarks.loadgen.measure import MS_PER_S, measure
 from benchmarks.loadgen.plotting import save, slo_line, subplots
 from benchmarks.loadgen.processes import Processes, minipd_command
-from minipd.loadgen.records import attainment
-from minipd.workload import ArrivalProcess, LengthDist, RequestSpec, make_workload
+from minipd.ops.loadgen.records import attainment
+from minipd.ops.workload import ArrivalProcess, LengthDist, RequestSpec, make_workload
 
 
 class Stream(NamedTuple):

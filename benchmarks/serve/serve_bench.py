@@ -23,7 +23,7 @@ from benchmarks.loadgen.measure import measure, record_rows
 from benchmarks.loadgen.plotting import save, slo_line, subplots
 from benchmarks.loadgen.processes import Processes
 from benchmarks.loadgen.stats import RunSummary, format_summary
-from minipd.workload import LengthDist
+from minipd.ops.workload import LengthDist
 
 DEFAULT_NUM_PROMPTS = 40
 QUICK = {

@@ -31,7 +31,7 @@ from benchmarks.loadgen.measure import Measured, measure
 from benchmarks.loadgen.plotting import save, slo_line, subplots
 from benchmarks.loadgen.processes import Processes
 from benchmarks.loadgen.rate_sweep import DEFAULT_STOP_BELOW, ratio, sweep_rates
-from minipd.workload import LengthDist
+from minipd.ops.workload import LengthDist
 
 MODES = ("colocated", "disaggregated")
 DEFAULT_RATES = (0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2, 1.5)

@@ -48,8 +48,8 @@ from benchmarks.soak.chaos import Chaos
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.entrypoints.supervisor import Supervisor
+from minipd.ops.workload import ArrivalProcess, RequestSpec, make_workload
 from minipd.router.cluster_client import ClusterClient
-from minipd.workload import ArrivalProcess, RequestSpec, make_workload
 
 SETTLE_S = 60.0  # after the run, every pool must be full again within this
 QUICK = {"duration_s": 16.0, "chaos_interval_s": 2.0, "rate": 2.0}

@@ -9,12 +9,12 @@ client (benchmarks/loadgen); the simulator runs the very same `RequestSpec` list
    simulated too, as `profile_only`, to show what the serving path changes;
 2. one calibration run per workload (other requests, drawn with other seeds, at the same
    rate) makes the instances log their steps (`--step-log-dir`); the prefill and decode
-   step models are fitted to those steps (minipd.planner.step_log_fit);
+   step models are fitted to those steps (minipd.ops.planner.step_log_fit);
 3. the probe (validate_probe.py) measures the fixed per-request latency outside the steps.
 Then the compared runs, which neither fit saw. This machine's speed wanders (the same step
 runs 10-30% slower or faster from one stretch of seconds to the next, whatever the cluster
 does), so each compared run is simulated with the speed its instances ran at during it
-(minipd.planner.step_log_speed.speed_trace: each instance's logged steps against the fitted
+(minipd.ops.planner.step_log_speed.speed_trace: each instance's logged steps against the fitted
 models, a running mean over 1 s and the spread of single steps around it): "simulated", the
 figures the targets are judged on. Beside it, "predicted" knows nothing of the run: the fitted
 models with the step-time jitter the calibration runs showed (StepJitter, median of
@@ -65,19 +65,19 @@ from benchmarks.validate.validate_compare import (
     simulated_figures,
 )
 from benchmarks.validate.validate_report import plot, print_table, profile_summary  # noqa: F401 (bench.py calls the first two here)
-from minipd.loadgen.records import attainment
-from minipd.loadgen.runner import RunResult
-from minipd.planner import step_log_fit, step_log_speed
-from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.kv_link import KVLink
-from minipd.planner.latency_profile import LatencyProfile
-from minipd.planner.sim_summary import good_requests
-from minipd.planner.simulator import Simulator
-from minipd.planner.step_jitter import SpeedTrace
+from minipd.ops.loadgen.records import attainment
+from minipd.ops.loadgen.runner import RunResult
+from minipd.ops.planner import step_log_fit, step_log_speed
+from minipd.ops.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.ops.planner.kv_link import KVLink
+from minipd.ops.planner.latency_profile import LatencyProfile
+from minipd.ops.planner.sim_summary import good_requests
+from minipd.ops.planner.simulator import Simulator
+from minipd.ops.planner.step_jitter import SpeedTrace
+from minipd.ops.workload import ArrivalProcess, LengthDist, make_workload
 from minipd.policy.local_prefill import LocalPrefillThresholds
 from minipd.slo.latency import percentile
 from minipd.slo.targets import SLO
-from minipd.workload import ArrivalProcess, LengthDist, make_workload
 
 AUTO_SLO_PERCENTILE = 75
 LOCALHOST_TCP_GBPS = 20.0  # KV over TCP on one host (bench.py transport); layer-wise, it hardly shows

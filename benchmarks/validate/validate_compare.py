@@ -11,8 +11,8 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from benchmarks.loadgen.measure import MS_PER_S
-from minipd.loadgen.records import RequestRecord
-from minipd.planner.sim_result import SimResult
+from minipd.ops.loadgen.records import RequestRecord
+from minipd.ops.planner.sim_result import SimResult
 from minipd.slo.histogram import LogHistogram
 from minipd.slo.latency import percentile
 

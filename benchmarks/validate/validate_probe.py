@@ -1,6 +1,6 @@
 """The serving path's fixed per-request cost, probed on the idle cluster.
 
-The step models (fitted to the instances' own steps, minipd.planner.step_log_fit) hold what
+The step models (fitted to the instances' own steps, minipd.ops.planner.step_log_fit) hold what
 a request pays inside the instances; what it pays outside them (the HTTP front, tokenization,
 the router's hop and control calls, the first token's relay back) is a fixed latency the
 simulator adds before admission (`SimOptions.request_overhead_s`). The probe measures it
@@ -26,12 +26,12 @@ import numpy as np
 
 from benchmarks.loadgen.deployments import Deployment
 from benchmarks.loadgen.measure import MS_PER_S, measure
-from minipd.loadgen.runner import RunResult
-from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.latency_profile import LatencyProfile
-from minipd.planner.simulator import Simulator
-from minipd.planner.step_jitter import SpeedTrace
-from minipd.workload import RequestSpec
+from minipd.ops.loadgen.runner import RunResult
+from minipd.ops.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.ops.planner.latency_profile import LatencyProfile
+from minipd.ops.planner.simulator import Simulator
+from minipd.ops.planner.step_jitter import SpeedTrace
+from minipd.ops.workload import RequestSpec
 
 PROBE_REQUESTS = 8
 PROBE_PROMPT_LEN = 32

@@ -10,7 +10,7 @@ import msgspec
 from benchmarks.loadgen.measure import MS_PER_S
 from benchmarks.loadgen.plotting import save, subplots
 from benchmarks.validate.validate_compare import JITTER_SEEDS, LATENCY_TOLERANCE, METRICS, within
-from minipd.planner.latency_profile import LatencyProfile
+from minipd.ops.planner.latency_profile import LatencyProfile
 
 
 def profile_summary(profile: LatencyProfile) -> dict:

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP front (aiohttp) over any `ServingBackend`.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics, and whatever `extensions` add (the router's admin routes, api/admin.py). With
+GET /metrics, and whatever `extensions` add (the router's admin routes, ops/admin/admin.py). With
 an API key (`HttpConfig.api_key`), every route but /health requires it (`api_key.py`; 401
 otherwise, before anything else is looked at), the extensions' included. POST bodies must be
 `application/json` (415 otherwise), so a web page cannot drive the API with a "simple"

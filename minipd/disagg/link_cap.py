@@ -1,5 +1,5 @@
 """An instance's half of a runtime KV link cap (`SetLinkCap`, the router's half is
-router/link_cap.py): the transport's egress token bucket (`--link-gbps` at start) takes the
+ops/control_loop/link_cap.py): the transport's egress token bucket (`--link-gbps` at start) takes the
 new rate from its next write on, on every backend alike (transports/base.py)."""
 
 from __future__ import annotations

@@ -213,7 +213,7 @@ class RoleGuard:
         finally:
             self.switching_to = None
             self.draining.clear()
-        for listener in self.on_switched:  # e.g. the registry publisher (registry/publisher.py)
+        for listener in self.on_switched:  # e.g. the registry publisher (ops/registry/publisher.py)
             listener()
         return RoleSwitched(
             role=target,

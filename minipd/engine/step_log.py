@@ -7,7 +7,7 @@ CLOCK_MONOTONIC on Linux, which every process of the host shares, so a client ca
 steps up with its own requests. A step is the whole iteration of the engine's loop:
 scheduling, the forward pass and the handling of its results, so consecutive steps of a
 busy engine tile its time, as the simulator's steps do.
-`minipd.planner.step_log_fit` fits DistServe's step-time forms to these lines. The file holds
+`minipd.ops.planner.step_log_fit` fits DistServe's step-time forms to these lines. The file holds
 at most `MAX_LINES` lines (then one warning, and no more), so a long-running instance cannot
 fill a disk with it.
 """

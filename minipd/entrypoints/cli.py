@@ -1,5 +1,5 @@
 """The `minipd` command: one binary, the role chosen by `--role` (flags in `flags.py`), or
-`minipd plan|day|calibrate-distserve ...` for the planner (minipd/planner, docs/planner.md).
+`minipd plan|day|calibrate-distserve ...` for the planner (minipd/ops/planner, docs/planner.md).
 
 Every flag is checked before anything starts: a bad value exits with status 2 and a message
 naming the flag. The parsed flags become the role's typed configs (`configs.py`); the role's
@@ -19,7 +19,7 @@ import sys
 
 from minipd.entrypoints import openmp_env
 
-# minipd.planner.__main__.COMMANDS (tests/processes/test_router_imports.py checks they agree), named
+# minipd.ops.planner.__main__.COMMANDS (tests/processes/test_router_imports.py checks they agree), named
 # here so that a serving process never imports the planner
 PLANNER_COMMANDS = ("plan", "day", "calibrate-distserve")
 
@@ -39,7 +39,7 @@ def _pre_parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in PLANNER_COMMANDS:  # `minipd plan ...`: the planner, no serving role
-        from minipd.planner.__main__ import main as planner_main
+        from minipd.ops.planner.__main__ import main as planner_main
 
         return planner_main(argv)
     early = _pre_parse(argv)

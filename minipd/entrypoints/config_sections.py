@@ -21,10 +21,10 @@ from minipd.disagg.instance import DEFAULT_LEASE_S
 from minipd.engine.config import EngineConfig
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
 from minipd.engine.sampling_params import SamplingParams
+from minipd.ops.control_loop.live_controller import LiveControllerOptions
+from minipd.ops.registry.etcd_url import RegistryUrl
 from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import ControllerConfig
-from minipd.registry.etcd_url import RegistryUrl
-from minipd.router.live_controller import LiveControllerOptions
 from minipd.transports.backends import backend_options
 
 Address = tuple[str, int]

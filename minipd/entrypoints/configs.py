@@ -37,8 +37,8 @@ from minipd.entrypoints.config_sections import (
 from minipd.entrypoints.credentials import parse_cluster_secret
 from minipd.entrypoints.flag_spec import ENGINE_ROLES, ROUTING
 from minipd.entrypoints.flags import FLAGS
+from minipd.ops.control_loop.live_controller import LiveControllerOptions
 from minipd.policy.ratio_controller import ControllerConfig
-from minipd.router.live_controller import LiveControllerOptions
 from minipd.router.router_config import RouterConfig
 from minipd.slo.targets import SLO
 

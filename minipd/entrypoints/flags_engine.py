@@ -203,7 +203,7 @@ FLAGS = (
         default=None,
         metavar="DIR",
         help="append a JSON line per engine step (its duration and batch) to DIR/INSTANCE-ID.jsonl, to fit a "
-        "latency profile in the serving path (minipd.planner.step_log_fit; bench.py validate does)",
+        "latency profile in the serving path (minipd.ops.planner.step_log_fit; bench.py validate does)",
     ),
     # ---- instances
     flag(

@@ -1,5 +1,5 @@
 """The flags of the registry: where membership lives when it is not the embedded default
-(minipd/registry). Each entry's `sets` names the config field it fills (flag_spec.py)."""
+(minipd/ops/registry). Each entry's `sets` names the config field it fills (flag_spec.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 
 from minipd.entrypoints.config_sections import ProcessConfig
 from minipd.entrypoints.flag_spec import EVERY_CHILD, NETWORKED, flag
-from minipd.registry.etcd_url import DEFAULT_PREFIX, ETCD_PASSWORD_ENV, RegistryUrl, parse_registry_url
+from minipd.ops.registry.etcd_url import DEFAULT_PREFIX, ETCD_PASSWORD_ENV, RegistryUrl, parse_registry_url
 
 REGISTRY = "registry (docs/multi-host.md)"
 MIN_TTL_S = 2  # etcd's own minimum lease TTL with its default election timeout

@@ -15,8 +15,8 @@ from minipd.entrypoints.flag_spec import (
     flag,
     parse_address,
 )
+from minipd.ops.control_loop.live_controller import LiveControllerOptions
 from minipd.policy.ratio_controller import ControllerConfig
-from minipd.router.live_controller import LiveControllerOptions
 from minipd.router.router_config import KV_LOAD_FAILURE_POLICIES, RouterConfig
 from minipd.slo.targets import SLO
 

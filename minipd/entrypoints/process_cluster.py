@@ -50,8 +50,8 @@ from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
 from minipd.entrypoints.restart_epoch import restarted_argv
+from minipd.ops.control_loop.scale_link import ENV_FD as SCALE_LINK_ENV
 from minipd.router.cluster_client import ClusterClient
-from minipd.router.scale_link import ENV_FD as SCALE_LINK_ENV
 from minipd.transports import fault_points
 from minipd.transports.shared_secret import SharedSecret, generate_secret_text
 
@@ -250,7 +250,7 @@ class ProcessCluster:
 
     def _router_scale_socket(self):
         """A socket whose descriptor a router about to start inherits as its scale link
-        (router/scale_link.py); None: this launcher does not scale pools."""
+        (ops/control_loop/scale_link.py); None: this launcher does not scale pools."""
         return None
 
     async def rejoin(self, name: str) -> None:

@@ -1,5 +1,5 @@
 """Pool scaling for `minipd --role cluster --launcher ray`: the launcher's end of the router's
-scale link (router/scale_link.py, the calls; router/pool_scaler.py, who makes them and when).
+scale link (ops/control_loop/scale_link.py, the calls; ops/control_loop/pool_scaler.py, who makes them and when).
 
 With a pool scaling flag (`--min-prefill`, `--max-prefill`, `--min-decode`, `--max-decode`,
 `--scale-idle-window-s`, `--scale-cooldown-s`; `ClusterConfig.scaling`), `RayCluster` keeps a
@@ -32,8 +32,8 @@ import sys
 from ray._private import state as ray_state  # per-node available resources (a developer API)
 
 from minipd.control.role import Role
+from minipd.ops.control_loop.scale_link import MAX_LINE_BYTES, ScaleCall, ScaleReply, read_call, write_reply
 from minipd.policy.pool_scaling import ScalingConfig
-from minipd.router.scale_link import MAX_LINE_BYTES, ScaleCall, ScaleReply, read_call, write_reply
 
 log = logging.getLogger(__name__)
 

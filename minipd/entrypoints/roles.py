@@ -20,17 +20,10 @@ import sys
 import time
 from collections.abc import Coroutine
 
-from minipd.api.admin import router_admin
-from minipd.api.admin_controls import router_controls
 from minipd.api.app import start_api
-from minipd.api.controller_metrics import controller_metrics
 from minipd.api.engine_backend import EngineBackend
 from minipd.api.router_backend import RouterBackend
-from minipd.api.scale_metrics import scale_metrics
 from minipd.control.role import Role
-from minipd.dashboard.plan_routes import read_profile_file
-from minipd.dashboard.routes import engine_dashboard, router_dashboard
-from minipd.dashboard.routes import print_address as print_dashboard_address
 from minipd.disagg.instance import Instance
 from minipd.engine.cpu_placement import available_cpus, cpus_text
 from minipd.engine.engine import Engine, EngineConfig
@@ -43,10 +36,22 @@ from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.registration import keep_registered, register
 from minipd.entrypoints.stop_signal import wait_for_stop_signal
-from minipd.registry.membership import controller_election, instance_presence, require_etcd_client, router_membership
+from minipd.ops.admin.admin import router_admin
+from minipd.ops.admin.admin_controls import router_controls
+from minipd.ops.admin.controller_metrics import controller_metrics
+from minipd.ops.admin.scale_metrics import scale_metrics
+from minipd.ops.control_loop.controller_switch import ControllerSwitch
+from minipd.ops.control_loop.pool_scaler import scaler_from_launcher
+from minipd.ops.dashboard.plan_routes import read_profile_file
+from minipd.ops.dashboard.routes import engine_dashboard, router_dashboard
+from minipd.ops.dashboard.routes import print_address as print_dashboard_address
+from minipd.ops.registry.membership import (
+    controller_election,
+    instance_presence,
+    require_etcd_client,
+    router_membership,
+)
 from minipd.router.control_port import RouterControlPort
-from minipd.router.controller_switch import ControllerSwitch
-from minipd.router.pool_scaler import scaler_from_launcher
 from minipd.router.router import Router
 from minipd.slo.targets import SLO
 from minipd.tracing import exporter as trace_exporter

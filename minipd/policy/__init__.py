@@ -3,7 +3,7 @@
 P:D ratio controller (`ratio_controller`: move an instance between prefill and decode, or
 not). Pure functions and state machines, no I/O and no clock of their own.
 
-Below both the router and the planner: imports only `minipd.slo` and `minipd.workload`, so a
+Below both the router and the planner: imports only `minipd.slo` and `minipd.ops.workload`, so a
 router process loads no simulator. This file imports nothing, so that importing one policy
 loads only that policy.
 """

@@ -1,7 +1,7 @@
 """The pool scaling policy: add an instance of a role, remove one, switch one, or hold.
 
 Pure (no I/O, no clock of its own, no Ray): the live scaler on the router
-(minipd/router/pool_scaler.py) feeds it what it measured and acts on its answers; a launcher
+(minipd/ops/control_loop/pool_scaler.py) feeds it what it measured and acts on its answers; a launcher
 that can start instances (`--launcher ray`) carries them out. It works beside the ratio
 controller (ratio_controller.py), which says which role needs another instance; this policy
 says whether to add one or to switch one, and when to give an idle pool's instance back:

@@ -3,7 +3,7 @@
 `claim(instance_id, epoch, target)` is an async context manager held for the whole switch.
 The embedded default (`LOCAL_CLAIMS`) grants every claim: one router, whose own checks
 (already switching, the last decode instance) suffice. With a registry, the claim is an etcd
-transaction that one router only wins (minipd/registry/epoch_cas.py); the others raise
+transaction that one router only wins (minipd/ops/registry/epoch_cas.py); the others raise
 SwitchConflict.
 """
 

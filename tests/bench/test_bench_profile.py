@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minipd.planner.latency_profile import LatencyProfile
+from minipd.ops.planner.latency_profile import LatencyProfile
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,15 +14,15 @@ import pytest
 from disagg_helpers import CONFIG
 from http_helpers import http_json, http_post
 
-from minipd.api.admin import router_admin
-from minipd.api.admin_controls import router_controls
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.router_backend import RouterBackend
 from minipd.engine.sampling_params import SamplingParams
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
+from minipd.ops.admin.admin import router_admin
+from minipd.ops.admin.admin_controls import router_controls
+from minipd.ops.control_loop.controller_switch import ControllerSwitch
+from minipd.ops.control_loop.live_controller import LiveControllerOptions
 from minipd.policy.ratio_controller import ControllerConfig
-from minipd.router.controller_switch import ControllerSwitch
-from minipd.router.live_controller import LiveControllerOptions
 from minipd.slo.targets import SLO
 from minipd.transports.link_limiter import DEFAULT_BURST_BYTES
 

@@ -11,10 +11,10 @@ import pytest
 from disagg_helpers import CONFIG
 from http_helpers import http_json, http_post, sample, scrape, wait_until_pools_full
 
-from minipd.api.admin import router_admin
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.router_backend import RouterBackend
 from minipd.entrypoints.inprocess_cluster import InProcessCluster
+from minipd.ops.admin.admin import router_admin
 
 SWITCH = "/admin/switch_role"
 

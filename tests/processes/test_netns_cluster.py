@@ -29,7 +29,7 @@ from netns_cluster import INSTANCES, PREFIX, ROUTERS, TTL_S, NetnsCluster, since
 from netns_hosts import NetnsHosts, unavailable_reason
 from role_switch_helpers import assert_all_served, complete_all, load_prompts
 
-from minipd.registry.election import DEPOSED_AFTER
+from minipd.ops.registry.election import DEPOSED_AFTER
 from minipd.transports.backends import available_transports
 
 REASON = unavailable_reason()

@@ -15,13 +15,13 @@ from etcd_server import etcd_fixture, needs_etcd  # noqa: F401 (the fixture `etc
 from minipd.control.messages import Fingerprint
 from minipd.control.role import Role
 from minipd.engine.model_loader import load_tokenizer_only
-from minipd.registry.epoch_cas import EtcdSwitchClaims
-from minipd.registry.etcd_client import EtcdEndpoints
-from minipd.registry.etcd_url import parse_registry_url
-from minipd.registry.records import InstanceRecord, RegistryKeys, TransportInfo, encode
-from minipd.registry.router_membership import EtcdRouterMembership
-from minipd.registry.session import LeaseSession
-from minipd.registry.watcher import PrefixWatcher
+from minipd.ops.registry.epoch_cas import EtcdSwitchClaims
+from minipd.ops.registry.etcd_client import EtcdEndpoints
+from minipd.ops.registry.etcd_url import parse_registry_url
+from minipd.ops.registry.records import InstanceRecord, RegistryKeys, TransportInfo, encode
+from minipd.ops.registry.router_membership import EtcdRouterMembership
+from minipd.ops.registry.session import LeaseSession
+from minipd.ops.registry.watcher import PrefixWatcher
 from minipd.router.role_switch_driver import SwitchConflict
 from minipd.router.router import Router
 
@@ -126,7 +126,7 @@ def test_malformed_values_are_logged_and_ignored(etcd, caplog):
             await membership.close()
             await router.close()
 
-    with caplog.at_level(logging.WARNING, logger="minipd.registry.router_membership"):
+    with caplog.at_level(logging.WARNING, logger="minipd.ops.registry.router_membership"):
         records, claims = asyncio.run(scenario())
     assert records == {} and claims == {}
     logged = "\n".join(r.getMessage() for r in caplog.records)

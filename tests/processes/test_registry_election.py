@@ -21,9 +21,9 @@ import urllib.request
 from etcd_server import etcd_fixture, needs_etcd, wait_until  # noqa: F401 (the fixture `etcd`)
 from minipd_process import Process
 
-from minipd.registry.election import DEPOSED_AFTER, ControllerElection, leader_key
-from minipd.registry.etcd_client import EtcdEndpoints
-from minipd.registry.etcd_url import parse_registry_url
+from minipd.ops.registry.election import DEPOSED_AFTER, ControllerElection, leader_key
+from minipd.ops.registry.etcd_client import EtcdEndpoints
+from minipd.ops.registry.etcd_url import parse_registry_url
 
 pytestmark = needs_etcd
 

@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 
 from minipd.entrypoints.cli import PLANNER_COMMANDS
-from minipd.planner.__main__ import COMMANDS
+from minipd.ops.planner.__main__ import COMMANDS
 
 STOP_TIMEOUT_S = 30.0
 ROUTER_ARGV = (
@@ -72,10 +72,14 @@ def test_a_running_router_has_imported_no_planner_module(tmp_path):
     assert ready, f"the router did not start: {stderr_path.read_text()[-2000:]}"
     assert [b["label"] for b in answer["bars"]] == ["colocated x2", "1P:1D"]  # the simulator answered
     # the check sees the router's own imports, policies included ...
-    assert {"minipd.router.router", "minipd.router.live_controller", "minipd.policy.ratio_controller"} <= modules
-    assert {"minipd.router.pool_scaler", "minipd.policy.pool_scaling"} <= modules
+    assert {
+        "minipd.router.router",
+        "minipd.ops.control_loop.live_controller",
+        "minipd.policy.ratio_controller",
+    } <= modules
+    assert {"minipd.ops.control_loop.pool_scaler", "minipd.policy.pool_scaling"} <= modules
     # ... and none of the planner's, nor Ray (the Ray launcher's actuator is the launcher's own)
-    assert sorted(m for m in modules if m == "minipd.planner" or m.startswith("minipd.planner.")) == []
+    assert sorted(m for m in modules if m == "minipd.ops.planner" or m.startswith("minipd.ops.planner.")) == []
     assert sorted(m for m in modules if m == "ray" or m.startswith("ray.")) == []
 
 

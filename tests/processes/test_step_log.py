@@ -14,8 +14,8 @@ import pytest
 from engine_helpers import complete_all
 
 from minipd.engine.sampling_params import SamplingParams
-from minipd.planner import step_log_fit
-from minipd.planner.latency_model import DecodeModel, PrefillModel
+from minipd.ops.planner import step_log_fit
+from minipd.ops.planner.latency_model import DecodeModel, PrefillModel
 
 PROMPT_LENS = (20, 33)
 MAX_TOKENS = 6

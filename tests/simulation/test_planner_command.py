@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from minipd.planner.__main__ import main as planner_main
-from minipd.planner.experiments import plan_command
+from minipd.ops.planner.__main__ import main as planner_main
+from minipd.ops.planner.experiments import plan_command
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BASE = [

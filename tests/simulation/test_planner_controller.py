@@ -8,14 +8,14 @@ import itertools
 import pytest
 from planner_helpers import profile
 
-from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.kv_link import KVLink
-from minipd.planner.sim_summary import good_requests
-from minipd.planner.simulator import Simulator
+from minipd.ops.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.ops.planner.kv_link import KVLink
+from minipd.ops.planner.sim_summary import good_requests
+from minipd.ops.planner.simulator import Simulator
+from minipd.ops.workload import ArrivalProcess, make_workload
 from minipd.policy.local_prefill import LocalPrefillThresholds
 from minipd.policy.ratio_controller import ControllerConfig, Move, RatioController
 from minipd.slo.targets import SLO
-from minipd.workload import ArrivalProcess, make_workload
 
 SLO_ = SLO.parse(["ttft:300", "itl:40"])
 COOLDOWN_S = 3.0

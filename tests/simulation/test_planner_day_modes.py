@@ -8,11 +8,11 @@ import json
 import msgspec
 import pytest
 
-from minipd.planner.experiments.day_command import print_day
-from minipd.planner.experiments.day_experiment import DAY_MODES, run_day
-from minipd.planner.experiments.day_workload import CHAT, SUMMARISE
-from minipd.planner.kv_link import KVLink
-from minipd.planner.profiles import builtin_profile
+from minipd.ops.planner.experiments.day_command import print_day
+from minipd.ops.planner.experiments.day_experiment import DAY_MODES, run_day
+from minipd.ops.planner.experiments.day_workload import CHAT, SUMMARISE
+from minipd.ops.planner.kv_link import KVLink
+from minipd.ops.planner.profiles import builtin_profile
 from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import ControllerConfig
 from minipd.slo.targets import SLO
@@ -92,7 +92,7 @@ def test_the_table_json_and_plot_name_every_mode(day, capsys, tmp_path) -> None:
     assert [m["name"] for m in decoded["modes"]] == list(DAY_MODES)
     assert decoded["modes"][2]["gpu_hours"] == pytest.approx(day.mode("scale").gpu_hours)
     pytest.importorskip("matplotlib")
-    from minipd.planner.experiments.plots import day as plot_day
+    from minipd.ops.planner.experiments.plots import day as plot_day
 
     path = tmp_path / "day.png"
     plot_day(day, str(path))
@@ -102,7 +102,7 @@ def test_the_table_json_and_plot_name_every_mode(day, capsys, tmp_path) -> None:
 def test_bad_scaling_bounds_are_refused_naming_the_flag(capsys) -> None:
     import argparse
 
-    from minipd.planner.experiments import day_command
+    from minipd.ops.planner.experiments import day_command
 
     parser = argparse.ArgumentParser()
     day_command.add_arguments(parser)

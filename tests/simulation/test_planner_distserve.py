@@ -3,7 +3,7 @@
 13B model, one A100 per instance, 512-token prompts, 64-token outputs, P90 TTFT 0.4 s and
 P90 TPOT 0.04 s. The profile is the A100 roofline of OPT-13B with one factor per phase,
 calibrated so that a lone prefill instance sustains the paper's 5.6 rps and a lone decode
-instance its 10 rps (`minipd.planner.experiments.distserve_example`). The planner then has to find, on
+instance its 10 rps (`minipd.ops.planner.experiments.distserve_example`). The planner then has to find, on
 three instances, 2 prefill : 1 decode at about 3.3 rps per GPU and the colocated figure of
 about 1.6 rps per GPU, neither of which the calibration saw.
 
@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import pytest
 
-from minipd.planner.calibration import pool_goodput
-from minipd.planner.experiments import distserve_example as ds
-from minipd.planner.kv_link import KVLink
-from minipd.planner.planner import PlanConfig, plan
+from minipd.ops.planner.calibration import pool_goodput
+from minipd.ops.planner.experiments import distserve_example as ds
+from minipd.ops.planner.kv_link import KVLink
+from minipd.ops.planner.planner import PlanConfig, plan
 
 NUM_REQUESTS = 1500
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from planner_helpers import profile
 
-from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.kv_link import KVLink
-from minipd.planner.sim_summary import summarize_sim
-from minipd.planner.simulator import Simulator
+from minipd.ops.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.ops.planner.kv_link import KVLink
+from minipd.ops.planner.sim_summary import summarize_sim
+from minipd.ops.planner.simulator import Simulator
+from minipd.ops.workload import ArrivalProcess, LengthDist, make_workload
 from minipd.policy.local_prefill import LocalPrefillThresholds
 from minipd.slo.targets import SLO
-from minipd.workload import ArrivalProcess, LengthDist, make_workload
 
 SERVICE_S = 0.05
 NO_LOCAL = SimOptions(link=KVLink(), local_prefill=LocalPrefillThresholds(max_local_tokens=0))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from minipd.planner.latency_model import DecodeModel, PrefillModel
-from minipd.planner.latency_profile import LatencyProfile
+from minipd.ops.planner.latency_model import DecodeModel, PrefillModel
+from minipd.ops.planner.latency_profile import LatencyProfile
 
 UNLIMITED = 1 << 40
 

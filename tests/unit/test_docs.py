@@ -234,7 +234,7 @@ def _role_options(role: str | None) -> frozenset[str]:
 
 @functools.cache
 def _planner_options(command: str) -> frozenset[str]:
-    from minipd.planner.__main__ import build_parser
+    from minipd.ops.planner.__main__ import build_parser
 
     return _options(build_parser(command)[1])
 

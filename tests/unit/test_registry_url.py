@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from minipd.registry.etcd_url import DEFAULT_PREFIX, parse_registry_url
-from minipd.registry.records import BadRecord, decode_instance
+from minipd.ops.registry.etcd_url import DEFAULT_PREFIX, parse_registry_url
+from minipd.ops.registry.records import BadRecord, decode_instance
 
 
 def test_endpoints_prefix_and_user_are_parsed():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from minipd.api.builtin_load import LoadRequest, plan_load
 from minipd.engine.sampling_params import InvalidRequestError
-from minipd.workload import ArrivalProcess, LengthDist, make_workload
+from minipd.ops.loadgen.builtin_load import LoadRequest, plan_load
+from minipd.ops.workload import ArrivalProcess, LengthDist, make_workload
 
 
 def test_the_requests_are_the_workloads_own():

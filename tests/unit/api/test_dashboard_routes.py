@@ -15,15 +15,15 @@ import pytest
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.backend import InstanceStats
 from minipd.control.role import Role
-from minipd.dashboard.instances import EngineInstances
-from minipd.dashboard.observed_backend import ObservedBackend
-from minipd.dashboard.request_window import RequestWindow
-from minipd.dashboard.routes import Dashboard
-from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
-from minipd.dashboard.sse import parse_sse
 from minipd.engine.block_manager import BlockUsage
 from minipd.engine.engine import EngineStats
 from minipd.models.tokenizers.tokenizer import ByteTokenizer
+from minipd.ops.dashboard.instances import EngineInstances
+from minipd.ops.dashboard.observed_backend import ObservedBackend
+from minipd.ops.dashboard.request_window import RequestWindow
+from minipd.ops.dashboard.routes import Dashboard
+from minipd.ops.dashboard.snapshot import DashboardSLO, SnapshotBuilder
+from minipd.ops.dashboard.sse import parse_sse
 
 KEY = "dashboard-unit-key-0123456789"
 

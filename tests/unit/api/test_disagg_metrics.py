@@ -7,7 +7,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from minipd.api.backend import InstanceStats
-from minipd.api.disagg_decisions import DECISIONS, DisaggDecisionCollector
 from minipd.api.metrics import PHASES, ServingMetrics
 from minipd.control.messages import KVLanded
 from minipd.control.role import Role
@@ -16,6 +15,7 @@ from minipd.engine.config import EngineStats
 from minipd.engine.request import RequestOutput, TransferInfo
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
+from minipd.ops.admin.disagg_decisions import DECISIONS, DisaggDecisionCollector
 from minipd.policy.local_prefill import Placement
 from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_counters import RouterCounters

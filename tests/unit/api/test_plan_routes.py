@@ -14,13 +14,13 @@ import pytest
 from test_dashboard_routes import KEY, FakeEngine, IdleBackend
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
-from minipd.dashboard.instances import EngineInstances
-from minipd.dashboard.observed_backend import ObservedBackend
-from minipd.dashboard.plan_client import PlanClient
-from minipd.dashboard.plan_routes import PlanRoutes
-from minipd.dashboard.request_window import RequestWindow
-from minipd.dashboard.routes import Dashboard
-from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
+from minipd.ops.dashboard.instances import EngineInstances
+from minipd.ops.dashboard.observed_backend import ObservedBackend
+from minipd.ops.dashboard.plan_client import PlanClient
+from minipd.ops.dashboard.plan_routes import PlanRoutes
+from minipd.ops.dashboard.request_window import RequestWindow
+from minipd.ops.dashboard.routes import Dashboard
+from minipd.ops.dashboard.snapshot import DashboardSLO, SnapshotBuilder
 
 GOOD = {"num_instances": 3, "num_prefill": 1, "workload": "mixed", "rate_rps": 5, "num_requests": 40}
 
@@ -129,7 +129,7 @@ def test_a_worker_that_does_not_answer_is_a_503_and_the_front_keeps_serving(serv
     assert hanging.process is None  # stopped
     with urllib.request.urlopen(f"{base}/health", timeout=30) as response:
         assert response.status == 200
-    hanging.argv = [sys.executable, "-m", "minipd.planner.plan_worker"]
+    hanging.argv = [sys.executable, "-m", "minipd.ops.planner.plan_worker"]
     hanging.timeout_s = 60.0
     assert plan(base)[0] == 200  # a new worker serves the next call
 

@@ -11,12 +11,12 @@ import urllib.request
 import pytest
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
-from minipd.dashboard.request_window import RequestWindow
-from minipd.dashboard.routes import Dashboard
-from minipd.dashboard.snapshot import DashboardSLO, SnapshotBuilder
-from minipd.dashboard.timelines_route import timelines_extension
 from minipd.engine.request import RequestOutput
 from minipd.models.tokenizers.tokenizer import ByteTokenizer
+from minipd.ops.dashboard.request_window import RequestWindow
+from minipd.ops.dashboard.routes import Dashboard
+from minipd.ops.dashboard.snapshot import DashboardSLO, SnapshotBuilder
+from minipd.ops.dashboard.timelines_route import timelines_extension
 from minipd.router.timeline_store import TimelineStore
 
 KEY = "timelines-unit-key-0123456789"

@@ -15,11 +15,11 @@ import pytest
 
 from minipd.control.messages import Stats
 from minipd.control.role import Role
-from minipd.dashboard.instances import DEAD, DRAINING, STALE, RouterInstances
-from minipd.dashboard.observed_backend import ObservedBackend
-from minipd.dashboard.request_window import RequestWindow
-from minipd.dashboard.snapshot import MET, NO_DATA, VIOLATED, DashboardSLO, SnapshotBuilder
 from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.ops.dashboard.instances import DEAD, DRAINING, STALE, RouterInstances
+from minipd.ops.dashboard.observed_backend import ObservedBackend
+from minipd.ops.dashboard.request_window import RequestWindow
+from minipd.ops.dashboard.snapshot import MET, NO_DATA, VIOLATED, DashboardSLO, SnapshotBuilder
 from minipd.slo.targets import SLO
 
 

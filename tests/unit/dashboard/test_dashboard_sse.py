@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from minipd.dashboard.sse import EVENT_SNAPSHOT, SnapshotHub, parse_sse, sse_frame
+from minipd.ops.dashboard.sse import EVENT_SNAPSHOT, SnapshotHub, parse_sse, sse_frame
 
 
 def test_one_line_payload_is_one_data_line():

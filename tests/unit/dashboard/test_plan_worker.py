@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from minipd.dashboard.plan_client import MAX_LINE_BYTES, PlanClient, PlanInputError, PlanWorkerError
-from minipd.planner import plan_view
-from minipd.planner.plan_worker import MAX_LINE_BYTES as WORKER_MAX_LINE_BYTES
+from minipd.ops.dashboard.plan_client import MAX_LINE_BYTES, PlanClient, PlanInputError, PlanWorkerError
+from minipd.ops.planner import plan_view
+from minipd.ops.planner.plan_worker import MAX_LINE_BYTES as WORKER_MAX_LINE_BYTES
 
 TIMEOUT_S = 60.0
 PLAN_ARGS = {
@@ -37,7 +37,7 @@ PLAN_ARGS = {
 @pytest.fixture
 def worker():
     process = subprocess.Popen(
-        [sys.executable, "-m", "minipd.planner.plan_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        [sys.executable, "-m", "minipd.ops.planner.plan_worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE
     )
     try:
         yield process
@@ -146,7 +146,7 @@ def test_a_dead_worker_fails_one_call_clearly_and_the_next_starts_another():
             # subprocess handle of an earlier test) reaped it first and asyncio could not read it
             with pytest.raises(PlanWorkerError, match=r"exited \(code (3|255)\); the next call starts a new one"):
                 await client.call("ping", {"n": 2})
-            client.argv = [sys.executable, "-m", "minipd.planner.plan_worker"]
+            client.argv = [sys.executable, "-m", "minipd.ops.planner.plan_worker"]
             assert (await client.call("ping", {"n": 3}))["pid"] == client.process.pid
             assert client.num_started == 4
         finally:

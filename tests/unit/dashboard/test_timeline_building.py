@@ -18,12 +18,12 @@ from minipd.control.messages import (
     Prefilled,
     PrefillTimes,
 )
-from minipd.dashboard.observed_backend import ObservedBackend
-from minipd.dashboard.request_window import RequestWindow
 from minipd.disagg.prefill_times import UNSENT, PrefillTimesRecorder
 from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.request import RequestOutput, TransferInfo
 from minipd.engine.sampling_params import SamplingParams
+from minipd.ops.dashboard.observed_backend import ObservedBackend
+from minipd.ops.dashboard.request_window import RequestWindow
 from minipd.router.request_timeline import MAX_DETAIL_CHARS, MAX_TRIES, RequestTimeline
 from minipd.router.timeline_store import MAX_ENCODED_LIMITS, TimelineStore
 

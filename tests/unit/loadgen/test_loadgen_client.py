@@ -10,11 +10,11 @@ import pytest
 from aiohttp import web
 
 from contracts.strict_openai import strict_completion_chunk
-from minipd.loadgen.client import send_completion, typed_chunk
-from minipd.loadgen.prompts import ByteTokens, PromptBuilder
-from minipd.loadgen.records import RequestRecord
-from minipd.loadgen.runner import RunnerConfig, WarmupFailed, run_workload
-from minipd.workload import ArrivalProcess, LengthDist, make_workload
+from minipd.ops.loadgen.client import send_completion, typed_chunk
+from minipd.ops.loadgen.prompts import ByteTokens, PromptBuilder
+from minipd.ops.loadgen.records import RequestRecord
+from minipd.ops.loadgen.runner import RunnerConfig, WarmupFailed, run_workload
+from minipd.ops.workload import ArrivalProcess, LengthDist, make_workload
 
 MODEL = "fake"
 TOKEN_GAP_S = 0.005  # the fake server's pace: real time between events, what the client must measure

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.loadgen.stats import format_summary, summarize
-from minipd.loadgen.records import RequestRecord, attainment, good_requests
+from minipd.ops.loadgen.records import RequestRecord, attainment, good_requests
 from minipd.slo.goodput import ATTAINMENT_TARGET, bandwidth_threshold, bisect_goodput, goodput_from_sweep
 from minipd.slo.latency import percentile
 from minipd.slo.targets import SLO

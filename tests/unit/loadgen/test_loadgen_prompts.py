@@ -6,9 +6,9 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from benchmarks.loadgen.tokenizer_source import prompt_tokens
-from minipd.loadgen.corpus import SENTENCES
-from minipd.loadgen.prompts import ByteTokens, HFTokens, PromptBuilder, prompt_len_tolerance
 from minipd.models.tokenizers.tokenizer import ByteTokenizer
+from minipd.ops.loadgen.corpus import SENTENCES
+from minipd.ops.loadgen.prompts import ByteTokens, HFTokens, PromptBuilder, prompt_len_tolerance
 
 
 def test_byte_prompts_have_exactly_the_requested_length_as_the_server_counts_it():

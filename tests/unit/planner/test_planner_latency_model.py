@@ -14,8 +14,8 @@ import torch
 
 from minipd.engine.kv_pool import block_bytes
 from minipd.models.arch.model_config import PRESETS
-from minipd.planner.kv_sizing import kv_bytes_per_token, kv_capacity_tokens
-from minipd.planner.latency_model import (
+from minipd.ops.planner.kv_sizing import kv_bytes_per_token, kv_capacity_tokens
+from minipd.ops.planner.latency_model import (
     DecodeModel,
     DecodeSample,
     PrefillModel,
@@ -25,8 +25,8 @@ from minipd.planner.latency_model import (
     mixed_step_s,
     nonnegative_lstsq,
 )
-from minipd.planner.latency_profile import LatencyProfile
-from minipd.planner.profiles import BUILTIN, builtin_profile
+from minipd.ops.planner.latency_profile import LatencyProfile
+from minipd.ops.planner.profiles import BUILTIN, builtin_profile
 
 TRUE_PREFILL = PrefillModel(a=2e-3, b=3e-5, c=4e-9)
 TRUE_DECODE = DecodeModel(a=8e-3, b=5e-8, c=2e-5)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from planner_helpers import profile
 
-from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.kv_link import KVLink
-from minipd.planner.simulator import Simulator
+from minipd.ops.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.ops.planner.kv_link import KVLink
+from minipd.ops.planner.simulator import Simulator
+from minipd.ops.workload import RequestSpec
 from minipd.policy.local_prefill import LocalPrefillThresholds
-from minipd.workload import RequestSpec
 
 COMPUTE_S = 0.1  # the prefill step of one prompt
 LAYERS = 10

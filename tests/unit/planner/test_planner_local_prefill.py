@@ -6,17 +6,17 @@ import numpy as np
 import pytest
 from planner_helpers import profile
 
-from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.kv_link import KVLink
-from minipd.planner.sim_request import Mode
-from minipd.planner.simulator import Simulator
+from minipd.ops.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.ops.planner.kv_link import KVLink
+from minipd.ops.planner.sim_request import Mode
+from minipd.ops.planner.simulator import Simulator
+from minipd.ops.workload import ArrivalProcess, make_workload
 from minipd.policy.local_prefill import (
     LocalPrefillThresholds,
     Placement,
     PlacementInput,
     place_prefill,
 )
-from minipd.workload import ArrivalProcess, make_workload
 
 CALM = PlacementInput(
     uncached_tokens=500,

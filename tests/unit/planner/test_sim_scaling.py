@@ -7,16 +7,16 @@ from __future__ import annotations
 import pytest
 from planner_helpers import profile
 
-from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.kv_link import KVLink
-from minipd.planner.sim_result import RoleChange, held_seconds
-from minipd.planner.sim_scaling import SimScaling
-from minipd.planner.simulator import Simulator
+from minipd.ops.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.ops.planner.kv_link import KVLink
+from minipd.ops.planner.sim_result import RoleChange, held_seconds
+from minipd.ops.planner.sim_scaling import SimScaling
+from minipd.ops.planner.simulator import Simulator
+from minipd.ops.workload import RequestSpec
 from minipd.policy.local_prefill import LocalPrefillThresholds
 from minipd.policy.pool_scaling import PoolBounds, ScaleAction, ScalingConfig
 from minipd.policy.ratio_controller import CAUSE_TTFT, CAUSE_WITHIN_BAND, ControllerConfig, Decision, Move
 from minipd.slo.targets import SLO
-from minipd.workload import RequestSpec
 
 # one prompt per 1 s prefill step (the token budget is one prompt); decode steps of 10 ms
 PROFILE = profile(prefill=(1.0, 0.0, 0.0), decode=(0.01, 0.0, 0.0), max_batched_tokens=100, num_layers=1)

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from planner_helpers import profile
 
-from minipd.planner.cluster_spec import ClusterSpec, SimOptions
-from minipd.planner.kv_link import KVLink
-from minipd.planner.simulator import Simulator
-from minipd.planner.step_jitter import SpeedProcess, SpeedTrace, StepJitter, TracedSpeed
+from minipd.ops.planner.cluster_spec import ClusterSpec, SimOptions
+from minipd.ops.planner.kv_link import KVLink
+from minipd.ops.planner.simulator import Simulator
+from minipd.ops.planner.step_jitter import SpeedProcess, SpeedTrace, StepJitter, TracedSpeed
+from minipd.ops.workload import ArrivalProcess, LengthDist, make_workload
 from minipd.policy.local_prefill import LocalPrefillThresholds
-from minipd.workload import ArrivalProcess, LengthDist, make_workload
 
 NO_LOCAL = dict(link=KVLink(), local_prefill=LocalPrefillThresholds(max_local_tokens=0))
 MODEL = profile(prefill=(0.02, 2e-4, 0.0), decode=(0.01, 1e-6, 5e-4))

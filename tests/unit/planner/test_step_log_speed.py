@@ -9,9 +9,9 @@ import random
 import pytest
 from planner_helpers import profile
 
-from minipd.planner import step_log_speed
-from minipd.planner.step_jitter import SpeedProcess, StepJitter
-from minipd.planner.step_log_fit import Step
+from minipd.ops.planner import step_log_speed
+from minipd.ops.planner.step_jitter import SpeedProcess, StepJitter
+from minipd.ops.planner.step_log_fit import Step
 
 MODEL = profile(prefill=(0.02, 3e-4, 2e-7), decode=(0.012, 4e-6, 6e-4))
 

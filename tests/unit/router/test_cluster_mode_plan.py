@@ -8,7 +8,7 @@ import pytest
 
 from minipd.control.role import Role
 from minipd.engine.sampling_params import InvalidRequestError
-from minipd.router.cluster_mode import plan_mode
+from minipd.ops.control_loop.cluster_mode import plan_mode
 
 
 def handles(**roles: str) -> list:

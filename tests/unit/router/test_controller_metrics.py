@@ -10,12 +10,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_live_controller_units import ITL_S, MIN_SAMPLES, TTFT_S, Clock, FakeRouter, Waiting
 from test_placement_units import handle
 
-from minipd.api.controller_metrics import ControllerCollector
 from minipd.control.role import Role
+from minipd.ops.admin.controller_metrics import ControllerCollector
+from minipd.ops.control_loop.controller_latency import weighted_quantile
+from minipd.ops.control_loop.controller_switch import ControllerSwitch
+from minipd.ops.control_loop.live_controller import LiveControllerOptions, LiveRatioController
 from minipd.policy.ratio_controller import DECISION_CAUSES, ControllerConfig, Move
-from minipd.router.controller_latency import weighted_quantile
-from minipd.router.controller_switch import ControllerSwitch
-from minipd.router.live_controller import LiveControllerOptions, LiveRatioController
 from minipd.slo.targets import SLO
 
 CONFIG = ControllerConfig(slo=SLO(ttft_s=TTFT_S, itl_s=ITL_S), window_s=10.0, cooldown_s=5.0, min_samples=MIN_SAMPLES)

@@ -12,8 +12,8 @@ import pytest
 from test_placement_units import handle
 
 from minipd.control.role import Role
+from minipd.ops.control_loop.live_controller import LiveControllerOptions, LiveRatioController, pick_mover
 from minipd.policy.ratio_controller import ControllerConfig, Move
-from minipd.router.live_controller import LiveControllerOptions, LiveRatioController, pick_mover
 from minipd.router.registry import InstanceHandle, InstanceRegistry
 from minipd.router.role_switch_driver import SwitchFailed
 from minipd.slo.targets import SLO

@@ -1,4 +1,4 @@
-"""The live pool scaler (minipd/router/pool_scaler.py) on a fake router, talking over a real
+"""The live pool scaler (minipd/ops/control_loop/pool_scaler.py) on a fake router, talking over a real
 scale link (a socket pair) to a fake launcher: it adds an instance when the ratio controller
 wants one and the launcher has room, has the controller switch one when it has none, and
 removes an idle pool's instance only once every request routed there finished; the link's
@@ -14,11 +14,11 @@ import pytest
 from test_placement_units import handle
 
 from minipd.control.role import Role
+from minipd.ops.control_loop.pool_scaler import LivePoolScaler
+from minipd.ops.control_loop.scale_link import ScaleLink, ScaleLinkError, ScaleReply, read_call, write_reply
 from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import CAUSE_DECODE, CAUSE_DECODE_AT_MIN, CAUSE_WITHIN_BAND, Decision, Move
-from minipd.router.pool_scaler import LivePoolScaler
 from minipd.router.registry import InstanceHandle, InstanceRegistry
-from minipd.router.scale_link import ScaleLink, ScaleLinkError, ScaleReply, read_call, write_reply
 
 CONFIG = ScalingConfig(
     bounds=PoolBounds(min_prefill=1, max_prefill=2, min_decode=1, max_decode=2), idle_window_s=1.0, cooldown_s=0.0

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from minipd.workload import ArrivalProcess, LengthDist, arrival_times, load_sharegpt, make_workload
+from minipd.ops.workload import ArrivalProcess, LengthDist, arrival_times, load_sharegpt, make_workload
 
 N = 20000
 RATE = 4.0
