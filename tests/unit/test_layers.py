@@ -1,7 +1,8 @@
 """The package's layers hold: no module imports from a layer above its own (docs/architecture.md
-lists them; `models/` is layered too, by sub-package), no modules import each other, directly or
-in a ring (every import statement counts: at module level, inside functions, and under
-`if TYPE_CHECKING:`), and no module runs past the length limit without saying why at its top."""
+lists them; `models/` is layered too, by sub-package), no core module imports an operation
+(minipd/ops/: the two rooms), no modules import each other, directly or in a ring (every
+import statement counts: at module level, inside functions, and under `if TYPE_CHECKING:`),
+and no module runs past the length limit without saying why at its top."""
 
 from __future__ import annotations
 
@@ -17,25 +18,24 @@ LENGTH_REASON = "Longer than 400 lines because"  # a module past MAX_LINES says 
 # Each layer and the layers it may import (itself included). Everything may import the
 # standard library and third-party packages; `minipd` itself is the public surface and counts
 # as the top layer.
-EVERY_LAYER = {
-    "minipd",
-    "entrypoints",
-    "api",
-    "registry",
-    "dashboard",
-    "router",
-    "disagg",
-    "control",
-    "engine",
-    "planner",
-    "policy",
-    "workload",
-    "loadgen",
-    "slo",
-    "models",
-    "transports",
-    "tracing",
+#
+# The layers fall in two rooms (docs/architecture.md, "The two rooms"): the CORE, what one
+# request needs, and OPERATIONS (minipd/ops/*), what watches or steers it. No core layer may
+# import an operation: an operation plugs in from outside, wired by the command line
+# (`entrypoints`), which with `minipd` itself may import both.
+CORE_LAYERS = {"api", "router", "disagg", "control", "engine", "policy", "slo", "tracing", "models", "transports"}
+OPS_LAYERS = {
+    "ops",  # minipd/ops/__init__.py
+    "ops.control_loop",
+    "ops.admin",
+    "ops.registry",
+    "ops.dashboard",
+    "ops.planner",
+    "ops.loadgen",
+    "ops.workload",
 }
+TOP_LAYERS = {"entrypoints", "minipd"}
+EVERY_LAYER = CORE_LAYERS | OPS_LAYERS | TOP_LAYERS
 # The sub-packages of models/, bottom up, each with the ones it may import; a layer above models
 # that may import "models" may import any of them.
 MODELS_LAYERS: dict[str, set[str]] = {
@@ -48,23 +48,35 @@ MODELS_LAYERS: dict[str, set[str]] = {
     "models.checkpoints": {"models.checkpoints", "models.arch"},
 }
 ALLOWED: dict[str, set[str]] = {
+    # the core, bottom up
     **MODELS_LAYERS,
     "models": {"models", *MODELS_LAYERS},  # models/__init__.py
     "transports": {"transports"},
     "slo": {"slo"},
-    "workload": {"workload"},
-    "loadgen": {"loadgen", "slo", "workload"},
-    "policy": {"policy", "slo", "workload"},
+    "policy": {"policy", "slo"},
     "engine": {"engine", "models"},
     "tracing": {"tracing", "engine", "models"},
-    "planner": {"planner", "policy", "slo", "workload", "engine", "models"},
     "control": {"control", "engine", "models", "transports", "tracing"},
     "disagg": {"disagg", "control", "engine", "models", "transports", "tracing"},
     "router": {"router", "control", "engine", "models", "policy", "slo", "tracing"},
-    "api": {"api", "router", "control", "engine", "policy", "slo", "models", "loadgen", "workload", "tracing"},
+    "api": {"api", "router", "control", "engine", "policy", "slo", "models", "tracing"},
+    # operations, bottom up: each may import the core and the operations it names
+    "ops": {"ops"},
+    "ops.workload": {"ops.workload"},
+    "ops.loadgen": {"ops.loadgen", "ops.workload", "slo", "engine"},  # engine: the built-in load's InvalidRequestError
+    "ops.planner": {"ops.planner", "ops.workload", "policy", "slo", "engine", "models"},
+    # the live controller, pool scaler, cluster mode, link caps: they steer the router from outside it
+    "ops.control_loop": {"ops.control_loop", "router", "control", "engine", "models", "policy", "slo"},
+    "ops.admin": {
+        *("ops.admin", "ops.control_loop", "ops.loadgen", "ops.workload"),
+        *("api", "router", "control", "engine", "policy", "slo", "models", "tracing"),
+    },
     # membership in etcd: drives a router's links and publishes an instance
-    "registry": {"registry", "router", "disagg", "control", "engine", "models", "transports", "policy", "slo"},
-    "dashboard": {"dashboard", "api", "router", "control", "engine", "policy", "slo", "models", "workload"},
+    "ops.registry": {
+        *("ops.registry", "ops.control_loop"),
+        *("router", "disagg", "control", "engine", "models", "transports", "policy", "slo"),
+    },
+    "ops.dashboard": {"ops.dashboard", "ops.workload", "api", "router", "control", "engine", "policy", "slo", "models"},
     # the top: the command line and the package's own exports may import every layer
     "entrypoints": EVERY_LAYER,
     "minipd": EVERY_LAYER,
@@ -77,6 +89,8 @@ def _layer_of_file(path: Path) -> str:
         return f"models.{parts[1]}" if len(parts) > 2 else "models"
     if parts[0] == "transports":
         return parts[0]
+    if parts[1] == "ops":
+        return f"ops.{parts[2]}" if len(parts) > 3 else "ops"
     return parts[1] if len(parts) > 2 else "minipd"
 
 
@@ -86,6 +100,8 @@ def _layer_of_module(name: str) -> str | None:
         return None
     if parts[1:2] == ["models"]:
         return f"models.{parts[2]}" if len(parts) > 2 and f"models.{parts[2]}" in ALLOWED else "models"
+    if parts[1:2] == ["ops"]:
+        return f"ops.{parts[2]}" if len(parts) > 2 and f"ops.{parts[2]}" in ALLOWED else "ops"
     return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else "minipd"
 
 
@@ -120,9 +136,68 @@ def _imported_modules(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def _packages(folder: Path, prefix: str = "") -> set[str]:
+    return {f"{prefix}{p.name}" for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+
+
 def test_the_layer_table_knows_every_package():
-    packages = {p.name for p in ROOT.joinpath("minipd").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    packages = _packages(ROOT / "minipd") | _packages(ROOT / "minipd/ops", "ops.")
     assert packages <= set(ALLOWED), f"add {packages - set(ALLOWED)} to ALLOWED and to docs/architecture.md"
+
+
+def test_every_layer_is_in_one_room():
+    layers = set(ALLOWED) - set(MODELS_LAYERS)
+    assert not (CORE_LAYERS & OPS_LAYERS) and not (TOP_LAYERS & (CORE_LAYERS | OPS_LAYERS))
+    assert layers == EVERY_LAYER, f"put {sorted(layers ^ EVERY_LAYER)} in CORE_LAYERS, OPS_LAYERS or TOP_LAYERS"
+    assert all(layer == "ops" or layer.startswith("ops.") for layer in OPS_LAYERS)  # operations live in minipd/ops/
+
+
+def test_no_core_layer_may_import_an_operation():
+    for layer in [*CORE_LAYERS, *MODELS_LAYERS]:
+        assert not (ALLOWED[layer] & OPS_LAYERS), f"core layer {layer} may import {sorted(ALLOWED[layer] & OPS_LAYERS)}"
+
+
+def _is_core(path: Path) -> bool:
+    layer = _layer_of_file(path)
+    return layer in CORE_LAYERS or layer in MODELS_LAYERS
+
+
+def _operations_imported(path: Path) -> list[str]:
+    return [
+        f"line {line}: {module}"
+        for line, module in _imported_modules(path)
+        if module.split(".")[:2] == ["minipd", "ops"]
+    ]
+
+
+@pytest.mark.parametrize("path", [p for p in _source_files() if _is_core(p)], ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_core_module_imports_an_operation(path: Path):
+    """Every import statement of a core module (at module level, in functions, under
+    TYPE_CHECKING) counts, whatever the table above says."""
+    bad = _operations_imported(path)
+    assert not bad, "the core imports no operation; plug it in from outside (minipd/entrypoints): " + "; ".join(bad)
+
+
+def test_the_room_check_sees_every_kind_of_import(tmp_path):
+    module = tmp_path / "router_like.py"
+    module.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "import minipd.router.registry\n"
+        "if TYPE_CHECKING:\n"
+        "    from minipd.ops.control_loop.live_controller import LiveRatioController\n"
+        "def plan():\n"
+        "    import minipd.ops.planner.simulator\n"
+    )
+    assert _operations_imported(module) == [
+        "line 4: minipd.ops.control_loop.live_controller",
+        "line 6: minipd.ops.planner.simulator",
+    ]
+    assert _layer_of_file(ROOT / "minipd/ops/planner/simulator.py") == "ops.planner"
+    assert _layer_of_file(ROOT / "minipd/ops/__init__.py") == "ops"
+    assert _layer_of_module("minipd.ops.dashboard.routes") == "ops.dashboard"
+    assert _is_core(ROOT / "minipd/router/router.py") and _is_core(ROOT / "transports/base.py")
+    assert not _is_core(ROOT / "minipd/ops/control_loop/live_controller.py")
+    assert not _may_import("router", "ops.control_loop") and _may_import("entrypoints", "ops.registry")
 
 
 def test_the_layer_table_knows_every_models_subpackage():
@@ -222,8 +297,8 @@ def test_the_cycle_finder_names_a_ring():
 
 def test_the_import_graph_sees_imports_in_functions_and_type_checking_blocks():
     graph = _import_graph()
-    assert "minipd.planner.__main__" in graph["minipd.entrypoints.cli"]  # inside a function
-    assert "minipd.router.router" in graph["minipd.router.live_controller"]  # under TYPE_CHECKING
+    assert "minipd.ops.planner.__main__" in graph["minipd.entrypoints.cli"]  # inside a function
+    assert "minipd.router.router" in graph["minipd.ops.control_loop.live_controller"]  # under TYPE_CHECKING
     assert "minipd.transports.fault_points" in graph["minipd.transports.base"]  # `from package import module`
     assert "minipd.models.kernels.vnni_kernels" in graph["minipd.models.weights.quantized_linear"]  # a sub-package
 
