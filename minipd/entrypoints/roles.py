@@ -45,12 +45,6 @@ from minipd.ops.control_loop.pool_scaler import scaler_from_launcher
 from minipd.ops.dashboard.plan_routes import read_profile_file
 from minipd.ops.dashboard.routes import engine_dashboard, router_dashboard
 from minipd.ops.dashboard.routes import print_address as print_dashboard_address
-from minipd.ops.registry.membership import (
-    controller_election,
-    instance_presence,
-    require_etcd_client,
-    router_membership,
-)
 from minipd.router.control_port import RouterControlPort
 from minipd.router.router import Router
 from minipd.slo.targets import SLO
@@ -68,6 +62,8 @@ def prepare(configs: RoleConfigs) -> Coroutine:
     failed) and return the role's coroutine; the configs were validated when built."""
     role = configs.role
     if configs.process.registry is not None:
+        from minipd.ops.registry.membership import require_etcd_client  # with --registry only, as below
+
         require_etcd_client()  # ValueError naming the flag and the extra
     if configs.process.otlp_traces_endpoint is not None:  # the SDK is there, the URL one (else ValueError)
         trace_exporter.check_endpoint(configs.process.otlp_traces_endpoint)
@@ -153,6 +149,8 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
             api = await start_api(backend, http, extensions=[dashboard])
             print_dashboard_address(api, http.host)
         if instance is not None and process.registry is not None:
+            from minipd.ops.registry.membership import instance_presence
+
             presence = instance_presence(instance, process.registry, process.host, port, process.registry_ttl_s)
             await presence.start(CONNECT_TIMEOUT_S)  # routers watching the registry find it from here on
         if instance is not None:
@@ -208,6 +206,8 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
             for host, port in addresses:
                 await _add_with_retry(router, host, port, role, deadline)
         if process.registry is not None:
+            from minipd.ops.registry.membership import router_membership
+
             membership = router_membership(router, process.registry, process.registry_ttl_s)
             await membership.start(CONNECT_TIMEOUT_S)  # connected to every instance published so far
         port = await server.serve(process.host, configs.endpoints.port)
@@ -235,6 +235,8 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
             print_dashboard_address(api, http.host)
         if configs.ratio_controller is not None and membership is not None:
             # several routers may serve these instances: the controller runs on the elected one
+            from minipd.ops.registry.membership import controller_election
+
             election = controller_election(controller, process.registry, process.registry_ttl_s, membership.name)
             election.start()
         elif configs.ratio_controller is not None:

@@ -1,4 +1,6 @@
-"""What the role runners need from a registry, with no registry library imported.
+"""What the role runners need from a registry, with no registry library imported; they import
+this module only with `--registry` (a process without it loads no registry module but the
+flag's URL parser, etcd_url.py: tests/processes/test_core_imports.py).
 
 - the router depends on `router.switch_claims.SwitchClaims` only (the embedded default grants
   every claim; the etcd one, epoch_cas.py, one router only);
