@@ -18,6 +18,7 @@
     python bench.py tracing --json tracing.json  # --otlp-traces-endpoint on vs off at slo's load
     python bench.py peer --peer-url http://127.0.0.1:8080 --json peer.json --plot peer.png  # minipd / llama-server
     python bench.py dashboard --json dashboard.json --plot grafana_panels.png  # a real Prometheus, every panel
+    python bench.py footprint --json footprint.json --plot footprint.png  # what one streamed chat runs
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -91,6 +92,10 @@ EXPERIMENTS = {
     "dashboard": (
         "benchmarks.dashboard.dashboard_bench",
         "the Grafana dashboard's panels over a live cluster, scraped by a real Prometheus, drawn as a grid",
+    ),
+    "footprint": (
+        "benchmarks.footprint.footprint_bench",
+        "the files and lines of minipd one streamed chat runs, in every process of a local cluster",
     ),
     "viewers": (
         "benchmarks.viewers.viewers_bench",

@@ -191,7 +191,9 @@ class ModelRunner:
             for start, end in split_by_length([len(t) for t in decode_tables])
         )
         prefills = tuple(
-            PrefillSpan(q_start, q_len, ctx_len, as_tensor(blocks), _chunk_mask(q_len, ctx_len, self.device))
+            PrefillSpan(
+                q_start, q_len, ctx_len, as_tensor(blocks), _chunk_mask(q_len, ctx_len, self.block_size, self.device)
+            )
             for q_start, q_len, ctx_len, blocks in prefill_specs
         )
         return AttentionMetadata(
@@ -224,14 +226,20 @@ def _step_order(chunk: ScheduledChunk) -> tuple[bool, int]:
     return not is_decode, chunk.request.num_computed_tokens if is_decode else 0
 
 
-def _chunk_mask(query_len: int, context_len: int, device: torch.device) -> torch.Tensor | None:
-    """Causal mask for a chunk that follows `context_len - query_len` cached tokens."""
+def _chunk_mask(query_len: int, context_len: int, block_size: int, device: torch.device) -> torch.Tensor | None:
+    """Causal mask for a chunk that follows `context_len - query_len` cached tokens, over the
+    chunk's queries and its keys each padded to whole blocks (`paged_attention` pads them so:
+    see there why); None for a chunk with no cached tokens before it (plain causal)."""
     if query_len == context_len:
         return None
     offset = context_len - query_len
-    q = torch.arange(query_len, device=device)[:, None]
-    k = torch.arange(context_len, device=device)[None, :]
-    return k <= q + offset
+    q = torch.arange(_whole_blocks(query_len, block_size), device=device)[:, None]
+    k = torch.arange(_whole_blocks(context_len, block_size), device=device)[None, :]
+    return k <= q + offset  # a real query sees no padded key; a padded one sees key 0 at least
+
+
+def _whole_blocks(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size) * block_size
 
 
 def _long_tensor_factory(device: torch.device) -> Callable[[list[int]], torch.Tensor]:

@@ -23,7 +23,9 @@ class PrefillSpan(NamedTuple):
     query_len: int  # new tokens in this chunk
     context_len: int  # tokens in the cache after this step (cached prefix + chunk)
     block_ids: torch.Tensor  # [ceil(context_len / block_size)] int64, on the pool's device
-    mask: torch.Tensor | None  # [query_len, context_len] bool; None means plain causal
+    # [query_len, context_len] bool, each rounded up to whole blocks (see `paged_attention`);
+    # None means plain causal
+    mask: torch.Tensor | None
 
 
 class DecodeGroup(NamedTuple):
@@ -129,15 +131,31 @@ def paged_attention(
             chunk_q = q[span.query_start : end]
             out[span.query_start : end] = prefill(chunk_q, layer_kv, span.block_ids, span.context_len, scale)
             continue
-        kv = layer_kv[span.block_ids]  # [blocks, 2, block_size, kv_heads, head_dim]
-        k = kv[:, 0].flatten(0, 1)[: span.context_len].transpose(0, 1).unsqueeze(0)
-        v = kv[:, 1].flatten(0, 1)[: span.context_len].transpose(0, 1).unsqueeze(0)
-        qp = q[span.query_start : end].transpose(0, 1).unsqueeze(0)
+        kv = layer_kv[span.block_ids]  # [blocks, 2, block_size, kv_heads, head_dim]: keys to whole blocks
+        k = kv[:, 0].flatten(0, 1).transpose(0, 1).unsqueeze(0)
+        v = kv[:, 1].flatten(0, 1).transpose(0, 1).unsqueeze(0)
+        qp = _whole_block_queries(q[span.query_start : end], layer_kv.shape[2]).transpose(0, 1).unsqueeze(0)
         op = F.scaled_dot_product_attention(
             qp, k, v, attn_mask=span.mask, is_causal=span.mask is None, scale=scale, enable_gqa=True
         )
-        out[span.query_start : end] = op[0].transpose(0, 1)
+        out[span.query_start : end] = op[0, :, : span.query_len].transpose(0, 1)
     return out
+
+
+def _whole_block_queries(q: torch.Tensor, block_size: int) -> torch.Tensor:
+    """`q` ([T, heads, head_dim]) with zero rows appended up to whole blocks.
+
+    Why SDPA sees whole blocks of queries and keys: on CPUs with AMX, its bfloat16 flash kernel
+    multiplies through oneDNN micro-kernels that torch builds per (query rows, key rows) shape
+    of each tile and keeps for the life of the thread, never evicting one (`cpublas::brgemm`'s
+    kernel cache). Chunks of any length gave new shapes without end, and an instance's memory
+    grew with every new prompt length; in whole blocks the shapes are a few hundred at most.
+    A real query sees no padded key (the mask, or the causal diagonal, stops it), and the padded
+    queries' rows are dropped."""
+    padding = -q.shape[0] % block_size
+    if padding == 0:
+        return q
+    return torch.cat((q, q.new_zeros(padding, *q.shape[1:])))
 
 
 def _decode_attention(

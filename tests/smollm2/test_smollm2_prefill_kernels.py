@@ -64,7 +64,7 @@ def _prefill_logits(model, ids: torch.Tensor, chunks: list[int], kernels) -> tor
         end = start + size
         positions = list(range(start, end))
         rows = slot_rows([blocks[p // BLOCK] for p in positions], [p % BLOCK for p in positions], BLOCK)
-        span = PrefillSpan(0, size, end, torch.tensor(blocks[: -(-end // BLOCK)]), _chunk_mask(size, end, cpu))
+        span = PrefillSpan(0, size, end, torch.tensor(blocks[: -(-end // BLOCK)]), _chunk_mask(size, end, BLOCK, cpu))
         meta = AttentionMetadata(torch.tensor(rows), 0, (), (span,))
         logits.append(
             model(ids[start:end], torch.tensor(positions), pool, meta, torch.arange(size), buffers, None, None, kernels)

@@ -1,13 +1,15 @@
-"""A process that serves prompts of many distinct lengths through one in-process bfloat16 engine
-and prints its resident set before and after, as one JSON line (run by
-tests/processes/test_bounded_memory.py, one process per measure, so that no other engine or
-test shares the memory it reads).
+"""A process that serves prompts of random lengths, several at a time, through one in-process
+engine of the machine's default dtype, and prints its resident set as it goes, as one JSON line
+(run by tests/processes/test_bounded_memory.py, one process per measure, so that no other
+engine or test shares the memory it reads).
 
-    python engine_rss_workload.py MODEL NUM_REQUESTS NUM_LENGTHS
+    python engine_rss_workload.py MODEL NUM_REQUESTS CONCURRENCY MAX_PROMPT_LEN NUM_MARKS
 
-The kernel caches' capacities come from the environment the test gives it. Prints
-{"rss_start_mb", "rss_end_mb", "tokens"}: the resident set after one warm-up request and
-after all, and every request's greedy tokens, in order.
+What it serves is what an instance under a real load sees: prompts of up to MAX_PROMPT_LEN
+tokens, CONCURRENCY at a time, so that prefill chunks of every size meet in batched steps. The
+kernel caches' capacities come from the environment the test gives it. Prints {"dtype",
+"rss_start_mb", "rss_marks_mb"}: the resident set after one warm-up request, and after each of
+NUM_MARKS equal shares of the requests.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from engine_helpers import complete, greedy
 
 from minipd.engine.engine import Engine, EngineConfig
 
-FIRST_LENGTH = 20
-MAX_TOKENS = 2
+MIN_PROMPT_LEN = 20
+MAX_TOKENS = 8
 VOCAB = (10, 250)  # byte ids of the built-in presets' tokenizer
 
 
@@ -31,24 +33,31 @@ def vm_rss_mb() -> float:
         return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
 
 
-async def serve(model: str, num_requests: int, num_lengths: int) -> dict:
-    engine = Engine(EngineConfig.of(model=model, dtype="bfloat16", max_model_len=1024, torch_threads=1))
+async def serve(model: str, num_requests: int, concurrency: int, max_prompt_len: int, num_marks: int) -> dict:
+    engine = Engine(EngineConfig.of(model=model, max_model_len=1024, torch_threads=1))  # dtype: the machine's
     await engine.start()
     try:
         rng = random.Random(0)
-        lengths = [FIRST_LENGTH + i % num_lengths for i in range(num_requests)]
-        rng.shuffle(lengths)
-        await complete(engine, [VOCAB[0]] * 8, greedy(MAX_TOKENS))
-        start = vm_rss_mb()
-        tokens = []
-        for n in lengths:
-            prompt = [rng.randrange(*VOCAB) for _ in range(n)]
-            tokens.append((await complete(engine, prompt, greedy(MAX_TOKENS))).token_ids)
-        return {"rss_start_mb": start, "rss_end_mb": vm_rss_mb(), "tokens": tokens}
+        await complete(engine, [VOCAB[0]] * 8, greedy(2))
+        start, marks, done = vm_rss_mb(), [], 0
+        slots = asyncio.Semaphore(concurrency)
+        every = num_requests // num_marks
+
+        async def one() -> None:
+            nonlocal done
+            async with slots:
+                prompt = [rng.randrange(*VOCAB) for _ in range(rng.randrange(MIN_PROMPT_LEN, max_prompt_len))]
+                await complete(engine, prompt, greedy(rng.randrange(1, MAX_TOKENS)))
+                done += 1
+                if done % every == 0:
+                    marks.append(vm_rss_mb())
+
+        await asyncio.gather(*(one() for _ in range(num_requests)))
+        return {"dtype": engine.config.dtype, "rss_start_mb": start, "rss_marks_mb": marks}
     finally:
         await engine.close()
 
 
 if __name__ == "__main__":
-    model, num_requests, num_lengths = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(asyncio.run(serve(model, num_requests, num_lengths))))
+    model, *numbers = sys.argv[1:]
+    print(json.dumps(asyncio.run(serve(model, *map(int, numbers)))))

@@ -118,7 +118,9 @@ def test_paged_attention_sends_prefill_spans_to_it_and_decode_rows_as_before(var
         num_decodes=decodes,
         decode_groups=(DecodeGroup(0, decodes, torch.cat([decode_blocks, decode_blocks]), width, None),),
         prefills=(
-            PrefillSpan(decodes, 30, 90, first, _chunk_mask(30, 90, torch.device("cpu"))),  # after 60 cached
+            PrefillSpan(
+                decodes, 30, 90, first, _chunk_mask(30, 90, block_size, torch.device("cpu"))
+            ),  # after 60 cached
             PrefillSpan(decodes + 30, 21, 21, second, None),
         ),
     )
