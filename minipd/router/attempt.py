@@ -71,6 +71,7 @@ from minipd.router.request_events import (
     Routed,
     StreamStarted,
     TokensRelayed,
+    TryEnded,
     TryStarted,
 )
 from minipd.router.routed_request import RoutedRequest
@@ -146,6 +147,19 @@ class Attempt(TryState):
         super().__init__(routed, number)
         self.registry, self.config, self.counters, self.try_ids = registry, config, counters, try_ids
         self.events, self.excluded = events, excluded
+
+    def end(
+        self,
+        outcome: Outcome,
+        reason: str | None,
+        *,
+        blamed: str | None = None,
+        retried: bool = False,
+        output: RequestOutput | None = None,
+    ) -> None:
+        """Record how the try ended (the router decides, once per try), and publish it."""
+        self.outcome, self.reason, self.blamed, self.retried, self.output = outcome, reason, blamed, retried, output
+        self.events.publish(TryEnded, self)
 
     async def run(self) -> RequestOutput:
         """pick → local or disaggregated → reserve → prefill → decode, streaming the decode

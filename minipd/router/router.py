@@ -67,7 +67,7 @@ from minipd.router.instance_links import InstanceLinks
 from minipd.router.latency_observer import LatencyObserver
 from minipd.router.outcome import Outcome
 from minipd.router.registry import InstanceHandle, InstanceRegistry
-from minipd.router.request_events import KVTransferred, RequestEnded, RequestEvents, RequestStarted, TryEnded
+from minipd.router.request_events import KVTransferred, RequestEnded, RequestEvents, RequestStarted
 from minipd.router.request_subscribers import LatencyRelay, RequestTracer, TimelineRecorder
 from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport, switch_instance_role
 from minipd.router.routed_request import RoutedRequest
@@ -292,13 +292,13 @@ class Router(GeneratesFromSubmit):
             )
             try:
                 output = await attempt.run()
-                self._try_ended(attempt, Outcome.FINISHED, output.error, output=output)
+                attempt.end(Outcome.FINISHED, output.error, output=output)
                 self.finish(routed, output)
                 return
             except AttemptFailed as failure:
                 outcome = failure.outcome
                 if routed.request_id not in self._requests:  # aborted meanwhile
-                    self._try_ended(attempt, outcome, str(failure), blamed=failure.blamed)
+                    attempt.end(outcome, str(failure), blamed=failure.blamed)
                     return
                 if outcome is Outcome.STALE:
                     self.counters.num_stale_retries += 1
@@ -306,7 +306,7 @@ class Router(GeneratesFromSubmit):
                     failed += 1
                 retry = outcome.may_retry and failed < MAX_ATTEMPTS and not routed.first_token_sent
                 migrate = not retry and migration.due(routed, failure, self.config.migration_limit)
-                self._try_ended(attempt, outcome, str(failure), blamed=failure.blamed, retried=retry)
+                attempt.end(outcome, str(failure), blamed=failure.blamed, retried=retry)
                 log.log(
                     logging.WARNING if outcome.counted else logging.INFO,
                     "%s: attempt %d %s%s: %s%s",
@@ -326,27 +326,13 @@ class Router(GeneratesFromSubmit):
                 if failure.blamed is not None:
                     excluded.add(failure.blamed)
             except asyncio.CancelledError as exc:
-                self._try_ended(attempt, Outcome.ABORTED, str(exc) or type(exc).__name__)
+                attempt.end(Outcome.ABORTED, str(exc) or type(exc).__name__)
                 return
             except Exception as exc:  # never leave a caller waiting on a stream that will not end
                 log.exception("%s: routing failed", routed.request_id)
                 self._fail(routed, f"internal error: {type(exc).__name__}", Outcome.INTERNAL)
-                self._try_ended(attempt, Outcome.INTERNAL, str(exc) or type(exc).__name__)
+                attempt.end(Outcome.INTERNAL, str(exc) or type(exc).__name__)
                 return
-
-    def _try_ended(
-        self,
-        attempt: Attempt,
-        outcome: Outcome,
-        reason: str | None,
-        *,
-        blamed: str | None = None,
-        retried: bool = False,
-        output: RequestOutput | None = None,
-    ) -> None:
-        """Record how `attempt` ended, and tell the subscribers (once per try)."""
-        attempt.ended(outcome, reason, blamed=blamed, retried=retried, output=output)
-        self.events.publish(TryEnded, attempt)
 
     def _on_message(self, channel: Channel, message: Message) -> None:
         attempt = self.try_ids.get(message.request_id)

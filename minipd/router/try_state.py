@@ -39,23 +39,12 @@ class TryState:
         self.prefill_times_wanted = False  # the prefill instance reports its times (timelines)
         self.span: Span | None = None  # the tracing subscriber's: the try's span, and its recompute's
         self.recompute_span: Span | None = None
-        # how it ended (`ended`, once, before the router publishes TryEnded)
+        # how it ended (`attempt.Attempt.end`, once)
         self.outcome: Outcome | None = None
         self.reason: str | None = None  # why it failed (a FINISHED try's: its output's error)
         self.blamed: str | None = None  # the instance left out of the next try
         self.retried = False  # whether the request was tried again after it
         self.output: RequestOutput | None = None  # the request's final output, FINISHED
-
-    def ended(
-        self,
-        outcome: Outcome,
-        reason: str | None,
-        *,
-        blamed: str | None = None,
-        retried: bool = False,
-        output: RequestOutput | None = None,
-    ) -> None:
-        self.outcome, self.reason, self.blamed, self.retried, self.output = outcome, reason, blamed, retried, output
 
     def kv_failed(self, error: str) -> None:
         """The decode instance reports that the KV of this try will not land."""
