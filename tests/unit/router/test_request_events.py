@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import types
 
 import pytest
 
@@ -31,7 +32,7 @@ from minipd.models.arch.model_config import PRESETS
 from minipd.router import request_events
 from minipd.router.outcome import Outcome
 from minipd.router.registry import InstanceHandle
-from minipd.router.request_events import EVENTS, RequestEnded, TryEnded
+from minipd.router.request_events import EVENTS, FirstToken, RequestEnded, TryEnded
 from minipd.router.router import Router
 from minipd.router.router_config import RouterConfig
 
@@ -156,13 +157,19 @@ DISAGGREGATED = [
 FINISHED = [("RequestEnded", Outcome.FINISHED, None)]
 
 
-def test_no_subscriber_no_event_is_built(monkeypatch):
-    built: list[str] = []
+def count_built(monkeypatch) -> list[type]:
+    """The kinds of the events built from now on, in order."""
+    built: list[type] = []
     for kind in EVENTS:
         init = kind.__init__
         monkeypatch.setattr(
-            kind, "__init__", lambda self, *a, _init=init, **k: (built.append(type(self)), _init(self, *a, **k))[1]
+            kind, "__init__", lambda self, *a, _init=init: (built.append(type(self)), _init(self, *a))[1]
         )
+    return built
+
+
+def test_no_subscriber_no_event_is_built(monkeypatch):
+    built = count_built(monkeypatch)
     router = new_router()
     instance(router, "decode-0", Role.DECODE)
     instance(router, "prefill-0", Role.PREFILL)
@@ -171,6 +178,15 @@ def test_no_subscriber_no_event_is_built(monkeypatch):
     assert built == []
     request_events.TryStarted(None)  # the counting itself works
     assert built == [request_events.TryStarted]
+
+
+def test_only_the_kinds_a_subscriber_handles_are_built(monkeypatch):
+    built = count_built(monkeypatch)
+    router, firsts = new_router(), []
+    router.events.subscribe(types.SimpleNamespace(on_first_token=firsts.append))
+    instance(router, "decode-0", Role.DECODE)
+    assert serve(router)[-1].error is None
+    assert built == [FirstToken] and [e.attempt.routed.request_id for e in firsts] == ["r"]
 
 
 def test_a_disaggregated_request_is_seen_step_by_step():
