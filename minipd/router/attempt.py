@@ -19,8 +19,14 @@ is no instance's fault: it follows the router's `kv_load_failure` policy, `recom
 decode instance prefills the prompt itself) or `fail` (the request ends, saying why).
 
 Each try has its own id on the instances (try_ids.py), so an instance that saw an earlier
-try, and remembers it as aborted, never takes a later one for it. Traced, every message of the
-try carries its span (or its recompute's) as the instances' parent (request_spans.py).
+try, and remembers it as aborted, never takes a later one for it. Every message of the try
+carries `traceparent` (set by the tracing subscriber: its span, or its recompute's, as the
+instances' parent; None untraced).
+
+The try owns its state: the instances it picked, its placement, its stream, its KV's fate, and
+how it ended (`outcome`, `reason`, `blamed`, `retried`, `output`; outcome.py). Each step of it is
+published once, where it happens, on the router's event seam (request_events.py); what observes
+requests (timelines, spans, the latency observer) subscribes there.
 
 Longer than 400 lines because: the stages of one try read top-down in one place, each with the message it sends;
 splitting them would scatter the blame and retry rules that tie them together.
@@ -50,16 +56,29 @@ from minipd.control.messages import (
     TokenOutput,
 )
 from minipd.engine.request import FinishReason, RequestOutput, TransferInfo
-from minipd.router import request_spans
-from minipd.router.latency_observer import LatencyObserver, relay_tokens
+from minipd.router.outcome import Outcome
 from minipd.router.prefill_site import decide_placement
 from minipd.router.registry import InstanceHandle, InstanceRegistry
+from minipd.router.request_events import (
+    DecodeBusy,
+    FirstToken,
+    KVReserved,
+    PrefillFinished,
+    PrefillStarted,
+    Recompute,
+    RequestEvents,
+    ReserveSent,
+    Routed,
+    StreamStarted,
+    TokensRelayed,
+    TryEnded,
+    TryStarted,
+)
 from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
 from minipd.router.try_ids import TryIds
-from minipd.tracing import names
-from minipd.tracing.spans import Span
+from minipd.router.try_state import TryState
 
 log = logging.getLogger(__name__)
 
@@ -76,30 +95,16 @@ class KVLoadFailed(RuntimeError):
 
 
 class AttemptFailed(Exception):
-    """One try failed. `blamed`: the instance at fault, left out of the next try (None when no
-    instance is); `retry`: whether another try may succeed (False for a request refused as
-    invalid, which would be refused anywhere); `stale`: refused for a stale role epoch;
-    `overloaded`: the cluster had no room for it (the client may retry later); `lost`: the
-    blamed instance died, was declared dead or went silent (the message names it and says how);
-    `busy`: the blamed decode instance refused the reservation for lack of free blocks while
-    another decode instance may have room (like `stale`, not counted as a failed try)."""
+    """One try failed: `outcome` says how (outcome.py: whether another try may succeed, whether
+    it counts, the request's error kind); `blamed`: the instance at fault, left out of the next
+    try (None when no instance is). A lost instance is named in the message."""
 
-    def __init__(
-        self,
-        cause: BaseException,
-        blamed: str | None,
-        retry: bool = True,
-        stale: bool = False,
-        overloaded: bool = False,
-        lost: bool = False,
-        busy: bool = False,
-    ):
+    def __init__(self, cause: BaseException, outcome: Outcome, blamed: str | None = None):
         message = str(cause)
-        if lost and blamed is not None and blamed not in message:  # the client is told which instance
+        if outcome is Outcome.LOST and blamed is not None and blamed not in message:  # the client is told which
             message = f"{blamed}: {message}"
         super().__init__(message)
-        self.cause, self.blamed, self.retry, self.stale = cause, blamed, retry, stale
-        self.overloaded, self.lost, self.busy = overloaded, lost, busy
+        self.cause, self.outcome, self.blamed = cause, outcome, blamed
 
 
 @contextlib.contextmanager
@@ -110,14 +115,23 @@ def blame(instance: InstanceHandle, peer: InstanceHandle | None = None) -> Itera
         yield
     except (ChannelClosed, TimeoutError, RemoteError, InstanceFailed) as exc:
         culprit = peer if peer is not None and not peer.is_alive else instance
-        invalid = isinstance(exc, RemoteError) and exc.kind == "invalid"
-        stale = isinstance(exc, RemoteError) and exc.kind == STALE_EPOCH
-        lost = isinstance(exc, (ChannelClosed, TimeoutError))  # its messages name the instance
-        raise AttemptFailed(exc, culprit.instance_id, retry=not invalid, stale=stale, lost=lost) from exc
+        raise AttemptFailed(exc, _blamed_outcome(exc), culprit.instance_id) from exc
 
 
-class Attempt:
-    """One try of `routed`, never on an instance in `excluded` (those blamed for earlier tries)."""
+def _blamed_outcome(exc: BaseException) -> Outcome:
+    if isinstance(exc, (ChannelClosed, TimeoutError)):  # its messages name the instance
+        return Outcome.LOST
+    if isinstance(exc, RemoteError) and exc.kind == "invalid":
+        return Outcome.INVALID
+    if isinstance(exc, RemoteError) and exc.kind == STALE_EPOCH:
+        return Outcome.STALE
+    return Outcome.FAILED
+
+
+class Attempt(TryState):
+    """Try `number` (1 for the first) of `routed`, never on an instance in `excluded` (those
+    blamed for earlier tries); its steps are published on `events`. What it knows, and how
+    it ended, is its `TryState`'s (try_state.py)."""
 
     def __init__(
         self,
@@ -125,40 +139,47 @@ class Attempt:
         config: RouterConfig,
         counters: RouterCounters,
         try_ids: TryIds,
+        events: RequestEvents,
         routed: RoutedRequest,
         excluded: set[str],
-        observer: LatencyObserver | None = None,
+        number: int = 1,
     ):
+        super().__init__(routed, number)
         self.registry, self.config, self.counters, self.try_ids = registry, config, counters, try_ids
-        self.routed, self.excluded, self.observer = routed, excluded, observer
+        self.events, self.excluded = events, excluded
+
+    def end(
+        self,
+        outcome: Outcome,
+        reason: str | None,
+        *,
+        blamed: str | None = None,
+        retried: bool = False,
+        output: RequestOutput | None = None,
+    ) -> None:
+        """Record how the try ended (the router decides, once per try), and publish it."""
+        self.outcome, self.reason, self.blamed, self.retried, self.output = outcome, reason, blamed, retried, output
+        self.events.publish(TryEnded, self)
 
     async def run(self) -> RequestOutput:
         """pick → local or disaggregated → reserve → prefill → decode, streaming the decode
         instance's tokens to the caller; returns the final output. Raises AttemptFailed."""
-        if self.routed.timeline is None:
-            return await self._run()
-        self.routed.timeline.begin_try()
-        try:
-            return await self._run()
-        except AttemptFailed as failure:
-            self.routed.timeline.try_failed(str(failure))
-            raise
-
-    async def _run(self) -> RequestOutput:
+        self.events.publish(TryStarted, self)
         registry, routed = self.registry, self.routed
-        self.try_ids.begin(routed)
+        self.try_ids.begin(self)
         decode = registry.pick_decode(exclude=self.excluded)
         if decode is None:
             lost = "; ".join(registry.lost_decodes.values())  # each names its instance and how
             why = f"no decode instance available (lost: {lost})" if lost else "no decode instance available"
-            raise AttemptFailed(ChannelClosed(why), None, retry=False, lost=bool(lost))
+            raise AttemptFailed(ChannelClosed(why), Outcome.DECODES_LOST if lost else Outcome.NO_DECODE)
         hashes = registry.prompt_hashes(routed.token_ids)
         prefill, expected_cached = registry.pick_prefill(hashes, exclude=self.excluded)
         decode_epoch, prefill_epoch = decode.epoch, prefill.epoch if prefill is not None else None
         uncached_on_decode = len(routed.token_ids) - decode.prefix_overlap(hashes) * registry.block_size
+        candidates = registry.prefill_candidates(self.excluded)
         placement = decide_placement(
             decode,
-            registry.prefill_candidates(self.excluded),
+            candidates,
             len(routed.token_ids),
             uncached_on_decode,
             routed.params.max_tokens,
@@ -166,25 +187,13 @@ class Attempt:
             self.config.local_prefill,
         )
         self.counters.placements[placement] += 1
-        if routed.try_span is not None:
-            request_spans.placement_decided(
-                routed.try_span,
-                routed,
-                decode,
-                prefill,
-                placement,
-                uncached_on_decode,
-                len(registry.prefill_candidates(self.excluded)),
-            )
-        routed.prefilled_locally = prefill is None or placement.is_local
-        times = routed.times
-        if times is not None:
-            times.decode, times.local = decode.instance_id, routed.prefilled_locally
-            times.prefill = None if routed.prefilled_locally else prefill.instance_id
+        self.decode, self.prefill, self.placement = decode, prefill, placement
+        self.local = routed.prefilled_locally = prefill is None or placement.is_local
+        self.events.publish(Routed, self, decode, prefill, placement, uncached_on_decode, candidates)
         routed.instances = {decode.instance_id}
         decode.remember_prefix(hashes, decode.stats.num_blocks if decode.stats else len(hashes))
         with decode.counted():  # load is counted from the pick, so concurrent picks see it
-            if prefill is None or placement.is_local:
+            if self.local:
                 return await self._prefill_locally(decode, decode_epoch)
             routed.instances.add(prefill.instance_id)
             try:
@@ -202,7 +211,7 @@ class Attempt:
                             request_id=routed.wire_id,
                             first_token=first_token,
                             sampling=routed.params,
-                            traceparent=_traceparent(routed.try_span),
+                            traceparent=self.traceparent,
                         ),
                     )
             except KVLoadFailed as failure:
@@ -218,7 +227,7 @@ class Attempt:
                     token_ids=routed.token_ids,
                     sampling=routed.params,
                     epoch=epoch,
-                    traceparent=_traceparent(routed.try_span),
+                    traceparent=self.traceparent,
                 ),
             )
 
@@ -230,29 +239,17 @@ class Attempt:
         routed = self.routed
         what = f"the KV from {prefill.instance_id} did not load into {decode.instance_id}: {error}"
         if self.config.kv_load_failure == "fail":
-            raise AttemptFailed(KVLoadFailed(what), None, retry=False)
+            raise AttemptFailed(KVLoadFailed(what), Outcome.KV_FAILED)
         log.warning("%s: %s; recomputing on %s", routed.request_id, what, decode.instance_id)
         self.counters.num_recomputes += 1
         for handle in (prefill, decode):
             handle.channel.send(Abort(request_id=routed.wire_id))
         routed.instances.discard(prefill.instance_id)
         routed.transfer = None
-        routed.prefilled_locally = True
-        if routed.times is not None:
-            routed.times.recompute = (time.monotonic(), what)
-        self.try_ids.begin(routed)  # the recompute is a try of its own, under a fresh id
-        if routed.try_span is None:
-            return await self._prefill_locally(decode, decode_epoch)
-        recompute = routed.try_span = routed.try_span.child(
-            names.RECOMPUTE, {"minipd.try_id": routed.wire_id, "minipd.recompute.reason": what}
-        )
-        try:
-            output = await self._prefill_locally(decode, decode_epoch)
-            recompute.end(output.error)
-            return output
-        except BaseException as exc:
-            recompute.end(str(exc) or type(exc).__name__)
-            raise
+        self.local = routed.prefilled_locally = True
+        self.try_ids.begin(self)  # the recompute is a try of its own, under a fresh id
+        self.events.publish(Recompute, self, what)
+        return await self._prefill_locally(decode, decode_epoch)
 
     async def _reserve(self, decode: InstanceHandle, prefill_id: str, epoch: int | None) -> Reserved:
         """Reserve blocks on `decode`. The decode instance is the authority on its own pool (several
@@ -261,7 +258,7 @@ class Attempt:
         running requests to free blocks, backing off, up to `kv_wait_s`. Past that the request fails as overloaded,
         blaming no instance and not tried again: the cluster is out of KV capacity, which another
         try right away would not change (admission, `kv_admission_ratio`, keeps this rare). The
-        time spent waiting is added to `routed.decode_wait_s`; the whole call's is `routed.reserve_s`."""
+        time spent waiting is added to `routed.decode_wait_s`; the whole call's is `reserve_s`."""
         routed, config = self.routed, self.config
         loop = asyncio.get_running_loop()
         started = time.perf_counter()  # not loop.time(): uvloop's is whole milliseconds, and a reserve takes less
@@ -272,18 +269,15 @@ class Attempt:
             token_ids=routed.token_ids,
             prefill_instance=prefill_id,
             epoch=epoch,
-            traceparent=_traceparent(routed.try_span),
+            traceparent=self.traceparent,
         )
-        times = routed.times
-        if times is not None:
-            times.reserve_sent = time.monotonic()
+        self.events.publish(ReserveSent, self)
         while True:
             try:
                 sent = time.monotonic()
                 reserved = await decode.channel.call(reserve, config.call_timeout_s)
-                routed.reserve_s = time.perf_counter() - started
-                if times is not None:
-                    times.reserve_call_sent, times.reserve_received = sent, time.monotonic()
+                self.reserve_s = time.perf_counter() - started
+                self.events.publish(KVReserved, self, reserved, sent)
                 return reserved
             except RemoteError as exc:
                 if exc.kind != "busy":
@@ -292,8 +286,8 @@ class Attempt:
                     self.counters.num_busy_redirects += 1
                     raise AttemptFailed(
                         RuntimeError(f"{decode.instance_id} has no room for the prompt's KV ({exc})"),
+                        Outcome.BUSY,
                         decode.instance_id,
-                        busy=True,
                     ) from exc
                 if loop.time() + wait_s > deadline:
                     raise AttemptFailed(
@@ -301,15 +295,10 @@ class Attempt:
                             f"overloaded: {decode.instance_id} had no room for the prompt's KV "
                             f"within {config.kv_wait_s:g} s ({exc})"
                         ),
-                        None,
-                        retry=False,
-                        overloaded=True,
+                        Outcome.OVERLOADED,
                     ) from exc
             self.counters.num_busy_waits += 1
-            if times is not None:
-                times.busy_waits += 1
-            if routed.try_span is not None:
-                routed.try_span.event(names.DECODE_BUSY, {"minipd.wait_s": wait_s})
+            self.events.publish(DecodeBusy, self, wait_s)
             await asyncio.sleep(wait_s)  # back-off while the decode pool drains, not a synchronisation
             routed.decode_wait_s += wait_s
             wait_s = min(BUSY_RETRY_MAX_S, 2 * wait_s)
@@ -323,10 +312,8 @@ class Attempt:
         reservation up."""
         routed = self.routed
         loop = asyncio.get_running_loop()
-        routed.decode, routed.prefill, routed.kv_failure = decode, prefill, loop.create_future()
-        times = routed.times
-        if times is not None:
-            times.prefill_sent = time.monotonic()
+        self.prefilling, self.kv_failure = prefill, loop.create_future()
+        self.events.publish(PrefillStarted, self)
         call = asyncio.ensure_future(
             prefill.channel.call(
                 Prefill(
@@ -341,19 +328,18 @@ class Attempt:
                     layerwise=routed.layerwise,
                     epoch=epoch,
                     lease_s=reserved.lease_s,
-                    traceparent=_traceparent(routed.try_span),
-                    timeline=times is not None,
+                    traceparent=self.traceparent,
+                    timeline=self.prefill_times_wanted,
                 ),
                 self.config.call_timeout_s,
             )
         )
         try:
-            await asyncio.wait({call, routed.kv_failure}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({call, self.kv_failure}, return_when=asyncio.FIRST_COMPLETED)
             if not call.done():
-                raise KVLoadFailed(routed.kv_failure.result())
+                raise KVLoadFailed(self.kv_failure.result())
             prefilled: Prefilled = call.result()
-            if times is not None:
-                times.prefill_received, times.prefill_times = time.monotonic(), prefilled.times
+            self.events.publish(PrefillFinished, self, prefilled)
         except RemoteError as exc:
             if exc.kind != "transfer":
                 raise
@@ -363,7 +349,7 @@ class Attempt:
             raise KVLoadFailed(str(exc)) from exc
         finally:
             call.cancel()
-            routed.prefill, routed.kv_failure = None, None
+            self.prefilling, self.kv_failure = None, None
         routed.transfer = TransferInfo(
             prefill.instance_id,
             decode.instance_id,
@@ -373,7 +359,7 @@ class Attempt:
             prefilled.compute_s,
             prefilled.transfer_s,
             prefilled.exposed_s,
-            reserve_s=routed.reserve_s,
+            reserve_s=self.reserve_s,
         )
         routed.timestamps = (prefilled.compute_end_at, prefilled.first_write_at)
         return prefilled.first_token
@@ -383,13 +369,12 @@ class Attempt:
         which it returns; raises when the instance dies or no output comes within the
         inter-token timeout."""
         routed = self.routed
-        routed.outputs = asyncio.Queue()
-        if routed.times is not None:
-            routed.times.stream_sent = time.monotonic()
+        self.outputs = asyncio.Queue()
+        self.events.publish(StreamStarted, self)
         decode.channel.send(message)
         migratable = self.config.migration_limit > 0  # what migration needs is kept only when it is on
         while True:
-            received = await _next_output(routed, decode, self.config.inter_token_timeout_s)
+            received = await _next_output(self.outputs, decode, self.config.inter_token_timeout_s)
             if isinstance(received, CallError):  # refused in place of a stream (a stale role epoch)
                 raise RemoteError(received)
             output = received.output
@@ -408,26 +393,34 @@ class Attempt:
                 if received.failure_kind == FAILURE_KV_LOAD:
                     raise KVLoadFailed(output.error)
                 raise InstanceFailed(output.error)
-            if output.token_ids and not routed.first_token_sent:
-                if routed.span is not None:
-                    routed.span.event(names.FIRST_TOKEN)
-                if routed.timeline is not None:
-                    routed.timeline.token_relayed()
-            routed.first_token_sent = routed.first_token_sent or bool(output.token_ids)
             if output.token_ids:
                 if migratable:
                     routed.generated.extend(output.token_ids)
-                relay_tokens(self.observer, routed, len(output.token_ids))
+                self._relay(len(output.token_ids))
             if output.finished:
                 output.transfer = routed.transfer
                 return output
             routed.stream.put(output)
 
+    def _relay(self, count: int) -> None:
+        """`count` tokens are about to reach the caller (time.monotonic() stamps)."""
+        routed, now = self.routed, time.monotonic()
+        if routed.last_token_s is None:
+            routed.first_token_s = routed.last_token_s = now
+            self.events.publish(FirstToken, self, now)
+            return
+        gap_s = now - routed.last_token_s
+        routed.num_later_tokens += count
+        routed.last_token_s = now
+        self.events.publish(TokensRelayed, self, now, count, gap_s)
 
-async def _next_output(routed: RoutedRequest, decode: InstanceHandle, timeout: float) -> TokenOutput | CallError:
-    """The request's next output (or the refusal of its stream); ChannelClosed if the instance
+
+async def _next_output(
+    outputs: asyncio.Queue[TokenOutput | CallError], decode: InstanceHandle, timeout: float
+) -> TokenOutput | CallError:
+    """The try's next output (or the refusal of its stream); ChannelClosed if the instance
     dies (or is declared dead) first, TimeoutError if nothing comes within `timeout`."""
-    get = asyncio.ensure_future(routed.outputs.get())
+    get = asyncio.ensure_future(outputs.get())
     lost = asyncio.ensure_future(decode.lost.wait())
     closed = asyncio.ensure_future(decode.channel.closed.wait())
     try:
@@ -440,8 +433,3 @@ async def _next_output(routed: RoutedRequest, decode: InstanceHandle, timeout: f
     if not done:
         raise TimeoutError(f"no output from {decode.instance_id} for {timeout} s (the inter-token timeout)")
     raise ChannelClosed(f"{decode.instance_id} died: {decode.lost_reason or decode.channel.close_reason}")
-
-
-def _traceparent(span: Span | None) -> str | None:
-    """What a message carries to the instances: the try's span as their parent."""
-    return None if span is None else span.traceparent

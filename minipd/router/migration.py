@@ -31,6 +31,7 @@ import msgspec
 from minipd.engine.sampling_params import MAX_SEED, SamplingParams
 from minipd.models.tokenizers.tokenizer import Tokenizer
 from minipd.router.continued_text import ContinuedText
+from minipd.router.outcome import Outcome
 
 if TYPE_CHECKING:
     from minipd.router.attempt import AttemptFailed
@@ -62,7 +63,8 @@ def may_migrate(lost: bool, tokens_relayed: int, max_tokens: int, migrations: in
 def due(routed: RoutedRequest, failure: AttemptFailed, limit: int) -> bool:
     """`may_migrate` for `routed`, whose try ended in `failure` (one another try may fix)."""
     relayed, max_tokens = len(routed.generated), routed.original_params.max_tokens
-    return failure.retry and may_migrate(failure.lost, relayed, max_tokens, routed.num_migrations, limit)
+    lost = failure.outcome is Outcome.LOST  # the only failure of a try that another try may fix mid-stream
+    return may_migrate(lost, relayed, max_tokens, routed.num_migrations, limit)
 
 
 def move(routed: RoutedRequest, tokenizer: Tokenizer, counters: RouterCounters) -> None:

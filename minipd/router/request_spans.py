@@ -1,7 +1,7 @@
 """The router's spans of one request (minipd/tracing/names.py): the request, each try, a recompute.
 
-Every function here is called only when the request is traced (`routed.span` is not None);
-the callers test that first, so an untraced request costs one branch per call site.
+Called by the tracing subscriber of the router's request events (request_subscribers.RequestTracer),
+only for a traced request (`routed.span` set).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The router's state of one request, and the measured figures of its KV transfer."""
+"""The router's state of one request across its tries, and the measured figures of its KV
+transfer; what one try knows is its own (try_state.py)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,14 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from minipd.control.messages import CallError, KVLanded, TokenOutput
-from minipd.engine.request import RequestOutput, TransferInfo
+from minipd.control.messages import KVLanded
+from minipd.engine.request import TransferInfo
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from minipd.router.continued_text import ContinuedText
-    from minipd.router.registry import InstanceHandle
-    from minipd.router.request_timeline import RequestTimeline, TryTimes
-    from minipd.router.timeline_store import TimelineStore
+    from minipd.router.request_timeline import RequestTimeline
     from minipd.tracing.spans import Span
 
 
@@ -29,7 +28,6 @@ class RoutedRequest:
         params: SamplingParams,
         stream: RequestStream,
         layerwise: bool,
-        timelines: TimelineStore | None = None,
     ):
         self.request_id = request_id
         self.wire_id = request_id  # the current try's id on the instances (see try_ids.py)
@@ -45,58 +43,33 @@ class RoutedRequest:
         self.stream = stream
         self.layerwise = layerwise  # stream the KV per layer during prefill, or send it afterwards
         self.instances: set[str] = set()  # every instance that may hold state for it
-        self.first_token_sent = False
         self.task: asyncio.Task | None = None
-        self.transfer: TransferInfo | None = None
+        self.transfer: TransferInfo | None = None  # the KV transfer its final output reports
         self.timestamps = (0.0, 0.0)  # prefill's (compute end, first write), time.time()
-        self.outputs: asyncio.Queue[TokenOutput | CallError] | None = None  # set while an instance streams it
-        # The current try's instances, while its KV moves (for lease renewals and KV failures).
-        self.decode: InstanceHandle | None = None
-        self.prefill: InstanceHandle | None = None
-        self.kv_failure: asyncio.Future[str] | None = None  # resolves if the decode side says the KV is lost
         # for latency observers (the ratio controller): time.monotonic() stamps
         self.arrival_s = time.monotonic()
         self.first_token_s = 0.0
-        self.last_token_s: float | None = None
+        self.last_token_s: float | None = None  # None: no token reached the caller yet
         self.num_later_tokens = 0  # output tokens after the first, relayed so far
-        self.reserve_s = 0.0  # the last try's reserve call on its decode instance, busy waits included
         self.decode_wait_s = 0.0  # waiting for KV room on a decode instance (its pool was full)
-        self.prefilled_locally = False  # placed on its decode instance for prefill too
-        # its spans (router/request_spans.py), None while it is not traced
-        self.span: Span | None = None
-        self.try_span: Span | None = None  # the current try's (or its recompute's): the instances' parent
-        # its stamps (request_timeline.py), kept in `timelines` when it ends; None: the router keeps none
-        self.timeline: RequestTimeline | None = None
-        if timelines is not None:
-            self.timeline = timelines.start(request_id, self.arrival_s, len(token_ids))
+        self.prefilled_locally = False  # the current try placed it on its decode instance for prefill too
+        # kept by the subscribers of the router's request events (request_subscribers.py), None without them:
+        self.span: Span | None = None  # its span (request_spans.py), while it is traced
+        self.timeline: RequestTimeline | None = None  # its stamps (request_timeline.py), while the router keeps them
 
     @property
-    def times(self) -> TryTimes | None:
-        """The current try's stamps (None: no timeline kept, or past its tries' bound)."""
-        return None if self.timeline is None else self.timeline.current
+    def first_token_sent(self) -> bool:
+        return self.last_token_s is not None
 
     def decode_wait_so_far(self, now: float) -> float:
         """Time this request has spent waiting on decode: for KV room, or, prefilled on its
         decode instance, all of it (it queues there behind the decodes)."""
         return now - self.arrival_s if self.prefilled_locally else self.decode_wait_s
 
-    def kv_failed(self, error: str) -> None:
-        """The decode instance reports that the KV of the current try will not land."""
-        if self.kv_failure is not None and not self.kv_failure.done():
-            self.kv_failure.set_result(error)
-
-    def end(self, last: RequestOutput) -> None:
-        """Hand the caller the request's final output (and keep its timeline, if it has one)."""
-        if self.timeline is not None:
-            self.timeline.end(last)
-        self.stream.put(last)
-
     def record_landing(self, landed: KVLanded) -> None:
         """Measure the transfer to the receiver's landing time (the last byte acknowledged),
         which replaces the sender's view; both clocks are wall clocks, exact on one host.
         `landed.adopt_s`: the decode instance's adopt that followed, as it measured it."""
-        if self.timeline is not None:
-            self.timeline.kv_landed(landed.landed_after_s, landed.ordered_after_s, landed.adopt_s)
         if self.transfer is None:
             return
         landed_at, adopt_s = landed.landed_at, landed.adopt_s

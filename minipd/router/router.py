@@ -25,7 +25,9 @@ the router.
 The router owns the tables that every path (routing, admission, liveness and eviction, role
 switches) reads and changes on one event loop: requests, their KV claims and try ids, and
 instances (registry.py, connected and watched by instance_links.py); and it dispatches the
-instances' messages to the requests they concern.
+instances' messages to the tries they concern. Each step of a request's life is published on
+its event seam, `events` (request_events.py), where timelines, spans and the latency observer
+subscribe (request_subscribers.py).
 
 Longer than 400 lines because: a request's life from submission to its end (tries, retries, migration, aborts) is one
 loop over tables that only this class changes; what each try does is attempt.py's."""
@@ -55,15 +57,18 @@ from minipd.engine.checked_prompt import CheckedPrompt, accept_prompt
 from minipd.engine.generator import GeneratesFromSubmit
 from minipd.engine.kv_admission import KVClaims, claim_blocks, claim_limit
 from minipd.engine.prompt_encoder import PromptEncoder
-from minipd.engine.request import INSTANCE_LOST, OVERLOADED, RequestOutput
+from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.unavailable import BackendUnavailableError
-from minipd.router import migration, request_spans
+from minipd.router import migration
 from minipd.router.attempt import Attempt, AttemptFailed
 from minipd.router.instance_links import InstanceLinks
 from minipd.router.latency_observer import LatencyObserver
+from minipd.router.outcome import Outcome
 from minipd.router.registry import InstanceHandle, InstanceRegistry
+from minipd.router.request_events import KVTransferred, RequestEnded, RequestEvents, RequestStarted
+from minipd.router.request_subscribers import LatencyRelay, RequestTracer, TimelineRecorder
 from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport, switch_instance_role
 from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
@@ -104,8 +109,40 @@ class Router(GeneratesFromSubmit):
         self.links = InstanceLinks(self.registry, config, self.counters, secret, self._on_message)
         self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
         self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (switch_claims.py)
-        self.latency_observer: LatencyObserver | None = None  # told of every first token and token gap
-        self.timelines: TimelineStore | None = None  # set: every request's timeline is kept there (the dashboard's)
+        self.events = RequestEvents()  # each step of every request, for its subscribers
+        self._latency_relay: LatencyRelay | None = None
+        self._timeline_recorder: TimelineRecorder | None = None
+        self._tracer: RequestTracer | None = None  # subscribed once tracing is on
+
+    @property
+    def latency_observer(self) -> LatencyObserver | None:
+        """Told of every first token and token gap (None: no one is)."""
+        return None if self._latency_relay is None else self._latency_relay.observer
+
+    @latency_observer.setter
+    def latency_observer(self, observer: LatencyObserver | None) -> None:
+        self._latency_relay = self._resubscribe(
+            self._latency_relay, None if observer is None else LatencyRelay(observer)
+        )
+
+    @property
+    def timelines(self) -> TimelineStore | None:
+        """Where every request's timeline is kept (the dashboard's; None: the router keeps none)."""
+        return None if self._timeline_recorder is None else self._timeline_recorder.store
+
+    @timelines.setter
+    def timelines(self, store: TimelineStore | None) -> None:
+        self._timeline_recorder = self._resubscribe(
+            self._timeline_recorder, None if store is None else TimelineRecorder(store)
+        )
+
+    def _resubscribe(self, old: object, new: object) -> object:
+        """Replace subscriber `old` with `new` on the request events (either may be None); returns `new`."""
+        self.events.unsubscribe(old)
+        if new is None:
+            return None
+        self.events.subscribe(new)
+        return new
 
     # ---- instances --------------------------------------------------------------------
     async def add_instance(
@@ -230,9 +267,11 @@ class Router(GeneratesFromSubmit):
         self.kv_claims.admit(request_id, claim, self.kv_claim_limit())
         stream = RequestStream(request_id, self.abort)
         layerwise = self.config.layerwise if layerwise is None else layerwise
-        routed = RoutedRequest(request_id, token_ids, params, stream, layerwise, self.timelines)
-        if tracer() is not None:
-            routed.span = request_spans.start_request(routed, traceparent)
+        routed = RoutedRequest(request_id, token_ids, params, stream, layerwise)
+        if self._tracer is None and tracer() is not None:  # tracing is on from now on
+            self._tracer = RequestTracer()
+            self.events.subscribe(self._tracer)
+        self.events.publish(RequestStarted, routed, traceparent)
         self._requests[request_id] = routed
         routed.task = asyncio.get_running_loop().create_task(self._route(routed))
         return stream
@@ -249,31 +288,31 @@ class Router(GeneratesFromSubmit):
         failed = 0  # failed tries; a stale-epoch or busy refusal is none (each one excludes an instance, so they end)
         for number in itertools.count(1):
             attempt = Attempt(
-                self.registry, self.config, self.counters, self.try_ids, routed, excluded, self.latency_observer
+                self.registry, self.config, self.counters, self.try_ids, self.events, routed, excluded, number
             )
-            try_span = routed.try_span = request_spans.start_try(routed.span, number) if routed.span else None
             try:
                 output = await attempt.run()
-                request_spans.end_try(try_span, output)
+                attempt.end(Outcome.FINISHED, output.error, output=output)
                 self.finish(routed, output)
                 return
             except AttemptFailed as failure:
-                if routed.request_id not in self._requests:
-                    return  # aborted meanwhile
-                if failure.stale:
+                outcome = failure.outcome
+                if routed.request_id not in self._requests:  # aborted meanwhile
+                    attempt.end(outcome, str(failure), blamed=failure.blamed)
+                    return
+                if outcome is Outcome.STALE:
                     self.counters.num_stale_retries += 1
-                elif not failure.busy:
+                elif outcome.counted:
                     failed += 1
-                retry = failure.retry and failed < MAX_ATTEMPTS and not routed.first_token_sent
+                retry = outcome.may_retry and failed < MAX_ATTEMPTS and not routed.first_token_sent
                 migrate = not retry and migration.due(routed, failure, self.config.migration_limit)
-                if try_span is not None:
-                    request_spans.end_failed_try(try_span, failure.stale, retry, failure.blamed, str(failure))
+                attempt.end(outcome, str(failure), blamed=failure.blamed, retried=retry)
                 log.log(
-                    logging.INFO if failure.stale or failure.busy else logging.WARNING,
+                    logging.WARNING if outcome.counted else logging.INFO,
                     "%s: attempt %d %s%s: %s%s",
                     routed.request_id,
                     failed,
-                    "refused (stale role epoch)" if failure.stale else "failed",
+                    "refused (stale role epoch)" if outcome is Outcome.STALE else "failed",
                     f" on {failure.blamed}" if failure.blamed else "",
                     failure,
                     "; retrying" if retry else "; going on elsewhere (migration)" if migrate else "",
@@ -282,39 +321,38 @@ class Router(GeneratesFromSubmit):
                 if migrate:
                     migration.move(routed, self.tokenizer, self.counters)
                 elif not retry:
-                    kind = OVERLOADED if failure.overloaded else INSTANCE_LOST if failure.lost else None
-                    self._fail(routed, str(failure), kind)
+                    self._fail(routed, str(failure), outcome)
                     return
                 if failure.blamed is not None:
                     excluded.add(failure.blamed)
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as exc:
+                attempt.end(Outcome.ABORTED, str(exc) or type(exc).__name__)
                 return
             except Exception as exc:  # never leave a caller waiting on a stream that will not end
                 log.exception("%s: routing failed", routed.request_id)
-                self._fail(routed, f"internal error: {type(exc).__name__}")
+                self._fail(routed, f"internal error: {type(exc).__name__}", Outcome.INTERNAL)
+                attempt.end(Outcome.INTERNAL, str(exc) or type(exc).__name__)
                 return
-            finally:
-                if try_span is not None:
-                    try_span.end("aborted")  # a no-op for a try ended above
 
     def _on_message(self, channel: Channel, message: Message) -> None:
-        routed = self.try_ids.get(message.request_id)
+        attempt = self.try_ids.get(message.request_id)
         match message:
             case TokenOutput() | CallError():  # a CallError: an instance refused a stream (a stale role epoch)
-                if routed is not None and routed.outputs is not None:
-                    routed.outputs.put_nowait(message)
+                if attempt is not None and attempt.outputs is not None:
+                    attempt.outputs.put_nowait(message)
             case KVLanded(error=None):
-                if routed is not None:
-                    routed.record_landing(message)
+                if attempt is not None:
+                    self.events.publish(KVTransferred, attempt, message)
+                    attempt.routed.record_landing(message)
             case KVLanded():
                 self.counters.transfer_failed(f"{message.request_id} on {channel.name}: {message.error}")
-                if routed is not None:
-                    routed.kv_failed(message.error)
+                if attempt is not None:
+                    attempt.kv_failed(message.error)
             case Renew():
                 # the prefill instance of the current try progressed: pass the renewal on
                 handle = self.links.handle_of(channel)
-                if routed is not None and routed.prefill is handle and routed.decode is not None:
-                    routed.decode.channel.send(Renew(request_id=message.request_id))
+                if attempt is not None and handle is not None and attempt.prefilling is handle:
+                    attempt.decode.channel.send(Renew(request_id=message.request_id))
             case Draining():
                 handle = self.links.handle_of(channel)
                 if handle is not None:
@@ -326,22 +364,24 @@ class Router(GeneratesFromSubmit):
     def finish(self, routed: RoutedRequest, last: RequestOutput) -> None:
         """End the request once with its final output from an instance."""
         if self._forget(routed):
-            request_spans.end_request(routed.span, last)
-            routed.end(last)
+            self.events.publish(RequestEnded, routed, Outcome.FINISHED, last.error, last)
+            routed.stream.put(last)
             self._finished.set()
 
-    def _fail(self, routed: RoutedRequest, error: str | None, error_kind: str | None = None) -> None:
-        """End the request once as aborted (`error` None) or failed: every instance it touched
-        is told, and its routing task stops."""
+    def _fail(self, routed: RoutedRequest, error: str | None, outcome: Outcome | None = None) -> None:
+        """End the request once as aborted (`error` None) or failed (`outcome`: how; FAILED when
+        not said): every instance it touched is told, and its routing task stops."""
         if not self._forget(routed):
             return
+        if outcome is None:
+            outcome = Outcome.ABORTED if error is None else Outcome.FAILED
         self._finished.set()
         self._abort_on_instances(routed)
         if routed.task is not None and routed.task is not asyncio.current_task():
             routed.task.cancel()
-        last = RequestOutput.aborted(routed.request_id, error, len(routed.token_ids), error_kind)
-        request_spans.end_request(routed.span, last, error or "aborted")
-        routed.end(last)
+        last = RequestOutput.aborted(routed.request_id, error, len(routed.token_ids), outcome.error_kind)
+        self.events.publish(RequestEnded, routed, outcome, error, last)
+        routed.stream.put(last)
 
     def _forget(self, routed: RoutedRequest) -> bool:
         """Drop a live request and its KV claim; False if it had ended already."""

@@ -9,6 +9,7 @@ import pytest
 
 from minipd.control.channel import ChannelClosed
 from minipd.router.attempt import AttemptFailed, blame
+from minipd.router.outcome import Outcome
 
 
 def _handle(instance_id: str) -> types.SimpleNamespace:
@@ -28,9 +29,10 @@ def test_a_lost_instance_is_named_in_the_failure(exc):
         with blame(_handle("decode-0")):
             raise exc
     failure = caught.value
-    assert failure.lost and failure.blamed == "decode-0"
+    assert failure.outcome is Outcome.LOST and failure.blamed == "decode-0"
     assert str(failure).count("decode-0") == 1 and str(exc) in str(failure)
 
 
 def test_a_refusal_is_not_a_lost_instance():
-    assert not AttemptFailed(RuntimeError("busy"), "decode-0").lost
+    failure = AttemptFailed(RuntimeError("busy"), Outcome.BUSY, "decode-0")
+    assert failure.outcome is not Outcome.LOST and str(failure) == "busy"

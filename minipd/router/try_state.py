@@ -1,0 +1,52 @@
+"""What one try of a request knows, and how it ended: the state `attempt.Attempt` keeps as it
+runs the try, what the router's message dispatch reaches by the try's id (try_ids.py), and
+what the events of the try carry to their subscribers (request_events.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from minipd.router.outcome import Outcome
+
+if TYPE_CHECKING:
+    from minipd.control.messages import CallError, TokenOutput
+    from minipd.engine.request import RequestOutput
+    from minipd.policy.local_prefill import Placement
+    from minipd.router.registry import InstanceHandle
+    from minipd.router.routed_request import RoutedRequest
+    from minipd.tracing.spans import Span
+
+
+class TryState:
+    """Try `number` (1 for the first) of `routed`."""
+
+    def __init__(self, routed: RoutedRequest, number: int = 1):
+        self.routed, self.number = routed, number
+        # what it picked
+        self.decode: InstanceHandle | None = None
+        self.prefill: InstanceHandle | None = None
+        self.placement: Placement | None = None
+        self.local = False  # prefilled on its decode instance (placed there, or recomputing)
+        self.reserve_s = 0.0  # its reserve call on its decode instance, busy waits included
+        # while its KV moves: the prefill instance (its lease renewals are passed on), and what
+        # resolves when the decode instance says the KV will not land (`kv_failed`)
+        self.prefilling: InstanceHandle | None = None
+        self.kv_failure: asyncio.Future[str] | None = None
+        self.outputs: asyncio.Queue[TokenOutput | CallError] | None = None  # set while an instance streams it
+        # what its messages carry for the subscribers (request_events.TryStarted)
+        self.traceparent: str | None = None  # the instances' parent span
+        self.prefill_times_wanted = False  # the prefill instance reports its times (timelines)
+        self.span: Span | None = None  # the tracing subscriber's: the try's span, and its recompute's
+        self.recompute_span: Span | None = None
+        # how it ended (`attempt.Attempt.end`, once)
+        self.outcome: Outcome | None = None
+        self.reason: str | None = None  # why it failed (a FINISHED try's: its output's error)
+        self.blamed: str | None = None  # the instance left out of the next try
+        self.retried = False  # whether the request was tried again after it
+        self.output: RequestOutput | None = None  # the request's final output, FINISHED
+
+    def kv_failed(self, error: str) -> None:
+        """The decode instance reports that the KV of this try will not land."""
+        if self.kv_failure is not None and not self.kv_failure.done():
+            self.kv_failure.set_result(error)
