@@ -19,6 +19,7 @@
     python bench.py peer --peer-url http://127.0.0.1:8080 --json peer.json --plot peer.png  # minipd / llama-server
     python bench.py dashboard --json dashboard.json --plot grafana_panels.png  # a real Prometheus, every panel
     python bench.py footprint --json footprint.json --plot footprint.png  # what one streamed chat runs
+    python bench.py events --json events.json --plot events.png  # the request event seam's cost per request
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -92,6 +93,10 @@ EXPERIMENTS = {
     "dashboard": (
         "benchmarks.dashboard.dashboard_bench",
         "the Grafana dashboard's panels over a live cluster, scraped by a real Prometheus, drawn as a grid",
+    ),
+    "events": (
+        "benchmarks.events.events_bench",
+        "what the request event seam costs a request, with no subscriber and with one of every kind",
     ),
     "footprint": (
         "benchmarks.footprint.footprint_bench",
