@@ -10,14 +10,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "architecture.md"
 HOP = re.compile(r"\b([a-z_]+(?:/[a-z_]+)*\.py):([A-Za-z_][A-Za-z_0-9]*(?:\.[A-Za-z_][A-Za-z_0-9]*)?)")
-PACKAGE_ROOTS = (ROOT / "minipd", ROOT)  # "router/attempt.py" is minipd/router/..., "transports/..." at the root
+PACKAGE_FOLDERS = ("minipd", "models", "transports")
 
 
 def _source(relative: str) -> Path | None:
-    for base in PACKAGE_ROOTS:
-        if (base / relative).is_file():
-            return base / relative
-    return None
+    """The one package file whose path ends with `relative` ("router/attempt.py", or "attempt.py"
+    in a sentence about the router); None where there is none or several."""
+    matches = [
+        p
+        for folder in PACKAGE_FOLDERS
+        for p in (ROOT / folder).rglob(Path(relative).name)
+        if p.as_posix().endswith("/" + relative)
+    ]
+    return matches[0] if len(matches) == 1 else None
 
 
 def _names(path: Path) -> set[str]:
@@ -44,7 +49,7 @@ def test_every_hop_names_a_file_and_a_function_that_exist():
             continue
         path = _source(relative)
         if path is None:
-            missing.append(f"{relative}: no such file")
+            missing.append(f"{relative}: no such file, or several")
         elif name not in _names(path):
             missing.append(f"{relative}:{name}: no such function or method")
     assert not missing, missing
