@@ -16,6 +16,7 @@ switches made and the overload caused, latency quantiles within what the client 
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import time
 import urllib.error
@@ -93,9 +94,14 @@ def observed(tmp_path_factory):
             next(chunks)
             ttfts.append(time.monotonic() - started)
             if i == 0:
-                decoding_seen = poll_decoding(cluster.base_url)
+                # both at once, while the first request surely runs: one after the other, either
+                # could outlast its 400 tokens on a busy machine (the gauge then reads 0, or the
+                # overload's claim fits)
                 body = {"model": "tiny", "prompt": "x", "max_tokens": OVERLOAD_MAX_TOKENS}
-                overload = api_post(cluster.base_url, "/v1/completions", body, API_KEY)
+                with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                    refused = pool.submit(api_post, cluster.base_url, "/v1/completions", body, API_KEY)
+                    decoding_seen = poll_decoding(cluster.base_url)
+                    overload = refused.result(timeout=60)
             for _ in chunks:
                 pass
         prometheus.wait_for("sum(minipd_requests_total)", lambda v: v == len(prompts), "scraped after the requests")
