@@ -130,23 +130,30 @@ def _chat(url: str, args: argparse.Namespace, n: int) -> int:
 def _record_one(url: str, args: argparse.Namespace, record_dir: Path, pids: dict[int, str], n: int) -> dict:
     for pid in pids:
         (record_dir / f"{pid}.json").unlink(missing_ok=True)
+        (record_dir / f"{pid}.recording").unlink(missing_ok=True)
         os.kill(pid, signal.SIGUSR1)
-    time.sleep(0.2)  # each process's main thread runs its handler at its next bytecode
+    _wait_for_files(record_dir, [f"{pid}.recording" for pid in pids], "started recording")
     started = time.perf_counter()
     chunks = _chat(url, args, n)
     elapsed = time.perf_counter() - started
     for pid in pids:
         os.kill(pid, signal.SIGUSR2)
-    deadline = time.monotonic() + DUMP_TIMEOUT_S
-    while not all((record_dir / f"{pid}.json").exists() for pid in pids):
-        if time.monotonic() > deadline:
-            raise RuntimeError("a process of the cluster wrote no record")
-        time.sleep(0.05)  # polling files another process writes
+    _wait_for_files(record_dir, [f"{pid}.json" for pid in pids], "wrote its record")
     per_role = {}
     for pid, role in pids.items():
         lines = json.loads((record_dir / f"{pid}.json").read_text())["lines"]
         per_role[role] = {_relative(f): v for f, v in lines.items() if _relative(f) is not None}
     return {"chunks": chunks, "request_s": elapsed, "per_role": per_role}
+
+
+def _wait_for_files(folder: Path, names: list[str], what: str) -> None:
+    """Until every process of the cluster has written its file (its signal handler ran), at most
+    DUMP_TIMEOUT_S; RuntimeError naming what did not happen."""
+    deadline = time.monotonic() + DUMP_TIMEOUT_S
+    while not all((folder / name).exists() for name in names):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"a process of the cluster never {what}")
+        time.sleep(0.02)  # poll interval of a bounded wait for another process's file
 
 
 def _relative(filename: str) -> str | None:
