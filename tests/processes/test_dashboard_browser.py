@@ -27,6 +27,7 @@ import urllib.request
 import openai
 import pytest
 from http_helpers import http_json, scrape, start_cluster, start_colocated, stop, wait_until_pools_full
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -80,9 +81,23 @@ def screenshot_on_failure(driver, tmp_path):
 
 
 def wait_for(driver, predicate, what: str, timeout: float = PAGE_TIMEOUT_S):
-    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(
-        lambda d: predicate(d), message=f"the page never showed {what} within {timeout} s"
-    )
+    """Poll `predicate` until true. The page rebuilds its tables at every snapshot (each second), so an
+    element a predicate found can be replaced before it is read: that read is retried, not a failure."""
+    return WebDriverWait(
+        driver, timeout, poll_frequency=0.2, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException)
+    ).until(lambda d: predicate(d), message=f"the page never showed {what} within {timeout} s")
+
+
+# One script reads the tables a snapshot rebuilds: the page's own script cannot run in between.
+TABLE_FACTS_JS = """
+const cell = document.querySelector('#lat-ttft td:nth-of-type(4)');
+return {
+  rows: document.querySelectorAll('#requests-table tbody tr').length,
+  links: [...document.querySelectorAll('#links-table tbody tr[data-pair]')].map(r => r.dataset.pair),
+  ttft_samples: cell ? Number(cell.textContent) : null,
+  verdict: document.getElementById('verdict').dataset.verdict || null,
+};
+"""
 
 
 def cards(driver) -> dict[str, dict]:
@@ -170,13 +185,11 @@ def test_figures_agree_with_metrics(cluster, browser, tmp_path):
             )
 
         wait_for(browser, blocks_agree, "KV blocks used, cached and free per instance as /metrics")
-        rows = browser.find_elements(By.CSS_SELECTOR, "#requests-table tbody tr")
-        assert len(rows) >= NUM_REQUESTS
-        links = browser.find_elements(By.CSS_SELECTOR, "#links-table tbody tr[data-pair]")
-        assert [link.get_attribute("data-pair") for link in links] == ["prefill-0->decode-0"]
-        ttft_samples = int(browser.find_element(By.CSS_SELECTOR, "#lat-ttft td:nth-of-type(4)").text)
-        assert ttft_samples >= NUM_REQUESTS  # every request of the window had its first token
-        assert browser.find_element(By.ID, "verdict").get_attribute("data-verdict") in ("met", "violated")
+        facts = browser.execute_script(TABLE_FACTS_JS)
+        assert facts["rows"] >= NUM_REQUESTS
+        assert facts["links"] == ["prefill-0->decode-0"]
+        assert facts["ttft_samples"] >= NUM_REQUESTS  # every request of the window had its first token
+        assert facts["verdict"] in ("met", "violated")
         assert console_errors(browser) == []
 
 
