@@ -1,10 +1,19 @@
 """Fixtures: one background event loop per session, engines that are checked for leaks after every
 test; and the `fast` marker, set on every test under tests/unit/ (no child processes, no clusters,
 tiny models): `pytest tests/unit`, or `pytest -m fast`, runs them in well under 30 s, for a quick
-check while editing. CI runs everything."""
+check while editing. CI runs everything.
+
+The whole suite (`python -m pytest -q`, no paths) runs on two pytest-xdist workers: most of its
+time is spent waiting on other processes (servers starting, liveness bounds, leases, pages
+polling), so two workers use a 2-core machine's second core where one would leave it idle.
+Each test module stays on one worker (its module-scoped clusters start once), and the tests that
+make machine-wide things (network namespaces, Ray nodes) share one worker. `-n N` chooses
+otherwise, `-n 0` runs serially; `MINIPD_TEST_WORKERS=N` sets the whole suite's count. A run of
+named paths stays serial unless `-n` says otherwise."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -14,17 +23,40 @@ from minipd.engine.engine import Engine, EngineConfig
 
 _live_engines: list[Engine] = []
 
-FAST_DIR = Path(__file__).resolve().parent / "unit"
+TESTS_DIR = Path(__file__).resolve().parent
+FAST_DIR = TESTS_DIR / "unit"
+SUITE_WORKERS = 2
+# modules that make machine-wide things: one worker runs them all, one after the other
+MACHINE_WIDE = ("test_netns_", "test_ray_", "test_bench_scale")
 
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "fast: in the quick subset (`pytest -m fast`): every test under tests/unit/")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config) -> None:
+    """A run of the whole suite goes on SUITE_WORKERS xdist workers, grouped (see the docstring)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    if config.option.numprocesses is not None or config.option.collectonly:
+        return  # the caller chose (-n), or nothing runs
+    whole_suite = all(Path(arg).resolve() == TESTS_DIR for arg in config.args)
+    if not whole_suite:
+        return
+    workers = int(os.environ.get("MINIPD_TEST_WORKERS", SUITE_WORKERS))
+    if workers > 1:
+        config.option.numprocesses, config.option.dist = workers, "loadgroup"
+        config.option.tx = ["popen"] * workers
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
-        if item.path.resolve().is_relative_to(FAST_DIR):
+        path = item.path.resolve()
+        if path.is_relative_to(FAST_DIR):
             item.add_marker(pytest.mark.fast)
+        machine_wide = path.name.startswith(MACHINE_WIDE)
+        item.add_marker(pytest.mark.xdist_group("machine-wide" if machine_wide else str(path.relative_to(TESTS_DIR))))
 
 
 @pytest.fixture(scope="session")
