@@ -60,10 +60,16 @@ def http_json(method: str, url: str, body: dict | bytes | None = None) -> HttpRe
 def http_post(url: str, body: bytes, headers: dict[str, str]) -> HttpResult:
     """A POST with exactly these headers (plus Host and Content-Length); the body is decoded
     as JSON when it is JSON."""
+    return http_request("POST", url, headers, body)
+
+
+def http_request(method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpResult:
+    """One call with exactly these headers (a `Host` among them replaces the one http.client
+    writes, as `curl -H 'Host: ...'` does); the body is decoded as JSON when it is JSON."""
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=REQUEST_TIMEOUT_S)
     try:
-        connection.request("POST", parts.path, body, headers)
+        connection.request(method, parts.path, body, headers)
         response = connection.getresponse()
         raw = response.read()
         try:

@@ -9,12 +9,11 @@ API's own 400 (no `prompt`), which tells it apart from the guard's 403."""
 
 from __future__ import annotations
 
-import http.client
-import json
 import socket
 from urllib.parse import urlsplit
 
 import pytest
+from http_helpers import http_request
 
 from minipd.models.tokenizers.tokenizer import ByteTokenizer
 
@@ -45,18 +44,8 @@ class NoRequests:
 
 
 def call(url: str, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> tuple[int, dict]:
-    """One request with exactly `headers` (a `Host` among them replaces the one http.client writes)."""
-    parts = urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
-    try:
-        connection.request(method, path, body, headers)
-        response = connection.getresponse()
-        raw = response.read()
-        return response.status, json.loads(raw) if response.getheader("Content-Type", "").startswith(
-            "application/json"
-        ) else {}
-    finally:
-        connection.close()
+    result = http_request(method, f"{url}{path}", headers, body)
+    return result.status, result.body
 
 
 def raw_call(url: str, request: bytes) -> bytes:
