@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from http_helpers import http_json, start_cluster, stop
+from http_helpers import http_json, serving, start_cluster
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -41,14 +41,9 @@ fetch(url, options)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    server = start_cluster(
-        tmp_path_factory.mktemp("rebinding-browser"),
-        *("--model", "tiny", "--dtype", "float32", "--allowed-hosts", ALLOWED),
-    )
-    try:
-        yield server.base_url
-    finally:
-        stop(server)
+    flags = ("--model", "tiny", "--dtype", "float32", "--allowed-hosts", ALLOWED)
+    with serving(start_cluster(tmp_path_factory.mktemp("rebinding-browser"), *flags)) as base:
+        yield base
 
 
 @pytest.fixture

@@ -19,8 +19,9 @@ import json
 from urllib.parse import urlsplit
 
 import pytest
-from http_helpers import HttpResult, http_request, start_cluster, start_colocated, stop
+from http_helpers import HttpResult, http_request, serving, start_cluster, start_colocated
 
+TINY = ("--model", "tiny", "--dtype", "float32")
 KEY = "rebinding-test-key-0123456789"
 EVIL = "evil.example"
 OTHER = "other.example"
@@ -30,24 +31,16 @@ READ_PATHS = ["/dashboard", "/metrics", "/v1/models", "/admin/instances", "/admi
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    server = start_cluster(tmp_path_factory.mktemp("rebinding"), "--model", "tiny", "--dtype", "float32")
-    try:
-        yield server.base_url
-    finally:
-        stop(server)
+    with serving(start_cluster(tmp_path_factory.mktemp("rebinding"), *TINY)) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")
 def keyed_cluster(tmp_path_factory):
     """With an API key, and evil.example allowed (the launcher must hand the flag to its router)."""
-    server = start_cluster(
-        tmp_path_factory.mktemp("rebinding-key"),
-        *("--model", "tiny", "--dtype", "float32", "--api-key", KEY, "--allowed-hosts", EVIL),
-    )
-    try:
-        yield server.base_url
-    finally:
-        stop(server)
+    flags = (*TINY, "--api-key", KEY, "--allowed-hosts", EVIL)
+    with serving(start_cluster(tmp_path_factory.mktemp("rebinding-key"), *flags)) as base:
+        yield base
 
 
 def port(base: str) -> int:
@@ -135,11 +128,8 @@ def test_the_key_is_no_way_around_the_host_check_and_allowed_hosts_adds_a_name(k
 
 @pytest.fixture(scope="module")
 def colocated(tmp_path_factory):
-    server = start_colocated(tmp_path_factory.mktemp("rebinding-both"), "--model", "tiny", "--dtype", "float32")
-    try:
-        yield server.base_url
-    finally:
-        stop(server)
+    with serving(start_colocated(tmp_path_factory.mktemp("rebinding-both"), *TINY)) as base:
+        yield base
 
 
 @pytest.mark.parametrize("path", ["/dashboard", "/metrics", "/v1/models", "/health"])
@@ -159,12 +149,8 @@ def test_a_colocated_instance_refuses_a_completion_from_another_site(colocated):
 
 
 def test_a_star_allows_any_host_and_origin(tmp_path):
-    server = start_colocated(tmp_path, "--model", "tiny", "--dtype", "float32", "--allowed-hosts", "*")
-    try:
-        base = server.base_url
+    with serving(start_colocated(tmp_path, *TINY, "--allowed-hosts", "*")) as base:
         assert http_request("GET", f"{base}/v1/models", {"Host": f"{EVIL}:{port(base)}"}).status == 200
         body = json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 1}).encode()
         headers = {"Content-Type": "application/json", **as_site(base, EVIL, **{"Sec-Fetch-Site": "cross-site"})}
         assert http_request("POST", f"{base}/v1/completions", headers, body).status == 200
-    finally:
-        stop(server)

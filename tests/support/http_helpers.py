@@ -6,6 +6,7 @@ against the `openai` package's models (`openai_contract.check_body`) before a te
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -16,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -173,6 +174,15 @@ def _start(log_dir: Path, *argv: str) -> LiveServer:
         stop(LiveServer("", process, log_path))
         raise
     return LiveServer(base_url, process, log_path)
+
+
+@contextlib.contextmanager
+def serving(server: LiveServer) -> Iterator[str]:
+    """`server`'s base URL for the body (a fixture's `yield`); stopped after it, however it ended."""
+    try:
+        yield server.base_url
+    finally:
+        stop(server)
 
 
 def stop(server: LiveServer) -> None:

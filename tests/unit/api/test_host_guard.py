@@ -14,33 +14,10 @@ from urllib.parse import urlsplit
 
 import pytest
 from http_helpers import http_request
-
-from minipd.models.tokenizers.tokenizer import ByteTokenizer
+from idle_backend import NoRequests
 
 KEY = "host-guard-unit-key-0123456789"
 TIMEOUT_S = 10.0
-
-
-class NoRequests:
-    model_name = "m"
-    tokenizer = ByteTokenizer()
-    max_model_len = 64
-    vocab_size = 0
-
-    def submit(self, prompt, request_id, *, traceparent=None):
-        raise AssertionError("no request reaches the backend in these tests")
-
-    async def ready(self) -> bool:
-        return True
-
-    def instance_stats(self) -> list:
-        return []
-
-    def num_waiting(self) -> int:
-        return 0
-
-    def on_transfer_failure(self, callback) -> None:
-        pass
 
 
 def call(url: str, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> tuple[int, dict]:
