@@ -35,6 +35,7 @@ ANY = "*"
 WILDCARD_BINDS = frozenset({"0.0.0.0", "::", ""})  # a bind to every address of this machine
 LOOPBACK_NAME = "localhost"
 _NAME = re.compile(r"[a-z0-9_-]+(?:\.[a-z0-9_-]+)*")  # DNS labels; browsers send IDNs as punycode
+_PORT = re.compile(r":([0-9]{1,5})")  # ASCII digits only: str.isdigit takes "²", which int() refuses
 
 
 class HostPort(NamedTuple):
@@ -57,8 +58,8 @@ def split_host(value: str) -> HostPort | None:
         if address is None:
             return None
     else:
-        host, _, port = text.partition(":")
-        rest = f":{port}" if port or text.endswith(":") else ""
+        host, colon, port_text = text.partition(":")
+        rest = colon + port_text
         host = host[:-1] if host.endswith(".") else host
         address = _address(host)
         if address is None and not _NAME.fullmatch(host):
@@ -66,9 +67,10 @@ def split_host(value: str) -> HostPort | None:
         address = address or host
     if not rest:
         return HostPort(address, None)
-    if not rest.startswith(":") or not rest[1:].isdigit() or int(rest[1:]) > 65535:
+    port = _PORT.fullmatch(rest)
+    if port is None or int(port[1]) > 65535:
         return None
-    return HostPort(address, int(rest[1:]))
+    return HostPort(address, int(port[1]))
 
 
 def _address(text: str) -> str | None:

@@ -43,6 +43,9 @@ def test_split_host_normalises(value, expected):
         "evil.example:",  # a colon with no port
         "evil.example:80x",
         "evil.example:65536",
+        "evil.example:²",  # a digit to str.isdigit, no port
+        "[::1]:¹",
+        "évil.example",
         "evil.example/admin",
         "evil example",
         "user@evil.example",

@@ -153,6 +153,12 @@ def test_http_1_0_without_host_is_judged_by_the_address_it_arrived_on(server):
     assert raw_call(server.url, b"GET /v1/models HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200")
 
 
+def test_a_host_no_name_can_be_is_refused_not_a_server_error(server):
+    for host in ("evil.example:\u00b2".encode(), "\u00e9vil.example".encode(), b"[::1", b"a b"):
+        line = raw_call(server.url, b"GET /v1/models HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+        assert line.startswith(b"HTTP/1.1 403"), (host, line)
+
+
 def test_an_absolute_target_names_the_host_checked(server):
     port = port_of(server.url)
     line = raw_call(
