@@ -150,6 +150,7 @@ def test_allowed_hosts_reach_every_http_front_and_the_launchers_router():
     assert argv[argv.index("--allowed-hosts") + 1] == "a.example,.corp.example"  # as typed
     passed = _configs(Role.ROUTER, "--http-port", "0", *argv)
     assert passed.http.allowed_hosts == ("a.example", ".corp.example")
+    assert "--allowed-hosts" not in inherited_argv(_configs(Role.CLUSTER).parsed, Role.CLUSTER, Role.ROUTER)
 
 
 @pytest.mark.parametrize("entry", ["http://a.example", "a.example:8000", "a.example/x", "*.example"])
