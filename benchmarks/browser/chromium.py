@@ -1,13 +1,15 @@
 """Debian's headless Chromium (`chromium`, `chromium-driver`) under Selenium, for the dashboard.
 
 `open_browser()` starts one with its console log kept (`console_errors` reads it), a fixed
-window size (screenshots are comparable) and no network beyond what the page asks of its own
-server; `close_browser` ends it and its chromedriver.
+window size (screenshots are comparable), no network beyond what the page asks of its own
+server, and any extra switches a caller adds (a name mapped to this host, say); `close_browser`
+ends it and its chromedriver.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 from selenium import webdriver
@@ -19,7 +21,9 @@ CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 WINDOW = (1440, 1500)
 
 
-def open_browser(window: tuple[int, int] = WINDOW) -> webdriver.Chrome:
+def open_browser(window: tuple[int, int] = WINDOW, extra_args: Sequence[str] = ()) -> webdriver.Chrome:
+    """A headless Chromium with the options above and `extra_args` after them (e.g.
+    `--host-resolver-rules=MAP evil.example 127.0.0.1`, a name served by this host)."""
     for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not Path(path).exists():
             raise FileNotFoundError(f"{path} missing: install Debian's {package} package (.ci/run does)")
@@ -34,6 +38,7 @@ def open_browser(window: tuple[int, int] = WINDOW) -> webdriver.Chrome:
         "--disable-extensions",
         "--disable-background-networking",
         f"--window-size={window[0]},{window[1]}",
+        *extra_args,
     ):
         options.add_argument(arg)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})

@@ -1,10 +1,13 @@
 """The OpenAI-compatible HTTP front (aiohttp) over any `ServingBackend`.
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
-GET /metrics, and whatever `extensions` add (the router's admin routes, ops/admin/admin.py). With
-an API key (`HttpConfig.api_key`), every route but /health requires it (`api_key.py`; 401
-otherwise, before anything else is looked at), the extensions' included. POST bodies must be
-`application/json` (415 otherwise), so a web page cannot drive the API with a "simple"
+GET /metrics, and whatever `extensions` add (the router's admin routes, ops/admin/admin.py). Every
+route answers only to this server's own host names and refuses a state-changing request that
+another origin's page sent (`host_guard.py`: 403, against DNS rebinding; `HttpConfig.allowed_hosts`
+names more), first of all, with or without an API key. With an API key (`HttpConfig.api_key`),
+every route but /health requires it (`api_key.py`; 401 otherwise, before anything but the host
+is looked at), the extensions' included. POST bodies must be `application/json` (415
+otherwise), so a web page cannot drive the API with a "simple"
 cross-origin request (text/plain, forms). Every error, a 404 route or a 413 body included,
 is answered in OpenAI's error format, and so are the requests aiohttp's own parser refuses
 (`http_protocol.py`); an unexpected exception is logged and answered as a bare 500. Each app has
@@ -29,9 +32,11 @@ from typing import Callable, Sequence, TextIO
 import msgspec
 from aiohttp import web
 
+from minipd.api.allowed_hosts import AllowedHosts, parse_entries
 from minipd.api.api_key import ApiKeyGuard
 from minipd.api.backend import ServingBackend
 from minipd.api.errors import NOT_FOUND, OVERLOADED, SERVER_ERROR, ApiError
+from minipd.api.host_guard import HostGuard
 from minipd.api.http_protocol import use_json_errors
 from minipd.api.metrics import CONTENT_TYPE, ServingMetrics
 from minipd.api.protocol import ModelCard, ModelList
@@ -60,6 +65,8 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # request headers complete within this, or closed
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S  # the whole body within this, or 408
     api_key: str | None = None  # None: the API is open
+    # names answered besides this server's own (allowed_hosts.py); ("*",): any Host, no Origin check
+    allowed_hosts: tuple[str, ...] = ()
     shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S  # on cleanup, requests under way get this long to finish
     plan_profile: str | None = None  # the dashboard's latency profile file (a router's --plan-profile)
 
@@ -78,6 +85,7 @@ class HttpConfig(msgspec.Struct, frozen=True, kw_only=True):
                 raise ValueError(f"{field}: must be positive, got {getattr(self, field)}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key: must not be empty")
+        parse_entries(self.allowed_hosts)  # ValueError naming the field
 
 
 CONFIG_KEY = web.AppKey("config", HttpConfig)
@@ -156,7 +164,8 @@ Extension = Callable[[web.Application], None]  # adds routes (and metrics) to an
 def build_app(backend: ServingBackend, config: HttpConfig, extensions: Sequence[Extension] = ()) -> web.Application:
     """An aiohttp app serving `backend`; run it with `start_http_server`."""
     config.validate()
-    middlewares = [_errors_middleware]
+    # a foreign Host is refused before the key is looked at: the key is no way around it
+    middlewares = [_errors_middleware, HostGuard(AllowedHosts.for_server(config.host, config.allowed_hosts)).middleware]
     if config.api_key is not None:
         middlewares.append(ApiKeyGuard(config.api_key).middleware)
     app = web.Application(client_max_size=config.max_request_body_bytes, middlewares=middlewares)

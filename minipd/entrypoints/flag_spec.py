@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable, NamedTuple
 
+from minipd.api.allowed_hosts import parse_entries
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.engine.cpu_placement import parse_cpu_list
 
@@ -102,6 +103,16 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def host_list(text: str) -> tuple[str, ...]:
+    """`--allowed-hosts`: comma-separated entries, each checked (allowed_hosts.parse_entries)."""
+    entries = tuple(e.strip() for e in text.split(",") if e.strip())
+    try:
+        parse_entries(entries)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("allowed_hosts: ")) from None
+    return entries
 
 
 def cpu_list(text: str) -> tuple[int, ...]:

@@ -104,7 +104,7 @@ def _as_argv(flag: Flag, value: Any) -> list[str]:
         return [flag.name] if value else []
     if action == "store_false":
         return [] if value else [flag.name]
-    if value is None:
+    if value is None or value == ():  # an empty list (no --allowed-hosts) passes nothing, as it was typed
         return []
     values = value if action == "append" or flag.options.get("nargs") in ("+", "*") else [value]
     text = flag.text or _text

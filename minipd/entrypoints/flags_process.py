@@ -22,6 +22,7 @@ from minipd.entrypoints.flag_spec import (
     SERVING,
     cpu_list,
     flag,
+    host_list,
 )
 
 _PROCESS = ProcessConfig()
@@ -97,6 +98,22 @@ FLAGS = (
         metavar="KEY",
         help="require `Authorization: Bearer KEY` on every HTTP route except /health (401 otherwise). Prefer the "
         f"environment variable {API_KEY_ENV} (default: none, the API is open)",
+    ),
+    flag(
+        "--allowed-hosts",
+        SERVING,
+        SECURITY,
+        {Role.ROUTER},
+        ",".join,
+        sets="http.allowed_hosts",
+        type=host_list,
+        default=(),
+        metavar="NAMES",
+        help="comma-separated host names the HTTP API answers to besides its own (against DNS rebinding: any "
+        "other Host gets 403, and so does a POST whose Origin is another site's). Always allowed: every IP "
+        "address, localhost, the name --host/--http-host binds, and with a bind to 0.0.0.0 or :: this "
+        "machine's host name. '.example.com' allows that domain and the names under it; '*' turns the Host and "
+        "Origin checks off, for a server behind a proxy that does them (default: none besides those)",
     ),
     flag(
         "--max-connections",

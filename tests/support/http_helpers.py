@@ -6,6 +6,7 @@ against the `openai` package's models (`openai_contract.check_body`) before a te
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -16,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 from urllib.parse import urlsplit
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -60,10 +61,16 @@ def http_json(method: str, url: str, body: dict | bytes | None = None) -> HttpRe
 def http_post(url: str, body: bytes, headers: dict[str, str]) -> HttpResult:
     """A POST with exactly these headers (plus Host and Content-Length); the body is decoded
     as JSON when it is JSON."""
+    return http_request("POST", url, headers, body)
+
+
+def http_request(method: str, url: str, headers: dict[str, str], body: bytes | None = None) -> HttpResult:
+    """One call with exactly these headers (a `Host` among them replaces the one http.client
+    writes, as `curl -H 'Host: ...'` does); the body is decoded as JSON when it is JSON."""
     parts = urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=REQUEST_TIMEOUT_S)
     try:
-        connection.request("POST", parts.path, body, headers)
+        connection.request(method, parts.path, body, headers)
         response = connection.getresponse()
         raw = response.read()
         try:
@@ -167,6 +174,15 @@ def _start(log_dir: Path, *argv: str) -> LiveServer:
         stop(LiveServer("", process, log_path))
         raise
     return LiveServer(base_url, process, log_path)
+
+
+@contextlib.contextmanager
+def serving(server: LiveServer) -> Iterator[str]:
+    """`server`'s base URL for the body (a fixture's `yield`); stopped after it, however it ended."""
+    try:
+        yield server.base_url
+    finally:
+        stop(server)
 
 
 def stop(server: LiveServer) -> None:

@@ -11,13 +11,13 @@ import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
+from idle_backend import NoRequests
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.api.backend import InstanceStats
 from minipd.control.role import Role
 from minipd.engine.block_manager import BlockUsage
 from minipd.engine.engine import EngineStats
-from minipd.models.tokenizers.tokenizer import ByteTokenizer
 from minipd.ops.dashboard.instances import EngineInstances
 from minipd.ops.dashboard.observed_backend import ObservedBackend
 from minipd.ops.dashboard.request_window import RequestWindow
@@ -28,26 +28,9 @@ from minipd.ops.dashboard.sse import parse_sse
 KEY = "dashboard-unit-key-0123456789"
 
 
-class IdleBackend:
-    model_name = "m"
-    tokenizer = ByteTokenizer()
-    max_model_len = 64
-    vocab_size = 0
-
-    def submit(self, prompt, request_id, *, traceparent=None):
-        raise AssertionError("no request in these tests")
-
-    async def ready(self) -> bool:
-        return True
-
-    def num_waiting(self) -> int:
-        return 0
-
+class IdleBackend(NoRequests):
     def instance_stats(self):
         return [InstanceStats("local", Role.BOTH, EngineStats(0, 0, 0, BlockUsage(8, 8, 0, 0)))]
-
-    def on_transfer_failure(self, callback) -> None:
-        pass
 
 
 class FakeEngine:

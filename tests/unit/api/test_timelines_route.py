@@ -9,10 +9,10 @@ import urllib.error
 import urllib.request
 
 import pytest
+from idle_backend import NoRequests
 
 from minipd.api.app import HttpConfig, build_app, start_http_server
 from minipd.engine.request import RequestOutput
-from minipd.models.tokenizers.tokenizer import ByteTokenizer
 from minipd.ops.dashboard.request_window import RequestWindow
 from minipd.ops.dashboard.routes import Dashboard
 from minipd.ops.dashboard.snapshot import DashboardSLO, SnapshotBuilder
@@ -20,25 +20,6 @@ from minipd.ops.dashboard.timelines_route import timelines_extension
 from minipd.router.timeline_store import TimelineStore
 
 KEY = "timelines-unit-key-0123456789"
-
-
-class NoRequests:
-    model_name = "m"
-    tokenizer = ByteTokenizer()
-    max_model_len = 64
-    vocab_size = 0
-
-    async def ready(self) -> bool:
-        return True
-
-    def instance_stats(self) -> list:
-        return []
-
-    def num_waiting(self) -> int:
-        return 0
-
-    def on_transfer_failure(self, callback) -> None:
-        pass
 
 
 class NoInstances:

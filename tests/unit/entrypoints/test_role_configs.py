@@ -24,7 +24,7 @@ from minipd.entrypoints.config_sections import (
     TransportConfig,
 )
 from minipd.entrypoints.configs import RoleConfigs, flag_values, role_configs
-from minipd.entrypoints.flags import FLAGS, build_parser
+from minipd.entrypoints.flags import FLAGS, build_parser, inherited_argv
 from minipd.policy.ratio_controller import ControllerConfig
 from minipd.router.router_config import RouterConfig
 from minipd.slo.targets import SLO
@@ -138,6 +138,27 @@ def test_the_router_gets_its_policy_endpoints_api_and_controller():
     assert configs.http.host == "0.0.0.0"
     assert configs.ratio_controller.policy.target == 0.8 and configs.ratio_controller.options.interval_s == 2.0
     assert _configs(Role.ROUTER).ratio_controller is None and _configs(Role.ROUTER).http is None
+
+
+def test_allowed_hosts_reach_every_http_front_and_the_launchers_router():
+    served = _configs(Role.BOTH, "--port", "0", "--allowed-hosts", " a.example, .corp.example,[::2] ")
+    assert served.http.allowed_hosts == ("a.example", ".corp.example", "[::2]")
+    router = _configs(Role.ROUTER, "--http-port", "0", "--allowed-hosts", "*")
+    assert router.http.allowed_hosts == ("*",) and _configs(Role.ROUTER, "--http-port", "0").http.allowed_hosts == ()
+    launcher = _configs(Role.CLUSTER, "--allowed-hosts", "a.example,.corp.example")
+    argv = inherited_argv(launcher.parsed, Role.CLUSTER, Role.ROUTER)
+    assert argv[argv.index("--allowed-hosts") + 1] == "a.example,.corp.example"  # as typed
+    passed = _configs(Role.ROUTER, "--http-port", "0", *argv)
+    assert passed.http.allowed_hosts == ("a.example", ".corp.example")
+    assert "--allowed-hosts" not in inherited_argv(_configs(Role.CLUSTER).parsed, Role.CLUSTER, Role.ROUTER)
+
+
+@pytest.mark.parametrize("entry", ["http://a.example", "a.example:8000", "a.example/x", "*.example"])
+def test_an_allowed_host_that_is_no_host_name_exits_2_naming_the_flag(entry, capsys):
+    with pytest.raises(SystemExit) as exited:
+        _configs(Role.ROUTER, "--allowed-hosts", f"b.example,{entry}")
+    assert exited.value.code == 2
+    assert f"argument --allowed-hosts: {entry!r} is not a host name or address" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
