@@ -341,3 +341,23 @@ def test_docs_pages_named_in_code_exist():
                 if not (ROOT / name).exists():
                     missing.append(f"{_rel(path)}: {name}")
     assert not missing, "\n".join(missing)
+
+
+CONFLICT_MARKER = re.compile(r"^(<{7}|>{7}) ", re.M)
+
+
+def conflict_markers(text: str) -> list[str]:
+    """The lines of `text` that a merge left as conflict markers."""
+    return [match.group(0) for match in CONFLICT_MARKER.finditer(text)]
+
+
+def test_no_tracked_text_holds_a_merge_conflict_marker():
+    # a merge once left two in docs/benchmarks.md, rendered as prose on the page
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    texts += [p for p in ROOT.rglob("*.py") if ".venv" not in p.parts and "bench-results" not in p.parts]
+    found = {str(p.relative_to(ROOT)): conflict_markers(p.read_text()) for p in texts}
+    assert {page: markers for page, markers in found.items() if markers} == {}
+
+
+def test_the_conflict_check_sees_a_marker():
+    assert conflict_markers("text\n<<<<<<< HEAD\nours\n=======\ntheirs\n>>>>>>> branch\n") == ["<<<<<<< ", ">>>>>>> "]
