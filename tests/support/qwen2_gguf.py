@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from gguf import GGMLQuantizationType, TokenType
 from gguf_helpers import GGUFVocab, write_llama_gguf
+from hf_random import sharpen
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
 from minipd.models.checkpoints.hf_loader import config_from_hf
@@ -85,19 +86,12 @@ def trained_vocab(pre: str = "qwen2", size: int = 420) -> GGUFVocab:
 
 
 def hf_qwen2(vocab_size: int, seed: int = 0, **overrides):
-    """A random Qwen2ForCausalLM whose attention is sharp (fan-in scaled weights, O(1) biases)."""
+    """A random Qwen2ForCausalLM whose attention is sharp (`hf_random.sharpen`), drawn from `seed`."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab_size, **{**TINY_QWEN2, **overrides})).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1 + 0.1 * torch.randn_like(param))
-            elif name.endswith(".bias"):
-                param.copy_(0.5 * torch.randn_like(param))
-            else:
-                param.copy_(2 * torch.randn_like(param) * param.shape[-1] ** -0.5)
+    sharpen(model)
     return model
 
 
