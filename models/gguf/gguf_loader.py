@@ -235,7 +235,7 @@ def quantized_unsupported(
     """Why `file` cannot be served with quantized weights on `device` in `dtype` by
     `quantized_kernel` ("auto", "vnni", "avx2", "torch"), or None."""
     if not has_q4_tensors(file):
-        return f"{file.path} has no Q4_0/Q4_1 tensors"
+        return f"{file.path} has no Q4_0/Q4_1 tensors, the only 4-bit ones a quantized kernel reads so far"
     if torch.device(device).type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return "quantized weights are served on the CPU in bfloat16 or float32, only"
     if quantized_kernel in INT8_KERNELS:

@@ -99,6 +99,12 @@ def test_logits_equal_the_model_dequantized_up_front(q4_k_m, caplog) -> None:
     )
 
 
+def test_keeping_k_quants_quantized_is_refused_saying_why(q4_k_m) -> None:
+    path, _ = q4_k_m
+    with pytest.raises(ValueError, match="weights: quantized: .* has no Q4_0/Q4_1 tensors, the only 4-bit ones"):
+        load_gguf_model(path, weights="quantized")
+
+
 def test_the_engine_serves_it_end_to_end(q4_k_m, make_engine, loop_thread) -> None:
     path, _ = q4_k_m
     engine = make_engine(model=str(path), dtype="float32", num_blocks=16, max_model_len=128)
