@@ -6,7 +6,7 @@ info record per tensor (name, dims, ggml type, offset) -- followed by the tensor
 aligned to `general.alignment` bytes. This module parses the header itself with `struct`
 (the `gguf` package's `GGUFReader` builds several numpy views per array element and took
 8-16 s on SmolLM2's 100k-entry vocabulary on a 2-core machine; this takes a fraction of a
-second) and leaves decoding the data blocks to `gguf.quants`.
+second) and leaves decoding the data blocks to gguf_dequantize.py.
 
 Nothing is dequantized here: `GGUFFile.tensor_bytes` returns a read-only memory-mapped view
 of one tensor's stored bytes, so reading only the metadata (the router's tokenizer) touches
@@ -121,14 +121,14 @@ class GGUFFile:
         self._data: np.memmap | None = None
 
     def tensor_bytes(self, info: GGUFTensorInfo) -> np.ndarray:
-        """The stored bytes of `info` (read-only, memory-mapped), shaped as `gguf.quants.dequantize`
-        expects them: [rows..., bytes per row]."""
+        """The stored bytes of `info` (read-only, memory-mapped), shaped as `gguf_dequantize.dequantize`
+        (and `gguf.quants.dequantize`) takes them: [rows..., bytes per row]."""
         if self._data is None:
             self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
         start = self.data_start + info.offset
         if start + info.num_bytes > self._data.shape[0]:
             raise ValueError(f"gguf: tensor {info.name!r} in {self.path} ends past the end of the file")
-        # A plain ndarray view: gguf.quants splits its input into many pieces, and every piece of an
+        # A plain ndarray view: the decoders split their input into many pieces, and every piece of an
         # np.memmap subclass pays for a Python-level __array_finalize__.
         raw = self._data[start : start + info.num_bytes].view(np.ndarray)
         return raw.reshape(quant_shape_to_byte_shape(info.shape, GGMLQuantizationType(info.ggml_type)))

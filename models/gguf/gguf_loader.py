@@ -1,40 +1,54 @@
-"""Load a llama-architecture GGUF file (llama.cpp's format) into minipd.
+"""Load a llama- or qwen2-architecture GGUF file (llama.cpp's format) into minipd.
 
-`config_from_gguf` maps the `llama.*` metadata onto `ModelConfig` (special token ids from
+`config_from_gguf` maps the `<arch>.*` metadata onto `ModelConfig` (special token ids from
 `tokenizer.ggml.*`). Anything the model cannot reproduce exactly -- another architecture,
 mixture-of-experts, partial rotary, RoPE frequency factors, a RoPE scaling other than
-linear -- is refused with a `ValueError` naming it.
+linear -- is refused with a `ValueError` naming it. qwen2 is llama plus q/k/v biases
+(`blk.N.attn_q.bias`, ...), with its Q/K rows stored as Hugging Face has them (llama.cpp rotates
+qwen2 the NEOX way, halves apart, so its converter does not permute them).
 
 `load_gguf_model` checks every tensor's name, type and shape before it allocates the model,
-then dequantizes one tensor at a time (F32, F16, BF16, Q8_0, Q4_0, Q4_1, through
-`gguf.quants`) to float32, undoes llama.cpp's Q/K row permutation, and copies it into the
-model in the engine dtype; each float32 copy is dropped before the next tensor is read.
-With `weights="quantized"` the Q4_0/Q4_1 projections are instead kept in their 4-bit blocks
-and multiplied as stored (gguf_quantized.py); that needs the CPU, in bfloat16 (any kernel) or
-float32 (minipd's int8 kernels). `weights="mixed"` keeps them so too and adds each one's dense
-copy in the model's dtype, for the rows of prefill chunks
-(`QuantizedLinear.from_q4`).
+then dequantizes one tensor at a time to float32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+Q4_K, Q5_K, Q6_K: gguf_dequantize.py), undoes llama.cpp's Q/K row permutation (llama), and
+copies it into the model in the engine dtype; each float32 copy is dropped before the next
+tensor is read. With `weights="quantized"` the Q4_0/Q4_1 projections are instead kept in their
+4-bit blocks and multiplied as stored (gguf_quantized.py); that needs the CPU, in bfloat16 (any
+kernel) or float32 (minipd's int8 kernels). `weights="mixed"` keeps them so too and adds each
+one's dense copy in the model's dtype, for the rows of prefill chunks
+(`QuantizedLinear.from_q4`). No kernel reads the other quantized types yet (the K-quants, Q5_0,
+Q5_1; Q8_0 apart from the lm_head): their projections are dequantized to the model's dtype, and
+a log line names them (dequantized_log.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import numpy as np
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 
 from minipd.models.arch.llama import LlamaForCausalLM
 from minipd.models.arch.model_config import ModelConfig, RopeScaling
+from minipd.models.gguf.dequantized_log import log_dequantized
+from minipd.models.gguf.gguf_dequantize import DEQUANTIZED_TYPES, dequantize
 from minipd.models.gguf.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
 from minipd.models.gguf.gguf_quantized import Q4_TYPES, attach_quantized
 from minipd.models.kernels import vnni_kernels
 from minipd.models.weights.quantized_linear import INT8_KERNELS, choose_kernel, kernel_available
 
-SUPPORTED_ARCHITECTURES = ("llama",)
-SUPPORTED_TENSOR_TYPES = tuple(GGMLQuantizationType[name] for name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"))
+
+class _Architecture(NamedTuple):
+    hf_name: str  # ModelConfig.architecture
+    attention_bias: bool  # q/k/v biases (blk.N.attn_q.bias, ...)
+    permuted_qk: bool  # llama.cpp's converter interleaved each head's Q/K rows (rotary pairs)
+
+
+ARCHITECTURES = {
+    "llama": _Architecture("LlamaForCausalLM", attention_bias=False, permuted_qk=True),
+    "qwen2": _Architecture("Qwen2ForCausalLM", attention_bias=True, permuted_qk=False),
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+SUPPORTED_TENSOR_TYPES = DEQUANTIZED_TYPES
 SUPPORTED_ROPE_SCALING = ("none", "linear")
 # 4-bit tensors multiplied as stored; so, plus a dense copy for prefill rows; or dequantized to the dtype
 WEIGHT_FORMATS = ("quantized", "mixed", "dense")
@@ -60,6 +74,9 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
 }
 _LAYER_PREFIX = "blk."
 _OUTPUT = "output.weight"
@@ -105,7 +122,7 @@ def _eos_token_ids(metadata: dict[str, Any]) -> tuple[int, ...]:
 
 
 def config_from_gguf(file: GGUFFile) -> ModelConfig:
-    """`ModelConfig` from a llama GGUF's metadata; ValueError names what cannot be served exactly."""
+    """`ModelConfig` from a llama or qwen2 GGUF's metadata; ValueError names what cannot be served exactly."""
     arch = gguf_architecture(file)
     metadata = file.metadata
     expert_count = metadata.get(f"{arch}.expert_count") or 0
@@ -147,9 +164,10 @@ def config_from_gguf(file: GGUFFile) -> ModelConfig:
         rope_theta=float(metadata.get(f"{arch}.rope.freq_base", _DEFAULT_ROPE_THETA)),
         rope_scaling=_rope_scaling(metadata, arch),
         tie_word_embeddings=_OUTPUT not in file.tensors,  # llama.cpp reuses token_embd when output is absent
+        attention_bias=ARCHITECTURES[arch].attention_bias,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=_eos_token_ids(metadata),
-        architecture="LlamaForCausalLM",
+        architecture=ARCHITECTURES[arch].hf_name,
     )
 
 
@@ -184,12 +202,10 @@ def _check_type(file: GGUFFile, info: GGUFTensorInfo) -> None:
         )
 
 
-def dequantize_tensor(file: GGUFFile, info: GGUFTensorInfo) -> np.ndarray:
-    """One tensor as float32 (shape `info.shape`); ValueError names an unsupported type."""
+def dequantize_tensor(file: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:
+    """One tensor as a new float32 tensor (shape `info.shape`); ValueError names an unsupported type."""
     _check_type(file, info)
-    values = dequantize(file.tensor_bytes(info), GGMLQuantizationType(info.ggml_type)).reshape(info.shape)
-    # F32 comes back as a view of the read-only file mapping; torch wants memory it may write.
-    return values if values.flags.writeable else values.copy()
+    return dequantize(file.tensor_bytes(info), info.ggml_type, info.shape)
 
 
 def _check_tensors(file: GGUFFile, model_shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
@@ -219,7 +235,7 @@ def quantized_unsupported(
     """Why `file` cannot be served with quantized weights on `device` in `dtype` by
     `quantized_kernel` ("auto", "vnni", "avx2", "torch"), or None."""
     if not has_q4_tensors(file):
-        return f"{file.path} has no Q4_0/Q4_1 tensors"
+        return f"{file.path} has no Q4_0/Q4_1 tensors, the only 4-bit ones a quantized kernel reads so far"
     if torch.device(device).type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return "quantized weights are served on the CPU in bfloat16 or float32, only"
     if quantized_kernel in INT8_KERNELS:
@@ -263,26 +279,33 @@ def load_gguf_weights(
     if weights in QUANTIZED_FORMATS and (why := quantized_unsupported(file, device, dtype, quantized_kernel)):
         raise ValueError(f"weights: {weights}: {why}")
     model = LlamaForCausalLM(config, device=device, dtype=dtype, initialize=False)  # every tensor is loaded below
+    unpermute = unpermute_qk_rows if ARCHITECTURES[gguf_architecture(file)].permuted_qk else _rows_as_stored
     served_quantized: set[str] = set()
     if weights in QUANTIZED_FORMATS:
         gguf_names = {h: g for g, h in names.items()}
         kernel = choose_kernel(quantized_kernel)
         served_quantized = attach_quantized(
-            model, file, gguf_names, unpermute_qk_rows, dense_copies=weights == "mixed", kernel=kernel
+            model, file, gguf_names, unpermute, dense_copies=weights == "mixed", kernel=kernel
         )
     params = model.state_dict()
     with torch.no_grad():
         for gguf_name, name in names.items():
             if name in served_quantized:
                 continue
-            values = torch.from_numpy(dequantize_tensor(file, file.tensors[gguf_name]))
+            values = dequantize_tensor(file, file.tensors[gguf_name])
             if name.endswith("q_proj.weight"):
-                values = unpermute_qk_rows(values, config.num_heads)
+                values = unpermute(values, config.num_heads)
             elif name.endswith("k_proj.weight"):
-                values = unpermute_qk_rows(values, config.num_kv_heads)
+                values = unpermute(values, config.num_kv_heads)
             params[name].copy_(values)
             del values  # the float32 copy goes before the next tensor is dequantized
+    log_dequantized(file, [g for g, h in names.items() if h not in served_quantized], weights, dtype)
     return model
+
+
+def _rows_as_stored(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """qwen2's Q/K rows: stored in Hugging Face's order (no permutation to undo)."""
+    return weight
 
 
 def _model_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
@@ -298,7 +321,7 @@ def load_gguf_model(
     weights: str = "dense",
     quantized_kernel: str = "auto",
 ) -> LlamaForCausalLM:
-    """Build a `LlamaForCausalLM` from the llama GGUF file at `path`, dequantized to `dtype` on
+    """Build a `LlamaForCausalLM` from the llama or qwen2 GGUF file at `path`, dequantized to `dtype` on
     `device` (`weights="quantized"`: its 4-bit projections kept as stored; "mixed": so, plus
     their dense copies). Raises
     FileNotFoundError when it does not exist and ValueError naming an

@@ -9,7 +9,8 @@ zero m + 8d, exact in float32 since 8d is).
 `q8_values` reads a Q8_0 tensor's blocks (`block_q8_0`: a float16 d, then 32 int8 q; w = d * q).
 
 `attach_quantized` gives a model's projections that are stored in 4 bits (each fused group --
-q/k/v, gate/up -- only when every part is, and the kernel takes its shape) a
+q/k/v, gate/up -- only when every part is, and the kernel takes its shape; q/k/v not where they
+have biases, as qwen2's do) a
 `QuantizedLinear` (with its dense copy for prefill rows when asked: weights "mixed") and
 returns the parameter names it replaced, which the loader then skips. With minipd's kernels
 ("vnni", "avx2") the lm_head is served from its blocks too when they are Q4_0, Q4_1 or Q8_0, a tied one (the
@@ -83,8 +84,6 @@ def attach_quantized(
     llama.cpp's Q/K row order."""
     config = model.config
     dense_dtype = model.model.norm.weight.dtype
-    if config.attention_bias:
-        return set()  # the fused q/k/v bias would need the dense path; llama GGUFs have none
 
     def info(name: str) -> GGUFTensorInfo:
         return file.tensors[gguf_names[name]]
@@ -123,9 +122,9 @@ def attach_quantized(
     replaced: set[str] = set()
     for i, layer in enumerate(model.model.layers):
         p = f"model.layers.{i}."
-        layer.self_attn.use_quantized(
-            group([p + f"self_attn.{x}_proj.weight" for x in "qkv"]), group([p + "self_attn.o_proj.weight"])
-        )
+        # q/k/v with biases (qwen2) stay dense: a QuantizedLinear adds no bias
+        qkv = None if config.attention_bias else group([p + f"self_attn.{x}_proj.weight" for x in "qkv"])
+        layer.self_attn.use_quantized(qkv, group([p + "self_attn.o_proj.weight"]))
         layer.mlp.use_quantized(
             group([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]), group([p + "mlp.down_proj.weight"])
         )

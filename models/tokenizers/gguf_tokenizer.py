@@ -6,10 +6,16 @@ pre-tokenizer llama.cpp applies (`tokenizer.ggml.pre`) and the chat template. Su
 
 - `tokenizer.ggml.model = "gpt2"`: byte-level BPE (GPT-2, SmolLM, Llama 3, Qwen2, ... files);
   SentencePiece (`llama`) and the other models are refused by name.
-- `tokenizer.ggml.pre`: `default`/`gpt2` (GPT-2's split regex) and `smollm` (each digit
+- `tokenizer.ggml.pre`: `default`/`gpt2` (GPT-2's split regex), `smollm` (each digit
   split off first, then GPT-2's regex: llama.cpp groups it with StarCoder's, and it is the
-  pre-tokenizer of SmolLM's own tokenizer.json); anything else is refused by name, because
-  splitting text differently from the merges' training yields other ids without any error.
+  pre-tokenizer of SmolLM's own tokenizer.json), `qwen2` (Qwen2's regex: single digits, a letter
+  run with one leading non-letter, punctuation runs with their line breaks) and `llama-bpe`
+  (Llama 3's: the same but digits in runs of up to three), each of the last two split by its
+  regex as its tokenizer.json does (`Split`, isolated) and then byte-level without a regex;
+  anything else is refused by name, because splitting text differently from the merges'
+  training yields other ids without any error. No normalizer: llama.cpp and transformers'
+  GGUF conversion apply none (Qwen2's own tokenizer.json adds NFC, which changes only text with
+  decomposed accents).
 
 Tokens are built as transformers' GGUF conversion builds them, so both give the same ids:
 a token spelled outside GPT-2's byte alphabet is respelled as its UTF-8 bytes; CONTROL tokens
@@ -24,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from gguf import TokenType
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
 from minipd.models.gguf.gguf_file import GGUFFile
@@ -36,6 +42,17 @@ _DEFAULT_PRE = "default"
 _TOKENS, _TOKEN_TYPES, _MERGES = "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"
 _EOS_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 
+# The split regexes of Qwen2's and Llama 3's tokenizer.json (llama.cpp runs the same, with the
+# case-insensitive contractions spelled out: llama-vocab.cpp, LLAMA_VOCAB_PRE_TYPE_QWEN2 / LLAMA3).
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
 
 def _gpt2(add_prefix_space: bool) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=True)
@@ -45,10 +62,24 @@ def _digits_then_gpt2(add_prefix_space: bool) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _gpt2(add_prefix_space)])
 
 
+def _split_then_bytes(pattern: str) -> Callable[[bool], pre_tokenizers.PreTokenizer]:
+    def build(add_prefix_space: bool) -> pre_tokenizers.PreTokenizer:
+        return pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=add_prefix_space, use_regex=False),
+            ]
+        )
+
+    return build
+
+
 PRE_TOKENIZERS: dict[str, Callable[[bool], pre_tokenizers.PreTokenizer]] = {
     "default": _gpt2,
     "gpt2": _gpt2,
     "smollm": _digits_then_gpt2,
+    "qwen2": _split_then_bytes(QWEN2_SPLIT),
+    "llama-bpe": _split_then_bytes(LLAMA3_SPLIT),
 }
 
 

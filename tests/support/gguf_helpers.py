@@ -1,18 +1,19 @@
-"""Tiny llama GGUF files written with the `gguf` package's GGUFWriter, the way llama.cpp's
-convert_hf_to_gguf.py writes them (Q/K rows permuted, norms in F32), from known HF-layout weights;
+"""Tiny llama and qwen2 GGUF files written with the `gguf` package's GGUFWriter, the way llama.cpp's
+convert_hf_to_gguf.py writes them (llama's Q/K rows permuted, qwen2's as HF has them; norms and
+biases in F32), from known HF-layout weights, with a tiny vocabulary or one given (`GGUFVocab`);
 and the locations of the real SmolLM2 file for the tests that use it."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter, TokenType
-from gguf.quants import quantize
+from gguf_blocks import quantize, random_blocks
 
 from minipd.models.arch.model_config import ModelConfig
 from minipd.models.checkpoints.packaged_models import PACKAGED_MODELS
@@ -73,7 +74,33 @@ GGUF_LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
 }
+# Types neither gguf's quantizer nor the K-quant writer makes: written as random blocks (minipd refuses them).
+RANDOM_BLOCK_TYPES = (GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K)
+PERMUTED_QK_ARCHS = ("llama",)  # llama.cpp's converter interleaves llama's Q/K rows, not qwen2's
+
+
+class GGUFVocab(NamedTuple):
+    """A byte-level BPE vocabulary as a GGUF's tokenizer metadata holds it."""
+
+    tokens: list[str]
+    token_types: list[int]
+    merges: list[str]
+    pre: str
+    bos_token_id: int
+    eos_token_id: int
+    add_bos: bool | None = None
+    chat_template: str | None = None
+
+
+def tiny_vocab(config: ModelConfig) -> GGUFVocab:
+    """Three special tokens, single printable ASCII characters, and one merged token '!"'."""
+    tokens = ["<unk>", "<s>", "</s>", *[chr(ord("!") + i) for i in range(config.vocab_size - 4)], '!"']
+    types = [TokenType.CONTROL] * 3 + [TokenType.NORMAL] * (config.vocab_size - 3)
+    return GGUFVocab(tokens, types, ['! "'], "default", config.bos_token_id, config.eos_token_ids[0])
 
 
 def hf_weights(config: ModelConfig, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -116,8 +143,10 @@ def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def gguf_tensors(config: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """HF weights under their GGUF names, Q/K permuted as llama.cpp stores them."""
+def gguf_tensors(
+    config: ModelConfig, weights: dict[str, torch.Tensor], permute_qk: bool = True
+) -> dict[str, np.ndarray]:
+    """HF weights under their GGUF names, Q/K permuted as llama.cpp stores llama's (`permute_qk`)."""
     out = {
         "token_embd.weight": weights["model.embed_tokens.weight"].numpy(),
         "output_norm.weight": weights["model.norm.weight"].numpy(),
@@ -129,20 +158,23 @@ def gguf_tensors(config: ModelConfig, weights: dict[str, torch.Tensor]) -> dict[
             if f"model.layers.{i}.{hf}" not in weights:
                 continue  # left out on purpose (a file with a missing tensor)
             values = weights[f"model.layers.{i}.{hf}"].numpy()
-            if hf == "self_attn.q_proj.weight":
+            if permute_qk and hf == "self_attn.q_proj.weight":
                 values = llama_cpp_permute(values, config.num_heads)
-            elif hf == "self_attn.k_proj.weight":
+            elif permute_qk and hf == "self_attn.k_proj.weight":
                 values = llama_cpp_permute(values, config.num_kv_heads)
             out[f"blk.{i}.{gg}"] = values
     return out
 
 
 def stored(values: np.ndarray, tensor_type: GGMLQuantizationType) -> np.ndarray:
-    """`values` as GGUFWriter.add_tensor takes them for `tensor_type` (F32/F16 as floats, the rest as bytes)."""
+    """`values` as GGUFWriter.add_tensor takes them for `tensor_type` (F32/F16 as floats, the rest as
+    bytes: gguf's quantizer, the tests' K-quant writer, or random blocks for `RANDOM_BLOCK_TYPES`)."""
     if tensor_type == GGMLQuantizationType.F32:
         return values.astype(np.float32)
     if tensor_type == GGMLQuantizationType.F16:
         return values.astype(np.float16)
+    if tensor_type in RANDOM_BLOCK_TYPES:
+        return random_blocks(tensor_type, *values.shape, np.random.default_rng(0))
     return quantize(values.astype(np.float32), tensor_type)
 
 
@@ -154,9 +186,11 @@ def write_llama_gguf(
     arch: str = "llama",
     extra_metadata: dict[str, Any] | None = None,
     tensor_types: dict[str, GGMLQuantizationType] | None = None,
+    vocab: GGUFVocab | None = None,
 ) -> Path:
     """A GGUF file of `weights`: matrices stored as `tensor_type` (per-name overrides in
-    `tensor_types`), 1-D norms as F32, plus llama metadata and a small byte-level vocabulary."""
+    `tensor_types`), 1-D norms and biases as F32, plus `arch` metadata and `vocab` (by default
+    `tiny_vocab`)."""
     writer = GGUFWriter(str(path), arch)
     u32, f32 = GGUFValueType.UINT32, GGUFValueType.FLOAT32
     metadata: dict[str, tuple[Any, GGUFValueType]] = {
@@ -175,16 +209,19 @@ def write_llama_gguf(
         metadata[key] = (value, GGUFValueType.STRING if isinstance(value, str) else u32)
     for key, (value, value_type) in metadata.items():
         writer.add_key_value(key, value, value_type)
-    # three special tokens, single printable ASCII characters, and one merged token '!"'
-    tokens = ["<unk>", "<s>", "</s>", *[chr(ord("!") + i) for i in range(config.vocab_size - 4)], '!"']
+    vocab = vocab or tiny_vocab(config)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([TokenType.CONTROL] * 3 + [TokenType.NORMAL] * (config.vocab_size - 3))
-    writer.add_token_merges(['! "'])
-    writer.add_bos_token_id(config.bos_token_id)
-    writer.add_eos_token_id(config.eos_token_ids[0])
-    for name, values in gguf_tensors(config, weights).items():
+    writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.token_types)
+    writer.add_token_merges(vocab.merges)
+    writer.add_bos_token_id(vocab.bos_token_id)
+    writer.add_eos_token_id(vocab.eos_token_id)
+    if vocab.add_bos is not None:
+        writer.add_add_bos_token(vocab.add_bos)
+    if vocab.chat_template is not None:
+        writer.add_chat_template(vocab.chat_template)
+    for name, values in gguf_tensors(config, weights, permute_qk=arch in PERMUTED_QK_ARCHS).items():
         kind = (tensor_types or {}).get(name, GGMLQuantizationType.F32 if values.ndim == 1 else tensor_type)
         writer.add_tensor(
             name,

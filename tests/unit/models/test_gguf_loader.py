@@ -23,8 +23,12 @@ from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
 Q = GGMLQuantizationType
 # Largest |stored - written| per type for these weights (|w| < ~0.6): 0 where the type holds
 # them exactly, else a bound that still fails if the wrong type or rows were read.
-ROUND_TRIP_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1]
-MAX_QUANT_ERROR = {Q.F32: 0.0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 0.01, Q.Q4_0: 0.2, Q.Q4_1: 0.1}
+# (The K-quants need rows of 256: tests/unit/models/test_gguf_kquants.py.)
+ROUND_TRIP_TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_0, Q.Q4_1]
+MAX_QUANT_ERROR = {
+    **{Q.F32: 0.0, Q.F16: 1e-3, Q.BF16: 5e-3, Q.Q8_0: 0.01},
+    **{Q.Q5_0: 0.1, Q.Q5_1: 0.05, Q.Q4_0: 0.2, Q.Q4_1: 0.1},
+}
 
 
 def expected_after_storage(values: torch.Tensor, tensor_type: GGMLQuantizationType) -> torch.Tensor:
@@ -97,13 +101,14 @@ def test_config_comes_from_the_metadata(tmp_path: Path) -> None:
 
 def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
     path = write_llama_gguf(tmp_path / "gpt2.gguf", TINY, hf_weights(TINY), arch="gpt2")
-    with pytest.raises(ValueError, match=r"architecture 'gpt2'.*supported: \['llama'\]"):
+    with pytest.raises(ValueError, match=r"architecture 'gpt2'.*supported: \['llama', 'qwen2'\]"):
         load_gguf_model(path)
 
 
 def test_an_unsupported_tensor_type_is_named_before_loading(tmp_path: Path) -> None:
-    path = write_llama_gguf(tmp_path / "q5.gguf", TINY, hf_weights(TINY), tensor_types={"blk.1.ffn_up.weight": Q.Q5_0})
-    with pytest.raises(ValueError, match=r"'blk\.1\.ffn_up\.weight'.*type Q5_0, which is not supported"):
+    types = {"blk.1.ffn_up.weight": Q.IQ4_NL}
+    path = write_llama_gguf(tmp_path / "iq4.gguf", TINY, hf_weights(TINY), tensor_types=types)
+    with pytest.raises(ValueError, match=r"'blk\.1\.ffn_up\.weight'.*type IQ4_NL, which is not supported"):
         load_gguf_model(path)
 
 
@@ -151,8 +156,8 @@ def test_the_tokenizer_comes_from_the_metadata_and_unsupported_kinds_are_named(t
     tokenizer = gguf_tokenizer(file)
     assert tokenizer.encode('!"#') == tokenizer.encode('!"#', add_bos=False) == [merged_id, 5]
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.decode([1, merged_id, 2])) == ("<s>", "</s>", '!"')
-    file.metadata["tokenizer.ggml.pre"] = "qwen2"
-    with pytest.raises(ValueError, match="tokenizer.ggml.pre 'qwen2' is not supported"):
+    file.metadata["tokenizer.ggml.pre"] = "chatglm-bpe"
+    with pytest.raises(ValueError, match="tokenizer.ggml.pre 'chatglm-bpe' is not supported"):
         gguf_tokenizer(file)
     file.metadata["tokenizer.ggml.model"] = "llama"
     with pytest.raises(ValueError, match="tokenizer.ggml.model 'llama'.*not supported"):

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 import torch
+from hf_random import sharpen
 from safetensors.torch import load_file, save_file
 
 from minipd.models.arch.llama import LlamaForCausalLM
@@ -39,19 +40,6 @@ LINEAR_SCALING = dict(rope_type="linear", factor=4.0)
 YARN_SCALING = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)
 
 
-def _randomize(model: torch.nn.Module) -> None:
-    """HF's init (std 0.02) makes attention nearly uniform, which would hide RoPE bugs;
-    fan-in scaled weights give sharp attention and O(1) logits."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_(1 + 0.1 * torch.randn_like(param))
-            elif name.endswith(".bias"):
-                param.copy_(0.5 * torch.randn_like(param))
-            else:
-                param.copy_(2 * torch.randn_like(param) * param.shape[-1] ** -0.5)
-
-
 def _hf_model(arch: str, **overrides):
     torch.manual_seed(SEED)
     # transformers fills defaults into the rope dict it is given; keep the constants intact.
@@ -61,7 +49,7 @@ def _hf_model(arch: str, **overrides):
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
     }[arch]
     model = model_cls(config_cls(**{**TINY, **overrides})).eval()
-    _randomize(model)
+    sharpen(model)
     return model
 
 
