@@ -14,6 +14,7 @@ named paths stays serial unless `-n` says otherwise."""
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,9 @@ def pytest_cmdline_main(config) -> None:
         return
     workers = int(os.environ.get("MINIPD_TEST_WORKERS", SUITE_WORKERS))
     if workers > 1:
+        # every worker must collect the same tests in the same order: one string hash seed for all
+        # (chosen at random per run, as Python's own is), so nothing ordered by a set's iteration differs
+        os.environ.setdefault("PYTHONHASHSEED", str(random.randrange(1, 2**32)))
         config.option.numprocesses, config.option.dist = workers, "loadgroup"
         config.option.tx = ["popen"] * workers
 
