@@ -80,9 +80,12 @@ class OwnKey:
         self._backoff = 0.0 if quiet else min(max(2 * self._backoff, REWRITE_FIRST_S), most)
         self._last_change = now
         self.num_rewrites += 1
-        what = "deleted" if entry is None else f"overwritten (lease {entry.lease:x})"
+        if entry is None:
+            what = "deleted (by someone else, or with an expired lease)"
+        else:
+            what = f"overwritten by someone else (lease {entry.lease:x})"
         log.warning(
-            "%s: %s was %s by someone else; writing it again%s",
+            "%s: %s was %s; writing it again%s",
             self.name,
             self.key.decode("utf-8", "replace"),
             what,
