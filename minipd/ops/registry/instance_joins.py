@@ -138,7 +138,8 @@ class InstanceJoins:
         if record is None:
             return
         address = (record.host, record.port)
-        self.router.links.forget(address)
+        if not any((r.host, r.port) == address for r in self.records.values()):  # a forged record may name another's
+            self.router.links.forget(address)
         handle = self.router.registry.instances.get(instance_id)
         if handle is not None and handle.address == address:
             self.router.links.evict(handle, "its registry key is gone (its lease expired, or it shut down)")
