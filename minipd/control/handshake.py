@@ -6,17 +6,21 @@ Every connection starts with it, in both directions of trust:
 2. a server with a secret answers `Challenge(nonce_s)`; one without answers `Welcome` at once
    (no authentication: the behaviour before secrets existed);
 3. client -> server `Prove(HMAC(secret, client label, version, role, nonce_c, nonce_s))`;
-4. server -> client `Welcome(..., proof=HMAC(secret, server label, ...same...))`, or
-   `CallError(kind="auth")` and a hang-up.
+4. server -> client `Welcome(..., proof=HMAC(secret, server label, ...same..., instance_id,
+   start_nonce))`, or `CallError(kind="auth")` and a hang-up.
 
 The client checks the server's proof, so a process squatting on an instance's port cannot
-pass for it. A client with a secret refuses a server without one, and the reverse, each
-saying which side lacks it. After the handshake both ends know the peer's role
-(`channel.peer_role`) and raise the frame caps to what the peers' max_model_len needs
-(`limits.py`). The server side lives in `ControlServer` (`server.py`).
+pass for it, and nothing between the two can alter who the Welcome says answered: its
+instance id and start nonce (random at the instance's start), which a router compares with
+what the registry's record names (router/instance_identity.py). A client with a secret
+refuses a server without one, and the reverse, each saying which side lacks it. After the
+handshake both ends know the peer's role (`channel.peer_role`) and raise the frame caps to
+what the peers' max_model_len needs (`limits.py`). The server side lives in `ControlServer` (`server.py`).
 """
 
 from __future__ import annotations
+
+import hmac
 
 from minipd.control.channel import Channel, RemoteError
 from minipd.control.limits import max_frame_bytes
@@ -34,8 +38,8 @@ __all__ = [
     "server_proof",
 ]  # SharedSecret: for layers that may not import transports (the router)
 
-CLIENT_LABEL = b"minipd control client v2"
-SERVER_LABEL = b"minipd control server v2"
+CLIENT_LABEL = b"minipd control client v3"
+SERVER_LABEL = b"minipd control server v3"
 SECRET_HINT = "start every process of the cluster with the same --cluster-secret (or MINIPD_CLUSTER_SECRET)"
 
 
@@ -52,8 +56,12 @@ def client_proof_ok(secret: SharedSecret, proof: bytes, role: Role, client_nonce
     return secret.verify(proof, CLIENT_LABEL, PROTOCOL_VERSION, role.value, client_nonce, server_nonce)
 
 
-def server_proof(secret: SharedSecret, role: Role, client_nonce: bytes, server_nonce: bytes) -> bytes:
-    return secret.proof(SERVER_LABEL, PROTOCOL_VERSION, role.value, client_nonce, server_nonce)
+def server_proof(
+    secret: SharedSecret, role: Role, client_nonce: bytes, server_nonce: bytes, instance_id: str, start_nonce: bytes
+) -> bytes:
+    """The server's proof, over the identity its Welcome claims (`instance_id`, `start_nonce`) too."""
+    parts = (PROTOCOL_VERSION, role.value, client_nonce, server_nonce, instance_id, start_nonce)
+    return secret.proof(SERVER_LABEL, *parts)
 
 
 async def handshake(
@@ -85,8 +93,8 @@ async def handshake(
             reply = await channel.call(Prove(proof=client_proof(secret, role, nonce, server_nonce)), timeout)
             if isinstance(reply, Welcome) and not reply.proof:
                 raise AuthenticationError(f"{peer} sent no proof of the cluster secret")
-            if isinstance(reply, Welcome) and not secret.verify(
-                reply.proof, SERVER_LABEL, PROTOCOL_VERSION, role.value, nonce, server_nonce
+            if isinstance(reply, Welcome) and not hmac.compare_digest(
+                reply.proof, server_proof(secret, role, nonce, server_nonce, reply.instance_id, reply.start_nonce)
             ):
                 raise AuthenticationError(
                     f"{peer} does not know the cluster secret (a process impersonating it?); refusing to talk to it"

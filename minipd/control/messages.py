@@ -18,8 +18,9 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.models.arch.model_config import ModelConfig
 from minipd.tracing.traceparent import TRACEPARENT_CHARS, TRACEPARENT_PATTERN
 
-PROTOCOL_VERSION = 4  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs;
-# 4: SetLinkCap, traceparent on work messages, KVLanded.adopt_s, Stats step and refusal counts
+PROTOCOL_VERSION = 5  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs;
+# 4: SetLinkCap, traceparent on work messages, KVLanded.adopt_s, Stats step and refusal counts;
+# 5: Welcome.start_nonce, and the server's proof covers the instance id and it
 # TokenOutput.failure_kind, and CallError.kind, of requests that failed for these reasons:
 FAILURE_KV_LOAD = "kv_load"  # the KV did not arrive in the reservation (no fault of the decode instance)
 FAILURE_SHUTDOWN = "shutdown"  # the instance is shutting down and took nothing new
@@ -115,6 +116,10 @@ class Welcome(Reply, tag="welcome"):
     # pinned to ("node1/cpu:0", "node1/cuda:0"); instances with the same value share that
     # hardware, and its speed. "": not said (a router, an older instance).
     compute: str = ""
+    # Random at the instance's process start, the same for all its connections: which run of
+    # the instance this is (the registry's record names it, and the router checks the two
+    # agree). b"": not an instance (a router's client port).
+    start_nonce: bytes = b""
 
 
 class Heartbeat(Message, tag="heartbeat"):

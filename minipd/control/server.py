@@ -175,7 +175,7 @@ class ControlServer:
             self._fail_handshake(channel, hello, refused)
             return
         if self.secret is None:
-            self._establish(channel, hello, hello, b"")
+            self._establish(channel, hello, hello, None)
             return
         if len(hello.nonce) != NONCE_BYTES:
             self._fail_handshake(
@@ -198,14 +198,21 @@ class ControlServer:
             )
             return
         del self._pending[channel]
-        self._establish(channel, hello, prove, server_proof(self.secret, hello.role, hello.nonce, pending.nonce))
+        self._establish(channel, hello, prove, pending.nonce)
 
-    def _establish(self, channel: Channel, hello: Hello, call: Call, proof: bytes) -> None:
+    def prove(self, welcome: Welcome, hello: Hello, server_nonce: bytes) -> bytes:
+        """Our proof of the cluster secret, over the handshake's nonces and who `welcome` says we are."""
+        return server_proof(
+            self.secret, hello.role, hello.nonce, server_nonce, welcome.instance_id, welcome.start_nonce
+        )
+
+    def _establish(self, channel: Channel, hello: Hello, call: Call, server_nonce: bytes | None) -> None:
+        """Welcome an authenticated peer (`server_nonce`: our challenge's; None: no secret, no proof)."""
         channel.peer_role = hello.role
         channel.max_frame_bytes = channel.max_send_bytes = self.max_frame_bytes()
         self._slots.establish(channel)
         welcome = self.welcome(hello)
-        welcome.proof = proof
+        welcome.proof = b"" if server_nonce is None else self.prove(welcome, hello, server_nonce)
         channel.reply(call, welcome)
         self.established(channel, hello)
 

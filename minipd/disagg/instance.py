@@ -65,7 +65,7 @@ from minipd.engine import cpu_placement
 from minipd.engine.engine import Engine
 from minipd.transports.backends import create_transport
 from minipd.transports.base import Transport
-from minipd.transports.shared_secret import SharedSecret
+from minipd.transports.shared_secret import SharedSecret, new_nonce
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,8 @@ class Instance(ControlServer):
         self.liveness_timeout_s = liveness_timeout_s
         self.fingerprint = engine_fingerprint(engine)
         self.compute = cpu_placement.compute_key(engine.config.device, engine.placement)
+        # which run of this instance id this process is: in every Welcome and its registry record
+        self.start_nonce = new_nonce()
         # One handler per role for the instance's life: what each keeps outlives a switch.
         self._prefill, self._decode = PrefillRole(self), DecodeRole(self)
         self._handlers: dict[Role, RoleHandler] = {
@@ -204,6 +206,7 @@ class Instance(ControlServer):
             epoch=self.guard.epoch,
             liveness_timeout_s=self.liveness_timeout_s if hello.liveness_timeout_s > 0 else 0.0,
             compute=self.compute,
+            start_nonce=self.start_nonce,
         )
 
     def established(self, channel: Channel, hello: Hello) -> None:

@@ -22,7 +22,7 @@ from minipd.engine.config import EngineConfig
 from minipd.engine.kv_admission import DEFAULT_KV_ADMISSION_RATIO
 from minipd.engine.sampling_params import SamplingParams
 from minipd.ops.control_loop.live_controller import LiveControllerOptions
-from minipd.ops.registry.etcd_url import RegistryUrl
+from minipd.ops.registry.etcd_url import RegistryTls, RegistryUrl, check_login
 from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import ControllerConfig
 from minipd.transports.backends import backend_options
@@ -41,10 +41,23 @@ class ProcessConfig(msgspec.Struct, frozen=True, kw_only=True):
     cpus: tuple[int, ...] | None = None  # the cores it is pinned to; None: not pinned
     registry: RegistryUrl | None = None  # None: the embedded default (registration over the control port)
     registry_ttl_s: int = DEFAULT_REGISTRY_TTL_S  # of its registry lease
+    registry_tls: RegistryTls = RegistryTls()  # as given; `with_registry_tls` puts it in `registry`
     otlp_traces_endpoint: str | None = None  # where spans go (minipd/tracing); None: not traced
 
     def __repr__(self) -> str:  # never print the secret
         return f"ProcessConfig(host={self.host!r}, cluster_secret={'<set>' if self.cluster_secret else None})"
+
+    def with_registry_tls(self) -> "ProcessConfig":
+        """This config with the TLS flags in `registry`, checked with the login (ValueError
+        naming the flag: TLS without --registry, a certificate without its key, a file that
+        cannot be read, a user without the password in the environment)."""
+        if self.registry is None:
+            if self.registry_tls.enabled:
+                raise ValueError("registry_ca: --registry-ca, --registry-cert and --registry-key need --registry")
+            return self
+        self.registry_tls.validate()
+        check_login(self.registry)
+        return msgspec.structs.replace(self, registry=msgspec.structs.replace(self.registry, tls=self.registry_tls))
 
 
 class InstanceConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -90,7 +90,7 @@ def flag_values(role: Role, args: argparse.Namespace) -> dict[str, dict[str, Any
 def role_configs(role: Role, args: argparse.Namespace) -> RoleConfigs:
     """The typed configs of `role` from its parsed flags, validated (ValueError names the field)."""
     values = flag_values(role, args)
-    process = _fill(ProcessConfig(), values.get("process", {}))
+    process = _fill(ProcessConfig(), values.get("process", {})).with_registry_tls()
     parse_cluster_secret(process.cluster_secret)  # checked before anything loads
     instance = _fill(InstanceConfig(), values.get("instance", {}))
     transport = _fill(TransportConfig(), values.get("transport", {}))

@@ -61,4 +61,37 @@ FLAGS = (
         "shows no sign of life for this long (dead, frozen, or cut off from etcd) is dropped by every router "
         "within about this time plus a second (default: %(default)s)",
     ),
+    flag(
+        "--registry-ca",
+        NETWORKED,
+        REGISTRY,
+        EVERY_CHILD,
+        sets="process.registry_tls.ca",
+        default=None,
+        metavar="FILE",
+        help="with --registry: talk TLS to etcd, checking its certificate against this CA (PEM; the etcd flag "
+        "--trusted-ca-file's counterpart). Giving --registry-cert alone also turns TLS on, against the system's "
+        "CAs (default: plain gRPC)",
+    ),
+    flag(
+        "--registry-cert",
+        NETWORKED,
+        REGISTRY,
+        EVERY_CHILD,
+        sets="process.registry_tls.cert",
+        default=None,
+        metavar="FILE",
+        help="with --registry: the client certificate (PEM) this process presents to an etcd started with "
+        "--client-cert-auth; with --registry-key (default: none)",
+    ),
+    flag(
+        "--registry-key",
+        NETWORKED,
+        REGISTRY,
+        EVERY_CHILD,
+        sets="process.registry_tls.key",
+        default=None,
+        metavar="FILE",
+        help="with --registry-cert: its private key (PEM, readable by this process only) (default: none)",
+    ),
 )

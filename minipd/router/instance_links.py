@@ -29,6 +29,7 @@ from minipd.control.channel import Channel, ChannelClosed, RemoteError
 from minipd.control.handshake import AuthenticationError, SharedSecret, open_channel
 from minipd.control.messages import Evict, GetStats, Message
 from minipd.control.role import Role
+from minipd.router.instance_identity import InstanceIdentity, WrongInstance, check_identity
 from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
@@ -75,11 +76,22 @@ class InstanceLinks:
         return next((h for h in self.registry.alive() if h.address == address), None)
 
     async def connect(
-        self, host: str, port: int, timeout: float = 30.0, expected_role: Role | None = None
+        self,
+        host: str,
+        port: int,
+        timeout: float = 30.0,
+        expected_role: Role | None = None,
+        identity: InstanceIdentity | None = None,
     ) -> InstanceHandle:
         """Connect to an instance's control port, handshake, and register it; the address stays
         a member (redialed whenever its instance is lost). An address whose instance is
         registered and alive answers with it.
+
+        With `identity` (what a registry record names), the process there must prove to be
+        that instance, else WrongInstance and nothing changes: the instance registered under
+        that id elsewhere is kept, and the address is not a member. A verified one supersedes
+        an older process of the same id registered at another address (declared dead, its
+        address forgotten); the same process (the same start nonce) is not connected twice.
 
         Raises IncompatibleInstance (fingerprint mismatch, saying what differs, or another role
         than `expected_role`), AuthenticationError (the instance and the router do not share
@@ -91,8 +103,10 @@ class InstanceLinks:
         async with self._address_locks.setdefault(address, asyncio.Lock()):
             handle = self.at_address(address)
             if handle is None:
-                handle = await self._connect(host, port, timeout, expected_role, readmit=address in self._seen)
-            elif expected_role is not None and handle.role is not expected_role:
+                handle = await self._connect(host, port, timeout, expected_role, address in self._seen, identity)
+            elif identity is not None:
+                check_identity(identity, handle.welcome, address)
+            if expected_role is not None and handle.role is not expected_role:
                 raise IncompatibleInstance(
                     f"{host}:{port} is a {handle.role.value} instance, not {expected_role.value}"
                 )
@@ -112,7 +126,25 @@ class InstanceLinks:
         """`address` is a member again (undoes `forget` while its instance is still registered)."""
         self._members.add(address)
 
-    async def _connect(self, host: str, port: int, timeout: float, expected_role: Role | None, readmit: bool):
+    def _superseded(self, identity: InstanceIdentity, address: tuple[str, int]) -> InstanceHandle | None:
+        """The live handle of `identity`'s id at another address, which a verified connection
+        to `address` replaces; WrongInstance if that is the same process."""
+        old = self.registry.instances.get(identity.instance_id)
+        if old is None or not old.is_alive or old.address == address:
+            return None
+        if old.welcome.start_nonce == identity.start_nonce:
+            raise WrongInstance(f"{address[0]}:{address[1]} is {identity}, already connected at {old.address}")
+        return old
+
+    async def _connect(
+        self,
+        host: str,
+        port: int,
+        timeout: float,
+        expected_role: Role | None,
+        readmit: bool,
+        identity: InstanceIdentity | None,
+    ):
         if readmit:
             # The old member must have ended what it did for us first (it aborts it all, then
             # closes): nothing it held before is trusted.
@@ -130,6 +162,10 @@ class InstanceLinks:
             self.config.liveness_timeout_s,
         )
         try:
+            superseded = None
+            if identity is not None:
+                check_identity(identity, welcome, (host, port))
+                superseded = self._superseded(identity, (host, port))
             if expected_role is not None and welcome.role is not expected_role:
                 raise IncompatibleInstance(
                     f"{host}:{port} is a {welcome.role.value} instance, not {expected_role.value}"
@@ -142,6 +178,9 @@ class InstanceLinks:
                     f"{welcome.instance_id} at {host}:{port} still holds {settled.num_reservations} reservations "
                     f"and {settled.num_fencing_blocks} fenced blocks"
                 )
+            if superseded is not None:
+                self.forget(superseded.address)
+                self.evict(superseded, f"it restarted at {host}:{port} (start {identity.start_nonce.hex()[:12]})")
             self.registry.add(handle)
         except BaseException:
             await channel.close()

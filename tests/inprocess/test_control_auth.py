@@ -144,7 +144,10 @@ class _Impostor(ControlServer):
 
     def _on_prove(self, channel, prove, pending) -> None:
         del self._pending[channel]
-        self._establish(channel, pending.hello, prove, new_nonce())  # not a proof of anything
+        self._establish(channel, pending.hello, prove, pending.nonce)
+
+    def prove(self, welcome, hello, server_nonce) -> bytes:
+        return new_nonce()  # not a proof of anything
 
     async def handle(self, channel, message) -> None:
         pass

@@ -41,6 +41,7 @@ def record(instance_id: str, epoch: int, port: int = 9) -> InstanceRecord:
         fingerprint=Fingerprint(3, PRESETS["tiny"], "digest", "float32", 16, "layout"),
         compute="host/cpu:0",
         transport=TransportInfo("tcp", b"\x00\x01"),
+        start_nonce=b"\x07" * 32,
     )
 
 
@@ -142,11 +143,11 @@ class Recorder:
         self.changed = asyncio.Event()
 
     def snapshot(self, items):
-        self.events.append(("snapshot", b",".join(k for k, _ in items)))
+        self.events.append(("snapshot", b",".join(e.key for e in items)))
         self.changed.set()
 
-    def put(self, key, value):
-        self.events.append(("put", key))
+    def put(self, entry):
+        self.events.append(("put", entry.key))
         self.changed.set()
 
     def delete(self, key):

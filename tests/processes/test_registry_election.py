@@ -3,8 +3,9 @@
 In process: of two campaigners exactly one holds `P/controller/leader` (its name the value,
 under its lease); when it closes, the other is elected; a leader whose refreshes stop
 counting (its clock jumped past half the TTL, as after a freeze) is not leader at once, and
-steps down. As users run it: two `minipd --role router --ratio-controller --registry`
-processes: exactly one reports `leader: true` (GET /admin/controller and
+steps down; a leader key no campaign wrote (no lease, or naming a campaigner that did not
+win it) is deleted and a campaigner elected within the TTL. As users run it: two `minipd
+--role router --ratio-controller --registry` processes: exactly one reports `leader: true` (GET /admin/controller and
 `minipd_controller_leader`); SIGKILL the leader and the other takes over within the TTL plus a
 bound; SIGSTOP the leader for longer than the TTL and the other takes over, and the old one,
 resumed, reports not leader from its first answer on (no moment with two leaders)."""
@@ -120,6 +121,30 @@ def test_a_leader_past_half_its_ttl_without_a_refresh_is_deposed_at_once(etcd):
     not_leader_at_once, leaders = asyncio.run(scenario())
     assert not_leader_at_once
     assert leaders.count(True) == 1, leaders
+
+
+def test_a_forged_leader_key_is_deleted_and_a_campaigner_is_elected_within_the_ttl(etcd):
+    """A key no campaign wrote: without a lease (it would outlive every router), or naming a
+    campaigner under a lease not its own (only that campaigner can tell)."""
+    url = parse_registry_url(etcd.url("/elect5"))
+    key = leader_key(url.prefix).decode()
+    forger = int(json.loads(etcd.ctl("lease", "grant", "60", "--write-out=json").stdout)["ID"])
+
+    async def elected_after(name: str, *forge: str) -> float:
+        etcd.ctl("put", *forge, key, "--", name if forge else "router-nowhere")
+        candidate = Candidate(url, name)
+        start = time.monotonic()
+        try:
+            candidate.election.start()
+            await asyncio.wait_for(candidate.wait_for(1, "elected"), TAKEOVER_BOUND_S)
+            return time.monotonic() - start
+        finally:
+            await candidate.election.close()
+
+    no_lease_s = asyncio.run(elected_after("router-a"))
+    named_s = asyncio.run(elected_after("router-b", f"--lease={forger:x}"))
+    etcd.ctl("lease", "revoke", f"{forger:x}")
+    print(f"forged leader key: elected {no_lease_s:.2f} s (no lease) and {named_s:.2f} s (naming it) after")
 
 
 # ---- two router processes ----------------------------------------------------------------

@@ -1,7 +1,9 @@
 """A real etcd (Debian's `/usr/bin/etcd`) for the registry tests: on free ports of
 127.0.0.1, with its own data dir, stopped by its pid and started again on the same port and
 data dir (an etcd restart), every wait bounded. On a host of `NetnsHosts`, give its address,
-ports and `prefix` (`hosts.exec_in(host)`): etcd and etcdctl then run in that namespace."""
+ports and `prefix` (`hosts.exec_in(host)`): etcd and etcdctl then run in that namespace.
+With `tls` (etcd_certs.py) it serves TLS only and requires client certificates; once
+`enable_auth` ran, etcdctl logs in as root."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import time
 from typing import Sequence
 
 import pytest
+from etcd_certs import EtcdCerts
 
 ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
@@ -33,13 +36,18 @@ def free_port() -> int:
 
 class EtcdServer:
     def __init__(
-        self, host: str = "127.0.0.1", ports: tuple[int, int] | None = None, prefix: Sequence[str] = ()
+        self,
+        host: str = "127.0.0.1",
+        ports: tuple[int, int] | None = None,
+        prefix: Sequence[str] = (),
+        tls: EtcdCerts | None = None,
     ) -> None:
         """`ports`: client and peer ports (default: free ones of 127.0.0.1)."""
         self.data_dir = tempfile.mkdtemp(prefix="minipd-etcd-")
-        self.host, self.prefix = host, list(prefix)
+        self.host, self.prefix, self.tls = host, list(prefix), tls
         self.port, self.peer_port = ports or (free_port(), free_port())
         self.process: subprocess.Popen | None = None
+        self.login: str | None = None  # USER:PASSWORD etcdctl logs in with (set by enable_auth)
 
     @property
     def endpoint(self) -> str:
@@ -48,8 +56,19 @@ class EtcdServer:
     def url(self, prefix: str) -> str:
         return f"etcd://{self.endpoint}{prefix}"
 
+    def _client_tls(self) -> list[str]:
+        """etcdctl's TLS flags."""
+        tls = self.tls
+        return [] if tls is None else [f"--cacert={tls.ca}", f"--cert={tls.client_cert}", f"--key={tls.client_key}"]
+
     def start(self) -> None:
-        client, peer = f"http://{self.host}:{self.port}", f"http://{self.host}:{self.peer_port}"
+        scheme = "http" if self.tls is None else "https"
+        client, peer = f"{scheme}://{self.host}:{self.port}", f"http://{self.host}:{self.peer_port}"
+        tls = self.tls
+        server_tls = [] if tls is None else [
+            f"--cert-file={tls.server_cert}", f"--key-file={tls.server_key}", f"--trusted-ca-file={tls.ca}",
+            "--client-cert-auth",
+        ]  # fmt: skip
         self.process = subprocess.Popen(
             [
                 *self.prefix,
@@ -61,6 +80,7 @@ class EtcdServer:
                 f"--listen-peer-urls={peer}",
                 f"--initial-advertise-peer-urls={peer}",
                 f"--initial-cluster=minipd-test={peer}",
+                *server_tls,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -82,14 +102,40 @@ class EtcdServer:
         self.process = None
 
     def ctl(self, *args: str, check: bool = True, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+        login = [] if self.login is None else [f"--user={self.login}"]
         return subprocess.run(
-            [*self.prefix, ETCDCTL, f"--endpoints={self.endpoint}", "--dial-timeout=2s", "--command-timeout=5s", *args],
+            [
+                *self.prefix,
+                ETCDCTL,
+                f"--endpoints={self.endpoint}",
+                "--dial-timeout=2s",
+                "--command-timeout=5s",
+                *self._client_tls(),
+                *login,
+                *args,
+            ],  # fmt: skip
             env={**os.environ, "ETCDCTL_API": "3"},
             capture_output=True,
             check=check,
             input=stdin,
             timeout=20,
         )
+
+    def enable_auth(self, user: str, password: str, prefix: str) -> None:
+        """Turn etcd's authentication on: root (etcdctl logs in as it from here on) and `user`,
+        who may read and write `prefix` only."""
+        root_password = "root-" + password
+        for args in (
+            ("user", "add", "root", f"--new-user-password={root_password}"),
+            ("user", "grant-role", "root", "root"),
+            ("role", "add", user),
+            ("role", "grant-permission", user, "--prefix=true", "readwrite", prefix),
+            ("user", "add", user, f"--new-user-password={password}"),
+            ("user", "grant-role", user, user),
+            ("auth", "enable"),
+        ):
+            self.ctl(*args)
+        self.login = f"root:{root_password}"
 
     def revision(self) -> int:
         """etcd's current revision."""
@@ -103,6 +149,8 @@ class EtcdServer:
                 *self.prefix,
                 ETCDCTL,
                 f"--endpoints={self.endpoint}",
+                *self._client_tls(),
+                *([] if self.login is None else [f"--user={self.login}"]),
                 "watch",
                 "--prefix",
                 f"--rev={start_revision}",

@@ -22,9 +22,16 @@ READY_TIMEOUT_S = 120.0
 
 class Process:
     def __init__(
-        self, argv: list[str], secret: str, prefix: Sequence[str] = (), wait: bool = True, log: str | None = None
+        self,
+        argv: list[str],
+        secret: str,
+        prefix: Sequence[str] = (),
+        wait: bool = True,
+        log: str | None = None,
+        env: dict[str, str] | None = None,
     ):
-        """`log`: a file its stderr is appended to (discarded without one)."""
+        """`log`: a file its stderr is appended to (discarded without one); `env`: variables
+        set for it beside this process's own."""
         self.argv = argv
         with open(log or os.devnull, "a") as stderr:
             self.popen = subprocess.Popen(
@@ -32,7 +39,7 @@ class Process:
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
-                env={**os.environ, CLUSTER_SECRET_ENV: secret},
+                env={**os.environ, **(env or {}), CLUSTER_SECRET_ENV: secret},
             )
         self.started_at = time.monotonic()
         self.ready_at: float | None = None  # when its READY line arrived

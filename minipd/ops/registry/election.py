@@ -9,6 +9,11 @@ its lease, or its lease expired: it died or was cut off for longer than the TTL)
 latest every `ttl_s` (a watch event missed while etcd was unreachable). Each campaign takes
 a fresh lease; a lost one's is revoked.
 
+A campaign's key is always under a lease: one without a lease, or one naming this router
+while it does not lead, was written by someone else (a person, a forger) and would keep every
+router from leading; a campaigner that reads one deletes it (only as it read it) and campaigns
+again.
+
 The leader refreshes its lease every `ttl_s / REFRESHES_PER_TTL` and checks the key is still
 its own. `leader` is true only while the last successful refresh *began* less than
 `ttl_s * DEPOSED_AFTER` ago: the lease, refreshed then, lasts at least until `ttl_s` after
@@ -140,16 +145,36 @@ class ControllerElection:
                 log.warning("%s: controller lease not revoked (it expires by itself): %s", self.name, exc)
 
     async def _wait_for_vacancy(self) -> None:
-        """Note the leader, then wait for its key to change (or `ttl_s` at most)."""
+        """Note the leader, then wait for its key to change (or `ttl_s` at most). A key no
+        campaign wrote is deleted first (as it was read), and the campaign starts again."""
         client = self.endpoints.client
         held = await client.get(self.key)
         if held is None:
             return  # gone already: campaign again
         self.leader_id = held.value.decode("utf-8", "replace")
+        forged = self._forged(held)
+        if forged is not None:
+            log.warning("%s: the controller key names %r but %s; deleting it", self.name, self.leader_id, forged)
+            await client.transaction(
+                compare=[client.transactions.mod(self.key) == held.mod_revision],
+                success=[client.transactions.delete(self.key)],
+                failure=[],
+            )
+            self.leader_id = None
+            return
         try:
             await client.watch_once(self.key, timeout=self.ttl_s, start_revision=held.mod_revision + 1)
         except ETCD_ERRORS:
             pass  # a timeout, or etcd unreachable: campaigning again tells
+
+    def _forged(self, held) -> str | None:
+        """Why the leader key, as read while this router is not leader, was not written by a
+        campaign; None if it may have been."""
+        if held.lease == 0:
+            return "was written without a lease (it would outlive every router)"
+        if self.leader_id == self.name:
+            return "this router did not win it"
+        return None
 
     async def close(self) -> None:
         """Stop campaigning; a leader stops its controller and frees the key at once."""

@@ -4,13 +4,15 @@ A router that wants to switch instance ID away from the role epoch E it knows ru
 transaction: it succeeds only if `P/instances/ID` is unchanged since the router read it
 there at epoch E (compare its mod revision) and no claim `P/switches/ID` exists (compare its
 create revision with 0), and then puts the claim (`SwitchClaim`: epoch E to E+1, the new
-role, the router's name) under the router's own lease. Exactly one of several routers
-asking at once wins; the others raise SwitchConflict (HTTP 409, naming the winner). The
-winner sends `SwitchRole` with epoch E as before: the instance bumps its epoch to E+1 itself
-and publishes it (publisher.py), and still refuses a stale epoch. Once the switch ended,
-either way, the claim is deleted (retried until etcd answers); a router that dies while
-holding one leaves it to its lease, which expires within the TTL. Routers that see a claim
-stop sending the instance new work until it is gone (router_membership.py).
+role, the router's name) under the router's own lease, the one its registry record
+`P/routers/NAME` is under (routers honour no other claim: claim_view.py). Exactly one of
+several routers asking at once wins; the others raise SwitchConflict (HTTP 409, naming the
+winner). The winner sends `SwitchRole` with epoch E as before: the instance bumps its epoch
+to E+1 itself and publishes it (publisher.py), and still refuses a stale epoch. Once the
+switch ended, either way, the claim is deleted (retried until etcd answers); a router that
+dies while holding one leaves it to its lease, which expires within the TTL. Routers that
+see a claim they honour stop sending the instance new work until it is gone
+(router_membership.py).
 """
 
 from __future__ import annotations
@@ -34,7 +36,12 @@ class EtcdSwitchClaims:
     def __init__(self, endpoints: EtcdEndpoints, keys: RegistryKeys, session: LeaseSession, router_name: str):
         self.endpoints, self.keys, self.session, self.router_name = endpoints, keys, session, router_name
         self.held: set[str] = set()  # instance ids this router is switching now
+        self._taking: set[str] = set()  # instance ids whose claim this router's transaction is writing
         self._releasing: set[asyncio.Task] = set()
+
+    def holds(self, instance_id: str) -> bool:
+        """Whether a claim on `instance_id` naming this router is this router's (claim_view.py)."""
+        return instance_id in self.held or instance_id in self._taking
 
     @contextlib.asynccontextmanager
     async def claim(self, instance_id: str, epoch: int, target: Role):
@@ -67,14 +74,18 @@ class EtcdSwitchClaims:
                     "meanwhile",
                 )
             claim = SwitchClaim(instance_id=instance_id, router=self.router_name, from_epoch=epoch, to_role=target)
-            won, responses = await client.transaction(
-                compare=[
-                    client.transactions.mod(instance_key) == current.mod_revision,
-                    client.transactions.create(claim_key) == 0,
-                ],
-                success=[client.transactions.put(claim_key, encode(claim), lease=self.session.lease_id)],
-                failure=[client.transactions.get(claim_key)],
-            )
+            self._taking.add(instance_id)
+            try:
+                won, responses = await client.transaction(
+                    compare=[
+                        client.transactions.mod(instance_key) == current.mod_revision,
+                        client.transactions.create(claim_key) == 0,
+                    ],
+                    success=[client.transactions.put(claim_key, encode(claim), lease=self.session.lease_id)],
+                    failure=[client.transactions.get(claim_key)],
+                )
+            finally:
+                self._taking.discard(instance_id)
         except ETCD_ERRORS as exc:
             raise SwitchFailed(
                 f"{instance_id} was not switched: the registry is unreachable: {exc}", "registry"

@@ -1,5 +1,8 @@
 """The etcd client of one registry URL: one gRPC connection to one endpoint at a time,
-moving to the next endpoint of the URL when a call finds the current one unreachable.
+moving to the next endpoint of the URL when a call finds the current one unreachable. With
+a user in the URL it logs in (the password from the environment), and logs in again after a
+failed call (etcd forgets its tokens when it restarts); with TLS files it dials TLS
+(etcd_tls.py).
 
 Every call has a deadline (`call_timeout_s`); `ETCD_ERRORS` is what a caller catches to
 learn that etcd could not be reached or refused (then it keeps what it knows and retries).
@@ -15,6 +18,7 @@ import os
 import aetcd
 import aetcd.exceptions
 
+from minipd.ops.registry.etcd_tls import TlsClient
 from minipd.ops.registry.etcd_url import ETCD_PASSWORD_ENV, RegistryUrl
 
 log = logging.getLogger(__name__)
@@ -51,24 +55,25 @@ class EtcdEndpoints:
         if self._client is None:
             host, port = self.endpoint
             password = os.environ.get(ETCD_PASSWORD_ENV) if self.url.user else None
-            self._client = aetcd.Client(
-                host,
-                port,
-                username=self.url.user,
-                password=password,
-                timeout=self.call_timeout_s,
-                options=CHANNEL_OPTIONS,
-            )
+            options = dict(username=self.url.user, password=password, timeout=self.call_timeout_s,
+                           options=CHANNEL_OPTIONS)  # fmt: skip
+            if self.url.tls.enabled:
+                self._client = TlsClient(host, port, self.url.tls, **options)
+            else:
+                self._client = aetcd.Client(host, port, **options)
         return self._client
 
     async def failover(self) -> None:
-        """The current endpoint failed a call: the next call goes to the next one (with one
-        endpoint, gRPC reconnects to it by itself)."""
-        if len(self.url.endpoints) == 1:
+        """The current endpoint failed a call: the next call goes to the next one, on a new
+        connection. With one endpoint, gRPC reconnects to it by itself, but a login is not
+        renewed: with a user, the next call connects and logs in again (the call may have
+        failed for a token etcd no longer knows: it forgets them all when it restarts)."""
+        if len(self.url.endpoints) == 1 and self.url.user is None:
             return
         await self.close()
-        self._index = (self._index + 1) % len(self.url.endpoints)
-        log.info("registry: trying etcd at %s:%d", *self.endpoint)
+        if len(self.url.endpoints) > 1:
+            self._index = (self._index + 1) % len(self.url.endpoints)
+            log.info("registry: trying etcd at %s:%d", *self.endpoint)
 
     async def close(self) -> None:
         client, self._client = self._client, None

@@ -4,21 +4,27 @@ attached to a lease the instance keeps alive (session.py).
 The record is put when the lease is granted (at start, and again after an expiry or an
 etcd outage that outlived the lease), and again at once whenever a role switch gave the
 instance a new role and epoch, so every router watching sees the change without polling.
-`close` revokes the lease, which deletes the key: routers drop the instance at once. The
-instance's id must be one path segment (`records.valid_id`), checked at construction.
+The instance watches its own key (a watch re-created after etcd errors and restarts:
+watcher.py) and writes the record back at once when anyone else changed or deleted it
+(own_key.py): an overwritten record heals within one round trip to etcd. The record names
+the process's start nonce (`Instance.start_nonce`), which the routers check in the
+handshake, so a record naming another address can never pass another process off as this
+one. `close` revokes the lease, which deletes the key: routers drop the instance at once.
+The instance's id must be one path segment (`records.valid_id`), checked at construction.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import socket
 
 from minipd.disagg.instance import Instance
-from minipd.ops.registry.etcd_client import ETCD_ERRORS, EtcdEndpoints
+from minipd.ops.registry.etcd_client import EtcdEndpoints
 from minipd.ops.registry.etcd_url import RegistryUrl
+from minipd.ops.registry.own_key import OwnKey
 from minipd.ops.registry.records import InstanceRecord, RegistryKeys, TransportInfo, encode, valid_id
 from minipd.ops.registry.session import LeaseSession
+from minipd.ops.registry.watcher import PrefixWatcher
 
 log = logging.getLogger(__name__)
 
@@ -38,10 +44,13 @@ class InstancePublisher:
         self.port = port
         self.keys = RegistryKeys(url.prefix)
         self.endpoints = EtcdEndpoints(url)
-        self.session = LeaseSession(self.endpoints, ttl_s, self._put, instance.instance_id)
-        self._republish: asyncio.Task | None = None
-        self._dirty = False  # switched again while a put of the new role was under way
-        instance.guard.on_switched.append(self._switched)
+        key = self.keys.instance(instance.instance_id)
+        self.own_record = OwnKey(self.endpoints, key, lambda: encode(self.record()), instance.instance_id)
+        self.session = LeaseSession(self.endpoints, ttl_s, self.own_record.write, instance.instance_id)
+        self.own_record.session = self.session
+        # a prefix watch of the key itself: the sink ignores longer keys (another id extending ours)
+        self.watcher = PrefixWatcher(EtcdEndpoints(url), key, self.own_record)
+        instance.guard.on_switched.append(self.own_record.changed)
 
     def record(self) -> InstanceRecord:
         instance = self.instance
@@ -54,35 +63,18 @@ class InstancePublisher:
             fingerprint=instance.fingerprint,
             compute=instance.compute,
             transport=TransportInfo(instance.transport.backend, instance.transport.describe()),
+            start_nonce=instance.start_nonce,
         )
 
     async def start(self, timeout: float) -> None:
-        """Publish; ConnectionError when etcd cannot be reached within `timeout`."""
+        """Publish, then watch the record; ConnectionError when etcd cannot be reached within `timeout`."""
         await self.session.start(timeout)
+        await self.watcher.start(timeout)
         log.info("%s published in the registry at %s", self.instance.instance_id, self.endpoints.url)
 
-    async def _put(self, lease_id: int) -> None:
-        await self.endpoints.client.put(self.keys.instance(self.instance.instance_id), encode(self.record()), lease_id)
-
-    def _switched(self) -> None:
-        self._dirty = True
-        if self._republish is None or self._republish.done():
-            self._republish = asyncio.get_running_loop().create_task(self._put_now())
-
-    async def _put_now(self) -> None:
-        while self._dirty:
-            self._dirty = False
-            try:
-                await self._put(self.session.lease_id)
-            except ETCD_ERRORS as exc:
-                # the refresh loop puts it again (session.py) once etcd answers
-                log.warning("%s: publishing the new role failed: %s", self.instance.instance_id, exc)
-                self.session.mark_unpublished()
-                return
-
     async def close(self) -> None:
-        if self._switched in self.instance.guard.on_switched:
-            self.instance.guard.on_switched.remove(self._switched)
-        if self._republish is not None:
-            await asyncio.gather(self._republish, return_exceptions=True)
+        if self.own_record.changed in self.instance.guard.on_switched:
+            self.instance.guard.on_switched.remove(self.own_record.changed)
+        await self.watcher.close()
+        await self.own_record.close()
         await self.session.close()

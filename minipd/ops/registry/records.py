@@ -3,14 +3,19 @@
 Keys, under the URL's prefix P:
 - `P/instances/ID`: an instance's `InstanceRecord`, written by the instance itself under its
   lease (the key vanishes when the lease expires: the instance is dead for every router);
+  the instance watches it and writes it again whenever anyone else changes or deletes it;
+- `P/routers/NAME`: a router's `RouterRecord`, under the router's lease: the router is alive;
 - `P/switches/ID`: a `SwitchClaim`, written by the router that won the right to switch
   instance ID (epoch_cas.py), under that router's lease, deleted once the switch ended.
 
 Values are JSON. They come from the network (anyone who can write to etcd can write them),
 so each is decoded into its typed struct with size caps and range checks; `BadRecord`
 says what is wrong with one, and the reader logs it and ignores the key. Nothing in a
-record is trusted for security: a router connects to the address named and the cluster
-secret authenticates the instance there, and the handshake's fingerprint is checked again.
+record is trusted for security: a router connects to the address named, the cluster secret
+authenticates the instance there, and the handshake must show the id and start nonce the
+record names (router/instance_identity.py); the fingerprint is checked again. A key with no
+lease is never a minipd process's (each writes under its lease, so its keys die with it):
+routers ignore it (claim_view.py, router_membership.py).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import msgspec
 
 from minipd.control.messages import Fingerprint
 from minipd.control.role import Role
+from minipd.transports.shared_secret import NONCE_BYTES
 from minipd.transports.wire import MAX_DESCRIPTION_BYTES
 
 MAX_RECORD_BYTES = 4 * MAX_DESCRIPTION_BYTES  # a description (base64: 4/3 of it) and a fingerprint, with room
@@ -47,6 +53,13 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     fingerprint: Fingerprint
     compute: str  # host and device or cores (Welcome.compute)
     transport: TransportInfo
+    start_nonce: bytes  # random at the process's start (Welcome.start_nonce; base64 in JSON)
+
+
+class RouterRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A live router: the lease it is written under is the one its switch claims must carry."""
+
+    name: str
 
 
 class SwitchClaim(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,6 +81,7 @@ class RegistryKeys:
         self.prefix = prefix
         self.instances = f"{prefix}/instances/".encode()
         self.switches = f"{prefix}/switches/".encode()
+        self.routers = f"{prefix}/routers/".encode()
         self.all = f"{prefix}/".encode()
 
     def instance(self, instance_id: str) -> bytes:
@@ -76,15 +90,18 @@ class RegistryKeys:
     def switch(self, instance_id: str) -> bytes:
         return self.switches + instance_id.encode()
 
+    def router(self, name: str) -> bytes:
+        return self.routers + name.encode()
+
     def parse(self, key: bytes) -> tuple[str, str] | None:
-        """("instance" or "switch", the id) for a key of ours, else None."""
-        for kind, prefix in (("instance", self.instances), ("switch", self.switches)):
+        """("instance", "switch" or "router", the id or name) for a key of ours, else None."""
+        for kind, prefix in (("instance", self.instances), ("switch", self.switches), ("router", self.routers)):
             if key.startswith(prefix):
                 return kind, key[len(prefix) :].decode("utf-8", "replace")
         return None
 
 
-def encode(record: InstanceRecord | SwitchClaim) -> bytes:
+def encode(record: InstanceRecord | SwitchClaim | RouterRecord) -> bytes:
     return msgspec.json.encode(record)
 
 
@@ -105,6 +122,15 @@ def decode_instance(instance_id: str, value: bytes) -> InstanceRecord:
         raise BadRecord(f"epoch: {record.epoch} is negative")
     if len(record.transport.description) > MAX_DESCRIPTION_BYTES:
         raise BadRecord(f"transport.description: more than {MAX_DESCRIPTION_BYTES} bytes")
+    if len(record.start_nonce) != NONCE_BYTES:
+        raise BadRecord(f"start_nonce: {len(record.start_nonce)} bytes, not {NONCE_BYTES}")
+    return record
+
+
+def decode_router(name: str, value: bytes) -> RouterRecord:
+    record = _decode(value, RouterRecord)
+    if record.name != name:
+        raise BadRecord(f"name: {record.name!r} under the key of {name!r}")
     return record
 
 
@@ -112,6 +138,8 @@ def decode_claim(instance_id: str, value: bytes) -> SwitchClaim:
     claim = _decode(value, SwitchClaim)
     if claim.instance_id != instance_id:
         raise BadRecord(f"instance_id: {claim.instance_id!r} under the key of {instance_id!r}")
+    if not valid_id(claim.router):
+        raise BadRecord(f"router: {claim.router!r} is not a valid router name")
     return claim
 
 

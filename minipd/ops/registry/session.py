@@ -6,7 +6,8 @@ etcd cannot be reached the refreshes fail and are retried at the same pace (etcd
 comes back, gives every lease a full TTL again, so keys survive an etcd restart). A lease
 that expired meanwhile (the refresh answers TTL 0: this process was unreachable for longer
 than the TTL, and every router has dropped it) is replaced by a new one, and `on_lease` is
-awaited again, until it succeeds. `close` revokes the lease: its keys vanish at once.
+awaited again, until it succeeds (as it is, under a lease the refresh found alive, after a
+put of the keys failed: `mark_unpublished`). `close` revokes the lease: its keys vanish at once.
 """
 
 from __future__ import annotations
@@ -61,13 +62,13 @@ class LeaseSession:
         while True:
             await asyncio.sleep(self.ttl_s / 3)  # the refresh period: three tries per TTL
             try:
-                if not self._published:
-                    await self._on_lease(self.lease_id)
-                    self._published = True
                 reply = await self.endpoints.client.refresh_lease(self.lease_id)
                 if reply is None or reply.TTL <= 0:
                     log.warning("%s: registry lease %x expired; taking a new one", self.name, self.lease_id)
                     await self._renew_lease()
+                elif not self._published:  # after the refresh: a put under an expired lease never succeeds
+                    await self._on_lease(self.lease_id)
+                    self._published = True
                 if failing:
                     log.warning("%s: registry reachable again", self.name)
                 failing = False

@@ -1,8 +1,9 @@
 """A watch on a key prefix that survives etcd errors and restarts.
 
-`start` reads the whole prefix (`WatchSink.snapshot`, with every key and value) and notes
-its revision; then a task watches from the next revision and hands each event to the sink
-(`put`, `delete`). When the watch fails (etcd stopped, restarted, or the endpoint became
+`start` reads the whole prefix (`WatchSink.snapshot`, every key as an `Entry`: its value,
+the lease it was written under, its mod revision) and notes its revision; then a task
+watches from the next revision and hands each event to the sink (`put` an Entry, `delete` a
+key). When the watch fails (etcd stopped, restarted, or the endpoint became
 unreachable) the sink keeps what it knows, and the watch is created again from the revision
 after the last one seen, backing off from `RETRY_FIRST_S` to `RETRY_MAX_S`, so no event in
 between is missed; if etcd compacted that revision away meanwhile, the prefix is read again
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from aetcd.rtypes import EventKind
 
@@ -26,11 +27,24 @@ RETRY_MAX_S = 2.0
 START_RETRY_S = 0.2
 
 
-class WatchSink(Protocol):
-    def snapshot(self, items: list[tuple[bytes, bytes]]) -> None:
-        """Every key under the prefix now, with its value; keys not listed are gone."""
+class Entry(NamedTuple):
+    """One key as etcd holds it."""
 
-    def put(self, key: bytes, value: bytes) -> None: ...
+    key: bytes
+    value: bytes
+    lease: int  # the lease it was written under; 0: none (it outlives every process)
+    mod_revision: int  # of its last write (a delete compared on it removes only that write)
+
+    @classmethod
+    def of(cls, kv) -> "Entry":
+        return cls(kv.key, kv.value, kv.lease, kv.mod_revision)
+
+
+class WatchSink(Protocol):
+    def snapshot(self, items: list[Entry]) -> None:
+        """Every key under the prefix now; keys not listed are gone."""
+
+    def put(self, entry: Entry) -> None: ...
 
     def delete(self, key: bytes) -> None: ...
 
@@ -63,7 +77,7 @@ class PrefixWatcher:
     async def _snapshot(self) -> None:
         result = await self.endpoints.client.get_prefix(self.prefix)
         self.revision = result.header.revision
-        self.sink.snapshot([(kv.key, kv.value) for kv in result])
+        self.sink.snapshot([Entry.of(kv) for kv in result])
 
     async def _run(self) -> None:
         delay = RETRY_FIRST_S
@@ -88,7 +102,8 @@ class PrefixWatcher:
                     await asyncio.sleep(delay)  # backoff while etcd does not answer
             except ETCD_ERRORS as exc:
                 if self.connected.is_set() or self.num_watches == 0:
-                    log.warning("registry: the watch failed, keeping the membership known (retrying): %s", exc)
+                    log.warning("registry: the watch of %s failed, keeping what it saw (retrying): %s",
+                                self.prefix.decode(), exc)  # fmt: skip
                 self.connected.clear()
                 await self.endpoints.failover()
                 await asyncio.sleep(delay)  # backoff while etcd does not answer
@@ -97,7 +112,7 @@ class PrefixWatcher:
     def _dispatch(self, event) -> None:
         self.revision = max(self.revision, event.kv.mod_revision)
         if event.kind == EventKind.PUT:
-            self.sink.put(event.kv.key, event.kv.value)
+            self.sink.put(Entry.of(event.kv))
         else:
             self.sink.delete(event.kv.key)
 
