@@ -76,6 +76,8 @@ class MooncakeMaster:
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> None:
         """Start it and wait until its RPC and metadata ports answer; MasterFailed if it exits
         or they do not answer within `timeout_s` (the child is stopped then)."""
+        if self.process is not None and self.process.poll() is None:
+            raise MasterFailed(f"mooncake_master already runs on {self.host}:{self.port}")
         if self.port is None:
             self.port = free_port_run(self.host, 3)
         port = self.port

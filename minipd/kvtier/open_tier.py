@@ -92,9 +92,10 @@ def parse_mooncake_url(url: str) -> MooncakeSettings:
         if sizes[name] <= 0:
             raise ValueError(f"KV tier URL {url!r}: {name} must be positive")
     host, port = parts.hostname, parts.port
+    netloc_host = f"[{host}]" if ":" in host else host  # an IPv6 address, as URLs write it
     return MooncakeSettings(
-        master=f"{host}:{port}",
-        metadata=query.get("metadata") or f"http://{host}:{port + 1}/metadata",
+        master=f"{netloc_host}:{port}",
+        metadata=query.get("metadata") or f"http://{netloc_host}:{port + 1}/metadata",
         local_hostname=query.get("local_hostname") or route_address(host, port),
         segment_bytes=sizes["segment_mib"],
         local_buffer_bytes=sizes["buffer_mib"],

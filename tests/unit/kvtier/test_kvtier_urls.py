@@ -26,6 +26,11 @@ def test_a_mooncake_url_derives_the_metadata_server_from_the_master():
     assert settings.protocol == "tcp"
 
 
+def test_an_ipv6_master_keeps_its_brackets():
+    settings = parse_mooncake_url("mooncake://[fd00::5]:50051?local_hostname=fd00::7")  # no route looked up
+    assert (settings.master, settings.metadata) == ("[fd00::5]:50051", "http://[fd00::5]:50052/metadata")
+
+
 def test_a_mooncake_url_takes_its_parameters():
     settings = parse_mooncake_url(
         "mooncake://10.0.0.5:7000?metadata=http://10.0.0.9:8080/metadata&local_hostname=10.0.0.7"
