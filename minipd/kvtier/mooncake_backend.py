@@ -126,7 +126,9 @@ class MooncakeBackend(TierBackend):
         start, chunk = 0, len(keys) if not leading else FIRST_LOOKUP_CHUNK
         while start < len(keys):
             codes = self.client.batch_is_exist(keys[start : start + chunk])
-            if any(code < 0 for code in codes):
+            # Every key failing is the store failing; one key failing (say, a value another client
+            # is still putting) is that key not being there yet.
+            if codes and all(code < 0 for code in codes):
                 raise MooncakeError(f"batch_is_exist failed ({min(codes)})")
             for i, code in enumerate(codes):
                 found[start + i] = code == 1
