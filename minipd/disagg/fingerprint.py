@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+import msgspec
 import torch
 
 from minipd.control.messages import PROTOCOL_VERSION, Fingerprint
@@ -34,3 +35,14 @@ def engine_fingerprint(engine: Engine) -> Fingerprint:
         block_size=engine.config.block_size,
         kv_layout=KV_LAYOUT,
     )
+
+
+def kv_tier_digest(fingerprint: Fingerprint) -> bytes:
+    """The model digest the shared KV tier keys and checks every block by (minipd/kvtier/keys.py):
+    every field of the fingerprint that decides what a block's KV bytes are (the model, its weights
+    and how they are served, dtype, block size, KV layout), but not the control protocol's
+    version, which does not. Stable across processes and hosts: sorted JSON, blake2b."""
+    fields = msgspec.structs.asdict(fingerprint)
+    del fields["protocol_version"]
+    encoded = msgspec.json.encode(fields, order="sorted")
+    return hashlib.blake2b(encoded, digest_size=DIGEST_BYTES, person=b"minipd-kv-tier").digest()

@@ -23,7 +23,9 @@ LENGTH_REASON = "Longer than 400 lines because"  # a module past MAX_LINES says 
 # request needs, and OPERATIONS (minipd/ops/*), what watches or steers it. No core layer may
 # import an operation: an operation plugs in from outside, wired by the command line
 # (`entrypoints`), which with `minipd` itself may import both.
-CORE_LAYERS = {"api", "router", "disagg", "control", "engine", "policy", "slo", "tracing", "models", "transports"}
+CORE_LAYERS = {
+    *("api", "router", "disagg", "control", "engine", "policy", "slo", "tracing", "models", "transports", "kvtier"),
+}
 OPS_LAYERS = {
     "ops",  # minipd/ops/__init__.py
     "ops.control_loop",
@@ -52,6 +54,7 @@ ALLOWED: dict[str, set[str]] = {
     **MODELS_LAYERS,
     "models": {"models", *MODELS_LAYERS},  # models/__init__.py
     "transports": {"transports"},
+    "kvtier": {"kvtier"},  # the shared KV tier: bytes, buffers and keys; a fingerprint only as its digest
     "slo": {"slo"},
     "policy": {"policy", "slo"},
     "engine": {"engine", "models"},
