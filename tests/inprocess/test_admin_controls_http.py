@@ -284,3 +284,15 @@ def test_the_built_in_load_runs_reports_progress_refuses_a_second_run_and_stops(
     assert 1 <= stopped.body["completed"] < 500
     wait_for(lambda: not cluster.router._requests, "the stopped run's requests to end")
     assert all(h.is_alive and not h.draining for h in cluster.router.registry.instances.values())
+
+
+def test_the_documented_lognormal_lengths_run_fitted_to_the_model(url, cluster):
+    # docs/cluster-operations.md's form, without `:LO:HI`: it once asked for up to 1,048,576 tokens (refused)
+    body = {"workload": "decode-heavy", "concurrency": 3, "num_requests": 3}
+    body |= {"prompt_len": "lognormal:200:0.8", "output_len": "lognormal:128:0.6"}
+    started = http_json("POST", f"{url}/admin/load", body)
+    assert started.status == 200 and started.body["state"] == "running", started.body
+    done = wait_for(
+        lambda: (p := http_json("GET", f"{url}/admin/load").body)["state"] != "running" and p, "the run to end"
+    )
+    assert (done["state"], done["completed"], done["failed"]) == ("finished", 3, 0), done["errors"]
