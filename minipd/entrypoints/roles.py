@@ -39,7 +39,7 @@ from minipd.entrypoints.configs import RoleConfigs
 from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed, warn_if_open_api
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.registration import keep_registered, register
-from minipd.entrypoints.stop_signal import StopDeadline, wait_for_stop_signal
+from minipd.entrypoints.stop_signal import StopDeadline, settle_heap, wait_for_stop_signal
 from minipd.ops.admin.admin import router_admin
 from minipd.ops.admin.admin_controls import router_controls
 from minipd.ops.admin.controller_metrics import controller_metrics
@@ -166,6 +166,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
                 registration = asyncio.get_running_loop().create_task(
                     keep_registered(instance, router, role, process.host, port, secret)
                 )
+        settle_heap()
         await wait_for_stop_signal()
         stop.start()
         if registration is not None:
@@ -249,6 +250,7 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
         elif configs.ratio_controller is not None:
             controller.start()
         print(f"READY router router {process.host}:{port}", flush=True)
+        settle_heap()
         await wait_for_stop_signal()
         stop.start()
         router.accepting = False  # new requests are refused from now on
