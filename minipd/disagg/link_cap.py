@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from minipd.control.link_caps import runtime_cap_error
 from minipd.control.messages import CallError, LinkCapSet
 from minipd.transports.base import Transport
 
@@ -13,13 +14,14 @@ log = logging.getLogger(__name__)
 
 
 def set_link_cap(transport: Transport, gbps: float | None) -> LinkCapSet | CallError:
-    """Apply the cap (None: uncapped) and answer `LinkCapSet`, or a CallError "invalid" naming
-    `gbps` for a rate that is not positive and finite (the cap is then unchanged)."""
+    """Apply the cap (None or 0: uncapped) and answer `LinkCapSet`, or a CallError "invalid"
+    naming `gbps` for a rate outside the runtime range (control/link_caps.py; the cap
+    is then unchanged)."""
     previous = transport.link_gbps
-    try:
-        transport.set_link_gbps(gbps)
-    except ValueError as exc:
-        return CallError(message=f"gbps: {exc}", kind="invalid")
+    error = runtime_cap_error(gbps or None)
+    if error is not None:
+        return CallError(message=f"gbps: {error}", kind="invalid")
+    transport.set_link_gbps(gbps)
     log.warning(
         "%s: outgoing KV link %s (was %s)",
         transport.instance_id,

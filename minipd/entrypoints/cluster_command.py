@@ -22,7 +22,7 @@ from minipd.entrypoints.configs import RoleConfigs
 from minipd.entrypoints.cpu_plan import ROUTER
 from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
-from minipd.entrypoints.stop_signal import LauncherSignals
+from minipd.entrypoints.stop_signal import LauncherSignals, settle_heap
 from minipd.entrypoints.supervisor import Supervisor
 
 _STOPPED = object()
@@ -124,6 +124,7 @@ async def _serve(
         finally:
             await client.close()
     print("serving; Ctrl-C stops every process", flush=True)
+    settle_heap()
     await _unless_stopped(supervisor.run(), stop)
     return 0
 

@@ -24,6 +24,7 @@ from minipd.entrypoints.flag_spec import (
     flag,
     host_list,
 )
+from minipd.tracing.exporter import MIN_FLUSH_S
 
 _PROCESS = ProcessConfig()
 
@@ -57,7 +58,8 @@ FLAGS = (
         type=float,
         default=_PROCESS.shutdown_timeout_s,
         help="on SIGTERM or Ctrl-C: stop accepting, give the requests under way this long to finish, abort the "
-        "rest, release everything and exit 0 (default: %(default)s)",
+        "rest, release everything and exit 0, all within this bound: the trace exporter's last flush gets what is "
+        f"left of it (at least {MIN_FLUSH_S:g} s) and is dropped past it, with one log line (default: %(default)s)",
     ),
     flag(
         "--liveness-timeout-s",

@@ -16,7 +16,8 @@ Every child inherits the read end of the launcher's pipe (`launcher_pipe.py`) an
 itself once the launcher is gone, however it died. A child's stderr is held until it is
 ready, then relayed (`child_stderr.py`): one that fails to start raises RuntimeError quoting
 its own error line, and `start` stops the others. `stop` stops every child (the router
-first; SIGTERM, then SIGKILL once its shutdown deadline and a grace period passed);
+first, the instances once it serves no more; SIGTERM, then SIGKILL once its shutdown
+deadline and a grace period passed);
 `kill_all` kills them at once. `add_instance` and `remove_instance` change the instances while
 the cluster runs (the Ray launcher's pool scaling, ray_scaling.py).
 
@@ -70,6 +71,7 @@ class Child(NamedTuple):
     argv: list[str]  # its command line after `--role ROLE`
     faults: asyncio.Queue  # (point, detail) of each fault point it reached
     stderr: ChildStderr  # relayed to the launcher's
+    serving_ended: asyncio.Event | None = None  # set at its `STOPPED` line (a router: it serves no more)
 
 
 class ProcessCluster:
@@ -296,7 +298,7 @@ class ProcessCluster:
             if scale_end is not None:
                 scale_end.close()  # the router holds its own copy
         stderr.release()
-        child = Child(name, role, process, address, announcements, argv, asyncio.Queue(), stderr)
+        child = Child(name, role, process, address, announcements, argv, asyncio.Queue(), stderr, asyncio.Event())
         asyncio.get_running_loop().create_task(self._drain(child))
         return child
 
@@ -311,18 +313,37 @@ class ProcessCluster:
             if line.startswith("FAULT "):
                 _, point, *detail = line.split()
                 child.faults.put_nowait((point, " ".join(detail)))
+            elif line.startswith("STOPPED ") and child.serving_ended is not None:
+                child.serving_ended.set()
 
     async def stop(self) -> None:
-        """Router first (so no new work reaches the instances), then the instances, together;
-        then the launcher's pipe closes (a child still running would stop by itself)."""
-        routers = [c for c in self.children if c.role is Role.ROUTER]
-        for group in (routers, [c for c in self.children if c.role is not Role.ROUTER]):
-            await asyncio.gather(*(self._stop_child(child) for child in group))
+        """Router first (so no new work reaches the instances), then the instances, together,
+        once the router serves no more: its `STOPPED` line (drained, its connections closed;
+        its trace exporter may still be flushing) or its exit. So the exporters' last flushes
+        overlap, and a cluster stops within one `--shutdown-timeout-s` after the router's
+        drain. Then the launcher's pipe closes (a child still running would stop by itself)."""
+        routers = [asyncio.ensure_future(self._stop_child(c)) for c in self._routers()]
+        await asyncio.gather(*(self._until_serving_ended(c, t) for c, t in zip(self._routers(), routers)))
+        instances = [self._stop_child(c) for c in self.children if c.role is not Role.ROUTER]
+        await asyncio.gather(*routers, *instances)
         await asyncio.gather(*(child.stderr.drained() for child in self.children))  # their last lines too
         self._processes = {p for p in self._processes if p.returncode is None}
         if self._pipe is not None and not self._processes:
             self._pipe.close()
             self._pipe = None
+
+    def _routers(self) -> list[Child]:
+        return [c for c in self.children if c.role is Role.ROUTER]
+
+    @staticmethod
+    async def _until_serving_ended(child: Child, stopping: asyncio.Future) -> None:
+        """Until `child` said it serves no more, or its stop (`stopping`) ended."""
+        if child.serving_ended is None:
+            await asyncio.wait({stopping})
+            return
+        said = asyncio.ensure_future(child.serving_ended.wait())
+        await asyncio.wait({said, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        said.cancel()
 
     async def _stop_child(self, child: Child) -> None:
         if child.process.returncode is not None:

@@ -6,7 +6,11 @@ front announces `minipd: serving the OpenAI API for 'MODEL' on http://HOST:PORT`
 serve until SIGINT or SIGTERM and shut down gracefully: new requests are refused (an instance
 tells its routers, which route nothing more there), the requests under way get
 `--shutdown-timeout-s` to finish, the rest are aborted, blocks freed, transports closed, and
-the process exits 0.
+the process exits 0. The whole stop has one deadline, `--shutdown-timeout-s` after the
+signal (`StopDeadline`): each step gets what is left of it, the trace exporter's last flush
+too (dropped when it outlasts it, tracing/exporter.py), so a collector that never answers
+cannot hold the process. The router prints `STOPPED router router` once it serves no more
+(drained, its connections closed), before that flush: its launcher stops the instances then.
 
 Each runner takes the role's typed configs (`configs.RoleConfigs`, built from the flags by
 `configs.py`); the KV transport's options come from its backend's spec (`TransportConfig.options`).
@@ -35,7 +39,7 @@ from minipd.entrypoints.configs import RoleConfigs
 from minipd.entrypoints.credentials import parse_cluster_secret, warn_if_exposed, warn_if_open_api
 from minipd.entrypoints.prompt_demo import run_demo
 from minipd.entrypoints.registration import keep_registered, register
-from minipd.entrypoints.stop_signal import wait_for_stop_signal
+from minipd.entrypoints.stop_signal import StopDeadline, settle_heap, wait_for_stop_signal
 from minipd.ops.admin.admin import router_admin
 from minipd.ops.admin.admin_controls import router_controls
 from minipd.ops.admin.controller_metrics import controller_metrics
@@ -118,6 +122,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
     control_port = configs.instance.port
     secret = parse_cluster_secret(process.cluster_secret)
     instance = api = registration = presence = None
+    stop = StopDeadline(process.shutdown_timeout_s)
     _start_tracing(process, INSTANCE_SERVICE, instance_id, role)
     try:
         if control_port is None:
@@ -161,14 +166,16 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
                 registration = asyncio.get_running_loop().create_task(
                     keep_registered(instance, router, role, process.host, port, secret)
                 )
+        settle_heap()
         await wait_for_stop_signal()
+        stop.start()
         if registration is not None:
             registration.cancel()  # a shutting-down instance does not ask to be registered again
         if api is not None:
             await api.cleanup()  # stops listening, lets its requests finish up to the deadline
             api = None
         if instance is not None:
-            await instance.shutdown(process.shutdown_timeout_s)
+            await instance.shutdown(stop.left_s())
             instance = None
         if presence is not None:
             await presence.close()  # its key goes once its requests are done: routers drop it then
@@ -188,7 +195,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
             await instance.close()
         else:
             await engine.close()
-        trace_exporter.shutdown()  # the last spans out before the process exits
+        trace_exporter.shutdown(stop.left_s())  # the last spans out before the process exits
 
 
 async def run_router(router: Router, configs: RoleConfigs) -> int:
@@ -197,6 +204,7 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
     api = membership = election = None
     controller = ControllerSwitch(router, policy.policy, policy.options)
     scaler = None
+    stop = StopDeadline(process.shutdown_timeout_s)
     _start_tracing(process, ROUTER_SERVICE, "router", Role.ROUTER)
     try:
         warn_if_exposed("the router", process.host, router.secret)
@@ -242,12 +250,12 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
         elif configs.ratio_controller is not None:
             controller.start()
         print(f"READY router router {process.host}:{port}", flush=True)
+        settle_heap()
         await wait_for_stop_signal()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + process.shutdown_timeout_s
+        stop.start()
         router.accepting = False  # new requests are refused from now on
-        await server.drain(process.shutdown_timeout_s)  # clients' requests, relayed to their very last output
-        if not await router.drain(max(0.0, deadline - loop.time())):  # those of the HTTP API
+        await server.drain(stop.left_s())  # clients' requests, relayed to their very last output
+        if not await router.drain(stop.left_s()):  # those of the HTTP API
             router.abort_all(
                 f"the router shut down before the request finished (its {process.shutdown_timeout_s} s "
                 "shutdown deadline passed)"
@@ -269,7 +277,8 @@ async def run_router(router: Router, configs: RoleConfigs) -> int:
             await api.cleanup()
         await server.close()
         await router.close()
-        trace_exporter.shutdown()  # the last spans out before the process exits
+        print("STOPPED router router", flush=True)  # serving no more: a launcher stops the instances now
+        trace_exporter.shutdown(stop.left_s())  # the last spans out before the process exits
 
 
 def _start_tracing(process: ProcessConfig, service: str, instance_id: str, role: Role) -> None:

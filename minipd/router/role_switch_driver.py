@@ -36,6 +36,7 @@ from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
 log = logging.getLogger(__name__)
 
 DEFAULT_DRAIN_TIMEOUT_S = 120.0
+MAX_DRAIN_TIMEOUT_S = 3600.0  # a drain waits for requests under way: an hour is past any of them
 REPLY_MARGIN_S = 30.0  # beyond the drain timeout, for the pool reset and the reply to arrive
 
 
@@ -82,6 +83,14 @@ class SwitchReport(msgspec.Struct, frozen=True, kw_only=True):
         return self.total_s - self.drain_s
 
 
+def check_drain_timeout(drain_timeout_s: float) -> None:
+    """A drain timeout in (0, MAX_DRAIN_TIMEOUT_S] seconds; InvalidRequestError naming `drain_timeout_s` otherwise."""
+    if not 0 < drain_timeout_s <= MAX_DRAIN_TIMEOUT_S:  # NaN fails both comparisons
+        raise InvalidRequestError(
+            "drain_timeout_s", f"must be positive and at most {MAX_DRAIN_TIMEOUT_S:g} seconds, got {drain_timeout_s}"
+        )
+
+
 def parse_role(role: Role | str) -> Role:
     """An instance role from its value; InvalidRequestError naming `role` otherwise."""
     choices = ", ".join(r.value for r in INSTANCE_ROLES)
@@ -106,8 +115,7 @@ async def switch_instance_role(
     if handle is None or not handle.is_alive:
         raise UnknownInstance(instance_id, sorted(h.instance_id for h in registry.alive()))
     target = parse_role(role)
-    if not drain_timeout_s > 0:
-        raise InvalidRequestError("drain_timeout_s", f"must be positive, got {drain_timeout_s}")
+    check_drain_timeout(drain_timeout_s)
     if handle.draining:
         raise SwitchConflict("instance", f"{instance_id} is already switching roles")
     if handle.role is target:

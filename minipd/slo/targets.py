@@ -19,6 +19,16 @@ import msgspec
 FIELDS = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}  # flag key -> field
 ALIASES = {"e2e": "e2el"}
 MS_PER_S = 1e3
+# An objective set over HTTP, in milliseconds: 1 us (below it, milliseconds in seconds could
+# round to 0) to an hour (no request of a serving cluster is judged past it).
+MIN_BOUND_MS, MAX_BOUND_MS = 1e-3, 3_600_000.0
+
+
+def bound_ms_error(ms: object) -> str | None:
+    """Why `ms` cannot be an objective in milliseconds (None: it can)."""
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not (MIN_BOUND_MS <= ms <= MAX_BOUND_MS):
+        return f"must be a positive number of milliseconds, from {MIN_BOUND_MS:g} to {MAX_BOUND_MS:.0f}, got {ms!r}"
+    return None
 
 
 class SLO(msgspec.Struct, frozen=True, omit_defaults=True):

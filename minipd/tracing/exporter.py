@@ -4,7 +4,12 @@ Spans go through a `BatchSpanProcessor` to an `OTLPSpanExporter` over OTLP/HTTP 
 ending a span only appends it to a bounded queue (`OTEL_BSP_MAX_QUEUE_SIZE`, 2048 by default;
 spans beyond are dropped, never waited for), and the processor's own thread exports batches
 every `OTEL_BSP_SCHEDULE_DELAY` ms, so neither the event loop nor the compute thread ever
-waits on the collector. `shutdown` (also registered with `atexit`) flushes what is queued.
+waits on the collector. `shutdown(timeout_s)` (also registered with `atexit`) flushes what is
+queued, within a bound: the SDK's own shutdown waits on a collector that never answers for
+its export timeout and retries (10 s and more), so it runs on a daemon thread that gets
+`timeout_s` (at least MIN_FLUSH_S); one still running then is dropped, with one warning
+(`DROPPED`), and the process goes on to exit (a daemon thread never holds it). The roles give
+it what is left of `--shutdown-timeout-s` (entrypoints/roles.py).
 
 While tracing is off nothing here runs and the SDK is never imported: `tracer()` is None,
 which every caller checks first (spans.py).
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import threading
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,9 +28,13 @@ log = logging.getLogger(__name__)
 OTEL_EXTRA = "otel"
 TRACES_PATH = "/v1/traces"  # the OTLP/HTTP path of traces on a collector
 FLAG = "--otlp-traces-endpoint"
+DROPPED = "trace exporter dropped"  # the start of the one line a flush past its bound logs
+MIN_FLUSH_S = 0.25  # a flush gets at least this: a healthy collector's takes milliseconds
+AT_EXIT_FLUSH_S = 5.0  # the bound of the flush `atexit` runs (a process that never called `shutdown`)
 
 _tracer: Any = None  # opentelemetry.trace.Tracer while tracing is on
 _provider: Any = None
+_url = ""
 
 
 class TracingUnavailable(ValueError):
@@ -51,7 +61,7 @@ def check_endpoint(endpoint: str) -> str:
 def configure(endpoint: str, service_name: str, instance_id: str, role: str) -> None:
     """Export this process's spans to `endpoint` from now on, as `service_name` (its
     `service.instance.id`: `instance_id`). Called once per process, before any span."""
-    global _tracer, _provider
+    global _tracer, _provider, _url
     url = check_endpoint(endpoint)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -59,10 +69,12 @@ def configure(endpoint: str, service_name: str, instance_id: str, role: str) -> 
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     resource = Resource.create({"service.name": service_name, "service.instance.id": instance_id, "minipd.role": role})
-    provider = TracerProvider(resource=resource)  # sampling: ParentBased(always on), so a client's choice holds
+    # sampling: ParentBased(always on), so a client's choice holds; no `atexit` of the SDK's own
+    # (unbounded): ours is bounded
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
-    _provider, _tracer = provider, provider.get_tracer("minipd")
-    atexit.register(shutdown)
+    _provider, _tracer, _url = provider, provider.get_tracer("minipd"), url
+    atexit.register(shutdown, AT_EXIT_FLUSH_S)
     log.info("exporting traces to %s as %s/%s", url, service_name, instance_id)
 
 
@@ -71,9 +83,32 @@ def tracer() -> Any:
     return _tracer
 
 
-def shutdown() -> None:
-    """Flush the spans still queued and stop exporting (idempotent)."""
+def shutdown(timeout_s: float) -> bool:
+    """Flush the spans still queued and stop exporting, within `timeout_s` (at least
+    MIN_FLUSH_S); idempotent. False when the flush outlasted it: the exporter is dropped (its
+    thread left to die with the process, the spans it held lost) and one warning says so."""
     global _tracer, _provider
     provider, _provider, _tracer = _provider, None, None
-    if provider is not None:
+    if provider is None:
+        return True
+    bound_s = max(timeout_s, MIN_FLUSH_S)
+    flush = threading.Thread(target=_shutdown_provider, args=(provider,), name="otel-shutdown", daemon=True)
+    flush.start()
+    flush.join(bound_s)
+    if flush.is_alive():
+        log.warning(
+            "%s: its flush to %s did not end within %.2f s (what was left of the shutdown bound); "
+            "the spans it still held are lost",
+            DROPPED,
+            _url,
+            bound_s,
+        )
+        return False
+    return True
+
+
+def _shutdown_provider(provider: Any) -> None:
+    try:
         provider.shutdown()
+    except Exception:  # a thread's exception would only be printed: say it in the log instead
+        log.exception("the trace exporter failed to shut down")

@@ -79,11 +79,15 @@ def wait_for(predicate, what: str, timeout_s: float = WAIT_S):
         ("/admin/link_cap", {"instance": "prefill-0", "gbps": 0}, 400, "gbps", ["null to lift"]),
         ("/admin/link_cap", {"instance": "prefill-0"}, 400, "gbps", ["required"]),
         ("/admin/link_cap", {"instance": "prefill-0", "gbps": "fast"}, 400, "gbps", ["float"]),
+        ("/admin/link_cap", {"instance": "prefill-0", "gbps": 1e-300}, 400, "gbps", ["from 0.001 to 10000"]),
+        ("/admin/link_cap", {"instance": "prefill-0", "gbps": 1e308}, 400, "gbps", ["from 0.001 to 10000"]),
+        ("/admin/link_cap", {"instance": "decode-0", "gbps": 1.0}, 409, "instance", ["decode instance", "no KV"]),
         ("/admin/cluster_mode", {"mode": "mixed"}, 400, "mode", ["'mixed'", "colocated, split"]),
         ("/admin/cluster_mode", {"mode": "split"}, 400, "prefill", ["number of prefill"]),
         ("/admin/cluster_mode", {"mode": "split", "prefill": 2}, 400, "prefill", ["1 to 1 of 2"]),
         ("/admin/cluster_mode", {"mode": "colocated", "prefill": 1}, 400, "prefill", ["only a split"]),
         ("/admin/cluster_mode", {"mode": "colocated", "drain_timeout_s": 0}, 400, "drain_timeout_s", ["positive"]),
+        ("/admin/cluster_mode", {"mode": "colocated", "drain_timeout_s": 1e308}, 400, "drain_timeout_s", ["3600"]),
         ("/admin/cluster_mode", {"mode": "colocated", "urgent": 1}, 400, "urgent", ["unknown field"]),
         ("/admin/load", {"workload": "chatty", "rate": 1.0}, 400, "workload", ["'chatty'", "prefill-heavy"]),
         ("/admin/load", {"workload": "mixed"}, 400, "rate", ["rate", "concurrency"]),
@@ -93,6 +97,21 @@ def wait_for(predicate, what: str, timeout_s: float = WAIT_S):
         ("/admin/load", {"workload": "mixed", "rate": 1.0, "num_requests": 0}, 400, "num_requests", ["[1,"]),
         ("/admin/load", {"workload": "mixed", "rate": 1.0, "duration_s": -1}, 400, "duration_s", ["seconds"]),
         ("/admin/load", {"workload": "decode-heavy", "rate": 1, "prompt_len": "huge"}, 400, "prompt_len", ["huge"]),
+        (
+            "/admin/load",
+            {"workload": "decode-heavy", "rate": 1, "prompt_len": "lognormal:inf:1:1:100"},
+            400,
+            "prompt_len",
+            ["median", "inf"],
+        ),
+        (
+            "/admin/load",
+            {"workload": "decode-heavy", "rate": 1, "prompt_len": "lognormal:100:1e308"},
+            400,
+            "prompt_len",
+            ["sigma", "[0, 5]"],
+        ),
+        ("/admin/load", {"workload": "mixed", "rate": 1e-300}, 400, "rate", ["0.001"]),
         ("/admin/load", {"workload": "mixed", "rate": 1, "output_len": "fixed:4"}, 400, "output_len", ["mixes"]),
         ("/admin/load", {"workload": "decode-heavy", "rate": 1, "output_len": "fixed:600"}, 400, "output_len", ["512"]),
         ("/admin/load/stop", {}, 409, None, ["no load run"]),
@@ -102,6 +121,8 @@ def wait_for(predicate, what: str, timeout_s: float = WAIT_S):
         ("/admin/controller", {"slo": {"ttft_ms": 500}}, 400, "slo", ["itl or tpot"]),
         ("/admin/controller", {"target": 1.5}, 400, "target", ["(0, 1]"]),
         ("/admin/controller", {"slo": {"ttft": 5}}, 400, "slo.ttft", ["unknown field"]),
+        ("/admin/controller", {"slo": {"ttft_ms": 9, "itl_ms": 5, "tpot_ms": 5}}, 400, "slo", ["itl_ms or tpot_ms"]),
+        ("/admin/controller", {"slo": {"ttft_ms": 1e308, "itl_ms": 5}}, 400, "slo", ["ttft_ms", "3600000"]),
         ("/admin/load", b"{not json", 400, None, ["not valid JSON"]),
     ],
 )
@@ -115,7 +136,9 @@ def test_bad_input_is_refused_naming_the_field_and_nothing_changes(
     assert all(word in error["message"] for word in words), error["message"]
     assert roles(cluster) == {"prefill-0": "prefill", "decode-0": "decode"}
     assert not controller.on and controller.config.target == 0.9
+    assert controller.config.slo == SLO(ttft_s=1.0, itl_s=0.1)
     assert http_json("GET", f"{url}/admin/load").body["state"] == "idle"
+    assert [i.transport.link_gbps for i in cluster.instances] == [None, None]
 
 
 def test_every_control_route_needs_the_api_key(cluster, controller, loop_thread):
@@ -261,3 +284,15 @@ def test_the_built_in_load_runs_reports_progress_refuses_a_second_run_and_stops(
     assert 1 <= stopped.body["completed"] < 500
     wait_for(lambda: not cluster.router._requests, "the stopped run's requests to end")
     assert all(h.is_alive and not h.draining for h in cluster.router.registry.instances.values())
+
+
+def test_the_documented_lognormal_lengths_run_fitted_to_the_model(url, cluster):
+    # docs/cluster-operations.md's form, without `:LO:HI`: it once asked for up to 1,048,576 tokens (refused)
+    body = {"workload": "decode-heavy", "concurrency": 3, "num_requests": 3}
+    body |= {"prompt_len": "lognormal:200:0.8", "output_len": "lognormal:128:0.6"}
+    started = http_json("POST", f"{url}/admin/load", body)
+    assert started.status == 200 and started.body["state"] == "running", started.body
+    done = wait_for(
+        lambda: (p := http_json("GET", f"{url}/admin/load").body)["state"] != "running" and p, "the run to end"
+    )
+    assert (done["state"], done["completed"], done["failed"]) == ("finished", 3, 0), done["errors"]

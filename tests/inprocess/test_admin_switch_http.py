@@ -50,6 +50,7 @@ def completion_works(url: str) -> bool:
         ({"instance": "prefill-0", "role": "decode", "urgent": True}, 400, "urgent", ["unknown field"]),
         ({"instance": "prefill-0", "role": 7}, 400, "role", ["str"]),
         ({"instance": "prefill-0", "role": "decode", "drain_timeout_s": -1}, 400, "drain_timeout_s", ["positive"]),
+        ({"instance": "prefill-0", "role": "decode", "drain_timeout_s": 1e308}, 400, "drain_timeout_s", ["3600"]),
         ({"instance": "prefill-0", "role": "prefill"}, 409, "role", ["already a prefill instance"]),
         ({"instance": "decode-0", "role": "prefill"}, 409, "role", ["last instance that can decode"]),
         (b"{not json", 400, None, ["not valid JSON"]),

@@ -1,7 +1,7 @@
 """The router's admin endpoints, and the router's own series on /metrics.
 
 - `POST /admin/switch_role` with `{"instance": ID, "role": "prefill"|"decode"|"both",
-  "drain_timeout_s": S (optional)}`: switch one instance's role in place
+  "drain_timeout_s": S (optional: 120, more than 0, at most 3600)}`: switch one instance's role in place
   (`Router.switch_role`) and answer the `SwitchReport` as JSON once it serves in its new role.
   Errors, OpenAI-shaped and naming the field: 400 (bad body, unknown role, bad timeout),
   404 (unknown instance), 409 (already that role, already switching, the last decode

@@ -3,28 +3,30 @@ ops/control_loop/cluster_mode.py, link_cap.py and controller_switch.py there, an
 ops/loadgen/builtin_load.py.
 
 - `POST /admin/cluster_mode` `{"mode": "colocated"}` or `{"mode": "split", "prefill": N,
-  "drain_timeout_s": S (optional)}`: switch instances in place, one at a time, until the
-  cluster is colocated (`both` everywhere) or N prefill and the rest decode; answers the
-  `ModeReport` (the counts after, every switch made). 409 while a change or a switch is under
-  way; 502 when a switch failed (the message names those made before it, which stay).
-- `POST /admin/link_cap` `{"instance": ID, "gbps": X}` (null: uncapped): the instance's
-  outgoing KV bandwidth cap from its next write on; answers `LinkCapReport`.
+  "drain_timeout_s": S (optional, in (0, 3600])}`: switch instances in place, one at a time,
+  until the cluster is colocated (`both` everywhere) or N prefill and the rest decode; answers
+  the `ModeReport` (the counts after, every switch made). 409 while a change or a switch is
+  under way; 502 when a switch failed (the message names those made before it, which stay).
+- `POST /admin/link_cap` `{"instance": ID, "gbps": X}` (X in [0.001, 10000], or null:
+  uncapped): the outgoing KV bandwidth cap of an instance that sends KV (prefill or both; 409
+  for a decode instance) from its next write on; answers `LinkCapReport`.
   `GET /admin/link_cap`: the caps set through this router since it started, by instance.
 - `POST /admin/load` `LoadRequest` (builtin_load.py): start the built-in load generator;
   `POST /admin/load/stop` `{}`: stop it; `GET /admin/load`: its `LoadProgress`. 409 when a run
   is under way already (start) or none is (stop).
 - `POST /admin/controller` `{"on": bool, "slo": {"ttft_ms": T, "itl_ms": I | "tpot_ms": P},
-  "target": F}` (every field optional): turn the ratio controller on or off and set its
-  policy; `GET /admin/controller`: its `ControllerState` (with `leader`, `leader_id`).
+  "target": F}` (every field optional; milliseconds in [0.001, 3600000], one per-token
+  objective, itl or tpot): turn the ratio controller on or off and set its policy;
+  `GET /admin/controller`: its `ControllerState` (with `leader`, `leader_id`).
 Every body is JSON (415 otherwise), decoded strictly (400 naming an unknown or mistyped
-field), and every route sits behind the app's API key (401 without it). Bad values are 400s
-naming the field, an unknown instance a 404.
+field), and every route sits behind the app's API key (401 without it). Bad values, numbers
+out of their range included, are 400s naming the field; an unknown instance is a 404; no
+input gets a 5xx (tests/faults/test_admin_fuzz.py).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import math
 from typing import Any, Callable
 
 import msgspec
@@ -37,13 +39,11 @@ from minipd.engine.sampling_params import InvalidRequestError
 from minipd.ops.admin.controller_leader_metrics import ControllerLeaderCollector
 from minipd.ops.control_loop.cluster_mode import ModeChangeFailed, ModeChanger
 from minipd.ops.control_loop.controller_switch import ControllerSwitch
-from minipd.ops.control_loop.link_cap import LinkCapFailed, set_link_cap
+from minipd.ops.control_loop.link_cap import LinkCapConflict, LinkCapFailed, set_link_cap
 from minipd.ops.loadgen.builtin_load import BuiltinLoad, LoadConflict, LoadRequest, TokenizerPrompts
 from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchConflict, UnknownInstance
 from minipd.router.router import Router
-from minipd.slo.targets import SLO
-
-MS_PER_S = 1e3
+from minipd.slo.targets import MS_PER_S, SLO, bound_ms_error
 
 
 class ClusterModeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -94,10 +94,14 @@ def _own_url(request: web.Request) -> str:
 
 
 def _slo(body: ControllerSLO) -> SLO:
+    """The controller's SLO from milliseconds: each given one in range, one per-token objective."""
+    if body.itl_ms is not None and body.tpot_ms is not None:
+        raise InvalidRequestError("slo", "give one per-token objective, itl_ms or tpot_ms, not both")
     values = {"ttft": body.ttft_ms, "itl": body.itl_ms, "tpot": body.tpot_ms}
     for name, ms in values.items():
-        if ms is not None and not (ms > 0 and math.isfinite(ms)):
-            raise InvalidRequestError("slo", f"{name}_ms: must be a positive number of milliseconds, got {ms}")
+        error = None if ms is None else bound_ms_error(ms)
+        if error is not None:
+            raise InvalidRequestError("slo", f"{name}_ms: {error}")
     return SLO(**{f"{name}_s": ms / MS_PER_S for name, ms in values.items() if ms is not None})
 
 
@@ -144,6 +148,8 @@ class AdminControls:
             raise ApiError(404, str(exc), param="instance", type=NOT_FOUND) from None
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), param=exc.field) from None
+        except LinkCapConflict as exc:
+            raise ApiError(409, str(exc), param="instance") from None
         except LinkCapFailed as exc:
             raise ApiError(502, str(exc), type=SERVER_ERROR) from None
         self.link_caps[report.instance] = report.gbps

@@ -32,6 +32,7 @@ from minipd.router.role_switch_driver import (
     SwitchFailed,
     SwitchReport,
     UnknownInstance,
+    check_drain_timeout,
 )
 
 if TYPE_CHECKING:
@@ -111,8 +112,7 @@ class ModeChanger:
         change or a switch already under way; nothing was changed) or ModeChangeFailed."""
         if self._lock.locked():
             raise SwitchConflict("mode", "a cluster mode change is already under way")
-        if not drain_timeout_s > 0:
-            raise InvalidRequestError("drain_timeout_s", f"must be positive, got {drain_timeout_s}")
+        check_drain_timeout(drain_timeout_s)
         async with self._lock:
             start = time.perf_counter()
             instances = self.router.registry.alive()

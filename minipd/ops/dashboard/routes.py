@@ -7,8 +7,8 @@
   what it holds), a keep-alive comment when a tick is late; at most `max_viewers` at once (503).
 - `GET /dashboard/snapshot`: the latest snapshot as one JSON document (for curl).
 - `GET /dashboard/requests`: the router's last request timelines (timelines_route.py).
-- `POST /dashboard/slo` with `{"ttft_ms": MS, "itl_ms": MS}`: the SLO the page judges against
-  (for every viewer); 400 naming the field for a bad value.
+- `POST /dashboard/slo` with `{"ttft_ms": MS, "itl_ms": MS}` (each in [0.001, 3600000]): the
+  SLO the page judges against (for every viewer); 400 naming the field for a bad value.
 On a router, plan_routes.py adds the planner's routes (`/dashboard/plan`, `/dashboard/prediction`).
 The data routes need the API key like every other route (the app's middleware), as a Bearer
 header; the page never puts the key in a URL.
@@ -20,7 +20,6 @@ request the front serves.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, TextIO
@@ -41,7 +40,7 @@ from minipd.ops.dashboard.snapshot import DashboardSLO, SnapshotBuilder
 from minipd.ops.dashboard.sse import KEEPALIVE, SnapshotHub
 from minipd.ops.dashboard.timelines_route import timelines_extension
 from minipd.router.timeline_store import TimelineStore
-from minipd.slo.targets import SLO
+from minipd.slo.targets import SLO, bound_ms_error
 
 if TYPE_CHECKING:
     from minipd.engine.engine import Engine
@@ -65,7 +64,6 @@ PAGE_HEADERS = {
 }
 KEEPALIVE_S = 5.0  # a comment when no snapshot came for this long, so proxies keep the stream open
 MAX_VIEWERS = 32
-MAX_SLO_MS = 3_600_000.0
 
 
 class SloRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -114,9 +112,9 @@ class Dashboard:
         except msgspec.DecodeError as exc:
             raise from_decode_error(exc) from None
         for field in ("ttft_ms", "itl_ms"):
-            value = getattr(body, field)
-            if not (math.isfinite(value) and 0 < value <= MAX_SLO_MS):
-                raise ApiError(400, f"{field}: must be a number of milliseconds in (0, {MAX_SLO_MS:g}]", param=field)
+            error = bound_ms_error(getattr(body, field))
+            if error is not None:
+                raise ApiError(400, f"{field}: {error}", param=field)
         slo = self.builder.set_slo(body.ttft_ms / 1e3, body.itl_ms / 1e3)
         await self.hub.tick()  # every viewer sees the new lines now, not a tick later
         return web.Response(body=msgspec.json.encode(slo), content_type="application/json")

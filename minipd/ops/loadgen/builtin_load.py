@@ -11,10 +11,14 @@ gap, in a constant-memory histogram).
 
 Bounds: at most `num_requests` requests (MAX_REQUESTS) and `duration_s` seconds (MAX_DURATION_S):
 at that time the run stops as `stop()` stops it, and the requests in flight are aborted (their
-connections close). A default prompt length longer than the server's `max_model_len` allows
-is clipped to leave room for the request's output; an explicit `prompt_len` / `output_len` that
-cannot fit is refused. The client shares the server's event loop and CPU: on a small machine
-it takes a share of what it measures (the dashboard says so).
+connections close); a rate in [MIN_RATE, MAX_RATE] requests per second, or a concurrency in
+[1, MAX_CONCURRENCY]. Lengths fit the server's `max_model_len` (`fit_lengths`): one whose
+upper bound was given (`fixed:N`, `uniform:LO:HI`, `lognormal:MEDIAN:SIGMA:LO:HI`) must fit
+it, with the other's when both were (else the load is refused, naming the field); one whose
+bound was not (a workload's default, or `lognormal:MEDIAN:SIGMA`) is fitted: an output to at
+most `max_model_len - 1` tokens, less a given prompt's length, a prompt to `max_model_len`
+less its request's output. The client shares the server's event loop and CPU: on a small
+machine it takes a share of what it measures (the dashboard says so).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from minipd.ops.loadgen.prompts import PromptBuilder, PromptTokens
 from minipd.ops.loadgen.records import RequestRecord
 from minipd.ops.loadgen.runner import RunnerConfig, WarmupFailed, run_workload
 from minipd.ops.workload import WORKLOADS, ArrivalProcess, LengthDist, RequestSpec, make_workload
+from minipd.ops.workload.lengths import open_ended
 from minipd.slo.histogram import LogHistogram
 from minipd.slo.latency import LatencyStats
 
@@ -41,7 +46,7 @@ log = logging.getLogger(__name__)
 
 MAX_REQUESTS = 10_000
 MAX_DURATION_S = 3600.0
-MAX_RATE = 1000.0  # requests per second
+MIN_RATE, MAX_RATE = 0.001, 1000.0  # requests per second: one in 17 minutes, at least
 MAX_CONCURRENCY = 256
 REQUEST_TIMEOUT_S = 300.0
 MAX_ERRORS_KEPT = 5
@@ -111,21 +116,30 @@ class _Observer:
                 progress.errors.append(record.error or "failed")
 
 
-def _length(field: str, text: str | None) -> LengthDist | None:
+def _length(field: str, text: str | None, max_model_len: int) -> tuple[LengthDist | None, bool]:
+    """(the distribution, whether its upper bound was given); an open-ended lognormal's bound
+    is the model's, one given must fit it. InvalidRequestError naming `field` otherwise."""
     if text is None:
-        return None
+        return None, False
     try:
-        return LengthDist.parse(text)
+        dist = LengthDist.parse(text)
     except ValueError as exc:
         raise InvalidRequestError(field, str(exc)) from None
+    if open_ended(text):
+        return msgspec.structs.replace(dist, high=max(1, min(dist.high, max_model_len - 1))), False
+    if dist.high >= max_model_len:
+        raise InvalidRequestError(field, f"up to {dist.high} tokens cannot fit max_model_len {max_model_len}")
+    return dist, True
 
 
 def _arrivals(body: LoadRequest) -> ArrivalProcess:
     if (body.rate is None) == (body.concurrency is None):
         raise InvalidRequestError("rate", "give either a rate (requests per second) or a concurrency, not both")
     if body.rate is not None:
-        if not (0 < body.rate <= MAX_RATE and math.isfinite(body.rate)):
-            raise InvalidRequestError("rate", f"must be in (0, {MAX_RATE:g}] requests per second, got {body.rate}")
+        if not (MIN_RATE <= body.rate <= MAX_RATE and math.isfinite(body.rate)):
+            raise InvalidRequestError(
+                "rate", f"must be in [{MIN_RATE:g}, {MAX_RATE:g}] requests per second, got {body.rate}"
+            )
         return ArrivalProcess.poisson(body.rate)
     if not 1 <= body.concurrency <= MAX_CONCURRENCY:
         raise InvalidRequestError("concurrency", f"must be in [1, {MAX_CONCURRENCY}], got {body.concurrency}")
@@ -143,20 +157,31 @@ def plan_load(body: LoadRequest, max_model_len: int) -> list[RequestSpec]:
         raise InvalidRequestError("num_requests", f"must be in [1, {MAX_REQUESTS}], got {body.num_requests}")
     if not (0 < body.duration_s <= MAX_DURATION_S):
         raise InvalidRequestError("duration_s", f"must be in (0, {MAX_DURATION_S:g}] seconds, got {body.duration_s}")
-    prompt_len, output_len = _length("prompt_len", body.prompt_len), _length("output_len", body.output_len)
+    prompt_len, prompt_given = _length("prompt_len", body.prompt_len, max_model_len)
+    output_len, output_given = _length("output_len", body.output_len, max_model_len)
     try:
         specs = make_workload(body.workload, body.num_requests, arrivals, body.seed, prompt_len, output_len)
     except ValueError as exc:
         raise InvalidRequestError("prompt_len" if body.prompt_len else "output_len", str(exc)) from None
-    for field, dist in (("prompt_len", prompt_len), ("output_len", output_len)):
-        if dist is not None and dist.high >= max_model_len:
-            raise InvalidRequestError(field, f"up to {dist.high} tokens cannot fit max_model_len {max_model_len}")
-    longest = max(s.prompt_len + s.output_len for s in specs)
-    if longest > max_model_len and (prompt_len is not None and output_len is not None):
-        raise InvalidRequestError(
-            "prompt_len", f"a prompt and its output reach {longest} tokens, beyond max_model_len {max_model_len}"
-        )
-    # the workload's own default lengths suit a CPU model's context; clip them to this server's
+    return fit_lengths(specs, max_model_len, prompt_given, output_given)
+
+
+def fit_lengths(
+    specs: list[RequestSpec], max_model_len: int, prompt_given: bool, output_given: bool
+) -> list[RequestSpec]:
+    """Every request's prompt and output within `max_model_len` together: a length whose
+    upper bound was not given yields to the other (the prompt when neither was); both
+    given and too long together: InvalidRequestError naming `prompt_len`."""
+    if prompt_given and output_given:
+        longest = max(s.prompt_len + s.output_len for s in specs)
+        if longest > max_model_len:
+            raise InvalidRequestError(
+                "prompt_len", f"a prompt and its output reach {longest} tokens, beyond max_model_len {max_model_len}"
+            )
+        return specs
+    if prompt_given:
+        return [s._replace(output_len=max(1, min(s.output_len, max_model_len - s.prompt_len))) for s in specs]
+    # a workload's default lengths suit a CPU model's context; clip them to this server's
     return [s._replace(prompt_len=max(1, min(s.prompt_len, max_model_len - s.output_len))) for s in specs]
 
 

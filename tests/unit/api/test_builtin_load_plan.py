@@ -1,5 +1,7 @@
-"""The built-in load's requests: the workload's own, fitted to the served max_model_len, and bad
-input refused naming its field."""
+"""The built-in load's requests: the workload's own, fitted to the served max_model_len (a
+length whose upper bound was not given yields: the documented `lognormal:MEDIAN:SIGMA` works),
+and bad input refused naming its field (a distribution whose parameters could overflow
+included)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,27 @@ def test_default_prompts_longer_than_max_model_len_are_clipped_to_leave_room_for
     assert all(s.arrival_s == 0.0 for s in specs)  # a fixed concurrency paces itself
 
 
+def test_the_documented_open_ended_lognormal_fits_the_model():
+    body = LoadRequest(
+        workload="decode-heavy",
+        rate=2.0,
+        num_requests=400,
+        prompt_len="lognormal:200:0.8",
+        output_len="lognormal:128:1",
+    )
+    specs = plan_load(body, max_model_len=512)
+    assert all(s.prompt_len >= 1 and s.output_len >= 1 and s.prompt_len + s.output_len <= 512 for s in specs)
+    assert max(s.output_len for s in specs) > 400  # its tail reaches past half the model: not cut to a fixed share
+    prompts = sorted(s.prompt_len for s in specs)
+    assert 150 < prompts[len(prompts) // 2] < 260  # the median as asked, the long tail cut
+
+
+def test_an_open_ended_length_yields_to_a_given_one():
+    body = LoadRequest(workload="decode-heavy", rate=2.0, num_requests=50, prompt_len="fixed:1000")
+    specs = plan_load(body, max_model_len=1024)  # decode-heavy's own outputs: 128 to 256 tokens
+    assert {s.prompt_len for s in specs} == {1000} and max(s.output_len for s in specs) == 24
+
+
 @pytest.mark.parametrize(
     "fields, field",
     [
@@ -40,6 +63,12 @@ def test_default_prompts_longer_than_max_model_len_are_clipped_to_leave_room_for
             "prompt_len",
         ),
         ({"workload": "shift", "rate": 1.0, "prompt_len": "fixed:8"}, "prompt_len"),
+        ({"workload": "mixed", "rate": 1e-300}, "rate"),
+        ({"workload": "decode-heavy", "rate": 1.0, "prompt_len": "lognormal:inf:1:1:100"}, "prompt_len"),
+        ({"workload": "decode-heavy", "rate": 1.0, "prompt_len": "lognormal:nan:1"}, "prompt_len"),
+        ({"workload": "decode-heavy", "rate": 1.0, "prompt_len": "lognormal:100:1e308:1:100"}, "prompt_len"),
+        ({"workload": "decode-heavy", "rate": 1.0, "output_len": "lognormal:100:-1"}, "output_len"),
+        ({"workload": "decode-heavy", "rate": 1.0, "output_len": "uniform:1:99999999999"}, "output_len"),
     ],
 )
 def test_bad_input_names_its_field(fields, field):

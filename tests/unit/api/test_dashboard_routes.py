@@ -104,6 +104,8 @@ def test_page_without_a_key_says_none_is_needed(server):
         ({"ttft_ms": 100, "itl_ms": 1e12}, "itl_ms"),
         ({"ttft_ms": "fast", "itl_ms": 10}, "ttft_ms"),
         ({"ttft_ms": 100}, "itl_ms"),
+        ({"ttft_ms": 100, "itl_ms": 5e-324}, "itl_ms"),  # in seconds it would round to 0
+        ({"ttft_ms": 1e-300, "itl_ms": 10}, "ttft_ms"),
     ],
 )
 def test_bad_slo_is_a_400_naming_the_field_and_the_server_keeps_serving(server, body, field):

@@ -1,5 +1,6 @@
 """An instance's runtime KV link cap (`SetLinkCap`): the transport's token bucket takes the new
-rate, null or 0 lifts it, and a bad rate is refused naming `gbps` with the cap unchanged."""
+rate, null or 0 lifts it, and a bad rate (negative, not finite, outside the runtime range
+0.001 to 10,000 Gbit/s) is refused naming `gbps` with the cap unchanged."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ def test_a_cap_is_set_changed_and_lifted():
     assert set_link_cap(t, 0) == LinkCapSet(gbps=None, previous_gbps=None)  # 0 is uncapped, as --link-gbps
 
 
-@pytest.mark.parametrize("gbps", [-1.0, math.inf, math.nan])
+@pytest.mark.parametrize("gbps", [-1.0, math.inf, math.nan, 1e-300, 0.0009, 10_001.0, 1e308, True])
 def test_a_bad_rate_is_refused_and_the_cap_stays(gbps):
     t = transport(link_gbps=3.0)
     answer = set_link_cap(t, gbps)
