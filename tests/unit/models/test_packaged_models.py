@@ -48,7 +48,7 @@ def test_the_installed_package_holds_the_file():
 
 
 def test_unknown_names_and_missing_files_name_the_model_flag(tmp_path):
-    with pytest.raises(ValueError, match=r"model: 'nothing'.*a packaged model \(\['smollm2'\]\)"):
+    with pytest.raises(ValueError, match=r"model: 'nothing'.*a packaged model \(\['gemma-3-270m', .*'smollm2'\]\)"):
         load_tokenizer_only("nothing")
     with pytest.raises(FileNotFoundError, match="model: GGUF file .*absent.gguf does not exist"):
         load_tokenizer_only(str(tmp_path / "absent.gguf"))
