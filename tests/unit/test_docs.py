@@ -10,8 +10,9 @@ Commands: the lines of code blocks (indented or fenced) in README.md and docs/*.
 ending in a backslash goes on on the next), and the code spans of their text that do. Each
 `--flag` must be an option of the parser that `--help` prints for it, built in this process:
 `minipd --role ROLE` by `minipd.entrypoints.flags.build_parser`, `minipd
-plan|day|calibrate-distserve` by the planner's, `python bench.py EXPERIMENT` by bench.py's.
-Values are not checked (the docs write placeholders such as HOST:PORT).
+plan|day|calibrate-distserve` by the planner's, `minipd models fetch|list` by that subcommand's
+(whose NAME must be a packaged model), `python bench.py EXPERIMENT` by bench.py's. Values are
+not checked (the docs write placeholders such as HOST:PORT; an upper-case NAME is one too).
 """
 
 from __future__ import annotations
@@ -190,13 +191,13 @@ def commands(path: pathlib.Path) -> list[tuple[int, str]]:
         pending = None
         for part in text.split("&&"):
             part = part.strip()
-            if re.match(r"(\.venv/bin/)?minipd (--|plan |day |calibrate-distserve )|python bench\.py ", part):
+            if re.match(r"(\.venv/bin/)?minipd (--|plan |day |calibrate-distserve |models )|python bench\.py ", part):
                 found.append((number, part))  # not output such as `minipd decode: placement: ...`
     return found
 
 
 INLINE_COMMAND = re.compile(
-    r"`((?:\.venv/bin/)?minipd (?:--|plan |day |calibrate-distserve )[^`]*|python bench\.py [^`]*)`"
+    r"`((?:\.venv/bin/)?minipd (?:--|plan |day |calibrate-distserve |models )[^`]*|python bench\.py [^`]*)`"
 )
 
 
@@ -240,6 +241,29 @@ def _planner_options(command: str) -> frozenset[str]:
 
 
 @functools.cache
+def _models_subcommands() -> dict[str, argparse.ArgumentParser]:
+    from minipd.entrypoints.models_command import build_parser
+
+    (commands,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(commands.choices)
+
+
+def _models_problems(words: list[str]) -> list[str]:
+    """`minipd models SUBCOMMAND ...`: an unknown subcommand, an unknown packaged model, or the
+    `--flags` the subcommand's --help does not know."""
+    from minipd.models.checkpoints.packaged_models import PACKAGED_MODELS
+
+    subcommands = _models_subcommands()
+    if len(words) < 3 or words[2] not in subcommands:
+        return [f"subcommand {words[2:3]} (known: {sorted(subcommands)})"]
+    known, rest = _options(subcommands[words[2]]), words[3:]
+    names = [w for w in rest if not w.startswith("-") and not w.isupper()]
+    problems = [f"model {n!r}" for n in names[:1] if words[2] == "fetch" and n not in PACKAGED_MODELS]
+    flags = [w.split("=", 1)[0] for w in rest if re.fullmatch(r"--[A-Za-z0-9][A-Za-z0-9_-]*(=.*)?", w)]
+    return problems + [f for f in flags if f not in known]
+
+
+@functools.cache
 def _bench_options(experiment: str) -> frozenset[str]:
     import bench
 
@@ -251,8 +275,9 @@ def _options(parser: argparse.ArgumentParser) -> frozenset[str]:
 
 
 def unknown_flags(command: str) -> list[str]:
-    """The `--flags` of one command line that its --help does not know."""
-    from minipd.entrypoints.cli import PLANNER_COMMANDS
+    """The `--flags` of one command line that its --help does not know (and, for `minipd models`,
+    an unknown subcommand or model name)."""
+    from minipd.entrypoints.cli import MODELS_COMMAND, PLANNER_COMMANDS
     from minipd.entrypoints.flags import COMMAND_ROLES
 
     words = _words(command)
@@ -265,6 +290,8 @@ def unknown_flags(command: str) -> list[str]:
         else:
             assert experiment in bench.EXPERIMENTS, f"bench.py has no experiment {experiment!r}"
             known = _bench_options(experiment)
+    elif len(words) > 1 and words[1] == MODELS_COMMAND:
+        return _models_problems(words)
     elif len(words) > 1 and words[1] in PLANNER_COMMANDS:
         known, rest = _planner_options(words[1]), words[2:]
     else:
@@ -290,6 +317,7 @@ def test_the_pages_show_commands_to_check():
     assert any("--role cluster --num-prefill 1 --num-decode 1" in c for _, c in found)  # the main job
     assert any(c.startswith("python bench.py slo") for _, c in found)
     assert any(c.startswith("minipd plan") for _, c in found)
+    assert any(c.startswith("minipd models fetch qwen2.5-coder") for _, c in found)
     inline = [c for page in COMMAND_PAGES for _, c in inline_commands(page)]
     assert any(c.startswith("minipd --role cluster --launcher ray") for c in inline)  # code spans too
 
@@ -313,6 +341,11 @@ def test_every_command_uses_only_flags_its_help_knows(page):
         "minipd plan --builtin llama3-8b-h100 --num-instance 8",
         "python bench.py slo --rate 2",
         ".venv/bin/minipd --role both --prompt hi --max-token 8",
+        "minipd models fetch qwen2.5-coder-0.5b --cache-dri /tmp/m",
+        "minipd models fetch qwen2.5-coder-9b",  # no such packaged model
+        "minipd models pull smollm2",
+        "minipd models",
+        "minipd models list --role both",
     ],
 )
 def test_a_misspelled_or_misplaced_flag_is_caught(command):
@@ -324,6 +357,9 @@ def test_a_correct_command_passes():
         "minipd --role cluster --num-prefill 1 --num-decode 1 --transport tcp --prompt 'a --b' --max-tokens=8"
     )
     assert not unknown_flags("python bench.py slo --json slo.json --plot slo.png --quick")
+    assert not unknown_flags("minipd models fetch qwen2.5-coder-0.5b --cache-dir=/tmp/m")
+    assert not unknown_flags("minipd models fetch NAME")
+    assert not unknown_flags("minipd models list --cache-dir /tmp/m")
 
 
 SOURCE_SUFFIXES = (".py", ".html", ".js", ".json", ".yml", ".yaml", ".md", ".cpp")

@@ -14,8 +14,9 @@ import torch
 from engine_helpers import complete, greedy, reference_greedy
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
-from gguf_helpers import TINY, hf_weights, write_llama_gguf
+from gguf_helpers import TINY, hf_weights, tiny_vocab, write_llama_gguf
 
+from minipd.engine.model_loader import load_model, load_tokenizer_only
 from minipd.models.gguf.gguf_file import read_gguf
 from minipd.models.gguf.gguf_loader import config_from_gguf, load_gguf_model
 from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
@@ -103,6 +104,18 @@ def test_an_unsupported_architecture_is_named(tmp_path: Path) -> None:
     path = write_llama_gguf(tmp_path / "gpt2.gguf", TINY, hf_weights(TINY), arch="gpt2")
     with pytest.raises(ValueError, match=r"architecture 'gpt2'.*supported: \['llama', 'qwen2'\]"):
         load_gguf_model(path)
+
+
+def test_the_architecture_is_refused_before_the_tokenizer(tmp_path: Path) -> None:
+    """A gemma3 file's tokenizer is not one minipd reads either, but its architecture is what
+    `--model gemma-3-270m` must say (engine and router alike)."""
+    vocab = tiny_vocab(TINY)._replace(pre="gemma-bogus")
+    path = write_llama_gguf(tmp_path / "gemma3.gguf", TINY, hf_weights(TINY), arch="gemma3", vocab=vocab)
+    refused = r"gguf: architecture 'gemma3' \(general.architecture in .*gemma3.gguf\) is not supported"
+    with pytest.raises(ValueError, match=refused):
+        load_tokenizer_only(str(path))
+    with pytest.raises(ValueError, match=refused):
+        load_model(str(path), torch.device("cpu"), torch.float32)
 
 
 def test_an_unsupported_tensor_type_is_named_before_loading(tmp_path: Path) -> None:
