@@ -282,6 +282,8 @@ class Instance(ControlServer):
                 if message.settle:
                     await self.engine.wait_idle(SETTLE_TIMEOUT_S)
                     await self.reservations.wait_fenced(SETTLE_TIMEOUT_S)
+                    if self.tier_wire is not None:  # its stores hold blocks until they are through
+                        await self.tier_wire.drain(SETTLE_TIMEOUT_S)
                 channel.reply(message, self.stats())
             case _:
                 log.warning("%s: unexpected %s", self.instance_id, type(message).__name__)
