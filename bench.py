@@ -20,7 +20,8 @@
     python bench.py dashboard --json dashboard.json --plot grafana_panels.png  # a real Prometheus, every panel
     python bench.py footprint --json footprint.json --plot footprint.png  # what one streamed chat runs
     python bench.py events --json events.json --plot events.png  # the request event seam's cost per request
-    python bench.py kvtier --json kvtier.json --plot kvtier.png  # the shared KV tier's calls on each store
+    python bench.py kvtier --json kvtier.json --plot kvtier.png  # multi-turn chat with and without the KV tier
+    python bench.py kvtier-ops --json kvtier-ops.json  # the shared KV tier's calls on each store
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -104,6 +105,11 @@ EXPERIMENTS = {
         "the files and lines of minipd one streamed chat runs, in every process of a local cluster",
     ),
     "kvtier": (
+        "benchmarks.kvtier.multiturn_bench",
+        "multi-turn chat on several instances: prompt tokens computed and TTFT without a tier, "
+        "cache-aware, and with the shared KV tier",
+    ),
+    "kvtier-ops": (
         "benchmarks.kvtier.kvtier_bench",
         "the shared KV tier's store, lookup and fetch on each store (fake, Redis, Mooncake) vs memcpy",
     ),

@@ -1,7 +1,7 @@
 """What the shared KV tier's calls take on each store, for the blocks of one long prefix, against
 memcpy of the same bytes measured in the same run.
 
-    python bench.py kvtier --json kvtier.json --plot kvtier.png
+    python bench.py kvtier-ops --json kvtier-ops.json --plot kvtier-ops.png
 
 Each round stores `--blocks` new blocks of `--layers` runs of `--run-kib` KiB (the shape of a
 layer-major pool's blocks, minipd/kvtier/pool_buffers.py), stores them again (all present:
@@ -65,7 +65,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _redis_url(processes: Processes) -> str:
+def redis_url(processes: Processes) -> str:
     port = _free_port()
     server = processes.start(
         "redis-server",
@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> dict:
                 if master is not None:
                     master.start()
                 url = {"fake": "fake://", "redis": None, "mooncake": master and master.url}[store]
-                url = url or _redis_url(processes)
+                url = url or redis_url(processes)
                 runs, inexact = asyncio.run(_measure(url, args))
             finally:
                 if master is not None:

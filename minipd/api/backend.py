@@ -21,6 +21,7 @@ from typing import AsyncIterator, Callable, Protocol, runtime_checkable
 
 import msgspec
 
+from minipd.control.kv_tier_report import KVTierReport
 from minipd.control.role import Role
 from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.engine import EngineStats
@@ -37,6 +38,7 @@ class InstanceStats(msgspec.Struct, frozen=True):
     role: Role
     stats: EngineStats
     stale: bool = False
+    kv_tier: KVTierReport | None = None  # its use of the shared KV tier (None: it has none)
 
 
 @runtime_checkable

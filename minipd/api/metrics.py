@@ -25,6 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from minipd.api.backend import InstanceStats
+from minipd.api.kv_tier_metrics import KVTierCollector
 from minipd.engine.request import FinishReason, RequestOutput, TransferInfo
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -174,6 +175,7 @@ class ServingMetrics:
         for cause in OVERLOAD_CAUSES:
             self.overloads.labels(cause)
         r.register(InstanceCollector(instance_stats))
+        r.register(KVTierCollector(instance_stats))
 
     def record_transfer(self, num_bytes: int, seconds: float, exposed_seconds: float) -> None:
         """One request's KV transfer finished: its size, wall time and exposed part."""

@@ -64,6 +64,7 @@ class RouterBackend:
                     num_prefilling=s.num_prefilling,
                 ),
                 stale=s.instance_id in stale,
+                kv_tier=s.kv_tier,
             )
             for s in self.router.instance_stats()
         ]

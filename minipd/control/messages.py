@@ -12,6 +12,7 @@ from typing import Annotated
 
 import msgspec
 
+from minipd.control.kv_tier_report import KVTierReport
 from minipd.control.role import Role
 from minipd.engine.request import RequestOutput
 from minipd.engine.sampling_params import SamplingParams
@@ -292,6 +293,7 @@ class Stats(Reply, tag="stats"):
     num_prefilling: int = 0  # of num_running, those whose prompt is not all computed yet (EngineStats)
     num_steps: int = 0  # engine steps run since start (the dashboard's step rate)
     num_refused_reservations: int = 0  # since start: reservations refused for lack of free blocks ("busy")
+    kv_tier: KVTierReport | None = None  # its use of the shared KV tier; None: it runs without one
 
 
 # ---- role switch ---------------------------------------------------------------------------

@@ -55,14 +55,17 @@ from minipd.control.role import Role
 from minipd.control.server import ControlServer
 from minipd.disagg.colocated_role import ColocatedRole
 from minipd.disagg.decode_role import DecodeRole
-from minipd.disagg.fingerprint import engine_fingerprint
+from minipd.disagg.fingerprint import engine_fingerprint, kv_tier_digest
 from minipd.disagg.link_cap import set_link_cap
 from minipd.disagg.prefill_role import PrefillRole
 from minipd.disagg.reservations import Reservations
 from minipd.disagg.role_handler import ROLE_MESSAGES, RoleHandler, send_failure
 from minipd.disagg.role_switch import RoleGuard
+from minipd.disagg.tier_wire import TierWire
 from minipd.engine import cpu_placement
 from minipd.engine.engine import Engine
+from minipd.kvtier.open_tier import open_kv_tier
+from minipd.kvtier.pool_buffers import pool_buffer
 from minipd.transports.backends import create_transport
 from minipd.transports.base import Transport
 from minipd.transports.shared_secret import SharedSecret, new_nonce
@@ -86,8 +89,10 @@ class Instance(ControlServer):
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
         start_epoch: int = 0,
+        tier_wire: TierWire | None = None,
     ):
         super().__init__(instance_id, secret, max_connections)
+        self.tier_wire = tier_wire  # the shared KV tier in the request path (tier_wire.py); None: no tier
         if not role.is_instance:
             raise ValueError(f"role: {role.value!r} is not an instance role")
         self.guard = RoleGuard(instance_id, role, start_epoch)  # role, role epoch, work in flight
@@ -142,13 +147,23 @@ class Instance(ControlServer):
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
         start_epoch: int = 0,
+        kv_tier: str | None = None,
     ) -> "Instance":
-        """`secret` also goes to the transport; `max_connections` caps the control port only."""
+        """`secret` also goes to the transport; `max_connections` caps the control port only.
+        `kv_tier`: the shared KV tier's URL (open_tier.py), opened here (its errors raised)."""
         transport = create_transport(
             transport_name, engine.kv_pool, instance_id=instance_id, secret=secret, **(transport_options or {})
         )
         await transport.start()
         await engine.start()
+        tier_wire = None
+        if kv_tier is not None:
+            try:
+                tier_wire = await open_tier_wire(engine, kv_tier)
+            except BaseException:
+                await engine.close()
+                await transport.close()
+                raise
         return cls(
             engine,
             role,
@@ -160,6 +175,7 @@ class Instance(ControlServer):
             max_connections,
             liveness_timeout_s,
             start_epoch,
+            tier_wire,
         )
 
     async def serve(self, host: str, port: int) -> int:
@@ -171,6 +187,8 @@ class Instance(ControlServer):
     async def close(self) -> None:
         await self.close_connections()
         await self.reservations.close()
+        if self.tier_wire is not None:  # before the engine: its stores hold blocks of the pool
+            await self.tier_wire.close()
         await self.engine.close()
         await self.transport.close()
 
@@ -264,6 +282,8 @@ class Instance(ControlServer):
                 if message.settle:
                     await self.engine.wait_idle(SETTLE_TIMEOUT_S)
                     await self.reservations.wait_fenced(SETTLE_TIMEOUT_S)
+                    if self.tier_wire is not None:  # its stores hold blocks until they are through
+                        await self.tier_wire.drain(SETTLE_TIMEOUT_S)
                 channel.reply(message, self.stats())
             case _:
                 log.warning("%s: unexpected %s", self.instance_id, type(message).__name__)
@@ -318,11 +338,15 @@ class Instance(ControlServer):
             raise RuntimeError("the engine did not go idle")
         if not await self.reservations.wait_fenced(SETTLE_TIMEOUT_S):
             raise RuntimeError("blocks of aborted transfers are still fenced")
+        if self.tier_wire is not None and not await self.tier_wire.drain(SETTLE_TIMEOUT_S):
+            raise RuntimeError("blocks being stored in the KV tier are still held")
         self.engine.reset_pool()
 
     # ---- for every role ---------------------------------------------------------------
     async def abort_request(self, request_id: str) -> None:
         self.engine.abort(request_id)
+        if self.tier_wire is not None:  # a request still fetching from the tier is not submitted
+            self.tier_wire.abandon(request_id)
         self._prefill.abandon(request_id)  # a prefill still connecting tells the receiver itself
         if await self.reservations.drop(request_id):
             self.guard.work.release(request_id)  # the reservation's hold (decode_role.py)
@@ -347,4 +371,17 @@ class Instance(ControlServer):
             num_fencing_blocks=self.reservations.num_fencing_blocks,
             num_prefilling=s.num_prefilling,
             num_steps=self.engine.num_steps,
+            kv_tier=None if self.tier_wire is None else self.tier_wire.report(),
         )
+
+
+async def open_tier_wire(engine: Engine, url: str) -> TierWire:
+    """Open the KV tier at `url` for this engine's model and block size, register the pool
+    with it (a store that cannot register copies instead) and wire it into the request path."""
+    tier = await open_kv_tier(url, kv_tier_digest(engine_fingerprint(engine)), engine.config.block_size)
+    try:
+        await tier.register(pool_buffer(engine.kv_pool))
+        return TierWire(engine, tier)
+    except BaseException:
+        await tier.close()
+        raise

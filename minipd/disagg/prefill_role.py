@@ -92,6 +92,8 @@ class PrefillRole(RoleHandler):
         self._prefilling[request_id] = None
         self._prefills_to.setdefault(message.decode_instance, set()).add(request_id)
         try:
+            if instance.tier_wire is not None:  # an abort meanwhile marks it abandoned (checked below)
+                await instance.tier_wire.prefetch(message.token_ids)
             peer_id = self._prefilling[request_id] = await self._peer(
                 message.decode_instance, message.decode_description
             )

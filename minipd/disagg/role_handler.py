@@ -23,6 +23,7 @@ from minipd.control.role import Role
 from minipd.disagg import instance_spans
 from minipd.disagg.reservations import Reservations
 from minipd.disagg.role_switch import RoleGuard
+from minipd.disagg.tier_wire import TierWire
 from minipd.engine.checked_prompt import CheckedPrompt
 from minipd.engine.engine import Engine
 from minipd.engine.request import RequestOutput
@@ -47,6 +48,7 @@ class ServingInstance(Protocol):
     reservations: Reservations
     guard: RoleGuard  # the role, its epoch, and the work in flight a switch drains
     fingerprint: Fingerprint
+    tier_wire: TierWire | None  # the shared KV tier: fetched before a prompt is computed
     lease_s: float
     accepting: bool  # False once shutting down
     expired_leases: asyncio.Queue[str]
@@ -94,6 +96,10 @@ class RoleHandler:
         instance.track(channel, message.request_id)
         with instance.guard.work.holding(message.request_id):
             span = instance_spans.start(names.GENERATE, message, instance.instance_id, instance.role)
+            wire = instance.tier_wire
+            if wire is not None and not await wire.prefetch_for(message.request_id, message.token_ids):
+                send_failure(instance, channel, message.request_id, "aborted", span=span)
+                return
             try:
                 # the router validated the prompt: the engine checks its invariants only
                 stream = instance.engine.submit(

@@ -133,6 +133,35 @@ class BlockManager:
             self._take(block_id)
         return match.block_ids + self._pop_free(num_new), match.num_tokens
 
+    def allocate_prefix(self, token_ids: Sequence[int], num_blocks: int) -> tuple[list[int], int]:
+        """Blocks for the first `num_blocks` full blocks of `token_ids`: the cached ones that hold
+        a prefix (unlike `allocate`, the last block may be a hit too: nothing here runs the model),
+        then new ones, uncached, for the rest. Returns (block ids, how many leading ones are
+        cached hits). The caller owns one reference on each; OutOfBlocks if too few are free."""
+        bs = self.block_size
+        hits = []
+        if self.enable_prefix_caching:
+            for i, h in enumerate(chain_hashes(token_ids[: num_blocks * bs], bs)):
+                block_id = self._hash_to_block.get(h)
+                if block_id is None or self._block_tokens[block_id] != tuple(token_ids[i * bs : (i + 1) * bs]):
+                    break
+                hits.append(block_id)
+        num_new = num_blocks - len(hits)
+        if num_new > self.num_free_blocks - self._num_free_among(hits):
+            raise OutOfBlocks(f"need {num_new} new blocks, {self.num_free_blocks} free")
+        for block_id in hits:
+            self._take(block_id)
+        return hits + self._pop_free(num_new), len(hits)
+
+    def hold(self, block_ids: Sequence[int]) -> None:
+        """One more reference on each of `block_ids`, all of which someone holds already (a
+        reader that must outlive their holder, such as a store of their bytes); given back
+        with `free`."""
+        if any(self._ref_counts[b] <= 0 for b in block_ids):
+            raise RuntimeError("hold: only a block in use can be held")
+        for block_id in block_ids:
+            self._ref_counts[block_id] += 1
+
     def num_new_blocks_for(self, token_ids: Sequence[int]) -> int:
         """Free blocks `allocate(token_ids)` would consume (cached hits that are free count too)."""
         match = self.match_prefix(token_ids)

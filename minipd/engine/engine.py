@@ -106,6 +106,9 @@ class Engine(GeneratesFromSubmit):
         self._loop_task: asyncio.Task | None = None
         self.num_steps = 0  # engine steps run since start: how others tell this engine moves on
         self.step_log = StepLog(config.step_log) if config.step_log else None
+        # Called on the loop with each request that finishes unaborted, while it still holds its
+        # blocks (the KV tier's write-through takes its own reference on them: disagg/tier_wire.py).
+        self.on_finished: Callable[[Request], None] | None = None
 
     def run_on_compute_thread(self, fn, *args):
         """Run `fn(*args)` on the compute thread and return its result (blocking; for set-up work)."""
@@ -412,6 +415,11 @@ class Engine(GeneratesFromSubmit):
         )
 
     def _finish(self, request: Request, finish: FinishReason, error: str | None) -> None:
+        if finish is not FinishReason.ABORT and self.on_finished is not None:
+            try:
+                self.on_finished(request)
+            except Exception:  # an observer's failure is not the request's
+                log.exception("on_finished failed for %s", request.request_id)
         if request.kv_sink is None:
             self.scheduler.finish(request)
         else:

@@ -67,6 +67,8 @@ class InstanceConfig(msgspec.Struct, frozen=True, kw_only=True):
     router: Address | None = None  # register there once serving
     lease_s: float = DEFAULT_LEASE_S  # of a decode instance's reservations
     step_log_dir: str | None = None  # the engine's step log goes to DIR/INSTANCE-ID.jsonl
+    # the shared KV tier's URL (kvtier/open_tier.py); the launcher's "mooncake": a master of its own
+    kv_tier: str | None = None
 
     def name(self, role: Role, pid: int) -> str:
         return self.instance_id or f"{role.value}-{pid}"

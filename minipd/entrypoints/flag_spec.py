@@ -95,6 +95,18 @@ def parse_address(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+KV_TIER_SCHEMES = ("mooncake", "redis", "rediss", "unix")
+
+
+def kv_tier_url(text: str) -> str:
+    """`--kv-tier`: a store's URL by its scheme, or `mooncake` (the launcher's own master); the
+    rest of the URL is checked when the tier is opened."""
+    scheme, sep, rest = text.partition("://")
+    if text == "mooncake" or (sep and rest and scheme in KV_TIER_SCHEMES):
+        return text
+    raise argparse.ArgumentTypeError(f"expected mooncake://HOST:PORT, redis://HOST:PORT/DB or mooncake, got {text!r}")
+
+
 def non_negative_int(text: str) -> int:
     try:
         value = int(text)

@@ -17,6 +17,7 @@ from minipd.entrypoints.flag_spec import (
     MODEL,
     SCHEDULER,
     flag,
+    kv_tier_url,
     non_negative_int,
     parse_address,
 )
@@ -277,6 +278,20 @@ FLAGS = (
         help="decode: a reservation's lease; it is renewed only while its prefill makes progress (layers "
         "computed or sent), and freed (its KV counted as not loaded) once this long passes without any "
         "(default: %(default)s)",
+    ),
+    flag(
+        "--kv-tier",
+        {*INSTANCE_ROLES, Role.CLUSTER},
+        INSTANCE,
+        INSTANCES,
+        sets="instance.kv_tier",
+        type=kv_tier_url,
+        default=None,
+        metavar="URL",
+        help="a shared KV tier (docs/kv-tier.md): instances fetch a prompt's blocks found there before "
+        "computing, and store the full blocks of every request they finish; mooncake://HOST:PORT (a Mooncake "
+        "master) or redis://HOST:PORT/DB. The cluster launcher also takes `mooncake`: it starts a Mooncake "
+        "master of its own, supervised, and gives every instance its URL (default: no tier)",
     ),
     flag(
         "--router",

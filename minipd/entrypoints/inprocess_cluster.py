@@ -40,8 +40,10 @@ class InProcessCluster(GeneratesFromSubmit):
         lease_s: float | None = None,
         secret: SharedSecret | None = None,
         transport_options: dict | None = None,
+        kv_tier: str | None = None,
     ) -> "InProcessCluster":
-        """`transport_options`: passed to every instance's loopback transport (e.g. `link_gbps`)."""
+        """`transport_options`: passed to every instance's loopback transport (e.g. `link_gbps`);
+        `kv_tier`: the shared KV tier's URL every instance opens (docs/kv-tier.md)."""
         hub = LoopbackHub()
         instances: list[Instance] = []
         extra = {} if lease_s is None else {"lease_s": lease_s}
@@ -56,6 +58,7 @@ class InProcessCluster(GeneratesFromSubmit):
                         config.model,
                         {"hub": hub, **(transport_options or {})},
                         secret=secret,
+                        kv_tier=kv_tier,
                         **extra,
                     )
                     instances.append(instance)

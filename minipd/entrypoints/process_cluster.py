@@ -51,6 +51,8 @@ from minipd.entrypoints.flags import build_parser, inherited_argv, inherited_env
 from minipd.entrypoints.launcher_pipe import LauncherPipe
 from minipd.entrypoints.openmp_env import passive_env
 from minipd.entrypoints.restart_epoch import restarted_argv
+from minipd.entrypoints.tier_master import LOCAL_MASTER, SupervisedMaster
+from minipd.kvtier.mooncake_master import MasterFailed
 from minipd.ops.control_loop.scale_link import ENV_FD as SCALE_LINK_ENV
 from minipd.router.cluster_client import ClusterClient
 from minipd.transports import fault_points
@@ -95,6 +97,8 @@ class ProcessCluster:
         self._processes: set[asyncio.subprocess.Process] = set()  # every one started, ready or not
         self.children_changed = asyncio.Event()  # set when an instance is added or removed while running
         self._restarts: dict[str, int] = {}  # per instance name: how often it was restarted
+        # `--kv-tier mooncake`: a master of the cluster's own, its URL given to every instance
+        self.tier_master = SupervisedMaster() if configs.instance.kv_tier == LOCAL_MASTER else None
 
     @property
     def args(self) -> argparse.Namespace:
@@ -120,12 +124,20 @@ class ProcessCluster:
         """The flags `role` inherits, with this child's share of the cores in place of the
         launcher's own `--cpus` and `--torch-threads`."""
         share = self.placement[name]
-        args = argparse.Namespace(**{**vars(self.args), "cpus": share.cpus, "torch_threads": share.torch_threads})
-        return inherited_argv(args, Role.CLUSTER, role)
+        own = {"cpus": share.cpus, "torch_threads": share.torch_threads}
+        if self.tier_master is not None:
+            own["kv_tier"] = self.tier_master.url
+        return inherited_argv(argparse.Namespace(**{**vars(self.args), **own}), Role.CLUSTER, role)
 
     async def start(self) -> None:
         """Start the instances together, then the router; the first that fails to start stops
-        the others (RuntimeError quoting its error line)."""
+        the others (RuntimeError quoting its error line). A master of the cluster's own
+        (`--kv-tier mooncake`) starts first: the instances open the tier as they start."""
+        if self.tier_master is not None:
+            try:
+                await self.tier_master.start()
+            except (MasterFailed, FileNotFoundError) as exc:
+                raise RuntimeError(f"kv-tier: the cluster's Mooncake master did not start: {exc}") from None
         spawns = [
             asyncio.ensure_future(
                 self._spawn(
@@ -327,6 +339,8 @@ class ProcessCluster:
         instances = [self._stop_child(c) for c in self.children if c.role is not Role.ROUTER]
         await asyncio.gather(*routers, *instances)
         await asyncio.gather(*(child.stderr.drained() for child in self.children))  # their last lines too
+        if self.tier_master is not None:  # after the instances: their tiers close while it answers
+            await self.tier_master.stop()
         self._processes = {p for p in self._processes if p.returncode is None}
         if self._pipe is not None and not self._processes:
             self._pipe.close()

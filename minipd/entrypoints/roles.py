@@ -141,6 +141,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
                 max_connections=process.max_connections,
                 liveness_timeout_s=process.liveness_timeout_s,
                 start_epoch=configs.instance.start_epoch,
+                kv_tier=configs.instance.kv_tier,
             )
             port = await instance.serve(process.host, control_port)
         if http is not None:

@@ -1,5 +1,5 @@
 """A local Mooncake master as a child process, for a cluster that brings its own store
-(`minipd --role cluster --kv-tier mooncake`, to come) and for the tests.
+(`minipd --role cluster --kv-tier mooncake`: entrypoints/tier_master.py) and for the tests.
 
 It listens on three consecutive free ports: RPC on `port`, its HTTP metadata server (which the
 clients need, served by the master itself) on `port + 1`, metrics on `port + 2`; so its URL,

@@ -1,5 +1,5 @@
 """The tier's counters: a plain snapshot (`KVTierStats`) of thread-safe totals (`TierCounters`),
-for whoever exports them (metrics come with the wiring into the request path)."""
+for whoever exports them (an instance's `KVTierReport`, on a router's /metrics)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`python bench.py kvtier --quick`: the shared KV tier's calls timed on every store this host has
+"""`python bench.py kvtier-ops --quick`: the shared KV tier's calls timed on every store this host has
 (the fake always), every round bytes-exact, against memcpy of the same bytes (strict JSON, a
 table, a PNG)."""
 
@@ -12,7 +12,7 @@ from benchmarks.kvtier.kvtier_bench import OPERATIONS, STORES
 
 @pytest.mark.timeout(300)
 def test_kvtier_bench_times_every_store_it_can_run(tmp_path):
-    result, stdout = bench(tmp_path, "kvtier")
+    result, stdout = bench(tmp_path, "kvtier-ops")
     assert result["checks_failed"] == [] and result["rounds"] == 2 and result["blocks"] == 16
     assert set(result["stores"]) | set(result["skipped"]) == set(STORES) and "fake" in result["stores"]
     assert result["bytes_per_round"] == 16 * 4 * 32 * 1024 and finite(result["memcpy_ms"])

@@ -43,7 +43,11 @@ CORE_PACKAGES = (
 )
 # what a router run without operations flags must not have loaded: the top-level names of the
 # packages, or minipd.ops.<package>
-FORBIDDEN = ("minipd.ops.planner", "minipd.ops.registry", "aetcd", "etcd3", "grpc", "ray", "opentelemetry")
+# (and no KV tier's client: redis, mooncake, imported only when a tier is opened with --kv-tier)
+FORBIDDEN = (
+    *("minipd.ops.planner", "minipd.ops.registry", "aetcd", "etcd3", "grpc", "ray", "opentelemetry"),
+    *("redis", "mooncake"),
+)
 REGISTRY_FLAG_PARSER = {"minipd.ops.registry", "minipd.ops.registry.etcd_url"}  # the `--registry` value's type
 
 

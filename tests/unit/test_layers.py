@@ -60,7 +60,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine": {"engine", "models"},
     "tracing": {"tracing", "engine", "models"},
     "control": {"control", "engine", "models", "transports", "tracing"},
-    "disagg": {"disagg", "control", "engine", "models", "transports", "tracing"},
+    "disagg": {"disagg", "control", "engine", "models", "transports", "tracing", "kvtier"},
     "router": {"router", "control", "engine", "models", "policy", "slo", "tracing"},
     "api": {"api", "router", "control", "engine", "policy", "slo", "models", "tracing"},
     # operations, bottom up: each may import the core and the operations it names

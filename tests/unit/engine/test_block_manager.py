@@ -105,3 +105,30 @@ def test_disabled_prefix_caching_never_hits():
     bm.register_computed(a, tokens(8), 8)
     assert bm.match_prefix(tokens(9)).num_tokens == 0 and bm.usage().num_cached == 0
     bm.free(a)
+
+
+def test_allocate_prefix_takes_cached_hits_up_to_the_last_block_then_new_ones():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    tokens = list(range(12))
+    blocks, _ = bm.allocate(tokens)
+    bm.register_computed(blocks, tokens, 12)
+    bm.free(blocks)
+    taken, hits = bm.allocate_prefix(tokens + [99] * 4, 4)
+    assert hits == 3 and taken[:3] == blocks and taken[3] not in blocks  # allocate would leave the third
+    bm.free(taken)
+    assert bm.num_free_blocks == 8
+    with pytest.raises(OutOfBlocks):
+        bm.allocate_prefix([7] * 40, 10)
+    assert bm.num_free_blocks == 8
+
+
+def test_hold_keeps_a_block_from_reuse_until_its_last_reference_is_freed():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    blocks, _ = bm.allocate(list(range(8)))
+    bm.hold(blocks[:1])
+    bm.free(blocks)
+    assert bm.num_free_blocks == 1
+    bm.free(blocks[:1])
+    assert bm.num_free_blocks == 2
+    with pytest.raises(RuntimeError):
+        bm.hold(blocks[:1])  # a free block cannot be held

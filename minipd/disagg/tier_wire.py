@@ -1,0 +1,186 @@
+"""The shared KV tier in an instance's request path (docs/kv-tier.md): fetch before compute,
+store after.
+
+**Fetch** (`prefetch`, before a prompt is submitted to the engine): the prompt's full blocks
+past the local prefix-cache hit are looked up in the tier (`exists`: how many leading ones it
+has); that many blocks are taken from the pool (the local hits with them, so none is evicted
+meanwhile), the hits fetched into the new ones, and the verified leading run registered in the
+local prefix cache; then every reference is given back. The engine's scheduler then finds
+those blocks as local prefix-cache hits, so prefill starts after them, the reservation on a
+decode instance and the layer-wise send work unchanged (a prefill instance sends cached blocks
+like computed ones), and a fetch that fails, times out or fails verification leaves only
+fewer hits: the rest is computed. Blocks are taken only from those no queued request needs
+(`Scheduler.spare_blocks`), for at most the tier's call bound. The fetched blocks are free
+cached blocks from when references are given back to when the scheduler takes them (the next
+engine step): the least recently freed cached blocks go first, so only a pool under pressure
+evicts them, and a request then computes them, as correct as before.
+
+**Store** (`Engine.on_finished`): when a request finishes unaborted, its full blocks whose KV
+is computed (a prefill's prompt, a decode's prompt and generated tail, so the next turn of a
+conversation finds the whole history) are stored in the background. Lifetime: the store takes
+its own reference on the blocks (`BlockManager.hold`) and gives it back when the tier's store
+returns (within its bound), so no block is reused while its bytes are read; no copy to a
+staging buffer, because the pool is host memory the tier reads directly (Mooncake from the
+registered pool), and holding a few blocks for at most the bound costs less than copying every
+block. A put that outlives its bound may still read a block reused since: its checksum no
+longer matches and the first fetch refuses it (tier.py). Blocks already in the tier cost a
+lookup; over the bytes-in-flight bound a block is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from typing import Sequence
+
+from minipd.control.kv_tier_report import FETCH_BUCKETS_S, KVTierReport
+from minipd.engine.block_manager import OutOfBlocks
+from minipd.engine.engine import Engine
+from minipd.engine.request import Request
+from minipd.kvtier.pool_buffers import block_buffers
+from minipd.kvtier.tier import KVTier, TierBlock
+
+log = logging.getLogger(__name__)
+
+
+class TierWire:
+    """One instance's use of `tier`. Hooks itself into `engine` (its `on_finished`); all calls on
+    the engine's event loop."""
+
+    def __init__(self, engine: Engine, tier: KVTier):
+        if not engine.config.enable_prefix_caching:
+            raise ValueError("kv_tier: needs the prefix cache (fetched blocks are registered in it)")
+        if engine.kv_pool.device.type != "cpu":
+            raise ValueError("kv_tier: the pool must be in host memory (the tier reads and writes it in place)")
+        self.engine, self.tier = engine, tier
+        self.block_size = engine.config.block_size
+        self._counts = dict.fromkeys(("lookup_tokens", "local_hit_tokens", "tier_hit_tokens", "fetch_fallbacks"), 0)
+        self._fetch_buckets = [0] * (len(FETCH_BUCKETS_S) + 1)
+        self._fetch_seconds = 0.0
+        self._stores: set[asyncio.Task] = set()
+        self._stores_done = asyncio.Event()
+        self._stores_done.set()
+        self._fetching: dict[str, bool] = {}  # request id -> aborted while its fetch ran
+        engine.on_finished = self._store_finished
+
+    # ---- fetch ------------------------------------------------------------------------
+    async def prefetch_for(self, request_id: str, token_ids: Sequence[int]) -> bool:
+        """`prefetch` for a request about to be submitted; False when it was aborted meanwhile
+        (`abandon`): the caller then submits nothing (the engine knew nothing to abort)."""
+        self._fetching[request_id] = False
+        try:
+            await self.prefetch(token_ids)
+        finally:
+            aborted = self._fetching.pop(request_id)
+        return not aborted
+
+    def abandon(self, request_id: str) -> None:
+        """An abort of `request_id`: if its fetch is under way, it is not submitted."""
+        if request_id in self._fetching:
+            self._fetching[request_id] = True
+
+    async def prefetch(self, token_ids: Sequence[int]) -> int:
+        """Fetch what the tier has of `token_ids`'s prefix past the local hit into the local
+        prefix cache; the tokens fetched (0 on any failure: they are computed instead)."""
+        bm, bs = self.engine.block_manager, self.block_size
+        usable = (len(token_ids) - 1) // bs  # the last prompt token always runs through the model
+        local = len(bm.match_prefix(token_ids).block_ids)
+        self._counts["lookup_tokens"] += usable * bs
+        self._counts["local_hit_tokens"] += local * bs
+        if local >= usable:
+            return 0
+        keys = self.tier.keys(token_ids[: usable * bs])
+        found = await self.tier.exists(keys[local:])
+        if not found:
+            return 0
+        wanted = local + found
+        try:
+            # the blocks allocate_prefix takes from the free ones (free cached hits included)
+            taken = bm.num_new_blocks_for(token_ids[: wanted * bs + 1]) - 1
+            if taken > self.engine.scheduler.spare_blocks():
+                return 0  # the queued requests need the room: computing is slower, never stuck
+            block_ids, cached = bm.allocate_prefix(token_ids, wanted)
+        except OutOfBlocks:
+            return 0
+        try:
+            start = time.perf_counter()
+            pool = self.engine.kv_pool
+            result = await self.tier.fetch(
+                [TierBlock(keys[i], block_buffers(pool, block_ids[i])) for i in range(cached, wanted)]
+            )
+            self._observe_fetch(time.perf_counter() - start)
+            leading = result.leading
+            if leading < wanted - cached:
+                self._counts["fetch_fallbacks"] += 1
+            bm.register_computed(block_ids, token_ids, (cached + leading) * bs)
+        finally:
+            self.engine.release_blocks(block_ids)
+        self._counts["tier_hit_tokens"] += leading * bs
+        return leading * bs
+
+    def _observe_fetch(self, seconds: float) -> None:
+        self._fetch_buckets[bisect.bisect_left(FETCH_BUCKETS_S, seconds)] += 1
+        self._fetch_seconds += seconds
+
+    # ---- store ------------------------------------------------------------------------
+    def _store_finished(self, request: Request) -> None:
+        """Engine.on_finished: hold the request's computed full blocks and store them in the background."""
+        num_blocks = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        if num_blocks == 0:
+            return
+        block_ids = list(request.block_ids[:num_blocks])
+        self.engine.block_manager.hold(block_ids)
+        task = asyncio.get_running_loop().create_task(
+            self._store(list(request.token_ids[: num_blocks * self.block_size]), block_ids)
+        )
+        self._stores.add(task)
+        self._stores_done.clear()
+        task.add_done_callback(self._store_ended)
+
+    async def _store(self, token_ids: list[int], block_ids: list[int]) -> None:
+        try:
+            pool = self.engine.kv_pool
+            keys = self.tier.keys(token_ids)
+            await self.tier.store([TierBlock(k, block_buffers(pool, b)) for k, b in zip(keys, block_ids)])
+        except Exception:  # the tier never raises for the store; anything else is a bug, not the request's
+            log.exception("KV tier: storing %d blocks failed", len(block_ids))
+        finally:
+            self.engine.release_blocks(block_ids)
+
+    def _store_ended(self, task: asyncio.Task) -> None:
+        self._stores.discard(task)
+        if not self._stores:
+            self._stores_done.set()
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Wait until no store is under way (its blocks given back); False after `timeout_s`."""
+        try:
+            await asyncio.wait_for(self._stores_done.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Stop hooking the engine, let the stores under way end (each within the tier's bound),
+        then close the tier."""
+        if self.engine.on_finished == self._store_finished:
+            self.engine.on_finished = None
+        await self.drain(self.tier.timeout_s + self.tier.setup_timeout_s)
+        await self.tier.close()
+
+    # ---- figures ----------------------------------------------------------------------
+    def report(self) -> KVTierReport:
+        s = self.tier.stats()
+        return KVTierReport(
+            **self._counts,
+            verification_failures=s.verification_failures,
+            bytes_fetched=s.bytes_fetched,
+            bytes_stored=s.bytes_stored,
+            blocks_stored=s.blocks_stored,
+            stores_skipped=s.stores_skipped,
+            stores_failed=s.stores_failed,
+            fetch_buckets=tuple(self._fetch_buckets),
+            fetch_seconds_sum=self._fetch_seconds,
+        )

@@ -1,0 +1,131 @@
+"""The KV tier in an engine's request path (disagg/tier_wire.py), over the in-process fake store:
+blocks one engine computed are fetched by another, whose greedy tokens stay those computed
+without the tier; a fetch that fails (corrupted values, a store down) costs computing, never a
+wrong token or a leaked block."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from engine_helpers import complete, greedy
+
+from minipd.disagg.fingerprint import engine_fingerprint, kv_tier_digest
+from minipd.disagg.tier_wire import TierWire
+from minipd.kvtier.block_header import HEADER_BYTES
+from minipd.kvtier.fake_backend import FakeBackend
+from minipd.kvtier.tier import KVTier
+
+BLOCK_SIZE = 16
+DRAIN_S = 10.0
+MAX_TOKENS = 8
+ENGINE = dict(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=64, max_model_len=512)
+
+
+@pytest.fixture(scope="module")
+def store():
+    return FakeBackend()
+
+
+@pytest.fixture(scope="module")
+def engines(make_engine, store):
+    """Two engines of one model, each with its tier over the one store."""
+    pair = [make_engine(**ENGINE) for _ in range(2)]
+    digest = kv_tier_digest(engine_fingerprint(pair[0]))
+    assert digest == kv_tier_digest(engine_fingerprint(pair[1]))
+    return [(engine, TierWire(engine, KVTier(store, digest, BLOCK_SIZE))) for engine in pair]
+
+
+@pytest.fixture(autouse=True)
+def fresh(engines, store, loop_thread):
+    """Every test starts with an empty store and empty local caches."""
+    store.values.clear()
+    store.down = False
+    for engine, _ in engines:
+        engine.reset_pool()
+    yield
+    for _, wire in engines:  # stores give their blocks back before the pools are checked
+        assert loop_thread.run(wire.drain(DRAIN_S))
+
+
+def prompt(length: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(256) for _ in range(length)]
+
+
+async def serve(engine, wire: TierWire, token_ids: list[int]) -> tuple[int, list[int], int]:
+    """As an instance serves a request: fetch, then submit; (tokens fetched, output tokens,
+    cached tokens), once the request's stores are through."""
+    fetched = await wire.prefetch(token_ids)
+    completion = await complete(engine, token_ids, greedy(MAX_TOKENS))
+    assert await wire.drain(DRAIN_S)
+    return fetched, completion.token_ids, completion.num_cached_tokens
+
+
+def test_blocks_one_engine_computed_are_fetched_by_another_with_the_same_tokens(engines, loop_thread):
+    (a, wire_a), (b, wire_b) = engines
+    turn1 = prompt(100)
+    fetched, tokens_a, cached = loop_thread.run(serve(a, wire_a, turn1))
+    assert (fetched, cached) == (0, 0)
+    # the prompt and the generated tail are stored: the 100 + 8 - 1 computed tokens fill 6 blocks
+    assert wire_a.report().blocks_stored == 6
+    turn2 = turn1 + tokens_a + prompt(30, seed=1)
+    fetched, tokens_b, cached = loop_thread.run(serve(b, wire_b, turn2))
+    assert fetched == 6 * BLOCK_SIZE and cached == fetched  # the engine found them as local hits
+    report = wire_b.report()
+    assert report.tier_hit_tokens == fetched and report.local_hit_tokens == 0
+    assert report.bytes_fetched > 0 and sum(report.fetch_buckets) == 1
+    _, reference, _ = loop_thread.run(serve(a, wire_a, turn2))  # a computes turn 2 from its own cache
+    assert tokens_b == reference
+
+
+def test_the_local_cache_comes_first(engines, loop_thread):
+    (a, wire_a), _ = engines
+    turn1 = prompt(70, seed=2)
+    loop_thread.run(serve(a, wire_a, turn1))
+    before = wire_a.report()
+    fetched, _, cached = loop_thread.run(serve(a, wire_a, turn1 + [5] * 20))
+    after = wire_a.report()
+    assert fetched == 0 and cached == 4 * BLOCK_SIZE  # all four full blocks of turn 1 are local
+    assert after.local_hit_tokens - before.local_hit_tokens == 4 * BLOCK_SIZE
+    assert after.tier_hit_tokens == before.tier_hit_tokens
+
+
+def test_corrupted_values_are_refused_counted_and_computed(engines, store, loop_thread):
+    (a, wire_a), (b, wire_b) = engines
+    turn1 = prompt(80, seed=3)
+    _, expected, _ = loop_thread.run(serve(a, wire_a, turn1))
+    for key, value in list(store.values.items()):  # one payload byte flipped under every valid key
+        corrupted = bytearray(value)
+        corrupted[HEADER_BYTES + 7] ^= 0xFF
+        store.values[key] = bytes(corrupted)
+    before = wire_b.report()
+    fetched, tokens, cached = loop_thread.run(serve(b, wire_b, turn1))
+    after = wire_b.report()
+    assert (fetched, cached) == (0, 0)
+    assert after.verification_failures > before.verification_failures
+    assert after.fetch_fallbacks == before.fetch_fallbacks + 1
+    assert tokens == expected
+
+
+def test_a_store_that_is_down_costs_computing(engines, store, loop_thread):
+    (a, wire_a), (b, wire_b) = engines
+    turn1 = prompt(60, seed=4)
+    _, expected, _ = loop_thread.run(serve(a, wire_a, turn1))
+    store.down = True
+    fetched, tokens, _ = loop_thread.run(serve(b, wire_b, turn1))
+    assert fetched == 0 and tokens == expected
+
+
+def test_a_fetch_leaves_the_blocks_no_queued_request_needs(engines, loop_thread):
+    """With fewer spare blocks than the hit needs, nothing is fetched (and nothing is stuck)."""
+    (a, wire_a), (b, wire_b) = engines
+    turn1 = prompt(200, seed=5)
+    loop_thread.run(serve(a, wire_a, turn1))
+    bm = b.block_manager
+    held = bm.allocate_prefix([0] * (60 * BLOCK_SIZE), 60)[0]  # 4 of 64 blocks left
+    try:
+        assert loop_thread.run(wire_b.prefetch(turn1)) == 0
+    finally:
+        b.release_blocks(held)
+    assert loop_thread.run(wire_b.prefetch(turn1)) == 12 * BLOCK_SIZE
