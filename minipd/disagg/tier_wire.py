@@ -60,8 +60,9 @@ class TierWire:
         self._fetch_buckets = [0] * (len(FETCH_BUCKETS_S) + 1)
         self._fetch_seconds = 0.0
         self._stores: set[asyncio.Task] = set()
-        self._stores_done = asyncio.Event()
-        self._stores_done.set()
+        self._num_fetches = 0  # prefetches under way (each may hold blocks of the pool)
+        self._idle = asyncio.Event()  # set while no store and no fetch is under way
+        self._idle.set()
         self._fetching: dict[str, bool] = {}  # request id -> aborted while its fetch ran
         engine.on_finished = self._store_finished
 
@@ -83,7 +84,17 @@ class TierWire:
 
     async def prefetch(self, token_ids: Sequence[int]) -> int:
         """Fetch what the tier has of `token_ids`'s prefix past the local hit into the local
-        prefix cache; the tokens fetched (0 on any failure: they are computed instead)."""
+        prefix cache; the tokens fetched (0 on any failure: they are computed instead). `drain`
+        waits for it: it may hold blocks of the pool until the tier's call returns."""
+        self._num_fetches += 1
+        self._idle.clear()
+        try:
+            return await self._prefetch(token_ids)
+        finally:
+            self._num_fetches -= 1
+            self._settle()
+
+    async def _prefetch(self, token_ids: Sequence[int]) -> int:
         bm, bs = self.engine.block_manager, self.block_size
         usable = (len(token_ids) - 1) // bs  # the last prompt token always runs through the model
         local = len(bm.match_prefix(token_ids).block_ids)
@@ -136,7 +147,7 @@ class TierWire:
             self._store(list(request.token_ids[: num_blocks * self.block_size]), block_ids)
         )
         self._stores.add(task)
-        self._stores_done.clear()
+        self._idle.clear()
         task.add_done_callback(self._store_ended)
 
     async def _store(self, token_ids: list[int], block_ids: list[int]) -> None:
@@ -151,13 +162,17 @@ class TierWire:
 
     def _store_ended(self, task: asyncio.Task) -> None:
         self._stores.discard(task)
-        if not self._stores:
-            self._stores_done.set()
+        self._settle()
+
+    def _settle(self) -> None:
+        if not self._stores and self._num_fetches == 0:
+            self._idle.set()
 
     async def drain(self, timeout_s: float) -> bool:
-        """Wait until no store is under way (its blocks given back); False after `timeout_s`."""
+        """Wait until no store and no fetch is under way (every block they held given back, each
+        within the tier's call bound); False after `timeout_s`."""
         try:
-            await asyncio.wait_for(self._stores_done.wait(), timeout_s)
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
         except asyncio.TimeoutError:
             return False
         return True

@@ -208,7 +208,13 @@ def test_two_routers_switching_one_instance_one_wins_and_both_see_it(cluster, et
     extra.append(second)
     first_url = processes.http_url()
     urls = [first_url, second.http_url]
-    assert roles_seen(urls[1]) == roles_seen(urls[0])  # the second router found every instance
+    everyone = {"prefill-0", "decode-0", "decode-late"}
+    # the second router finds every instance; with a 2 s lease on a busy machine an instance's
+    # record may have lapsed and been written back meanwhile (membership heals): both routers
+    # see all of them again within a few leases
+    for url in urls:
+        wait_until(lambda url=url: set(roles_seen(url)) == everyone, 10 * TTL_S, f"{url} sees {sorted(everyone)}")
+    assert roles_seen(urls[1]) == roles_seen(urls[0])
 
     async def both():
         loop = asyncio.get_running_loop()
