@@ -40,6 +40,7 @@ class RedisServer:
                 *("--port", str(self.port), "--bind", self.host, "--dir", self.dir),
                 *("--save", "", "--appendonly", "no"),
                 *("--maxmemory", "512mb", "--maxmemory-policy", "allkeys-lru"),
+                *(() if self.host == "127.0.0.1" else ("--protected-mode", "no")),  # reached from another host
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
