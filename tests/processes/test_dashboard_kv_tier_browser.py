@@ -17,7 +17,6 @@ import math
 import pytest
 from http_helpers import scrape, serving, start_cluster, wait_until_pools_full
 from kvtier_stores import redis_missing
-from redis_server import running_redis
 from selenium.webdriver.support.ui import WebDriverWait
 from tier_conversation import TIER_HIT_TOKENS, reference_answer, turn_one, turn_two
 
@@ -60,15 +59,9 @@ return {
 
 
 @pytest.fixture(scope="module")
-def redis():
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, redis):
+def cluster(tmp_path_factory, redis_store):
     """The router's base URL."""
-    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", redis.url)
+    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", redis_store.url)
     with serving(start_cluster(tmp_path_factory.mktemp("dashboard-tier"), *flags)) as base_url:
         yield base_url
 
@@ -111,13 +104,15 @@ def same(a: float | None, b: float | None) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
-def test_the_tier_panel_shows_what_metrics_says_after_a_tier_hit(cluster, redis, browser, make_engine, loop_thread):
+def test_the_tier_panel_shows_what_metrics_says_after_a_tier_hit(
+    cluster, redis_store, browser, make_engine, loop_thread
+):
     reference = reference_answer(make_engine, loop_thread)
     browser.get(f"{cluster}/dashboard")
     WebDriverWait(browser, PAGE_TIMEOUT_S, poll_frequency=0.2).until(
         lambda d: d.execute_script(PANEL_JS)["state"] == "on", message="the panel never saw the tier"
     )
-    first, _ = turn_one(cluster, redis, seed=0)
+    first, _ = turn_one(cluster, redis_store, seed=0)
     turn_two(cluster, first, reference, seed=0)
     wait_until_pools_full(cluster, timeout=PAGE_TIMEOUT_S)
 

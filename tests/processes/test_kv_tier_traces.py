@@ -16,7 +16,6 @@ import pytest
 from http_helpers import scrape, serving, start_cluster
 from kvtier_stores import redis_missing
 from otlp_receiver import OtlpReceiver, spans_summary
-from redis_server import running_redis
 from tier_conversation import reference_answer, turn_one, turn_two
 
 pytestmark = pytest.mark.skipif(redis_missing() is not None, reason=redis_missing() or "")
@@ -32,15 +31,9 @@ def receiver():
 
 
 @pytest.fixture(scope="module")
-def redis():
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory, redis, receiver):
+def cluster(tmp_path_factory, redis_store, receiver):
     """The router's base URL."""
-    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", redis.url)
+    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", redis_store.url)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # the children export every 200 ms
         server = start_cluster(
@@ -88,11 +81,11 @@ def wait_for_fetched_bytes(base_url: str) -> float:
 
 
 def test_each_turns_fetch_is_a_span_of_its_prefill_with_what_it_fetched(
-    cluster, redis, receiver, make_engine, loop_thread
+    cluster, redis_store, receiver, make_engine, loop_thread
 ):
     reference = reference_answer(make_engine, loop_thread)
     (trace1, parent1), (trace2, parent2) = traceparent(1), traceparent(2)
-    first, _ = turn_one(cluster, redis, seed=7, traceparent=parent1)
+    first, _ = turn_one(cluster, redis_store, seed=7, traceparent=parent1)
     turn_two(cluster, first, reference, seed=7, traceparent=parent2)
 
     fetch, prefill = fetch_and_prefill(receiver, trace1)

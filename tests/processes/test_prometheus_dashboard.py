@@ -30,7 +30,6 @@ import pytest
 from http_helpers import start_cluster, stop
 from kvtier_stores import redis_missing
 from prometheus_client.parser import text_string_to_metric_families
-from redis_server import running_redis
 from tier_conversation import TIER_HIT_TOKENS, reference_answer, turn_one, turn_two
 
 from benchmarks.dashboard.prometheus_server import (
@@ -71,17 +70,11 @@ def switch_role(base_url: str, instance: str, role: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def redis():
-    with running_redis() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def observed(tmp_path_factory, redis, make_engine, loop_thread):
+def observed(tmp_path_factory, redis_store, make_engine, loop_thread):
     """(prometheus, what the client measured): the cluster served the known requests and
     Prometheus scraped it after the last one."""
     tmp = tmp_path_factory.mktemp("prometheus")
-    flags = ("--model", "tiny", "--dtype", "float32", "--api-key", API_KEY, "--kv-tier", redis.url)
+    flags = ("--model", "tiny", "--dtype", "float32", "--api-key", API_KEY, "--kv-tier", redis_store.url)
     cluster = start_cluster(tmp, *flags, "--kv-admission-ratio", KV_ADMISSION_RATIO, *CONTROLLER_FLAGS)
     prometheus = None
     try:
@@ -117,7 +110,7 @@ def observed(tmp_path_factory, redis, make_engine, loop_thread):
                     overload = refused.result(timeout=60)
             for _ in chunks:
                 pass
-        first, _ = turn_one(cluster.base_url, redis, seed=0, api_key=API_KEY)
+        first, _ = turn_one(cluster.base_url, redis_store, seed=0, api_key=API_KEY)
         second = turn_two(cluster.base_url, first, reference_answer(make_engine, loop_thread), seed=0, api_key=API_KEY)
         num_requests = len(prompts) + NUM_TURNS
         prometheus.wait_for("sum(minipd_requests_total)", lambda v: v == num_requests, "scraped after the requests")
