@@ -70,6 +70,16 @@ def loop_thread():
     lt.close()
 
 
+@pytest.fixture(scope="module")
+def redis_store():
+    """A real redis-server for one module's KV tier cluster (redis_server.py; a module using it
+    skips on `kvtier_stores.redis_missing()` itself)."""
+    from redis_server import running_redis
+
+    with running_redis() as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def make_engine(loop_thread):
     """Build and start an engine on the shared loop; every one is closed at the end of the session."""

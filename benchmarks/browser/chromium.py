@@ -3,13 +3,14 @@
 `open_browser()` starts one with its console log kept (`console_errors` reads it), a fixed
 window size (screenshots are comparable), no network beyond what the page asks of its own
 server, and any extra switches a caller adds (a name mapped to this host, say); `close_browser`
-ends it and its chromedriver.
+ends it and its chromedriver; `browser_session()` is both around a `with` body.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from selenium import webdriver
@@ -52,6 +53,16 @@ def console_errors(driver: webdriver.Chrome) -> list[str]:
 
 def close_browser(driver: webdriver.Chrome) -> None:
     driver.quit()
+
+
+@contextlib.contextmanager
+def browser_session(**options) -> Iterator[webdriver.Chrome]:
+    """`open_browser(**options)` for a `with` body (a fixture's `yield`), closed after it."""
+    driver = open_browser(**options)
+    try:
+        yield driver
+    finally:
+        close_browser(driver)
 
 
 def type_into(box, value) -> None:

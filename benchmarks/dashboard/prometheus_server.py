@@ -11,6 +11,8 @@ checked) and `bench.py dashboard` (every panel's query evaluated over a range an
   /api/v1/query_range), raising `PrometheusError` for a refused query;
 - `panel_queries(dashboard, window)`: every panel's targets with Grafana's variables replaced
   by concrete values (the dashboard's constants, `window` for `$__rate_interval` and friends);
+- `needs_kv_tier(panel)`: whether a panel shows the shared KV tier's series only (empty on a
+  cluster without `--kv-tier`);
 - `api_post`: one POST to the router's API with its key (an admin call, a request meant to
   be refused), never retried.
 """
@@ -77,6 +79,13 @@ class PanelQuery(NamedTuple):
     panel: str  # the panel's title
     expr: str  # concrete PromQL
     legend: str  # Grafana's legendFormat
+
+
+KV_TIER_SERIES = "minipd_kv_tier_"
+
+
+def needs_kv_tier(panel: dict) -> bool:
+    return all(KV_TIER_SERIES in target["expr"] for target in panel["targets"])
 
 
 def panel_queries(dashboard: dict, window: str) -> list[PanelQuery]:

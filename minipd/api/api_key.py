@@ -28,6 +28,7 @@ DASHBOARD_PAGE_PATHS = frozenset(
         "/dashboard/dashboard.js",
         "/dashboard/dashboard.css",
         "/dashboard/timelines.js",
+        "/dashboard/kvtier.js",
         "/dashboard/timelines.css",
         "/dashboard/plan.js",
     }

@@ -21,6 +21,7 @@ class KVTierReport(msgspec.Struct, frozen=True, kw_only=True):
     blocks_stored: int = 0
     stores_skipped: int = 0  # over the bytes-in-flight bound, or no free staging: not stored
     stores_failed: int = 0  # the store failed or ran past its bound
+    timeouts: int = 0  # tier calls (lookups, fetches, stores) that ran past their bound: misses
     # the fetch latency histogram: counts per bucket of FETCH_BUCKETS_S (not cumulative), +Inf last
     fetch_buckets: tuple[int, ...] = ()
     fetch_seconds_sum: float = 0.0

@@ -93,7 +93,7 @@ class PrefillRole(RoleHandler):
         self._prefills_to.setdefault(message.decode_instance, set()).add(request_id)
         try:
             if instance.tier_wire is not None:  # an abort meanwhile marks it abandoned (checked below)
-                await instance.tier_wire.prefetch(message.token_ids)
+                await instance.tier_wire.prefetch(message.token_ids, span)
             peer_id = self._prefilling[request_id] = await self._peer(
                 message.decode_instance, message.decode_description
             )

@@ -97,7 +97,7 @@ class RoleHandler:
         with instance.guard.work.holding(message.request_id):
             span = instance_spans.start(names.GENERATE, message, instance.instance_id, instance.role)
             wire = instance.tier_wire
-            if wire is not None and not await wire.prefetch_for(message.request_id, message.token_ids):
+            if wire is not None and not await wire.prefetch_for(message.request_id, message.token_ids, span):
                 send_failure(instance, channel, message.request_id, "aborted", span=span)
                 return
             try:

@@ -36,11 +36,13 @@ import time
 from typing import Sequence
 
 from minipd.control.kv_tier_report import FETCH_BUCKETS_S, KVTierReport
+from minipd.disagg.tier_fetch_span import TierFetch, end_fetch_span, fetch_span
 from minipd.engine.block_manager import OutOfBlocks
 from minipd.engine.engine import Engine
 from minipd.engine.request import Request
 from minipd.kvtier.pool_buffers import block_buffers
 from minipd.kvtier.tier import KVTier, TierBlock
+from minipd.tracing.spans import Span
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +69,12 @@ class TierWire:
         engine.on_finished = self._store_finished
 
     # ---- fetch ------------------------------------------------------------------------
-    async def prefetch_for(self, request_id: str, token_ids: Sequence[int]) -> bool:
+    async def prefetch_for(self, request_id: str, token_ids: Sequence[int], span: Span | None = None) -> bool:
         """`prefetch` for a request about to be submitted; False when it was aborted meanwhile
         (`abandon`): the caller then submits nothing (the engine knew nothing to abort)."""
         self._fetching[request_id] = False
         try:
-            await self.prefetch(token_ids)
+            await self.prefetch(token_ids, span)
         finally:
             aborted = self._fetching.pop(request_id)
         return not aborted
@@ -82,19 +84,21 @@ class TierWire:
         if request_id in self._fetching:
             self._fetching[request_id] = True
 
-    async def prefetch(self, token_ids: Sequence[int]) -> int:
+    async def prefetch(self, token_ids: Sequence[int], span: Span | None = None) -> int:
         """Fetch what the tier has of `token_ids`'s prefix past the local hit into the local
-        prefix cache; the tokens fetched (0 on any failure: they are computed instead). `drain`
-        waits for it: it may hold blocks of the pool until the tier's call returns."""
+        prefix cache; the tokens fetched (0 on any failure: they are computed instead). When
+        the tier is asked and `span` (the request's) is traced, a `minipd.kv_tier.fetch` child
+        span covers the lookup and the fetch (tier_fetch_span.py). `drain` waits for it: it may
+        hold blocks of the pool until the tier's call returns."""
         self._num_fetches += 1
         self._idle.clear()
         try:
-            return await self._prefetch(token_ids)
+            return await self._prefetch(token_ids, span)
         finally:
             self._num_fetches -= 1
             self._settle()
 
-    async def _prefetch(self, token_ids: Sequence[int]) -> int:
+    async def _prefetch(self, token_ids: Sequence[int], span: Span | None) -> int:
         bm, bs = self.engine.block_manager, self.block_size
         usable = (len(token_ids) - 1) // bs  # the last prompt token always runs through the model
         local = len(bm.match_prefix(token_ids).block_ids)
@@ -102,8 +106,23 @@ class TierWire:
         self._counts["local_hit_tokens"] += local * bs
         if local >= usable:
             return 0
+        fetch = TierFetch(local, usable - local, self.tier.stats())
+        child = fetch_span(span, fetch)
+        try:
+            leading = await self._fetch(token_ids, local, usable, fetch)
+        finally:
+            fetch.settle(self.tier.stats())
+            if child is not None:
+                end_fetch_span(child, fetch)
+        self._counts["tier_hit_tokens"] += leading * bs
+        return leading * bs
+
+    async def _fetch(self, token_ids: Sequence[int], local: int, usable: int, fetch: TierFetch) -> int:
+        """The blocks `local`..`usable` asked of the tier and fetched; how many leading ones were
+        (`fetch` records what happened)."""
+        bm, bs = self.engine.block_manager, self.block_size
         keys = self.tier.keys(token_ids[: usable * bs])
-        found = await self.tier.exists(keys[local:])
+        found = fetch.found = await self.tier.exists(keys[local:])
         if not found:
             return 0
         wanted = local + found
@@ -111,9 +130,11 @@ class TierWire:
             # the blocks allocate_prefix takes from the free ones (free cached hits included)
             taken = bm.num_new_blocks_for(token_ids[: wanted * bs + 1]) - 1
             if taken > self.engine.scheduler.spare_blocks():
+                fetch.no_room = True
                 return 0  # the queued requests need the room: computing is slower, never stuck
             block_ids, cached = bm.allocate_prefix(token_ids, wanted)
         except OutOfBlocks:
+            fetch.no_room = True
             return 0
         try:
             start = time.perf_counter()
@@ -122,14 +143,15 @@ class TierWire:
                 [TierBlock(keys[i], block_buffers(pool, block_ids[i])) for i in range(cached, wanted)]
             )
             self._observe_fetch(time.perf_counter() - start)
-            leading = result.leading
+            leading = fetch.fetched = result.leading
+            fetch.bytes = leading * sum(b.nbytes for b in block_buffers(pool, block_ids[0]))
             if leading < wanted - cached:
                 self._counts["fetch_fallbacks"] += 1
+                fetch.fallback = True
             bm.register_computed(block_ids, token_ids, (cached + leading) * bs)
         finally:
             self.engine.release_blocks(block_ids)
-        self._counts["tier_hit_tokens"] += leading * bs
-        return leading * bs
+        return leading
 
     def _observe_fetch(self, seconds: float) -> None:
         self._fetch_buckets[bisect.bisect_left(FETCH_BUCKETS_S, seconds)] += 1
@@ -196,6 +218,7 @@ class TierWire:
             blocks_stored=s.blocks_stored,
             stores_skipped=s.stores_skipped,
             stores_failed=s.stores_failed,
+            timeouts=s.timeouts,
             fetch_buckets=tuple(self._fetch_buckets),
             fetch_seconds_sum=self._fetch_seconds,
         )

@@ -14,6 +14,8 @@ asked for them:
       minipd.kv_transfer     the KV sent into the reservation, one event per layer sent and landed
     minipd.decode       decode: from the Decode message to finish, abort or error
     minipd.generate     prefill and decode on one instance (colocated, short prompts, recomputes)
+      minipd.kv_tier.fetch  (under prefill or generate) the prompt's blocks past the local hit
+                        asked of the shared KV tier and fetched (disagg/tier_wire.py)
 """
 
 ROUTER_SERVICE = "minipd-router"
@@ -28,6 +30,7 @@ PREFILL_CHUNK = "minipd.prefill.chunk"
 KV_TRANSFER = "minipd.kv_transfer"
 DECODE = "minipd.decode"
 GENERATE = "minipd.generate"
+KV_TIER_FETCH = "minipd.kv_tier.fetch"
 
 # events
 PICKED = "picked"  # on minipd.try: the instances chosen

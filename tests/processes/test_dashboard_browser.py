@@ -3,7 +3,7 @@ process clusters on `tiny` (router, one prefill and one decode process, TCP KV t
 
 - the page shows the instances, roles and epochs that /admin/instances reports, and after
   known requests the figures /metrics has: finished requests, KV bytes moved, every
-  instance's KV blocks;
+  instance's KV blocks; its KV tier panel says "no KV tier";
 - its role-switch button switches an instance: the page and /admin/instances both say so;
 - with `--api-key` and no key the page shows the key prompt and no data, its data routes
   answer 401 (a key in the URL is no key), and once the key is typed the data shows;
@@ -96,6 +96,7 @@ return {
   links: [...document.querySelectorAll('#links-table tbody tr[data-pair]')].map(r => r.dataset.pair),
   ttft_samples: cell ? Number(cell.textContent) : null,
   verdict: document.getElementById('verdict').dataset.verdict || null,
+  kv_tier: [document.getElementById('kvtier-state').textContent, document.getElementById('kvtier-table').hidden],
 };
 """
 
@@ -190,6 +191,10 @@ def test_figures_agree_with_metrics(cluster, browser, tmp_path):
         assert facts["links"] == ["prefill-0->decode-0"]
         assert facts["ttft_samples"] >= NUM_REQUESTS  # every request of the window had its first token
         assert facts["verdict"] in ("met", "violated")
+        assert facts["kv_tier"] == [
+            "no KV tier",
+            True,
+        ]  # no instance has a tier (its panel: test_dashboard_kv_tier_browser.py)
         assert console_errors(browser) == []
 
 

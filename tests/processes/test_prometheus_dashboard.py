@@ -7,7 +7,9 @@ the key sent as `authorization: {credentials: ...}` (benchmarks/dashboard/promet
 The prefill instance is switched to decode and back through the admin API; then known requests
 go through (long prompts prefilled remotely, short ones locally by size), and one request that
 claims more KV than `--kv-admission-ratio` leaves is refused as an overload while the first
-decodes. Once Prometheus has scraped after the last one, every `expr` of every panel in
+decodes. The instances share a KV tier on a real redis-server (`--kv-tier`), and a two-turn
+conversation's second turn fetches one block from it (tier_conversation.py), so the tier's
+panels have data too. Once Prometheus has scraped after the last one, every `expr` of every panel in
 deploy/grafana/minipd.json, with Grafana's variables replaced by concrete values, goes through
 Prometheus's /api/v1/query: each must return data, every value finite and non-negative, and the
 panels whose figures the test knows must show them (counts equal to the requests sent, the
@@ -26,7 +28,9 @@ import urllib.request
 import openai
 import pytest
 from http_helpers import start_cluster, stop
+from kvtier_stores import redis_missing
 from prometheus_client.parser import text_string_to_metric_families
+from tier_conversation import TIER_HIT_TOKENS, reference_answer, turn_one, turn_two
 
 from benchmarks.dashboard.prometheus_server import (
     Prometheus,
@@ -55,6 +59,8 @@ CONTROLLER_FLAGS = (
     "600",  # every sample of the test stays in its window
 )
 SWITCHED = "prefill-0"
+NUM_TURNS = 2  # the conversation's, both prefilled remotely
+pytestmark = pytest.mark.skipif(redis_missing() is not None, reason=redis_missing() or "")
 
 
 def switch_role(base_url: str, instance: str, role: str) -> dict:
@@ -64,11 +70,11 @@ def switch_role(base_url: str, instance: str, role: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def observed(tmp_path_factory):
+def observed(tmp_path_factory, redis_store, make_engine, loop_thread):
     """(prometheus, what the client measured): the cluster served the known requests and
     Prometheus scraped it after the last one."""
     tmp = tmp_path_factory.mktemp("prometheus")
-    flags = ("--model", "tiny", "--dtype", "float32", "--api-key", API_KEY)
+    flags = ("--model", "tiny", "--dtype", "float32", "--api-key", API_KEY, "--kv-tier", redis_store.url)
     cluster = start_cluster(tmp, *flags, "--kv-admission-ratio", KV_ADMISSION_RATIO, *CONTROLLER_FLAGS)
     prometheus = None
     try:
@@ -104,7 +110,13 @@ def observed(tmp_path_factory):
                     overload = refused.result(timeout=60)
             for _ in chunks:
                 pass
-        prometheus.wait_for("sum(minipd_requests_total)", lambda v: v == len(prompts), "scraped after the requests")
+        first, _ = turn_one(cluster.base_url, redis_store, seed=0, api_key=API_KEY)
+        second = turn_two(cluster.base_url, first, reference_answer(make_engine, loop_thread), seed=0, api_key=API_KEY)
+        num_requests = len(prompts) + NUM_TURNS
+        prometheus.wait_for("sum(minipd_requests_total)", lambda v: v == num_requests, "scraped after the requests")
+        prometheus.wait_for(
+            'sum(minipd_kv_tier_hit_tokens_total{source="tier"})', lambda v: v == TIER_HIT_TOKENS, "the tier's hit"
+        )
         # every pool back to full, as Prometheus saw it (the gauges follow the instances' reports)
         prometheus.wait_for("sum(minipd_kv_blocks_total - minipd_kv_blocks_free)", lambda v: v == 0, "pools full")
         prometheus.wait_for("sum(minipd_requests_running + minipd_requests_waiting)", lambda v: v == 0, "idle")
@@ -113,7 +125,9 @@ def observed(tmp_path_factory):
             'sum(minipd_controller_decisions_total{reason!="too_few_samples"})', lambda v: v > 0, "decided"
         )
         prometheus.wait_for("count(minipd_controller_observed_itl_seconds)", lambda v: v == 1, "controller figures")
-        measured = {"ttft_min": min(ttfts), "ttft_max": max(ttfts), "requests": len(prompts)}
+        # a turn's whole request bounds its TTFT from above
+        measured = {"ttft_min": min(ttfts), "ttft_max": max(ttfts + [first.elapsed_s, second.elapsed_s])}
+        measured["requests"] = num_requests
         measured.update(decoding_seen=decoding_seen, overload=overload, switches=switches)
         yield prometheus, {**measured, "router": cluster.base_url}
     finally:
@@ -192,10 +206,12 @@ def test_the_panels_show_the_requests_sent_and_where_they_were_prefilled(observe
     finished = by_label(prometheus, "sum by (finish_reason) (minipd_requests_total)", "finish_reason")
     assert finished["length"] == client["requests"] and sum(finished.values()) == client["requests"]
     decisions = by_label(prometheus, "sum by (decision) (minipd_disagg_decisions_total)", "decision")
-    assert decisions["remote_prefill"] == NUM_LONG and decisions["local_prefill_size"] == NUM_SHORT
+    assert decisions["remote_prefill"] == NUM_LONG + NUM_TURNS and decisions["local_prefill_size"] == NUM_SHORT
     assert sum(decisions.values()) == client["requests"]
     phases = by_label(prometheus, "sum by (phase) (minipd_disagg_phase_seconds_count)", "phase")
-    assert set(phases.values()) == {NUM_LONG}, phases  # every phase of every remote prefill, none of the local ones
+    assert set(phases.values()) == {NUM_LONG + NUM_TURNS}, (
+        phases
+    )  # every phase of every remote prefill, none of the local ones
     spent = by_label(prometheus, "sum by (phase) (minipd_disagg_phase_seconds_sum)", "phase")
     # measured, not defaulted (the exposed part may be 0: a layerwise transfer can hide entirely)
     measured_phases = ("reserve", "prefill_compute", "kv_transfer", "adopt", "first_token")
@@ -208,6 +224,25 @@ def test_the_panels_show_the_requests_sent_and_where_they_were_prefilled(observe
     instances = by_label(prometheus, "max by (instance) (minipd_requests_decoding)", "instance")
     assert len(instances) == 2 and set(instances.values()) == {0}  # idle now: nothing prefills or decodes
     assert prometheus.scalar("sum(minipd_request_aborts_total) + sum(minipd_kv_transfer_failures_total)") == 0
+
+
+@pytest.mark.timeout(300)
+def test_the_tier_panels_show_the_conversations_one_fetched_block(observed):
+    prometheus, _ = observed
+    hits = by_label(prometheus, "sum by (source) (minipd_kv_tier_hit_tokens_total)", "source")
+    assert hits["tier"] == TIER_HIT_TOKENS and hits["local"] > 0  # turn 2: its sixth block fetched, 5 local
+    assert prometheus.scalar("sum(minipd_kv_tier_fetch_seconds_count)") == 1  # the only prompt the tier had
+    moved = by_label(prometheus, "sum by (direction) (minipd_kv_tier_bytes_total)", "direction")
+    assert moved["fetched"] > 0 and moved["stored"] > moved["fetched"]
+    failures = "minipd_kv_tier_fetch_fallbacks_total + minipd_kv_tier_verification_failures_total"
+    assert prometheus.scalar(f"sum({failures} + minipd_kv_tier_timeouts_total)") == 0
+    rate = by_label(
+        prometheus,
+        "sum by (source) (increase(minipd_kv_tier_hit_tokens_total[5m])) / on() group_left() "
+        "sum(increase(minipd_kv_tier_lookup_tokens_total[5m]))",
+        "source",
+    )
+    assert 0 < rate["tier"] < rate["local"] < 1
 
 
 @pytest.mark.timeout(300)

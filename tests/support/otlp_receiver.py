@@ -124,6 +124,12 @@ class OtlpReceiver:
         self._server.server_close()
         self._thread.join(10)
 
+    def __enter__(self) -> "OtlpReceiver":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def spans_summary(spans: list[dict]) -> str:
     return "; ".join(f"{s['service']}/{s['name']}" for s in spans) or "none"

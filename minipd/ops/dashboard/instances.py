@@ -2,8 +2,9 @@
 
 A row (a dict, JSON as it goes) has `instance`, `role`, `epoch`, `liveness`, `compute`,
 `blocks` (`total`, `used`, `cached`, `free`, `fencing`), `reservations`, `running`, `waiting`,
-`prefilling`, `inflight` (routed by the router and not finished) and `step_rate` (engine steps
-per second between the two latest reports; None until there are two).
+`prefilling`, `inflight` (routed by the router and not finished), `step_rate` (engine steps
+per second between the two latest reports; None until there are two) and `kv_tier` (its
+`KVTierReport` as a dict; None without a tier, or before its first report).
 
 Liveness, from the router's view: `dead` (its connection is gone, or it was declared dead and
 evicted), `draining` (switching roles or shutting down: it takes no new work), `stale` (its
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING
+
+import msgspec
 
 from minipd.control.role import Role
 from minipd.engine import cpu_placement
@@ -67,6 +70,7 @@ def _row(instance_id: str, role: Role, epoch: int, liveness: str, compute: str) 
         "prefilling": 0,
         "inflight": 0,
         "step_rate": None,
+        "kv_tier": None,
     }
 
 
@@ -119,6 +123,7 @@ class RouterInstances:
                 waiting=s.num_waiting,
                 prefilling=s.num_prefilling,
                 step_rate=self.steps.update(h.instance_id, s.num_steps, h.stats_at),
+                kv_tier=None if s.kv_tier is None else msgspec.to_builtins(s.kv_tier),
             )
         return row
 

@@ -1,6 +1,6 @@
 """The dashboard's routes on an HTTP front, installed as an app extension (`api/app.py`).
 
-- `GET /dashboard` (and its `dashboard.js`, `plan.js`, `dashboard.css`): the page, served from the
+- `GET /dashboard` (and its `dashboard.js`, `kvtier.js`, `plan.js`, `dashboard.css`): the page, served from the
   package's `static/` folder. These are open (api_key.DASHBOARD_PAGE_PATHS): the page holds no
   data; with `--api-key` it asks for the key before it shows any.
 - `GET /dashboard/events`: server-sent events, one `snapshot` event per tick (snapshot.py says
@@ -53,6 +53,7 @@ PAGE_FILES = {
     "/dashboard/dashboard.css": ("dashboard.css", "text/css"),
     "/dashboard/plan.js": ("plan.js", "text/javascript"),
     "/dashboard/timelines.js": ("timelines.js", "text/javascript"),
+    "/dashboard/kvtier.js": ("kvtier.js", "text/javascript"),
     "/dashboard/timelines.css": ("timelines.css", "text/css"),
 }
 # the page runs only what it ships: no inline script, nothing from another origin, never framed

@@ -16,6 +16,8 @@ encodes to JSON as it is:
 - `series`: the last `series_len` ticks of `t` and the six percentiles, and `verdict` per tick;
 - `requests`: the latest finished requests (request_window.RequestRecord), newest first;
 - `totals`: `requests` finished and KV `bytes` moved since start (/metrics' counters agree);
+- `kv_tier`: None when no live instance has a shared KV tier, else its figures per instance and
+  in total (kv_tier_view.py; /metrics' `minipd_kv_tier_*` agree);
 - `controller`: None, or its SLO, target, window, last decision and moves.
 """
 
@@ -29,6 +31,7 @@ from typing import Callable, Protocol
 import msgspec
 import numpy as np
 
+from minipd.ops.dashboard.kv_tier_view import kv_tier_view
 from minipd.ops.dashboard.request_window import RequestWindow
 from minipd.slo.targets import SLO
 
@@ -172,6 +175,7 @@ class SnapshotBuilder:
             "requests": [msgspec.to_builtins(r) for r in reversed(window.records)],
             "totals": {"requests": window.num_requests, "kv_bytes": window.num_kv_bytes},
             "controller": controller_view(self.controller()),
+            "kv_tier": kv_tier_view([row for row in rows if row["liveness"] != "dead"]),
         }
 
     def _append_series(self, latency: dict, tick_verdict: str) -> None:

@@ -81,13 +81,13 @@ def test_page_is_open_and_says_a_key_is_needed_while_data_needs_the_key(server):
     status, headers, body = call("GET", f"{url}/dashboard")
     assert status == 200 and b'<meta name="minipd-auth" content="required">' in body
     assert "frame-ancestors 'none'" in headers["Content-Security-Policy"]
-    for path in ("/dashboard/dashboard.js", "/dashboard/dashboard.css"):
+    for path in ("/dashboard/dashboard.js", "/dashboard/kvtier.js", "/dashboard/dashboard.css"):
         assert call("GET", f"{url}{path}")[0] == 200
     for method, path in (("GET", "/dashboard/snapshot"), ("GET", "/dashboard/events"), ("POST", "/dashboard/slo")):
         assert call(method, f"{url}{path}", {"ttft_ms": 1, "itl_ms": 1})[0] == 401
     status, _, body = call("GET", f"{url}/dashboard/snapshot", key=KEY)
     snapshot = json.loads(body)
-    assert status == 200 and snapshot["mode"] == "colocated"
+    assert status == 200 and snapshot["mode"] == "colocated" and snapshot["kv_tier"] is None
     (row,) = snapshot["pools"]["colocated"]
     assert (row["running"], row["waiting"], row["blocks"]["used"], row["compute"].split("/")[1]) == (1, 2, 2, "cpu:0")
 

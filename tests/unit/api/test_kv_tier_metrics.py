@@ -32,6 +32,7 @@ def test_a_report_becomes_the_instance_series():
         bytes_stored=8192,
         verification_failures=3,
         fetch_fallbacks=1,
+        timeouts=2,
         fetch_buckets=tuple(buckets),
         fetch_seconds_sum=4.5,
     )
@@ -40,6 +41,7 @@ def test_a_report_becomes_the_instance_series():
     assert 'minipd_kv_tier_hit_tokens_total{instance="p0",source="local"} 64.0' in text
     assert 'minipd_kv_tier_bytes_total{direction="fetched",instance="p0"} 4096.0' in text
     assert 'minipd_kv_tier_verification_failures_total{instance="p0"} 3.0' in text
+    assert 'minipd_kv_tier_timeouts_total{instance="p0"} 2.0' in text
     assert 'minipd_kv_tier_fetch_seconds_bucket{instance="p0",le="0.005"} 2.0' in text
     assert 'minipd_kv_tier_fetch_seconds_bucket{instance="p0",le="+Inf"} 3.0' in text
     assert 'minipd_kv_tier_fetch_seconds_count{instance="p0"} 3.0' in text

@@ -1,7 +1,7 @@
 """The dashboard's snapshot builder over a known window: percentiles, SLO attainment and the
 verdict, the KV links and request records, the SLO's source, instance rows of a router with 64
-instances (liveness, pools, step rate, the lost ones kept as dead), and the observed backend
-that feeds the window."""
+instances (liveness, pools, step rate, the lost ones kept as dead), their KV tier reports
+(the live ones'), and the observed backend that feeds the window."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from minipd.control.kv_tier_report import KVTierReport
 from minipd.control.messages import Stats
 from minipd.control.role import Role
 from minipd.engine.request import RequestOutput, TransferInfo
@@ -271,3 +272,19 @@ def test_a_stream_left_before_its_end_counts_as_an_abort():
     asyncio.run(leave_early())
     (record,) = window.records
     assert record.finish_reason == "abort" and record.ttft_s is not None and window.num_requests == 1
+
+
+def test_the_live_instances_kv_tier_reports_reach_the_snapshot():
+    handles = [FakeHandle(i, Role.PREFILL if i == 0 else Role.DECODE) for i in range(3)]
+    router = SimpleNamespace(registry=SimpleNamespace(instances={h.instance_id: h for h in handles}))
+    builder = _builder(RequestWindow(), RouterInstances(router, dead_kept_s=60))
+    for h in handles:
+        h.report(steps=1, at=1.0)
+    assert builder.build()["kv_tier"] is None  # no instance has a tier: the page says so
+    for h in handles[:2]:
+        h.stats = msgspec.structs.replace(h.stats, kv_tier=KVTierReport(lookup_tokens=64, tier_hit_tokens=16))
+    view = builder.build()["kv_tier"]
+    assert [i["instance"] for i in view["instances"]] == ["inst-00", "inst-01"]
+    assert view["total"]["tier_hit_tokens"] == 32 and view["total"]["tier_hit_rate"] == 0.25
+    handles[1].alive = False
+    assert [i["instance"] for i in builder.build()["kv_tier"]["instances"]] == ["inst-00"]

@@ -1,7 +1,7 @@
 """The KV tier in an engine's request path (disagg/tier_wire.py), over the in-process fake store:
 blocks one engine computed are fetched by another, whose greedy tokens stay those computed
 without the tier; a fetch that fails (corrupted values, a store down) costs computing, never a
-wrong token or a leaked block."""
+wrong token or a leaked block; a traced request's fetch is a child span saying what it did."""
 
 from __future__ import annotations
 
@@ -53,10 +53,10 @@ def prompt(length: int, seed: int = 0) -> list[int]:
     return [rng.randrange(256) for _ in range(length)]
 
 
-async def serve(engine, wire: TierWire, token_ids: list[int]) -> tuple[int, list[int], int]:
-    """As an instance serves a request: fetch, then submit; (tokens fetched, output tokens,
-    cached tokens), once the request's stores are through."""
-    fetched = await wire.prefetch(token_ids)
+async def serve(engine, wire: TierWire, token_ids: list[int], span=None) -> tuple[int, list[int], int]:
+    """As an instance serves a request: fetch (under `span`, the request's), then submit;
+    (tokens fetched, output tokens, cached tokens), once the request's stores are through."""
+    fetched = await wire.prefetch(token_ids, span)
     completion = await complete(engine, token_ids, greedy(MAX_TOKENS))
     assert await wire.drain(DRAIN_S)
     return fetched, completion.token_ids, completion.num_cached_tokens
@@ -129,3 +129,55 @@ def test_a_fetch_leaves_the_blocks_no_queued_request_needs(engines, loop_thread)
     finally:
         b.release_blocks(held)
     assert loop_thread.run(wire_b.prefetch(turn1)) == 12 * BLOCK_SIZE
+
+
+class RecordedSpan:
+    """A stand-in for tracing.spans.Span: its children, attributes and how it ended."""
+
+    def __init__(self, name: str = "minipd.prefill", attributes: dict | None = None):
+        self.name, self.attributes, self.children, self.ended = name, dict(attributes or {}), [], None
+
+    def child(self, name: str, attributes: dict | None = None) -> "RecordedSpan":
+        self.children.append(RecordedSpan(name, attributes))
+        return self.children[-1]
+
+    def set(self, attributes: dict) -> None:
+        self.attributes.update(attributes)
+
+    def end(self, error: str | None = None) -> None:
+        self.ended = ("error", error) if error else ("ok", None)
+
+
+def test_a_traced_fetch_is_a_child_span_saying_what_it_fetched(engines, store, loop_thread):
+    (a, wire_a), (b, wire_b) = engines
+    turn1 = prompt(100, seed=6)
+    span = RecordedSpan()
+    loop_thread.run(serve(a, wire_a, turn1, span))
+    (miss,) = span.children
+    assert miss.name == "minipd.kv_tier.fetch" and miss.ended == ("ok", None)
+    assert miss.attributes == {
+        "minipd.kv_tier.local_blocks": 0,
+        "minipd.kv_tier.blocks_asked": 6,
+        "minipd.kv_tier.blocks_found": 0,
+        "minipd.kv_tier.blocks_fetched": 0,
+        "minipd.kv_tier.bytes": 0,
+        "minipd.kv_tier.hit": False,
+        "minipd.kv_tier.outcome": "miss",
+    }
+    before = wire_b.report().bytes_fetched
+    span = RecordedSpan()
+    fetched = loop_thread.run(wire_b.prefetch(turn1, span))
+    (hit,) = span.children
+    assert fetched == 6 * BLOCK_SIZE
+    assert hit.attributes["minipd.kv_tier.outcome"] == "hit" and hit.attributes["minipd.kv_tier.hit"] is True
+    assert hit.attributes["minipd.kv_tier.blocks_found"] == hit.attributes["minipd.kv_tier.blocks_fetched"] == 6
+    assert hit.attributes["minipd.kv_tier.bytes"] == wire_b.report().bytes_fetched - before > 0
+    span = RecordedSpan()  # now all local: the tier is not asked, and no span is made
+    assert loop_thread.run(wire_b.prefetch(turn1, span)) == 0 and span.children == []
+    b.reset_pool()
+    store.down = True
+    span = RecordedSpan()
+    assert loop_thread.run(wire_b.prefetch(turn1, span)) == 0
+    (down,) = span.children
+    assert down.attributes["minipd.kv_tier.outcome"] == "error" and down.ended[0] == "error"
+    assert down.attributes["minipd.kv_tier.hit"] is False

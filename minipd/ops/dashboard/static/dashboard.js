@@ -148,6 +148,7 @@ function render(s) {
   renderRequests(s);
   renderControls(s);
   if (window.renderTimelines) window.renderTimelines(s); // timelines.js
+  if (window.renderKVTier) window.renderKVTier(s); // kvtier.js
 }
 
 function renderHeadline(s) {
