@@ -8,7 +8,7 @@ Longer than 400 lines because: the union is one module on purpose, so every mess
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -19,12 +19,15 @@ from minipd.engine.sampling_params import SamplingParams
 from minipd.models.arch.model_config import ModelConfig
 from minipd.tracing.traceparent import TRACEPARENT_CHARS, TRACEPARENT_PATTERN
 
-PROTOCOL_VERSION = 5  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs;
+PROTOCOL_VERSION = 6  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs;
 # 4: SetLinkCap, traceparent on work messages, KVLanded.adopt_s, Stats step and refusal counts;
 # 5: Welcome.start_nonce, and the server's proof covers the instance id and it
-# TokenOutput.failure_kind, and CallError.kind, of requests that failed for these reasons:
-FAILURE_KV_LOAD = "kv_load"  # the KV did not arrive in the reservation (no fault of the decode instance)
+# 6: KVFailed, the one report of a KV that will not land (no CallError "transfer", no KVLanded.error)
+# TokenOutput.failure_kind, and CallError.kind, of requests that failed for this reason:
 FAILURE_SHUTDOWN = "shutdown"  # the instance is shutting down and took nothing new
+# KVFailed.side: the instance that saw the KV fail
+KV_SIDE_PREFILL = "prefill"
+KV_SIDE_DECODE = "decode"
 # The trace a call belongs to (minipd/tracing): a version-00 W3C traceparent, checked by the
 # decoder like any field; None: not traced.
 TraceParentText = Annotated[str, msgspec.Meta(max_length=TRACEPARENT_CHARS, pattern=TRACEPARENT_PATTERN)]
@@ -143,7 +146,7 @@ class CallError(Reply, tag="error"):
     """A refused call, or (sent in place of a stream's first output) a refused `Generate`."""
 
     message: str
-    # "invalid" (bad input), "busy" (no capacity), "transfer" (KV did not move), "auth" (the
+    # "invalid" (bad input), "busy" (no capacity), "auth" (the
     # handshake failed or the peer may not send this), "error", and STALE_EPOCH: new work
     # meant for a role the instance no longer has, or sent while it switches roles
     # (disagg/role_switch.py); the router tries the request elsewhere
@@ -171,7 +174,8 @@ class Reserved(Reply, tag="reserved"):
 
 
 class Prefill(Call, tag="prefill"):
-    """Router -> prefill: compute the prompt's KV, stream it into the reserved blocks."""
+    """Router -> prefill: compute the prompt's KV, stream it into the reserved blocks; answered
+    by `Prefilled`, a CallError, or (the KV did not move) `KVFailed` in place of a reply."""
 
     token_ids: list[int]
     sampling: SamplingParams
@@ -217,7 +221,8 @@ class Prefilled(Reply, tag="prefilled"):
 
 
 class Decode(Message, tag="decode"):
-    """Router -> decode: the KV is sent and the first token known; stream `TokenOutput`s."""
+    """Router -> decode: the KV is sent and the first token known; stream `TokenOutput`s, or
+    answer `KVFailed` in place of the stream when the KV is not there to adopt."""
 
     first_token: int
     sampling: SamplingParams
@@ -225,11 +230,10 @@ class Decode(Message, tag="decode"):
 
 
 class KVLanded(Message, tag="kv_landed"):
-    """Decode -> router: when the receiver saw the last byte land, or (`error` set) why the KV
-    did not land, before the first token or when a reservation's lease expired."""
+    """Decode -> router: when the receiver saw the last byte land (a KV that will not land is
+    reported by `KVFailed`)."""
 
     landed_at: float = 0.0  # time.time() on the decode instance
-    error: str | None = None
     # the adopt that followed: from the KV landed and the Decode arriving, whichever is later,
     # to the sequence queued with its first token (None: not adopted, or not measured)
     adopt_s: float | None = None
@@ -237,6 +241,16 @@ class KVLanded(Message, tag="kv_landed"):
     # instance's monotonic clock: the last byte landed, and the Decode arrived (None: not measured)
     landed_after_s: float | None = None
     ordered_after_s: float | None = None
+
+
+class KVFailed(Message, tag="kv_failed"):
+    """Prefill or decode -> router: the KV of this request will not land in its reservation
+    (the transfer failed, the reservation's lease expired, the reservation is gone). The one
+    way an instance reports a KV failure, and its whole answer for it: a `Prefill` that fails
+    so gets no other reply, a `Decode` no output."""
+
+    reason: str
+    side: Literal["prefill", "decode"]  # KV_SIDE_PREFILL or KV_SIDE_DECODE: the instance that saw it
 
 
 class Renew(Message, tag="renew"):
@@ -256,7 +270,7 @@ class Generate(Message, tag="generate"):
 
 class TokenOutput(Message, tag="tokens"):
     output: RequestOutput
-    failure_kind: str = ""  # for a failed output: FAILURE_KV_LOAD, FAILURE_SHUTDOWN, or ""
+    failure_kind: str = ""  # for a failed output: FAILURE_SHUTDOWN, or ""
 
 
 class Abort(Message, tag="abort"):
@@ -373,6 +387,7 @@ AnyMessage = (
     | Decode
     | Generate
     | KVLanded
+    | KVFailed
     | Renew
     | TokenOutput
     | Abort

@@ -12,7 +12,7 @@ import time
 
 from minipd.control.channel import Channel
 from minipd.control.messages import (
-    FAILURE_KV_LOAD,
+    KV_SIDE_DECODE,
     CallError,
     Decode,
     Generate,
@@ -24,7 +24,7 @@ from minipd.control.messages import (
 from minipd.control.role import Role
 from minipd.disagg import instance_spans
 from minipd.disagg.reservations import Reservation
-from minipd.disagg.role_handler import RoleHandler, ServingInstance, send_failure
+from minipd.disagg.role_handler import RoleHandler, ServingInstance, send_failure, send_kv_failed
 from minipd.engine.engine import NoCapacity
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.tracing import names
@@ -90,8 +90,9 @@ class DecodeRole(RoleHandler):
         fault_points.hit("decode.reserved", request_id)
 
     async def decode(self, channel: Channel, message: Decode) -> None:
-        """Stream the tokens of a held reservation, its `KVLanded` first; or fail the stream
-        (FAILURE_KV_LOAD when the reservation is gone or its KV did not land)."""
+        """Stream the tokens of a held reservation, its `KVLanded` first; or answer `KVFailed`
+        in place of the stream when the reservation is gone or its KV did not land, or fail the
+        stream (the sequence could not be adopted)."""
         try:
             await self._decode(channel, message)
         finally:
@@ -103,12 +104,12 @@ class DecodeRole(RoleHandler):
         span = instance_spans.start(names.DECODE, message, instance.instance_id, instance.role)
         reservation = instance.reservations.take(request_id)
         if reservation is None:
-            send_failure(
+            send_kv_failed(
                 instance,
                 channel,
                 request_id,
                 f"{instance.instance_id} holds no reservation for it (its lease expired or it was aborted)",
-                FAILURE_KV_LOAD,
+                KV_SIDE_DECODE,
                 span,
             )
             return
@@ -118,8 +119,7 @@ class DecodeRole(RoleHandler):
             landed = await instance.transport.wait_landed(request_id, DEFAULT_LAND_TIMEOUT_S)
         except TransferError as exc:
             await instance.reservations.release(request_id, reservation.block_ids)  # once no late byte can land
-            channel.send(KVLanded(request_id=request_id, error=str(exc)))
-            send_failure(instance, channel, request_id, f"the KV did not load: {exc}", FAILURE_KV_LOAD, span)
+            send_kv_failed(instance, channel, request_id, f"the KV did not load: {exc}", KV_SIDE_DECODE, span)
             return
         if span is not None:
             span.event(names.KV_LANDED, {"minipd.kv.bytes": landed.num_bytes}, at_s=landed.landed_at)
@@ -155,16 +155,9 @@ class DecodeRole(RoleHandler):
 
     def lease_expired(self, request_id: str, reservation: Reservation) -> None:
         """The reservations' expiry callback: the lease ran out before its Decode came (no
-        prefill progress renewed it); the router hears why on the reservation's connection."""
+        prefill progress renewed it); the router hears why (`KVFailed`) on the reservation's connection."""
         instance = self.instance
         instance.guard.work.release(request_id)
-        instance.untrack(reservation.channel, request_id)
-        reservation.channel.send(
-            KVLanded(
-                request_id=request_id,
-                error=(
-                    f"the reservation on {instance.instance_id} expired: no prefill progress for {instance.lease_s} s"
-                ),
-            )
-        )
+        why = f"the reservation on {instance.instance_id} expired: no prefill progress for {instance.lease_s} s"
+        send_kv_failed(instance, reservation.channel, request_id, why, KV_SIDE_DECODE)
         instance.expired_leases.put_nowait(request_id)

@@ -30,8 +30,8 @@ import logging
 from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S, Channel
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, max_frame_bytes
 from minipd.control.messages import (
-    FAILURE_KV_LOAD,
     FAILURE_SHUTDOWN,
+    KV_SIDE_DECODE,
     Abort,
     Call,
     CallError,
@@ -59,7 +59,7 @@ from minipd.disagg.fingerprint import engine_fingerprint, kv_tier_digest
 from minipd.disagg.link_cap import set_link_cap
 from minipd.disagg.prefill_role import PrefillRole
 from minipd.disagg.reservations import Reservations
-from minipd.disagg.role_handler import ROLE_MESSAGES, RoleHandler, send_failure
+from minipd.disagg.role_handler import ROLE_MESSAGES, RoleHandler, send_failure, send_kv_failed
 from minipd.disagg.role_switch import RoleGuard
 from minipd.disagg.tier_wire import TierWire
 from minipd.engine import cpu_placement
@@ -316,20 +316,20 @@ class Instance(ControlServer):
     def refuse_unaccepted(self, channel: Channel, message: Message) -> None:
         """The one answer to a work message (ROLE_MESSAGES) the current role does not take: an
         error naming the instance, its role, the message and what the role takes. A call gets it
-        as a CallError "invalid"; a stream request as the stream's failure, of kind
-        FAILURE_KV_LOAD for a `Decode`: a role without Decode holds no reservation (the instance
-        switched roles since the Reserve), so the KV cannot load here, through no fault of this
-        instance (the router's kv_load_failure policy applies)."""
+        as a CallError "invalid"; a `Generate` as its stream's failure; a `Decode` as `KVFailed`:
+        a role without Decode holds no reservation (the instance switched roles since the
+        Reserve), so the KV cannot load here, through no fault of this instance (the router's
+        kv_load_failure policy applies)."""
         reason = (
             f"{self.instance_id} is a {self.role.value} instance; it does not take {type(message).__name__} "
             f"(it takes {', '.join(kind.__name__ for kind in self.handler.accepts)})"
         )
         if isinstance(message, Call):
             channel.reply(message, CallError(message=reason, kind="invalid"))
+        elif isinstance(message, Decode):
+            send_kv_failed(self, channel, message.request_id, reason, KV_SIDE_DECODE)
         else:
-            send_failure(
-                self, channel, message.request_id, reason, FAILURE_KV_LOAD if isinstance(message, Decode) else ""
-            )
+            send_failure(self, channel, message.request_id, reason)
 
     async def _reset_pool(self) -> None:
         """Once drained: let the engine settle (aborts applied, fenced blocks back), then

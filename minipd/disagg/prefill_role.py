@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 
 from minipd.control.channel import Channel
-from minipd.control.messages import CallError, Generate, Message, Prefill, Prefilled
+from minipd.control.messages import KV_SIDE_PREFILL, CallError, Generate, Message, Prefill, Prefilled
 from minipd.control.role import Role
 from minipd.disagg import instance_spans
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
 from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressing
 from minipd.disagg.prefill_times import PrefillTimesRecorder
-from minipd.disagg.role_handler import RoleHandler, ServingInstance
+from minipd.disagg.role_handler import RoleHandler, ServingInstance, send_kv_failed
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.tracing import names
 from minipd.transports.transfer_error import TransferError
@@ -64,8 +64,9 @@ class PrefillRole(RoleHandler):
 
     # ---- Prefill -------------------------------------------------------------------------
     async def prefill(self, channel: Channel, message: Prefill) -> None:
-        """Answer `Prefilled` once every byte of the KV is sent, or a CallError: "invalid" (an
-        incompatible decode instance, a bad prompt), "transfer" (the KV did not move), "error"."""
+        """Answer `Prefilled` once every byte of the KV is sent; `KVFailed` in its place when the
+        KV did not move; or a CallError: "invalid" (an incompatible decode instance, a bad
+        prompt), "error"."""
         self.instance.track(channel, message.request_id)
         with self.instance.guard.work.holding(message.request_id):
             await self._prefill(channel, message)
@@ -128,9 +129,7 @@ class PrefillRole(RoleHandler):
             channel.reply(message, CallError(message=str(exc), kind="invalid"))
         except TransferError as exc:
             failure = f"KV transfer failed: {exc}"
-            channel.reply(
-                message, CallError(message=f"prefill of {request_id}: KV transfer failed: {exc}", kind="transfer")
-            )
+            send_kv_failed(instance, channel, request_id, f"prefill of {request_id}: {failure}", KV_SIDE_PREFILL)
         except Exception as exc:
             failure = f"failed: {exc}"
             channel.reply(message, CallError(message=f"prefill of {request_id} failed: {exc}"))

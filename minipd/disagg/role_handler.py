@@ -15,10 +15,10 @@ the decode role's refusal count) lives as long as the instance, through every sw
 from __future__ import annotations
 
 import asyncio
-from typing import Protocol
+from typing import Literal, Protocol
 
 from minipd.control.channel import Channel
-from minipd.control.messages import Decode, Fingerprint, Generate, Message, Prefill, Reserve, TokenOutput
+from minipd.control.messages import Decode, Fingerprint, Generate, KVFailed, Message, Prefill, Reserve, TokenOutput
 from minipd.control.role import Role
 from minipd.disagg import instance_spans
 from minipd.disagg.reservations import Reservations
@@ -65,13 +65,31 @@ def send_failure(
     instance: ServingInstance, channel: Channel, request_id: str, reason: str, kind: str = "", span: Span | None = None
 ) -> None:
     """End a stream request (`Generate`, `Decode`) with a failed output saying why; `kind` is
-    its TokenOutput.failure_kind (FAILURE_KV_LOAD, FAILURE_SHUTDOWN, or "")."""
+    its TokenOutput.failure_kind (FAILURE_SHUTDOWN, or ""). A KV that will not land is no
+    failed output: see `send_kv_failed`."""
     if span is not None:
         span.end(reason)
     instance.untrack(channel, request_id)
     channel.send(
         TokenOutput(request_id=request_id, output=RequestOutput.aborted(request_id, reason), failure_kind=kind)
     )
+
+
+def send_kv_failed(
+    instance: ServingInstance,
+    channel: Channel,
+    request_id: str,
+    reason: str,
+    side: Literal["prefill", "decode"],
+    span: Span | None = None,
+) -> None:
+    """End this instance's part of a request whose KV will not land in its reservation with the
+    one report of that (`KVFailed`, what the router's kv_load_failure policy acts on): in place
+    of a `Prefill`'s reply, of a `Decode`'s stream, or, for a reservation given up, unasked."""
+    if span is not None:
+        span.end(reason)
+    instance.untrack(channel, request_id)
+    channel.send(KVFailed(request_id=request_id, reason=reason, side=side))
 
 
 class RoleHandler:

@@ -13,10 +13,13 @@ epoch (the instance switched roles after it was picked) is marked `stale`: not a
 just a try elsewhere. The epochs sent are those seen at pick time, so work picked for an
 instance's old role can never be served in its new one.
 
-The KV not arriving in the reservation while both instances live (the transfer failed, the
-reservation's lease ran out for want of prefill progress, the decode side could not load it)
-is no instance's fault: it follows the router's `kv_load_failure` policy, `recompute` (the
-decode instance prefills the prompt itself) or `fail` (the request ends, saying why).
+The KV not arriving in the reservation (the transfer failed, the reservation's lease ran out
+for want of prefill progress, the decode side could not load it) reaches the try one way: the
+instance that saw it sends `KVFailed`, which the router puts in the try's KV fate
+(try_state.py), the one thing the try awaits beside its prefill call and its stream. While
+both instances live it is no instance's fault: it follows the router's `kv_load_failure`
+policy, `recompute` (the decode instance prefills the prompt itself) or `fail` (the request
+ends, saying why). If either died, that instance is blamed instead.
 
 Each try has its own id on the instances (try_ids.py), so an instance that saw an earlier
 try, and remembers it as aborted, never takes a later one for it. Every message of the try
@@ -42,18 +45,17 @@ from typing import Iterator
 
 from minipd.control.channel import ChannelClosed, RemoteError
 from minipd.control.messages import (
-    FAILURE_KV_LOAD,
     STALE_EPOCH,
     Abort,
     CallError,
     Decode,
     Generate,
+    KVFailed,
     Message,
     Prefill,
     Prefilled,
     Reserve,
     Reserved,
-    TokenOutput,
 )
 from minipd.engine.request import FinishReason, RequestOutput, TransferInfo
 from minipd.router.outcome import Outcome
@@ -77,6 +79,7 @@ from minipd.router.request_events import (
 from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
+from minipd.router.stream_waits import StreamWaits
 from minipd.router.try_ids import TryIds
 from minipd.router.try_state import TryState
 
@@ -196,6 +199,7 @@ class Attempt(TryState):
             if self.local:
                 return await self._prefill_locally(decode, decode_epoch)
             routed.instances.add(prefill.instance_id)
+            self.kv_fate = asyncio.get_running_loop().create_future()  # before the Reserve: no report is missed
             try:
                 with prefill.counted(len(routed.token_ids) - expected_cached):
                     with blame(decode):
@@ -234,10 +238,16 @@ class Attempt(TryState):
     async def _kv_load_failed(
         self, prefill: InstanceHandle, decode: InstanceHandle, error: str, decode_epoch: int | None
     ) -> RequestOutput:
-        """The `kv_load_failure` policy: end the request saying why, or have the decode instance
-        prefill the prompt itself (its reservation dropped first; both instances are told)."""
+        """A KV failure (the try's KV fate resolved): blame an instance of the transfer that died
+        (its fault, not the KV's); otherwise the `kv_load_failure` policy: end the request saying
+        why, or have the decode instance prefill the prompt itself (its reservation dropped
+        first; both instances are told)."""
         routed = self.routed
         what = f"the KV from {prefill.instance_id} did not load into {decode.instance_id}: {error}"
+        self.kv_fate = None  # given up: a later report concerns nothing the try waits on
+        dead = next((handle for handle in (prefill, decode) if not handle.is_alive), None)
+        if dead is not None:
+            raise AttemptFailed(KVLoadFailed(what), Outcome.FAILED, dead.instance_id)
         if self.config.kv_load_failure == "fail":
             raise AttemptFailed(KVLoadFailed(what), Outcome.KV_FAILED)
         log.warning("%s: %s; recomputing on %s", routed.request_id, what, decode.instance_id)
@@ -308,11 +318,10 @@ class Attempt(TryState):
     ) -> int:
         """Prefill with the KV streamed into the reservation (the prefill instance renews its lease
         through the router while it progresses); returns the first token and records the
-        transfer. Raises KVLoadFailed when the transfer fails or the decode side gives the
-        reservation up."""
+        transfer. Raises KVLoadFailed when the try's KV fate resolves first (either instance
+        reported `KVFailed`: the prefill one answers that in place of the call's reply)."""
         routed = self.routed
-        loop = asyncio.get_running_loop()
-        self.prefilling, self.kv_failure = prefill, loop.create_future()
+        self.prefilling = prefill
         self.events.publish(PrefillStarted, self)
         call = asyncio.ensure_future(
             prefill.channel.call(
@@ -335,21 +344,14 @@ class Attempt(TryState):
             )
         )
         try:
-            await asyncio.wait({call, self.kv_failure}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({call, self.kv_fate}, return_when=asyncio.FIRST_COMPLETED)
             if not call.done():
-                raise KVLoadFailed(self.kv_failure.result())
+                raise KVLoadFailed(self.kv_fate.result().reason)
             prefilled: Prefilled = call.result()
             self.events.publish(PrefillFinished, self, prefilled)
-        except RemoteError as exc:
-            if exc.kind != "transfer":
-                raise
-            self.counters.transfer_failed(f"{prefill.instance_id} -> {decode.instance_id}: {exc}")
-            if not (prefill.is_alive and decode.is_alive):
-                raise  # an instance died: its fault, not the KV's
-            raise KVLoadFailed(str(exc)) from exc
         finally:
             call.cancel()
-            self.prefilling, self.kv_failure = None, None
+            self.prefilling = None
         routed.transfer = TransferInfo(
             prefill.instance_id,
             decode.instance_id,
@@ -367,14 +369,24 @@ class Attempt(TryState):
     async def _stream_from(self, decode: InstanceHandle, message: Message) -> RequestOutput:
         """Send a streaming request and relay its outputs to the caller until the final one,
         which it returns; raises when the instance dies or no output comes within the
-        inter-token timeout."""
-        routed = self.routed
+        inter-token timeout, and KVLoadFailed when the try's KV fate resolves first."""
         self.outputs = asyncio.Queue()
         self.events.publish(StreamStarted, self)
         decode.channel.send(message)
+        waits = StreamWaits(decode, self.outputs, self.kv_fate)
+        try:
+            return await self._relay_stream(decode, waits)
+        finally:
+            waits.close()
+
+    async def _relay_stream(self, decode: InstanceHandle, waits: StreamWaits) -> RequestOutput:
+        """Relay what `waits` yields to the caller until the final output (`_stream_from`'s loop)."""
+        routed = self.routed
         migratable = self.config.migration_limit > 0  # what migration needs is kept only when it is on
         while True:
-            received = await _next_output(self.outputs, decode, self.config.inter_token_timeout_s)
+            received = await waits.next(self.config.inter_token_timeout_s)
+            if isinstance(received, KVFailed):
+                raise KVLoadFailed(received.reason)
             if isinstance(received, CallError):  # refused in place of a stream (a stale role epoch)
                 raise RemoteError(received)
             output = received.output
@@ -390,8 +402,6 @@ class Attempt(TryState):
             if migratable:
                 routed.num_text_sent += len(output.text)
             if output.error is not None and not routed.first_token_sent and not output.token_ids:
-                if received.failure_kind == FAILURE_KV_LOAD:
-                    raise KVLoadFailed(output.error)
                 raise InstanceFailed(output.error)
             if output.token_ids:
                 if migratable:
@@ -413,23 +423,3 @@ class Attempt(TryState):
         routed.num_later_tokens += count
         routed.last_token_s = now
         self.events.publish(TokensRelayed, self, now, count, gap_s)
-
-
-async def _next_output(
-    outputs: asyncio.Queue[TokenOutput | CallError], decode: InstanceHandle, timeout: float
-) -> TokenOutput | CallError:
-    """The try's next output (or the refusal of its stream); ChannelClosed if the instance
-    dies (or is declared dead) first, TimeoutError if nothing comes within `timeout`."""
-    get = asyncio.ensure_future(outputs.get())
-    lost = asyncio.ensure_future(decode.lost.wait())
-    closed = asyncio.ensure_future(decode.channel.closed.wait())
-    try:
-        done, _ = await asyncio.wait({get, lost, closed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for waiter in (get, lost, closed):
-            waiter.cancel()
-    if get in done:
-        return get.result()
-    if not done:
-        raise TimeoutError(f"no output from {decode.instance_id} for {timeout} s (the inter-token timeout)")
-    raise ChannelClosed(f"{decode.instance_id} died: {decode.lost_reason or decode.channel.close_reason}")

@@ -46,6 +46,7 @@ from minipd.control.messages import (
     Abort,
     CallError,
     Draining,
+    KVFailed,
     KVLanded,
     Message,
     Renew,
@@ -340,14 +341,14 @@ class Router(GeneratesFromSubmit):
             case TokenOutput() | CallError():  # a CallError: an instance refused a stream (a stale role epoch)
                 if attempt is not None and attempt.outputs is not None:
                     attempt.outputs.put_nowait(message)
-            case KVLanded(error=None):
+            case KVLanded():
                 if attempt is not None:
                     self.events.publish(KVTransferred, attempt, message)
                     attempt.routed.record_landing(message)
-            case KVLanded():
-                self.counters.transfer_failed(f"{message.request_id} on {channel.name}: {message.error}")
-                if attempt is not None:
-                    attempt.kv_failed(message.error)
+            case KVFailed():  # the one route of a KV failure to its try, from either side
+                if attempt is not None and attempt.kv_failed(message):  # counted once, as the try acts on it
+                    where = f"{message.request_id} on {channel.name} ({message.side} side)"
+                    self.counters.transfer_failed(f"{where}: {message.reason}")
             case Renew():
                 # the prefill instance of the current try progressed: pass the renewal on
                 handle = self.links.handle_of(channel)

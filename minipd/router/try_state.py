@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from minipd.router.outcome import Outcome
 
 if TYPE_CHECKING:
-    from minipd.control.messages import CallError, TokenOutput
+    from minipd.control.messages import CallError, KVFailed, TokenOutput
     from minipd.engine.request import RequestOutput
     from minipd.policy.local_prefill import Placement
     from minipd.router.registry import InstanceHandle
@@ -29,10 +29,11 @@ class TryState:
         self.placement: Placement | None = None
         self.local = False  # prefilled on its decode instance (placed there, or recomputing)
         self.reserve_s = 0.0  # its reserve call on its decode instance, busy waits included
-        # while its KV moves: the prefill instance (its lease renewals are passed on), and what
-        # resolves when the decode instance says the KV will not land (`kv_failed`)
+        # while its KV moves: the prefill instance (its lease renewals are passed on); from the
+        # Reserve until the KV is in its decode instance's pool or given up (a recompute), its KV's
+        # fate: the one way a KV failure reaches the try, resolved by `kv_failed`
         self.prefilling: InstanceHandle | None = None
-        self.kv_failure: asyncio.Future[str] | None = None
+        self.kv_fate: asyncio.Future[KVFailed] | None = None
         self.outputs: asyncio.Queue[TokenOutput | CallError] | None = None  # set while an instance streams it
         # what its messages carry for the subscribers (request_events.TryStarted)
         self.traceparent: str | None = None  # the instances' parent span
@@ -46,7 +47,11 @@ class TryState:
         self.retried = False  # whether the request was tried again after it
         self.output: RequestOutput | None = None  # the request's final output, FINISHED
 
-    def kv_failed(self, error: str) -> None:
-        """The decode instance reports that the KV of this try will not land."""
-        if self.kv_failure is not None and not self.kv_failure.done():
-            self.kv_failure.set_result(error)
+    def kv_failed(self, failure: KVFailed) -> bool:
+        """An instance reports that the KV of this try will not land; True if this report decides
+        its fate (the first one while the try watches its KV; a later one, or one that comes
+        once the try gave its KV up, repeats a failure already acted on)."""
+        if self.kv_fate is None or self.kv_fate.done():
+            return False
+        self.kv_fate.set_result(failure)
+        return True

@@ -1,6 +1,6 @@
 """The instance's dispatch of work messages to its role handlers: what each role takes, and the
 one refusal of a work message the current role does not take (a call's CallError "invalid", a
-Decode's stream failure of kind kv_load) naming the instance, its role and the message; the
+Decode's `KVFailed`) naming the instance, its role and the message; the
 admission checks (role epoch) come before it, and a role switch changes the handler."""
 
 from __future__ import annotations
@@ -11,17 +11,17 @@ from types import SimpleNamespace
 import pytest
 
 from minipd.control.messages import (
-    FAILURE_KV_LOAD,
+    KV_SIDE_DECODE,
     STALE_EPOCH,
     CallError,
     Decode,
     Fingerprint,
     Generate,
     Heartbeat,
+    KVFailed,
     Message,
     Prefill,
     Reserve,
-    TokenOutput,
 )
 from minipd.control.role import INSTANCE_ROLES, Role
 from minipd.disagg import instance as instance_module
@@ -115,10 +115,8 @@ def test_a_role_gets_what_it_takes_and_the_rest_is_refused_in_one_shape(monkeypa
         [answer] = channel.sent
         takes = ", ".join(k.__name__ for k in instance.handler.accepts)
         reason = f"inst-0 is a {role.value} instance; it does not take {kind.__name__} (it takes {takes})"
-        if kind is Decode:  # a stream request: its failure, which the router takes as KV that did not load
-            assert isinstance(answer, TokenOutput) and answer.request_id == message.request_id
-            assert answer.failure_kind == FAILURE_KV_LOAD and answer.output.error == reason
-            assert answer.output.finished and answer.output.finish_reason == "abort"
+        if kind is Decode:  # no reservation here: the one report of KV that did not load, no stream
+            assert answer == KVFailed(request_id=message.request_id, reason=reason, side=KV_SIDE_DECODE)
         else:  # a call: its reply
             assert answer == CallError(
                 message=reason, kind="invalid", request_id=message.request_id, call_id=message.call_id

@@ -10,36 +10,22 @@ import time
 import types
 
 import pytest
+from scripted_instances import PARAMS, PROMPT, add_scripted, prefilled, reserved, token_output
 
 from minipd.control.messages import (
-    PROTOCOL_VERSION,
     Decode,
-    Fingerprint,
     Generate,
     KVLanded,
     Prefill,
-    Prefilled,
     Reserve,
-    Reserved,
-    Stats,
-    TokenOutput,
-    Welcome,
 )
 from minipd.control.role import Role
 from minipd.engine.request import RequestOutput
-from minipd.engine.sampling_params import SamplingParams
-from minipd.models.arch.model_config import PRESETS
 from minipd.router import request_events
 from minipd.router.outcome import Outcome
-from minipd.router.registry import InstanceHandle
 from minipd.router.request_events import EVENTS, FirstToken, RequestEnded, TryEnded
 from minipd.router.router import Router
 from minipd.router.router_config import RouterConfig
-
-BS = 16
-FINGERPRINT = Fingerprint(PROTOCOL_VERSION, PRESETS["tiny"], "digest", "float32", BS, "layout")
-PROMPT = list(range(3, 3 + 4 * BS))
-PARAMS = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
 
 
 class ScriptedChannel:
@@ -55,19 +41,9 @@ class ScriptedChannel:
         if self.fail is not None:
             raise self.fail
         if isinstance(message, Reserve):
-            return Reserved(num_cached_tokens=0, dst_block_ids=list(range(4)), lease_s=10.0)
+            return reserved()
         assert isinstance(message, Prefill)
-        now = time.time()
-        return Prefilled(
-            first_token=7,
-            num_cached_tokens=0,
-            num_bytes=4096,
-            compute_s=0.001,
-            transfer_s=0.001,
-            exposed_s=0.0,
-            compute_end_at=now,
-            first_write_at=now,
-        )
+        return prefilled()
 
     def send(self, message) -> None:
         if isinstance(message, (Decode, Generate)):
@@ -78,34 +54,13 @@ class ScriptedChannel:
             self.router._on_message(self, KVLanded(request_id=wire_id, landed_at=time.time()))
         for n in range(1, 4):
             await asyncio.sleep(0)
-            output = RequestOutput(
-                request_id=wire_id,
-                token_ids=[10 + n],
-                text="x",
-                finished=n == 3,
-                finish_reason="length" if n == 3 else None,
-                num_prompt_tokens=len(PROMPT),
-                num_output_tokens=n,
-            )
-            self.router._on_message(self, TokenOutput(request_id=wire_id, output=output))
+            self.router._on_message(self, token_output(wire_id, n))
 
 
 def instance(router: Router, instance_id: str, role: Role, free: int = 50, fail: BaseException | None = None) -> None:
-    welcome = Welcome(instance_id=instance_id, role=role, fingerprint=FINGERPRINT, max_model_len=512, max_num_seqs=8)
     channel = ScriptedChannel(instance_id, fail)
     channel.router = router
-    handle = InstanceHandle(welcome, channel, ("127.0.0.1", 0))
-    handle.stats = Stats(
-        instance_id=instance_id,
-        role=role,
-        num_running=0,
-        num_waiting=0,
-        num_free_blocks=free,
-        num_used_blocks=100 - free,
-        num_cached_blocks=0,
-        num_blocks=100,
-    )
-    router.registry.add(handle)
+    add_scripted(router, instance_id, role, channel, free)
 
 
 class Recorder:
