@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from benchmarks.kvtier.kvtier_bench import REDIS_SERVER
 from minipd.disagg.fingerprint import engine_fingerprint, kv_tier_digest
 from minipd.disagg.tier_wire import TierWire
 from minipd.engine.engine import Engine, EngineConfig
@@ -24,7 +25,6 @@ from minipd.kvtier.fake_backend import FakeBackend
 from minipd.kvtier.open_tier import open_kv_tier
 from minipd.kvtier.tier import KVTier
 
-REDIS_SERVER = "/usr/bin/redis-server"
 BLOCK_SIZE = 16
 
 

@@ -105,7 +105,7 @@ async def _run_arm(arm: str, args: argparse.Namespace, window: list[TraceRequest
 
 
 async def _replay(args, window: list[TraceRequest], engines: list[Engine], wires: list[TierWire | None]) -> dict:
-    scaling = Scaling(args.block_tokens, args.max_blocks, TAIL_TOKENS, min(engines[0].model_config.vocab_size, 32000))
+    scaling = Scaling(args.block_tokens, TAIL_TOKENS, min(engines[0].model_config.vocab_size, 32000))
     prompts = [scaling.prompt(r) for r in window]
     began = time.perf_counter()
 

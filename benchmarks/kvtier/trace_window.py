@@ -40,10 +40,10 @@ class TraceRequest:
 
 @dataclass(frozen=True)
 class Scaling:
-    """How hash ids become token ids (the module docstring)."""
+    """How hash ids become token ids (the module docstring); the cap on hash ids a prompt is
+    `read_window`'s."""
 
     block_tokens: int
-    max_blocks: int
     tail_tokens: int
     vocab: int
 

@@ -184,11 +184,11 @@ class Instance(ControlServer):
 
     async def serve(self, host: str, port: int) -> int:
         """Start the control-plane server; returns the bound port."""
-        port = await super().serve(host, port)
-        self.reservations.start()
-        self.kv_events = KVEventPublisher(self.engine.block_manager)
+        self.kv_events = KVEventPublisher(self.engine.block_manager)  # before a router can subscribe
         if self.tier_wire is not None:
             self.tier_wire.on_stored = self.kv_events.tier_stored
+        port = await super().serve(host, port)
+        self.reservations.start()
         return port
 
     async def close(self) -> None:
