@@ -3,12 +3,13 @@ KV tier holds, fed by the instances' `KVEvents` (disagg/kv_event_publisher.py), 
 
 Hashes are the engine's chained block hashes (`chain_hashes`): a hash names its whole prefix,
 so an instance's match for a prompt is the count of the prompt's leading hashes it holds.
-`match(instance, hashes)` is what placement weighs: the longer of the instance's own match and
-the tier's (an instance with the tier fetches what the tier holds).
+`match(instance, hashes)` is the longer of the instance's own match and the tier's (an instance
+with the tier fetches what the tier holds); placement (registry.py) adds what it routed there
+and no event has said was dropped.
 
 Holders: an instance id, or `TIER`. An instance's entries go with `forget` (it was lost, or
 switched roles: its pool was reset) and with its AllBlocksCleared; one that never published is
-`known` False, and placement falls back on what the router routed there. Bounded: an instance
+not `known`. Bounded: an instance
 holds at most `max_per_instance` entries (more is a misbehaving instance: the excess is
 ignored, and counted); the tier's entries are kept least recently stored first out past
 `max_tier` (the tier evicts silently, so its entries may be stale: a stale one costs a
@@ -26,6 +27,7 @@ from typing import Callable, Iterable
 from minipd.control.messages import KV_MEDIUM_TIER, AllBlocksCleared, BlockRemoved, BlockStored
 
 TIER = "tier"  # the holder name of the shared KV tier
+_NOTHING: set[int] = set()
 DEFAULT_MAX_PER_INSTANCE = 1 << 20
 DEFAULT_MAX_TIER = 1 << 20
 
@@ -41,6 +43,10 @@ class PrefixIndex:
     def known(self, instance_id: str) -> bool:
         """Whether `instance_id` has published (its entries are what it holds, not a guess)."""
         return instance_id in self._held
+
+    def held(self, instance_id: str) -> set[int]:
+        """What `instance_id` holds, as far as its events say (empty if none); not to be changed."""
+        return self._held.get(instance_id, _NOTHING)
 
     def holders(self, block_hash: int) -> set[str]:
         """Every holder of `block_hash`: instance ids, and TIER when the tier holds it."""

@@ -1,9 +1,10 @@
 """The router's view of its instances: connections, compatibility, load, and picking.
 
-Prefill is picked by prefix-cache overlap minus queue load. The overlap comes from the
-prefix index (prefix_index.py), fed by the instances' KV events: an instance's own longest
-match, or the shared KV tier's where the instance has the tier; for an instance that has not
-published (yet), what the router sent there stands in (`remember_prefix`). decode by free KV blocks and running
+Prefill is picked by prefix-cache overlap minus queue load. The overlap: an instance's longest
+run of the prompt's leading blocks that its KV events say it holds (the prefix index,
+prefix_index.py) or that the router sent there since (`remember_prefix`: a prompt still being
+prefilled has published nothing yet) and no event said it dropped; or the shared KV tier's
+run, where the instance has the tier. decode by free KV blocks and running
 requests. Load figures combine the instance's last reported `Stats` with what the router
 has in flight there since. Only live instances are picked: not lost, not evicted (declared
 dead), not draining (for a role switch or a shutdown); and one whose stats are stale (it did
@@ -19,12 +20,21 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from typing import Iterable, Iterator, NamedTuple
+from typing import Container, Iterable, Iterator, NamedTuple
 
 import msgspec
 
 from minipd.control.channel import Channel, ChannelClosed, RemoteError
-from minipd.control.messages import Fingerprint, GetStats, PeerLost, Stats, Welcome
+from minipd.control.messages import (
+    KV_MEDIUM_LOCAL,
+    AllBlocksCleared,
+    BlockRemoved,
+    Fingerprint,
+    GetStats,
+    PeerLost,
+    Stats,
+    Welcome,
+)
 from minipd.control.role import Role
 from minipd.engine.block_manager import chain_hashes
 from minipd.router.prefix_index import PrefixIndex
@@ -105,14 +115,24 @@ class InstanceHandle:
         self.welcome = msgspec.structs.replace(self.welcome, role=role, epoch=epoch)
         self._prefix_hashes.clear()
 
-    def prefix_overlap(self, hashes: list[int]) -> int:
-        """Leading full blocks of the prompt this instance probably still caches."""
+    def prefix_overlap(self, hashes: list[int], held: Container[int] = ()) -> int:
+        """Leading full blocks of the prompt this instance probably still caches: sent there
+        (`remember_prefix`) or `held` (what its KV events say)."""
         n = 0
         for h in hashes:
-            if h not in self._prefix_hashes:
+            if h not in self._prefix_hashes and h not in held:
                 break
             n += 1
         return n
+
+    def forget_prefixes(self, events: Iterable) -> None:
+        """What the instance's KV events say its own cache dropped is no longer guessed held."""
+        for event in events:
+            if isinstance(event, BlockRemoved) and event.medium == KV_MEDIUM_LOCAL:
+                for h in event.block_hashes:
+                    self._prefix_hashes.pop(h, None)
+            elif isinstance(event, AllBlocksCleared) and event.medium == KV_MEDIUM_LOCAL:
+                self._prefix_hashes.clear()
 
     def free_blocks(self) -> int:
         return self.stats.num_free_blocks if self.stats else 0
@@ -155,6 +175,7 @@ class InstanceRegistry:
         """`handle`'s KV events into the prefix index, if it is the registered instance of its id."""
         if handle is not None and self.instances.get(handle.instance_id) is handle:
             self.prefix_index.apply(handle.instance_id, events)
+            handle.forget_prefixes(events)
 
     def remove(self, instance_id: str) -> InstanceHandle | None:
         self.prefix_index.forget(instance_id)
@@ -214,13 +235,12 @@ class InstanceRegistry:
         return chain_hashes(token_ids, self.block_size)
 
     def overlap(self, handle: InstanceHandle, hashes: list[int]) -> int:
-        """Leading blocks of `hashes` that `handle` would not compute: the index's (its own, or
-        the tier's when it has the tier), else what the router sent there."""
-        index = self.prefix_index
+        """Leading blocks of `hashes` that `handle` would not compute: those its KV events say
+        it holds or the router sent there since (and no event said it dropped), or the tier's
+        when it has the tier."""
         has_tier = handle.stats is not None and handle.stats.kv_tier is not None
-        tier = index.tier_match(hashes) if has_tier else 0
-        own = index.local_match(handle.instance_id, hashes) if index.known(handle.instance_id) else None
-        return max(handle.prefix_overlap(hashes) if own is None else own, tier)
+        tier = self.prefix_index.tier_match(hashes) if has_tier else 0
+        return max(handle.prefix_overlap(hashes, self.prefix_index.held(handle.instance_id)), tier)
 
     def pick_prefill(self, hashes: list[int], exclude: set[str] = frozenset()) -> PrefillChoice:
         """The prefill instance with the most of the prompt's leading blocks (`overlap`) less
