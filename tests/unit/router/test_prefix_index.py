@@ -1,7 +1,7 @@
 """The router's prefix index on its own and in prefill picking: stored, removed and cleared
 events move an instance's longest match; the tier's entries count for an instance with the
-tier only; a lost instance's entries go; caps hold; and an instance that published is judged
-by its events, not by what the router sent it."""
+tier only; a lost instance's entries go; caps hold; and what the router sent an instance counts
+until its events say it was dropped."""
 
 from __future__ import annotations
 
@@ -79,6 +79,18 @@ def test_picking_follows_the_events_not_what_was_routed():
     r.kv_events(a, [stored(hashes[:4]), BlockRemoved(block_hashes=hashes[:1])])  # ...but a evicted its first block
     choice = r.pick_prefill(hashes)
     assert choice.instance is b and choice.num_cached_tokens == 2 * BS
+
+
+def test_a_prompt_routed_but_not_yet_published_still_draws_its_followers():
+    a, b = handle("p-a", Role.PREFILL), handle("p-b", Role.PREFILL)
+    r = registry(a, b)
+    hashes = r.prompt_hashes(PROMPT)
+    r.kv_events(a, [AllBlocksCleared()])  # both published: empty caches
+    r.kv_events(b, [stored(hashes[:1])])
+    a.remember_prefix(hashes, capacity=100)  # the router just sent the prompt to a
+    assert r.pick_prefill(hashes).instance is a
+    r.kv_events(a, [AllBlocksCleared()])  # a's pool was reset
+    assert r.pick_prefill(hashes).instance is b
 
 
 def test_the_tier_counts_only_for_an_instance_with_the_tier():
