@@ -160,7 +160,7 @@ class BlockStored(msgspec.Struct, tag="block_stored", tag_field="kind", frozen=T
     parent_block_hash: int | None
     block_size: int
     medium: KVMedium = KV_MEDIUM_LOCAL
-    token_ids: Annotated[list[int], msgspec.Meta(max_length=0)] | None = None
+    token_ids: None = None  # vLLM's field, never filled here: a message stays a list of hashes
 
 
 class BlockRemoved(msgspec.Struct, tag="block_removed", tag_field="kind", frozen=True):
