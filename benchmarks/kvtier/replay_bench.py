@@ -45,15 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", metavar="FILE", help="replay this Mooncake trace (JSONL) instead of the chat")
     parser.add_argument("--window", type=int, default=400, help="trace requests replayed (default: %(default)s)")
     parser.add_argument("--start", type=int, default=0, help="the window's first request (default: %(default)s)")
-    parser.add_argument("--compress", type=float, default=10.0, help="trace time / replay time (default: %(default)s)")
+    parser.add_argument("--compress", type=float, default=2.0, help="trace time / replay time (default: %(default)s)")
     parser.add_argument("--block-tokens", type=int, default=32, help="token ids a hash id (default: %(default)s)")
     parser.add_argument("--max-blocks", type=int, default=8, help="hash ids a prompt at most (default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> dict:
     if args.quick:
-        args.model, args.instances, args.num_blocks, args.answer_tokens = "tiny", 2, 24, 4
-        args.window, args.compress, args.block_tokens, args.max_blocks = 200, 20.0, 16, 8
+        args.model, args.instances, args.num_blocks, args.answer_tokens = "tiny", 2, 64, 4
+        args.window, args.compress, args.block_tokens, args.max_blocks = 200, 5.0, 16, 8
     if min(args.window, args.block_tokens, args.max_blocks, args.instances) < 1 or args.compress <= 0:
         raise ValueError("--window, --block-tokens, --max-blocks, --instances and --compress must be positive")
     if args.block_tokens % BLOCK_SIZE:
