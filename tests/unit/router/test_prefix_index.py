@@ -1,6 +1,7 @@
 """The router's prefix index on its own and in prefill picking: stored, removed and cleared
 events move an instance's longest match; the tier's entries count for an instance with the
-tier only; a lost instance's entries go; caps hold; and what the router sent an instance counts
+tier only, so a prompt the tier holds whole goes straight to a decode instance with the tier;
+a lost instance's entries go; caps hold; and what the router sent an instance counts
 until its events say it was dropped."""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from test_picking_units import BS, PROMPT, handle, registry
 from minipd.control.kv_tier_report import KVTierReport
 from minipd.control.messages import KV_MEDIUM_TIER, AllBlocksCleared, BlockRemoved, BlockStored, KVEvents
 from minipd.control.role import Role
+from minipd.router.prefill_site import decide_placement
 from minipd.router.prefix_index import TIER, PrefixIndex
+from minipd.router.router_config import RouterConfig
 
 
 def stored(hashes, medium="local"):
@@ -103,6 +106,22 @@ def test_the_tier_counts_only_for_an_instance_with_the_tier():
     b.stats = msgspec.structs.replace(b.stats, kv_tier=KVTierReport())
     choice = r.pick_prefill(hashes)
     assert choice.instance is b and choice.num_cached_tokens == len(hashes) * BS
+
+
+def test_a_prompt_the_tier_holds_whole_goes_straight_to_a_decode_instance_with_the_tier():
+    decode, prefill = handle("d", Role.DECODE), handle("p", Role.PREFILL)
+    r = registry(decode, prefill)
+    prompt = PROMPT + [7]  # five full blocks and one token: the last token always runs
+    hashes = r.prompt_hashes(prompt)
+    r.kv_events(prefill, [stored(hashes, KV_MEDIUM_TIER)])
+
+    def placement():
+        uncached = len(prompt) - r.overlap(decode, hashes) * BS
+        return decide_placement(decode, [prefill], len(prompt), uncached, 8, BS, RouterConfig().local_prefill)
+
+    assert not placement().is_local  # without the tier, decode would compute all of it
+    decode.stats = msgspec.structs.replace(decode.stats, kv_tier=KVTierReport())
+    assert placement().is_local  # it fetches the prompt from the tier, and prefills one token
 
 
 def test_a_lost_instance_leaves_the_index_and_its_late_events_are_ignored():
