@@ -4,7 +4,7 @@ Prefill is picked by prefix-cache overlap minus queue load. The overlap: an inst
 run of the prompt's leading blocks that its KV events say it holds (the prefix index,
 prefix_index.py) or that the router sent there since (`remember_prefix`: a prompt still being
 prefilled has published nothing yet) and no event said it dropped; or the shared KV tier's
-run, where the instance has the tier. decode by free KV blocks and running
+run, where the instance has the tier. Decode is picked by free KV blocks and running
 requests. Load figures combine the instance's last reported `Stats` with what the router
 has in flight there since. Only live instances are picked: not lost, not evicted (declared
 dead), not draining (for a role switch or a shutdown); and one whose stats are stale (it did
