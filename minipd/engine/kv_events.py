@@ -7,8 +7,9 @@ start), `removed` (hashes evicted), `cleared` (everything forgotten: a pool rese
 `block_manager.chain_hashes`, the same in every process.
 
 Bounded: at most `max_pending` hashes wait to be taken. Past that, everything pending is
-dropped and `take` reports `overflowed`: the reader must then treat its view as unknown and
-start again from a snapshot of the cache (AllBlocksCleared, then what is cached now).
+dropped, nothing more is recorded until the next `take`, and that reports `overflowed`: the
+reader must then treat its view as unknown and start again from a snapshot of the cache
+(AllBlocksCleared, then what is cached now).
 `on_pending` is called (on the thread that records) when the first event since the last
 `take` is recorded, so a publisher can wake once per batch.
 """
@@ -49,7 +50,7 @@ class KVEventLog:
     def stored(self, hash_: int, parent: int | None) -> None:
         """One block registered under `hash_`, after the block `parent` (None: the first)."""
         last = self._events[-1] if self._events else None
-        if isinstance(last, Stored) and last.hashes[-1] == parent:
+        if isinstance(last, Stored) and last.hashes[-1] == parent and not self._overflowed:
             last.hashes.append(hash_)
             self._count(1)
         else:
@@ -57,7 +58,7 @@ class KVEventLog:
 
     def removed(self, hash_: int) -> None:
         last = self._events[-1] if self._events else None
-        if isinstance(last, Removed):
+        if isinstance(last, Removed) and not self._overflowed:
             last.hashes.append(hash_)
             self._count(1)
         else:
@@ -65,8 +66,9 @@ class KVEventLog:
 
     def cleared(self) -> None:
         """Everything forgotten: what was pending no longer matters."""
-        self._events.clear()
-        self._num_hashes = 0
+        if not self._overflowed:
+            self._events.clear()
+            self._num_hashes = 0
         self._add(Cleared(), 0)
 
     def take(self) -> tuple[bool, list[KVEvent]]:
@@ -76,7 +78,9 @@ class KVEventLog:
         return taken
 
     def _add(self, event: KVEvent, num_hashes: int) -> None:
-        first = not self._events and not self._overflowed
+        if self._overflowed:  # the reader starts again from a snapshot: nothing before it counts
+            return
+        first = not self._events
         self._events.append(event)
         self._count(num_hashes)
         if first and self.on_pending is not None:
