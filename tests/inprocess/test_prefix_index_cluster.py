@@ -5,11 +5,9 @@ holds part of it, not to the one the router last sent it to."""
 
 from __future__ import annotations
 
-from disagg_helpers import BLOCK_SIZE, CONFIG, LOCAL_PREFILL_MAX_TOKENS
+from disagg_helpers import BLOCK_SIZE, two_prefill_cluster
 
 from minipd.engine.sampling_params import SamplingParams
-from minipd.entrypoints.inprocess_cluster import InProcessCluster
-from minipd.router.router_config import RouterConfig
 
 WAIT_S = 10.0
 GREEDY = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
@@ -23,12 +21,7 @@ async def _transfer(cluster, prompt):
 
 def test_an_eviction_moves_the_prefill_to_the_instance_still_holding_the_prefix(loop_thread):
     async def run():
-        async with await InProcessCluster.start(
-            CONFIG,
-            num_prefill=2,
-            num_decode=1,
-            router_config=RouterConfig(local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS),
-        ) as cluster:
+        async with await two_prefill_cluster() as cluster:
             registry = cluster.router.registry
             index, hashes = registry.prefix_index, registry.prompt_hashes(BASE)
             first = await _transfer(cluster, BASE + [50] * 20)
