@@ -26,26 +26,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
-import os
 import random
 import statistics
-import time
 
+from benchmarks.kvtier import replay_bench
+from benchmarks.kvtier.bench_cluster import default_store, instances, serve_one
 from benchmarks.kvtier.kvtier_bench import redis_url
 from benchmarks.loadgen.processes import Processes
-from minipd.disagg.fingerprint import engine_fingerprint, kv_tier_digest
 from minipd.disagg.tier_wire import TierWire
-from minipd.engine.engine import Engine, EngineConfig
+from minipd.engine.engine import Engine
 from minipd.engine.sampling_params import SamplingParams
-from minipd.kvtier.fake_backend import FakeBackend
-from minipd.kvtier.open_tier import open_kv_tier
-from minipd.kvtier.tier import KVTier
 
 ARMS = ("no_tier", "cache_aware", "tier")
-REDIS_SERVER = "/usr/bin/redis-server"
 DRAIN_S = 30.0
-BLOCK_SIZE = 16
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,13 +52,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-blocks", type=int, default=96, help="each instance's pool (default: %(default)s)")
     parser.add_argument("--store", choices=("redis", "fake"), default=None, help="(default: redis if installed)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run (the tiny model)")
+    replay_bench.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.trace:
+        return replay_bench.run(args)
     if args.quick:
         args.model, args.users, args.rounds, args.instances = "tiny", 4, 3, 2
         args.system_tokens, args.message_tokens, args.answer_tokens, args.num_blocks = 64, 32, 8, 24
-    store = args.store or ("redis" if _redis_installed() else "fake")
+    store = default_store(args.store)
     with Processes() as processes:
         url = redis_url(processes) if store == "redis" else None
         arms = {arm: asyncio.run(_run_arm(arm, args, url)) for arm in ARMS}
@@ -97,37 +93,10 @@ def _same_share(answers: list, reference: list) -> float:
     return sum(a == b for a, b in zip(answers, reference)) / max(1, len(reference))
 
 
-def _redis_installed() -> bool:
-    return importlib.util.find_spec("redis") is not None and os.path.exists(REDIS_SERVER)
-
-
 async def _run_arm(arm: str, args: argparse.Namespace, url: str | None) -> dict:
-    config = EngineConfig.of(
-        model=args.model,
-        dtype="float32" if args.model == "tiny" else "auto",
-        block_size=BLOCK_SIZE,
-        num_blocks=args.num_blocks,
-        max_model_len=args.system_tokens + args.rounds * (args.message_tokens + args.answer_tokens) + 8,
-        torch_threads=1,
-    )
-    engines = [Engine(config) for _ in range(args.instances)]
-    wires: list[TierWire | None] = [None] * len(engines)
-    try:
-        for engine in engines:
-            await engine.start()
-        if arm == "tier":
-            digest = kv_tier_digest(engine_fingerprint(engines[0]))
-            fake = FakeBackend()
-            for i, engine in enumerate(engines):
-                tier = await open_kv_tier(url, digest, BLOCK_SIZE) if url else KVTier(fake, digest, BLOCK_SIZE)
-                wires[i] = TierWire(engine, tier)
-        return await _conversations(arm, args, engines, wires)
-    finally:
-        for wire in wires:
-            if wire is not None:
-                await wire.close()
-        for engine in engines:
-            await engine.close()
+    max_model_len = args.system_tokens + args.rounds * (args.message_tokens + args.answer_tokens) + 8
+    async with instances(args.model, args.num_blocks, max_model_len, args.instances, arm == "tier", url) as cluster:
+        return await _conversations(arm, args, *cluster)
 
 
 async def _conversations(arm: str, args, engines: list[Engine], wires: list[TierWire | None]) -> dict:
@@ -143,19 +112,13 @@ async def _conversations(arm: str, args, engines: list[Engine], wires: list[Tier
         index = user if arm == "cache_aware" else user + round_
         engine, wire = engines[index % len(engines)], wires[index % len(engines)]
         prompt = histories[user] + [rng.randrange(3, vocab) for _ in range(args.message_tokens)]
-        start = time.perf_counter()
-        fetched = await wire.prefetch(prompt) if wire is not None else 0
-        ttft, tokens, cached = None, [], 0
-        async for out in engine.generate(prompt, params):
-            ttft = ttft if ttft is not None else time.perf_counter() - start
-            tokens += out.token_ids
-            cached = out.num_cached_tokens
-        histories[user] = prompt + tokens
-        answers.append((user, round_, tokens))
+        served = await serve_one(engine, wire, prompt, params)
+        histories[user] = prompt + served.tokens
+        answers.append((user, round_, served.tokens))
         totals["prompt"] += len(prompt)
-        totals["cached"] += cached
-        totals["tier"] += fetched
-        return ttft * 1000
+        totals["cached"] += served.cached
+        totals["tier"] += served.fetched
+        return served.ttft_ms
 
     for round_ in range(args.rounds):
         ttfts = await asyncio.gather(*(turn(u, round_) for u in range(args.users)))
@@ -177,6 +140,8 @@ async def _conversations(arm: str, args, engines: list[Engine], wires: list[Tier
 
 
 def print_table(result: dict) -> None:
+    if "hit_rate_bound" in result:
+        return replay_bench.print_table(result)
     print(
         f"multi-turn: {result['users']} users x {result['rounds']} rounds on {result['instances']} instances "
         f"({result['num_blocks']} blocks each), {result['model']}, store {result['store']}"
@@ -194,6 +159,8 @@ def print_table(result: dict) -> None:
 
 
 def plot(result: dict, path: str) -> None:
+    if "hit_rate_bound" in result:
+        return replay_bench.plot(result, path)
     import matplotlib
 
     matplotlib.use("Agg")

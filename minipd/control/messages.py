@@ -22,7 +22,8 @@ from minipd.tracing.traceparent import TRACEPARENT_CHARS, TRACEPARENT_PATTERN
 PROTOCOL_VERSION = 6  # 2: the handshake authenticates with the cluster secret; 3: liveness, role epochs;
 # 4: SetLinkCap, traceparent on work messages, KVLanded.adopt_s, Stats step and refusal counts;
 # 5: Welcome.start_nonce, and the server's proof covers the instance id and it
-# 6: KVFailed, the one report of a KV that will not land (no CallError "transfer", no KVLanded.error)
+# 6: KVFailed, the one report of a KV that will not land (no CallError "transfer", no KVLanded.error);
+#    KVEvents (the router's prefix index)
 # TokenOutput.failure_kind, and CallError.kind, of requests that failed for this reason:
 FAILURE_SHUTDOWN = "shutdown"  # the instance is shutting down and took nothing new
 # KVFailed.side: the instance that saw the KV fail
@@ -140,6 +141,52 @@ class Evict(Message, tag="evict"):
 
 class Draining(Message, tag="draining"):
     """Instance -> router: shutting down; route nothing new here (requests under way finish)."""
+
+
+# The prefix index (router/prefix_index.py): what an instance's prefix cache, or the shared KV
+# tier through it, gained and lost, in the shape of vLLM's KV events. Hashes are the engine's
+# chained block hashes (engine/block_manager.py:chain_hashes). Bounded: a message carries at
+# most MAX_KV_EVENTS events of at most MAX_KV_EVENT_HASHES hashes each, and the publisher puts
+# at most KV_EVENTS_MESSAGE_HASHES hashes in one (about 10 KiB, under every frame cap).
+MAX_KV_EVENTS = 64
+MAX_KV_EVENT_HASHES = 256
+KV_EVENTS_MESSAGE_HASHES = 1024
+BlockHashes = Annotated[list[int], msgspec.Meta(max_length=MAX_KV_EVENT_HASHES)]
+KV_MEDIUM_LOCAL, KV_MEDIUM_TIER = "local", "tier"
+KVMedium = Literal["local", "tier"]
+
+
+class BlockStored(msgspec.Struct, tag="block_stored", tag_field="kind", frozen=True):
+    """Blocks now held, in chain order; `parent_block_hash` the block before the first (None:
+    the prompt's start). `token_ids` are never sent (the hashes name the prefix)."""
+
+    block_hashes: BlockHashes
+    parent_block_hash: int | None
+    block_size: int
+    medium: KVMedium = KV_MEDIUM_LOCAL
+    token_ids: None = None  # vLLM's field, never filled here: a message stays a list of hashes
+
+
+class BlockRemoved(msgspec.Struct, tag="block_removed", tag_field="kind", frozen=True):
+    block_hashes: BlockHashes
+    medium: KVMedium = KV_MEDIUM_LOCAL
+
+
+class AllBlocksCleared(msgspec.Struct, tag="all_blocks_cleared", tag_field="kind", frozen=True):
+    """Everything held in `medium` forgotten (a pool reset, or a resync before a snapshot)."""
+
+    medium: KVMedium = KV_MEDIUM_LOCAL
+
+
+class SubscribeKVEvents(Message, tag="subscribe_kv_events"):
+    """Router -> instance, once it registered the instance: send me `KVEvents`, a snapshot of
+    what is cached now first (no reply)."""
+
+
+class KVEvents(Message, tag="kv_events"):
+    """Instance -> router: a batch of prefix-cache events, oldest first (no reply)."""
+
+    events: Annotated[list[BlockStored | BlockRemoved | AllBlocksCleared], msgspec.Meta(max_length=MAX_KV_EVENTS)]
 
 
 class CallError(Reply, tag="error"):
@@ -405,4 +452,6 @@ AnyMessage = (
     | Heartbeat
     | Evict
     | Draining
+    | SubscribeKVEvents
+    | KVEvents
 )

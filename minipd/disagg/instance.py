@@ -6,8 +6,9 @@ three (colocated_role.py), and every role `Generate` (role_handler.py). It admit
 (not while shutting down, nor under a stale role epoch), answers a work message its role
 does not take with the one refusal (`refuse_unaccepted`), and answers itself what is the same
 in every role: `Abort`, `Renew`, `PeerLost`, `Evict`, `GetStats`, `SwitchRole` (an in-place
-role switch; new work carries the role epoch it was meant for, see role_switch.py) and
-`SetLinkCap` (the transport's egress cap, at runtime).
+role switch; new work carries the role epoch it was meant for, see role_switch.py),
+`SetLinkCap` (the transport's egress cap, at runtime) and `SubscribeKVEvents` (the prefix
+cache's changes, to the router's prefix index: kv_event_publisher.py).
 
 Only routers may connect (with a cluster secret, only those that prove it), and the
 transport, given the same secret, takes KV only from the instance a reservation names, over
@@ -48,6 +49,7 @@ from minipd.control.messages import (
     Reserve,
     SetLinkCap,
     Stats,
+    SubscribeKVEvents,
     SwitchRole,
     Welcome,
 )
@@ -56,6 +58,7 @@ from minipd.control.server import ControlServer
 from minipd.disagg.colocated_role import ColocatedRole
 from minipd.disagg.decode_role import DecodeRole
 from minipd.disagg.fingerprint import engine_fingerprint, kv_tier_digest
+from minipd.disagg.kv_event_publisher import KVEventPublisher
 from minipd.disagg.link_cap import set_link_cap
 from minipd.disagg.prefill_role import PrefillRole
 from minipd.disagg.reservations import Reservations
@@ -117,6 +120,7 @@ class Instance(ControlServer):
         self.unrouted = asyncio.Event()  # set while no router is connected (registration watches it)
         self.unrouted.set()
         self.expired_leases: asyncio.Queue[str] = asyncio.Queue()  # request ids, for observers and tests
+        self.kv_events: KVEventPublisher | None = None  # the prefix cache's changes, to routers (from `serve`)
 
     @property
     def role(self) -> Role:
@@ -180,11 +184,16 @@ class Instance(ControlServer):
 
     async def serve(self, host: str, port: int) -> int:
         """Start the control-plane server; returns the bound port."""
+        self.kv_events = KVEventPublisher(self.engine.block_manager)  # before a router can subscribe
+        if self.tier_wire is not None:
+            self.tier_wire.on_stored = self.kv_events.tier_stored
         port = await super().serve(host, port)
         self.reservations.start()
         return port
 
     async def close(self) -> None:
+        if self.kv_events is not None:
+            self.kv_events.close()
         await self.close_connections()
         await self.reservations.close()
         if self.tier_wire is not None:  # before the engine: its stores hold blocks of the pool
@@ -276,6 +285,9 @@ class Instance(ControlServer):
                 self.transport.peer_lost(peer_id, message.reason, message.fenced)
                 for request_id in prefills:  # no KV can go there
                     await self.abort_request(request_id)
+            case SubscribeKVEvents():
+                if self.kv_events is not None:
+                    self.kv_events.subscribe(channel)
             case Evict():
                 await self.end_channel(channel, f"evicted by the router: {message.reason}")
             case GetStats():

@@ -24,7 +24,8 @@ staging buffer, because the pool is host memory the tier reads directly (Mooncak
 registered pool), and holding a few blocks for at most the bound costs less than copying every
 block. A put that outlives its bound may still read a block reused since: its checksum no
 longer matches and the first fetch refuses it (tier.py). Blocks already in the tier cost a
-lookup; over the bytes-in-flight bound a block is skipped and counted.
+lookup; over the bytes-in-flight bound a block is skipped and counted. A store with no failed
+block tells `on_stored` the prefix hashes the tier now holds (the router's prefix index).
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ import asyncio
 import bisect
 import logging
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from minipd.control.kv_tier_report import FETCH_BUCKETS_S, KVTierReport
 from minipd.disagg.tier_fetch_span import TierFetch, end_fetch_span, fetch_span
-from minipd.engine.block_manager import OutOfBlocks
+from minipd.engine.block_manager import OutOfBlocks, chain_hashes
 from minipd.engine.engine import Engine
 from minipd.engine.request import Request
 from minipd.kvtier.pool_buffers import block_buffers
@@ -66,6 +67,8 @@ class TierWire:
         self._idle = asyncio.Event()  # set while no store and no fetch is under way
         self._idle.set()
         self._fetching: dict[str, bool] = {}  # request id -> aborted while its fetch ran
+        # told the prefix hashes (block_manager.chain_hashes) of each store's blocks the tier now holds
+        self.on_stored: Callable[[list[int]], None] | None = None
         engine.on_finished = self._store_finished
 
     # ---- fetch ------------------------------------------------------------------------
@@ -176,7 +179,10 @@ class TierWire:
         try:
             pool = self.engine.kv_pool
             keys = self.tier.keys(token_ids)
-            await self.tier.store([TierBlock(k, block_buffers(pool, b)) for k, b in zip(keys, block_ids)])
+            result = await self.tier.store([TierBlock(k, block_buffers(pool, b)) for k, b in zip(keys, block_ids)])
+            if self.on_stored is not None and result.failed == 0:  # the admitted blocks lead: a prefix
+                held = result.stored + result.present
+                self.on_stored(chain_hashes(token_ids[: held * self.block_size], self.block_size))
         except Exception:  # the tier never raises for the store; anything else is a bug, not the request's
             log.exception("KV tier: storing %d blocks failed", len(block_ids))
         finally:

@@ -12,12 +12,17 @@ freed first (LRU).
 
 Ownership: every block id returned by `allocate`, `allocate_slots` or `reserve` carries one
 reference that the caller must give back with `free` exactly once.
+
+Changes to the prefix cache (registered, evicted, reset) are recorded in `events` when one is
+set (kv_events.py), on the thread that makes them.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict, deque
 from typing import Iterable, NamedTuple, Sequence
+
+from minipd.engine.kv_events import KVEventLog
 
 ROOT_HASH = 0  # parent hash of a sequence's first block
 
@@ -60,6 +65,7 @@ class BlockManager:
         self._hash_to_block: dict[int, int] = {}
         self._free_uncached: deque[int] = deque(range(num_blocks))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
+        self.events: KVEventLog | None = None  # set by whoever publishes the cache's changes
 
     # ---- accounting -------------------------------------------------------------------
     @property
@@ -108,8 +114,9 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
+        parent = None
         for i, h in enumerate(chain_hashes(token_ids[:num_computed], bs)):
-            block_id = block_ids[i]
+            block_id, previous, parent = block_ids[i], parent, h
             if self._block_hash[block_id] is not None:
                 continue
             if h in self._hash_to_block:  # same content already cached in another block
@@ -117,6 +124,12 @@ class BlockManager:
             self._block_hash[block_id] = h
             self._block_tokens[block_id] = tuple(token_ids[i * bs : (i + 1) * bs])
             self._hash_to_block[h] = block_id
+            if self.events is not None:
+                self.events.stored(h, previous)
+
+    def cached_hashes(self) -> list[int]:
+        """Every hash the prefix cache holds now (a snapshot for a reader of `events`)."""
+        return list(self._hash_to_block)
 
     # ---- allocation -------------------------------------------------------------------
     def allocate(self, token_ids: Sequence[int], num_tokens: int | None = None) -> tuple[list[int], int]:
@@ -202,6 +215,8 @@ class BlockManager:
         self._hash_to_block.clear()
         self._free_uncached = deque(range(self.num_blocks))
         self._free_cached.clear()
+        if self.events is not None:
+            self.events.cleared()
 
     # ---- internals --------------------------------------------------------------------
     def _num_free_among(self, block_ids: Sequence[int]) -> int:
@@ -230,5 +245,7 @@ class BlockManager:
         h = self._block_hash[block_id]
         if h is not None and self._hash_to_block.get(h) == block_id:
             del self._hash_to_block[h]
+            if self.events is not None:
+                self.events.removed(h)
         self._block_hash[block_id] = None
         self._block_tokens[block_id] = None

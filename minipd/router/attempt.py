@@ -178,7 +178,7 @@ class Attempt(TryState):
         hashes = registry.prompt_hashes(routed.token_ids)
         prefill, expected_cached = registry.pick_prefill(hashes, exclude=self.excluded)
         decode_epoch, prefill_epoch = decode.epoch, prefill.epoch if prefill is not None else None
-        uncached_on_decode = len(routed.token_ids) - decode.prefix_overlap(hashes) * registry.block_size
+        uncached_on_decode = len(routed.token_ids) - registry.overlap(decode, hashes) * registry.block_size
         candidates = registry.prefill_candidates(self.excluded)
         placement = decide_placement(
             decode,

@@ -27,7 +27,7 @@ from typing import Callable
 
 from minipd.control.channel import Channel, ChannelClosed, RemoteError
 from minipd.control.handshake import AuthenticationError, SharedSecret, open_channel
-from minipd.control.messages import Evict, GetStats, Message
+from minipd.control.messages import Evict, GetStats, Message, SubscribeKVEvents
 from minipd.control.role import Role
 from minipd.router.instance_identity import InstanceIdentity, WrongInstance, check_identity
 from minipd.router.registry import IncompatibleInstance, InstanceHandle, InstanceRegistry
@@ -187,6 +187,7 @@ class InstanceLinks:
             raise
         self._by_channel[channel] = handle
         handle.set_stats(settled)
+        channel.send(SubscribeKVEvents())  # its events from now on: the handle is there to take them
         if welcome.liveness_timeout_s > 0 and self.config.liveness_timeout_s > 0:
             channel.watch_liveness(
                 self.config.liveness_timeout_s,

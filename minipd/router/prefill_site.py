@@ -3,7 +3,10 @@
 `minipd.policy.local_prefill.place_prefill` decides (the same pure function the
 simulator runs); this module builds its input from what the router knows at pick time,
 without asking any instance:
-- the prompt's uncached part on the decode instance, from the prefixes the router sent it;
+- the prompt's uncached part on the decode instance (`InstanceRegistry.overlap`: what its KV
+  events say it holds, what the router sent it, or, with the shared KV tier, the tier's run:
+  a prompt the tier holds whole runs on the decode instance, which fetches it and skips
+  prefill);
 - the prefill pool's load: the least-loaded prefill instance's queued prompt tokens and
   prompts, counted by the router from pick to first token (real time, not polled);
 - the decode instance's room: its free KV from its last stats (polled every

@@ -1,7 +1,10 @@
 """The router's view of its instances: connections, compatibility, load, and picking.
 
-Prefill is picked by prefix-cache overlap (the router remembers which full-block prefixes it
-sent to each prefill instance) minus queue load; decode by free KV blocks and running
+Prefill is picked by prefix-cache overlap minus queue load. The overlap: an instance's longest
+run of the prompt's leading blocks that its KV events say it holds (the prefix index,
+prefix_index.py) or that the router sent there since (`remember_prefix`: a prompt still being
+prefilled has published nothing yet) and no event said it dropped; or the shared KV tier's
+run, where the instance has the tier. Decode is picked by free KV blocks and running
 requests. Load figures combine the instance's last reported `Stats` with what the router
 has in flight there since. Only live instances are picked: not lost, not evicted (declared
 dead), not draining (for a role switch or a shutdown); and one whose stats are stale (it did
@@ -17,14 +20,24 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from typing import Iterable, Iterator, NamedTuple
+from typing import Container, Iterable, Iterator, NamedTuple
 
 import msgspec
 
 from minipd.control.channel import Channel, ChannelClosed, RemoteError
-from minipd.control.messages import Fingerprint, GetStats, PeerLost, Stats, Welcome
+from minipd.control.messages import (
+    KV_MEDIUM_LOCAL,
+    AllBlocksCleared,
+    BlockRemoved,
+    Fingerprint,
+    GetStats,
+    PeerLost,
+    Stats,
+    Welcome,
+)
 from minipd.control.role import Role
 from minipd.engine.block_manager import chain_hashes
+from minipd.router.prefix_index import PrefixIndex
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +115,24 @@ class InstanceHandle:
         self.welcome = msgspec.structs.replace(self.welcome, role=role, epoch=epoch)
         self._prefix_hashes.clear()
 
-    def prefix_overlap(self, hashes: list[int]) -> int:
-        """Leading full blocks of the prompt this instance probably still caches."""
+    def prefix_overlap(self, hashes: list[int], held: Container[int] = ()) -> int:
+        """Leading full blocks of the prompt this instance probably still caches: sent there
+        (`remember_prefix`) or `held` (what its KV events say)."""
         n = 0
         for h in hashes:
-            if h not in self._prefix_hashes:
+            if h not in self._prefix_hashes and h not in held:
                 break
             n += 1
         return n
+
+    def forget_prefixes(self, events: Iterable) -> None:
+        """What the instance's KV events say its own cache dropped is no longer guessed held."""
+        for event in events:
+            if isinstance(event, BlockRemoved) and event.medium == KV_MEDIUM_LOCAL:
+                for h in event.block_hashes:
+                    self._prefix_hashes.pop(h, None)
+            elif isinstance(event, AllBlocksCleared) and event.medium == KV_MEDIUM_LOCAL:
+                self._prefix_hashes.clear()
 
     def free_blocks(self) -> int:
         return self.stats.num_free_blocks if self.stats else 0
@@ -131,6 +154,7 @@ class InstanceRegistry:
         # decode-capable instances lost and not registered again since: id -> how it was lost,
         # so a request finding no decode instance is told which died rather than nothing
         self.lost_decodes: OrderedDict[str, str] = OrderedDict()
+        self.prefix_index = PrefixIndex()
 
     def add(self, handle: InstanceHandle) -> None:
         """Register an instance; raises IncompatibleInstance when it cannot share KV with the others."""
@@ -147,7 +171,14 @@ class InstanceRegistry:
         self.instances[handle.instance_id] = handle
         self.lost_decodes.pop(handle.instance_id, None)
 
+    def kv_events(self, handle: InstanceHandle | None, events: list) -> None:
+        """`handle`'s KV events into the prefix index, if it is the registered instance of its id."""
+        if handle is not None and self.instances.get(handle.instance_id) is handle:
+            self.prefix_index.apply(handle.instance_id, events)
+            handle.forget_prefixes(events)
+
     def remove(self, instance_id: str) -> InstanceHandle | None:
+        self.prefix_index.forget(instance_id)
         return self.instances.pop(instance_id, None)
 
     def lose(self, handle: InstanceHandle, reason: str, fenced: bool) -> None:
@@ -203,16 +234,27 @@ class InstanceRegistry:
     def prompt_hashes(self, token_ids: list[int]) -> list[int]:
         return chain_hashes(token_ids, self.block_size)
 
+    def overlap(self, handle: InstanceHandle, hashes: list[int]) -> int:
+        """Leading blocks of `hashes` that `handle` would not compute: those its KV events say
+        it holds or the router sent there since (and no event said it dropped), or the tier's
+        when it has the tier."""
+        has_tier = handle.stats is not None and handle.stats.kv_tier is not None
+        tier = self.prefix_index.tier_match(hashes) if has_tier else 0
+        return max(handle.prefix_overlap(hashes, self.prefix_index.held(handle.instance_id)), tier)
+
     def pick_prefill(self, hashes: list[int], exclude: set[str] = frozenset()) -> PrefillChoice:
+        """The prefill instance with the most of the prompt's leading blocks (`overlap`) less
+        its queued prompt tokens; fewer requests in flight breaks ties."""
         candidates = self.prefill_candidates(exclude)
         if not candidates:
             return PrefillChoice(None, 0)
+        overlaps = {h.instance_id: self.overlap(h, hashes) for h in candidates}
 
         def score(h: InstanceHandle) -> tuple[int, int]:
-            return (h.prefix_overlap(hashes) * self.block_size - h.num_inflight_tokens, -h.num_inflight)
+            return (overlaps[h.instance_id] * self.block_size - h.num_inflight_tokens, -h.num_inflight)
 
         best = max(candidates, key=score)
-        return PrefillChoice(best, best.prefix_overlap(hashes) * self.block_size)
+        return PrefillChoice(best, overlaps[best.instance_id] * self.block_size)
 
     def pick_decode(self, exclude: set[str] = frozenset()) -> InstanceHandle | None:
         candidates = self.decode_candidates(exclude)

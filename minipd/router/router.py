@@ -46,6 +46,7 @@ from minipd.control.messages import (
     Abort,
     CallError,
     Draining,
+    KVEvents,
     KVFailed,
     KVLanded,
     Message,
@@ -359,6 +360,8 @@ class Router(GeneratesFromSubmit):
                 if handle is not None:
                     log.info("instance %s is shutting down: routing nothing new there", handle.instance_id)
                     handle.draining = True
+            case KVEvents():  # the prefix index: what the instance's cache (and the tier) now hold
+                self.registry.kv_events(self.links.handle_of(channel), message.events)
             case _:
                 log.warning("%s: unexpected %s", channel.name, type(message).__name__)
 

@@ -16,6 +16,7 @@ from disagg_helpers import (
     first_wave,
     prefix_wave,
     run_all,
+    two_prefill_cluster,
 )
 
 from minipd.control.channel import RemoteError
@@ -226,12 +227,7 @@ def test_instances_can_register_with_the_router_port(cluster, loop_thread):
 
 def test_router_prefers_the_prefill_instance_holding_the_prefix_and_spreads_load(loop_thread):
     async def run():
-        async with await InProcessCluster.start(
-            CONFIG,
-            num_prefill=2,
-            num_decode=1,
-            router_config=RouterConfig(local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS),
-        ) as two:
+        async with await two_prefill_cluster() as two:
             greedy = SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
             spread = await asyncio.gather(*(_transfer(two, [k] * 60 + list(range(20)), greedy) for k in range(4)))
             base = list(range(100, 180))

@@ -9,6 +9,8 @@ from engine_helpers import Completion
 
 from minipd.engine.engine import EngineConfig
 from minipd.engine.sampling_params import SamplingParams
+from minipd.entrypoints.inprocess_cluster import InProcessCluster
+from minipd.router.router_config import RouterConfig
 
 BLOCK_SIZE = 16
 LOCAL_PREFILL_MAX_TOKENS = 16
@@ -31,6 +33,13 @@ ENGINE_ARGV = [
 ROUTER_ARGV = ["--local-prefill-max-tokens", str(LOCAL_PREFILL_MAX_TOKENS)]
 MAX_TOKENS = 10
 SHARED_PREFIX_LEN = 3 * BLOCK_SIZE + 5
+
+
+async def two_prefill_cluster() -> InProcessCluster:
+    """Two prefill instances and one decode instance on CONFIG (prompts of at most
+    LOCAL_PREFILL_MAX_TOKENS prefill on the decode instance); the caller closes it."""
+    router_config = RouterConfig(local_prefill_max_tokens=LOCAL_PREFILL_MAX_TOKENS)
+    return await InProcessCluster.start(CONFIG, num_prefill=2, num_decode=1, router_config=router_config)
 
 
 def first_wave(seed: int = 0) -> list[list[int]]:
