@@ -169,8 +169,8 @@ def gguf_tokenizer(file: GGUFFile) -> HFTokenizer:
     gemma = model == _SENTENCEPIECE and metadata.get("general.architecture") in _GEMMA_ARCHITECTURES
     if model == _SENTENCEPIECE and not gemma:
         raise ValueError(
-            f"gguf tokenizer: tokenizer.ggml.model {model!r} (SentencePiece) in {file.path} is supported for "
-            f"architectures {list(_GEMMA_ARCHITECTURES)} only, not {metadata.get('general.architecture')!r}"
+            f"gguf tokenizer: tokenizer.ggml.model {model!r} (SentencePiece) in {file.path} is not supported for "
+            f"architecture {metadata.get('general.architecture')!r}; only for {list(_GEMMA_ARCHITECTURES)}"
         )
     if model not in SUPPORTED_TOKENIZER_MODELS and not gemma:
         raise ValueError(
