@@ -9,6 +9,7 @@ integrations/gguf, then `GemmaTokenizer`), so both give the same ids:
   longer left part first;
 - BPE with byte fallback (`<0xNN>` tokens for bytes no token covers), spaces normalised to "▁",
   no prefix space added; decoding turns "▁" back into spaces and the byte tokens into bytes;
+- `<end_of_turn>`, where the vocabulary has it, ends generation as EOS does;
 - CONTROL tokens become special added tokens, USER_DEFINED ones plain added tokens (as the
   file spells them; an all-space one, respelled, is not added).
 """
@@ -23,6 +24,9 @@ from tokenizers import Tokenizer as _RustTokenizer
 
 SPACE = "\u2581"
 _DEFAULT_UNK = "<unk>"
+# Gemma's end of turn: an end-of-generation token besides EOS (llama.cpp finds it by this text,
+# and Gemma 3's generation_config lists it with EOS).
+END_OF_TURN = "<end_of_turn>"
 
 
 def respelled(tokens: list[str]) -> list[str]:

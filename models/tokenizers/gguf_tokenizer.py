@@ -6,7 +6,8 @@ pre-tokenizer llama.cpp applies (`tokenizer.ggml.pre`) and the chat template. Su
 
 - `tokenizer.ggml.model = "gpt2"`: byte-level BPE (GPT-2, SmolLM, Llama 3, Qwen2, ... files);
 - `tokenizer.ggml.model = "llama"` (SentencePiece) in a gemma3 file: Gemma's tokenizer
-  (gemma_tokenizer.py; BOS added unless the file says not to); SentencePiece in any other
+  (gemma_tokenizer.py; BOS added unless the file says not to; `<end_of_turn>` ends generation
+  too); SentencePiece in any other
   architecture and the other models are refused by name.
 - `tokenizer.ggml.pre`: `default`/`gpt2` (GPT-2's split regex), `smollm` (each digit
   split off first, then GPT-2's regex: llama.cpp groups it with StarCoder's, and it is the
@@ -36,7 +37,7 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
 from minipd.models.gguf.gguf_file import GGUFFile
-from minipd.models.tokenizers.gemma_tokenizer import gemma_rust_tokenizer
+from minipd.models.tokenizers.gemma_tokenizer import END_OF_TURN, gemma_rust_tokenizer
 from minipd.models.tokenizers.tokenizer import HFTokenizer
 
 SUPPORTED_TOKENIZER_MODELS = ("gpt2",)
@@ -179,6 +180,8 @@ def gguf_tokenizer(file: GGUFFile) -> HFTokenizer:
         )
     tokens = list(_required(metadata, _TOKENS))
     extra_eos = [int(metadata[k]) for k in _EOS_KEYS if metadata.get(k) is not None]
+    if gemma and END_OF_TURN in tokens:
+        extra_eos.append(tokens.index(END_OF_TURN))
     for token_id in extra_eos:
         if not 0 <= token_id < len(tokens):
             raise ValueError(

@@ -46,6 +46,7 @@ def test_the_tokenizer_gives_transformers_ids():
         assert ids == theirs.encode(text, add_special_tokens=False), text
         assert ours.encode(text)[0] == ours.bos_token_id == 2
         assert ours.decode(ids) == text
+    assert ours.eos_token_ids == (1, 106)  # <eos>, <end_of_turn>
 
 
 def test_role_both_completes_a_plain_prompt():

@@ -21,8 +21,8 @@ from hf_random import sharpen
 from qwen2_gguf import CORPUS
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]
-PAD_ID, EOS_ID, BOS_ID, UNK_ID = range(4)
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
+PAD_ID, EOS_ID, BOS_ID, UNK_ID, START_OF_TURN_ID, END_OF_TURN_ID = range(6)
 WINDOW = 8
 TINY_GEMMA3 = dict(
     hidden_size=256,
@@ -92,6 +92,7 @@ def write_gemma3_gguf(
     """`model` (an HF Gemma3ForCausalLM) as a gemma3 GGUF file with the vocabulary `tokens`."""
     c = model.config
     writer = GGUFWriter(str(path), "gemma3")
+    writer.add_vocab_size(len(tokens))
     writer.add_context_length(c.max_position_embeddings)
     writer.add_embedding_length(c.hidden_size)
     writer.add_block_count(c.num_hidden_layers)

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import torch
 from engine_helpers import complete, complete_all, greedy, reference_greedy
-from gemma3_gguf import BOS_ID, WINDOW, hf_gemma3, spm_vocab, write_gemma3_gguf
+from gemma3_gguf import BOS_ID, END_OF_TURN_ID, EOS_ID, WINDOW, hf_gemma3, spm_vocab, write_gemma3_gguf
 
 from minipd.models.arch.gemma3 import Gemma3ForCausalLM
 from minipd.models.gguf.gguf_file import read_gguf
@@ -101,7 +101,7 @@ def test_the_engine_prefills_in_chunks_and_decodes_past_the_window(checkpoint, m
         model=str(path), dtype="float32", num_blocks=64, block_size=4, max_num_batched_tokens=16, max_model_len=128
     )
     gen = torch.Generator().manual_seed(1)
-    batch = [torch.randint(4, hf.config.vocab_size, (n,), generator=gen).tolist() for n in (5, 23, 40)]
+    batch = [torch.randint(6, hf.config.vocab_size, (n,), generator=gen).tolist() for n in (5, 23, 40)]
     results = loop_thread.run(complete_all(engine, batch, greedy(20)))
     for prompt, result in zip(batch, results):
         assert result.token_ids == reference_greedy(engine, prompt, 20)
@@ -124,5 +124,7 @@ def test_the_tokenizer_gives_transformers_ids(checkpoint) -> None:
         assert ids == theirs.encode(text, add_special_tokens=False), text
         assert ours.encode(text) == [BOS_ID, *ids]
         assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
+    assert ours.eos_token_ids == (EOS_ID, END_OF_TURN_ID)
+    assert ours.encode("<start_of_turn>user", add_bos=False)[0] == theirs.convert_tokens_to_ids("<start_of_turn>")
     assert len(ours.encode(TEXTS[0], add_bos=False)) < len(TEXTS[0]) // 2  # the pieces merge
     assert "<0xF0>" in theirs.convert_ids_to_tokens(ours.encode("😀", add_bos=False))  # byte fallback
