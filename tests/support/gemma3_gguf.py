@@ -21,6 +21,8 @@ from hf_random import sharpen
 from qwen2_gguf import CORPUS
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
+from minipd.models.gguf.gguf_gemma3 import LAYER_NAMES
+
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 PAD_ID, EOS_ID, BOS_ID, UNK_ID, START_OF_TURN_ID, END_OF_TURN_ID = range(6)
 WINDOW = 8
@@ -38,21 +40,8 @@ TINY_GEMMA3 = dict(
     tie_word_embeddings=True,
     attn_implementation="eager",
 )
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
+# HF name -> GGUF name, minipd's table turned round (transformers reads the file by its own names)
+_LAYER_NAMES = {hf: gguf for gguf, hf in LAYER_NAMES.items()}
 
 
 def spm_vocab(size: int = 400) -> tuple[list[str], list[int]]:

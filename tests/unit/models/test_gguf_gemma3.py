@@ -7,13 +7,12 @@ tokens; and the tokenizer gives transformers' ids for the same file."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import msgspec
 import pytest
 import torch
 from engine_helpers import complete, complete_all, greedy, reference_greedy
 from gemma3_gguf import BOS_ID, END_OF_TURN_ID, EOS_ID, WINDOW, hf_gemma3, spm_vocab, write_gemma3_gguf
+from gguf_parity import from_gguf, max_diff, prompts
 
 from minipd.models.arch.gemma3 import Gemma3ForCausalLM
 from minipd.models.gguf.gguf_file import read_gguf
@@ -21,7 +20,6 @@ from minipd.models.gguf.gguf_loader import config_from_gguf, load_gguf_model
 from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
 
 FP32_TOLERANCE = 1e-4
-PROMPT_LENGTHS = (1, 7, 33, 100)
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "def fibonacci(n: int) -> int:\n    return n",
@@ -37,26 +35,6 @@ def checkpoint(tmp_path_factory):
     tokens, types = spm_vocab()
     hf = hf_gemma3(len(tokens), seed=3)
     return hf, write_gemma3_gguf(tmp_path_factory.mktemp("gemma3") / "gemma3.gguf", hf, tokens, types)
-
-
-def from_gguf(path: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
-
-
-def prompts(vocab_size: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(0, vocab_size, (n,), generator=gen) for n in PROMPT_LENGTHS]
-
-
-def max_diff(ours: Gemma3ForCausalLM, theirs, vocab_size: int) -> float:
-    worst = 0.0
-    for ids in prompts(vocab_size):
-        with torch.no_grad():
-            expected = theirs(ids[None]).logits[0].float()
-        worst = max(worst, (ours.forward_reference(ids) - expected).abs().max().item())
-    return worst
 
 
 def test_the_config_comes_from_the_gemma3_metadata(checkpoint) -> None:
