@@ -3,7 +3,8 @@ embeddings, SentencePiece vocabulary) written from a tiny random transformers Ge
 loads into minipd with the logits transformers gets from the same file and from the checkpoint it
 came from, on prompts far longer than the window; the window and the norms' shift both matter;
 the engine serves it in prefill chunks and decodes past the window with transformers' greedy
-tokens; and the tokenizer gives transformers' ids for the same file."""
+tokens; the tokenizer gives transformers' ids for the same file; and it is served with dense
+weights through torch's ops (no 4-bit, fused decode or prefill kernels)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from gguf_parity import from_gguf, max_diff, prompts
 
 from minipd.models.arch.gemma3 import Gemma3ForCausalLM
 from minipd.models.gguf.gguf_file import read_gguf
-from minipd.models.gguf.gguf_loader import config_from_gguf, load_gguf_model
+from minipd.models.gguf.gguf_loader import auto_weights, config_from_gguf, load_gguf_model
+from minipd.models.kernel_steps import fused_decode, prefill_kernels
 from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
 
 FP32_TOLERANCE = 1e-4
@@ -106,3 +108,14 @@ def test_the_tokenizer_gives_transformers_ids(checkpoint) -> None:
     assert ours.encode("<start_of_turn>user", add_bos=False)[0] == theirs.convert_tokens_to_ids("<start_of_turn>")
     assert len(ours.encode(TEXTS[0], add_bos=False)) < len(TEXTS[0]) // 2  # the pieces merge
     assert "<0xF0>" in theirs.convert_ids_to_tokens(ours.encode("😀", add_bos=False))  # byte fallback
+
+
+def test_it_is_served_dense_through_torchs_ops(checkpoint) -> None:
+    _, path = checkpoint
+    file = read_gguf(path)
+    assert auto_weights(file, "cpu", torch.bfloat16) == auto_weights(file, "cpu", torch.float32) == "dense"
+    with pytest.raises(ValueError, match="weights: quantized: gemma3 models are served with dense weights only"):
+        load_gguf_model(path, weights="quantized")
+    model = load_gguf_model(path)
+    assert "sliding-window" in fused_decode.unsupported(model)
+    assert "sliding-window" in prefill_kernels.unsupported(model, torch.float32)
