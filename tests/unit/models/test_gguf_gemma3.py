@@ -21,7 +21,10 @@ from minipd.models.gguf.gguf_loader import auto_weights, config_from_gguf, load_
 from minipd.models.kernel_steps import fused_decode, prefill_kernels
 from minipd.models.tokenizers.gguf_tokenizer import gguf_tokenizer
 
-FP32_TOLERANCE = 1e-4
+# Logits reach 27 here (qwen2's test: 9), so float32 rounding reaches further: transformers from the
+# file and from the checkpoint differ by 6.5e-5 between themselves, minipd (SDPA) from either by
+# 2.2e-4 at most, on the 100-token prompt, when written.
+FP32_TOLERANCE = 5e-4
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
     "def fibonacci(n: int) -> int:\n    return n",
@@ -65,9 +68,9 @@ def test_the_window_and_the_norm_shift_both_matter(checkpoint) -> None:
     ids = prompts(hf.config.vocab_size)[2]  # 33 tokens, past the window of 8
     logits = ours.forward_reference(ids)
     windowed = ours.config
-    ours.config = msgspec.structs.replace(windowed, sliding_window=None)
+    ours.config = msgspec.structs.replace(windowed, sliding_window=len(ids))  # the same layers, no key too old
     assert (ours.forward_reference(ids)[WINDOW:] - logits[WINDOW:]).abs().max().item() > 100 * FP32_TOLERANCE
-    # within the window, sliding changes nothing
+    # within the window, the window hides nothing
     assert (ours.forward_reference(ids)[:WINDOW] - logits[:WINDOW]).abs().max().item() <= FP32_TOLERANCE
     ours.config = windowed
     with torch.no_grad():
