@@ -25,20 +25,14 @@ DEFAULT_PATTERN = 6
 DEFAULT_LOCAL_ROPE_BASE = 10000.0
 _LAYERS_27B = 62
 
-LAYER_NAMES = {
+# Gemma 3's norms (blk.N.<gguf> -> model.layers.N.<param>); its projections are named as llama's.
+NORM_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "post_attention_norm.weight": "post_attention_layernorm.weight",
     "ffn_norm.weight": "pre_feedforward_layernorm.weight",
     "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
     "attn_q_norm.weight": "self_attn.q_norm.weight",
     "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
 }
 
 

@@ -40,6 +40,17 @@ from minipd.models.gguf.gguf_quantized import Q4_TYPES, attach_quantized
 from minipd.models.kernels import vnni_kernels
 from minipd.models.weights.quantized_linear import INT8_KERNELS, choose_kernel, kernel_available
 
+# blk.N.<gguf> -> model.layers.N.<param> for the projections every architecture names alike
+_PROJECTION_NAMES = {
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
 
 class _Architecture(NamedTuple):
     hf_name: str  # ModelConfig.architecture
@@ -59,7 +70,7 @@ ARCHITECTURES = {
         attention_bias=False,
         permuted_qk=False,
         model=Gemma3ForCausalLM,
-        layer_names=gguf_gemma3.LAYER_NAMES,
+        layer_names={**gguf_gemma3.NORM_NAMES, **_PROJECTION_NAMES},
         norm_shift=gguf_gemma3.NORM_SHIFT,
         quantizable=False,
     ),
@@ -84,13 +95,7 @@ _GLOBAL_NAMES = {
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
+    **_PROJECTION_NAMES,
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",

@@ -21,7 +21,7 @@ from hf_random import sharpen
 from qwen2_gguf import CORPUS
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
 
-from minipd.models.gguf.gguf_gemma3 import LAYER_NAMES
+from minipd.models.gguf.gguf_loader import ARCHITECTURES
 
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"]
 PAD_ID, EOS_ID, BOS_ID, UNK_ID, START_OF_TURN_ID, END_OF_TURN_ID = range(6)
@@ -41,7 +41,7 @@ TINY_GEMMA3 = dict(
     attn_implementation="eager",
 )
 # HF name -> GGUF name, minipd's table turned round (transformers reads the file by its own names)
-_LAYER_NAMES = {hf: gguf for gguf, hf in LAYER_NAMES.items()}
+_LAYER_NAMES = {hf: gguf for gguf, hf in ARCHITECTURES["gemma3"].layer_names.items()}
 
 
 def spm_vocab(size: int = 400) -> tuple[list[str], list[int]]:
