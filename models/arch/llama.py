@@ -226,7 +226,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         with contextlib.nullcontext() if initialize else torch.device("meta"):
-            self.model = LlamaBackbone(config)
+            self.model = self._backbone(config)
             if not config.tie_word_embeddings:
                 self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if initialize:
@@ -240,6 +240,11 @@ class LlamaForCausalLM(nn.Module):
             layer.mlp.fuse(copy_values=initialize)
         self.packed_lm_head: torch.Tensor | None = None
         self.quant_lm_head: QuantizedLinear | None = None
+
+    def _backbone(self, config: ModelConfig) -> nn.Module:
+        """The `model` module (embeddings, layers, final norm); architectures built on this one
+        (gemma3.py) return theirs."""
+        return LlamaBackbone(config)
 
     def _quantized_linears(self) -> list[QuantizedLinear]:
         return [m for m in self.modules() if isinstance(m, QuantizedLinear)]

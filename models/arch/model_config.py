@@ -29,7 +29,16 @@ class RopeScaling(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
 
 
 class ModelConfig(msgspec.Struct, frozen=True):
-    """Architecture of a Llama-style decoder (Llama and Qwen2 families)."""
+    """Architecture of a Llama-style decoder (Llama and Qwen2 families, and Gemma 3, whose extra
+    fields below keep their defaults for the others).
+
+    Gemma 3's fields: `sliding_window` keys a sliding layer's query sees, itself included (None:
+    every layer attends to the whole context); every `sliding_window_pattern`-th layer (1-based)
+    attends globally, the others slide (HF's `sliding_window_pattern`; 1: none slides);
+    `rope_local_theta` the sliding layers' RoPE base (None: `rope_theta`); `query_pre_attn_scalar`
+    the attention scale's inverse square (None: head_dim); `final_logit_softcapping` caps the
+    logits at that magnitude with tanh (None: no cap).
+    """
 
     vocab_size: int
     hidden_size: int
@@ -47,10 +56,21 @@ class ModelConfig(msgspec.Struct, frozen=True):
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "LlamaForCausalLM"
+    sliding_window: int | None = None
+    sliding_window_pattern: int = 1
+    rope_local_theta: float | None = None
+    query_pre_attn_scalar: float | None = None
+    final_logit_softcapping: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        if self.sliding_window_pattern < 1:
+            raise ValueError(f"sliding_window_pattern ({self.sliding_window_pattern}) must be at least 1")
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based) attends to the last `sliding_window` keys only."""
+        return self.sliding_window is not None and (layer + 1) % self.sliding_window_pattern != 0
 
 
 # Byte-level tokenizer ids used by the presets: 0..255 are bytes.

@@ -4,7 +4,10 @@ Pool layout of one layer (a view of the instance's pool): `[num_blocks, 2, block
 num_kv_heads, head_dim]`; index 0 of dim 1 is K, 1 is V. A step's tokens are flattened:
 the decode tokens come first (one per sequence), then each prefill chunk's tokens.
 
-The model runner builds one `AttentionMetadata` per step; every layer reuses it.
+The model runner builds one `AttentionMetadata` per step; every layer reuses it. A model with
+sliding-window layers (Gemma 3) gets, in `sliding`, the same step with masks that also hide the
+keys older than the window; the pool keeps every block of such a layer all the same (no memory
+is saved yet), the masks alone make it slide.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ class AttentionMetadata(NamedTuple):
     num_decodes: int  # the first num_decodes tokens are single-token decode steps
     decode_groups: tuple[DecodeGroup, ...]  # covering the decode tokens in order
     prefills: tuple[PrefillSpan, ...]
+    # The same step for the sliding-window layers (masks that hide keys older than the window);
+    # None for a model without them.
+    sliding: AttentionMetadata | None = None
 
 
 # A prefill chunk's attention from the pool: (q, layer_kv, block_ids, context_len, scale) -> out,
@@ -173,13 +179,21 @@ def _decode_attention(
     return od.squeeze(2)  # [count, heads, head_dim]
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Full causal attention without a cache (the reference path): [T, heads|kv_heads, head_dim]."""
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, window: int | None = None
+) -> torch.Tensor:
+    """Full causal attention without a cache (the reference path): [T, heads|kv_heads, head_dim];
+    with `window`, query i sees keys i - window + 1 .. i only."""
+    mask = None
+    if window is not None:
+        pos = torch.arange(q.shape[0], device=q.device)
+        mask = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
     o = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         k.transpose(0, 1).unsqueeze(0),
         v.transpose(0, 1).unsqueeze(0),
-        is_causal=True,
+        attn_mask=mask,
+        is_causal=mask is None,
         scale=scale,
         enable_gqa=True,
     )

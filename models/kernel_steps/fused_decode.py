@@ -24,6 +24,8 @@ from minipd.models.weights.quantized_linear import INT8_KERNELS, QuantizedLinear
 
 def unsupported(model: LlamaForCausalLM) -> str | None:
     """Why the fused step cannot run `model`, or None."""
+    if model.config.sliding_window is not None:
+        return "sliding-window attention (Gemma 3) runs through torch's ops only"
     norm = model.model.norm.weight
     if norm.device.type != "cpu" or norm.dtype not in (torch.float32, torch.bfloat16):
         return (

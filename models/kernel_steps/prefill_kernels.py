@@ -25,6 +25,8 @@ from minipd.models.weights.quantized_linear import INT8_KERNELS
 
 def unsupported(model: LlamaForCausalLM, pool_dtype: torch.dtype) -> str | None:
     """Why the prefill kernels cannot serve `model` over a pool of `pool_dtype`, or None."""
+    if model.config.sliding_window is not None:
+        return "sliding-window attention (Gemma 3) runs through torch's ops only"
     norm = model.model.norm.weight
     if norm.device.type != "cpu" or norm.dtype != torch.float32 or pool_dtype != torch.float32:
         return (

@@ -5,7 +5,10 @@ A GGUF carries no tokenizer.json: its metadata holds the vocabulary (`tokenizer.
 pre-tokenizer llama.cpp applies (`tokenizer.ggml.pre`) and the chat template. Supported:
 
 - `tokenizer.ggml.model = "gpt2"`: byte-level BPE (GPT-2, SmolLM, Llama 3, Qwen2, ... files);
-  SentencePiece (`llama`) and the other models are refused by name.
+- `tokenizer.ggml.model = "llama"` (SentencePiece) in a gemma3 file: Gemma's tokenizer
+  (gemma_tokenizer.py; BOS added unless the file says not to; `<end_of_turn>` ends generation
+  too); SentencePiece in any other
+  architecture and the other models are refused by name.
 - `tokenizer.ggml.pre`: `default`/`gpt2` (GPT-2's split regex), `smollm` (each digit
   split off first, then GPT-2's regex: llama.cpp groups it with StarCoder's, and it is the
   pre-tokenizer of SmolLM's own tokenizer.json), `qwen2` (Qwen2's regex: single digits, a letter
@@ -34,9 +37,12 @@ from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as _RustTokenizer
 
 from minipd.models.gguf.gguf_file import GGUFFile
+from minipd.models.tokenizers.gemma_tokenizer import END_OF_TURN, gemma_rust_tokenizer
 from minipd.models.tokenizers.tokenizer import HFTokenizer
 
 SUPPORTED_TOKENIZER_MODELS = ("gpt2",)
+_SENTENCEPIECE = "llama"
+_GEMMA_ARCHITECTURES = ("gemma3",)
 _DEFAULT_PRE = "default"
 
 _TOKENS, _TOKEN_TYPES, _MERGES = "tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"
@@ -161,23 +167,31 @@ def gguf_tokenizer(file: GGUFFile) -> HFTokenizer:
     """
     metadata = file.metadata
     model = metadata.get("tokenizer.ggml.model")
-    if model not in SUPPORTED_TOKENIZER_MODELS:
+    gemma = model == _SENTENCEPIECE and metadata.get("general.architecture") in _GEMMA_ARCHITECTURES
+    if model == _SENTENCEPIECE and not gemma:
+        raise ValueError(
+            f"gguf tokenizer: tokenizer.ggml.model {model!r} (SentencePiece) in {file.path} is not supported for "
+            f"architecture {metadata.get('general.architecture')!r}; only for {list(_GEMMA_ARCHITECTURES)}"
+        )
+    if model not in SUPPORTED_TOKENIZER_MODELS and not gemma:
         raise ValueError(
             f"gguf tokenizer: tokenizer.ggml.model {model!r} in {file.path} is not supported; "
             f"supported: {list(SUPPORTED_TOKENIZER_MODELS)} (byte-level BPE)"
         )
     tokens = list(_required(metadata, _TOKENS))
     extra_eos = [int(metadata[k]) for k in _EOS_KEYS if metadata.get(k) is not None]
+    if gemma and END_OF_TURN in tokens:
+        extra_eos.append(tokens.index(END_OF_TURN))
     for token_id in extra_eos:
         if not 0 <= token_id < len(tokens):
             raise ValueError(
                 f"gguf tokenizer: an end-of-generation id {token_id} is outside the vocabulary of {len(tokens)} tokens"
             )
     return HFTokenizer(
-        _rust_tokenizer(metadata, tokens),
+        gemma_rust_tokenizer(metadata, tokens) if gemma else _rust_tokenizer(metadata, tokens),
         bos_token=_special_text(metadata, "tokenizer.ggml.bos_token_id", tokens),
         eos_token=_special_text(metadata, "tokenizer.ggml.eos_token_id", tokens),
-        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", gemma)),
         chat_template=metadata.get("tokenizer.chat_template"),
         extra_eos_token_ids=extra_eos,
     )

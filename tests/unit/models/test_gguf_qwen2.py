@@ -14,6 +14,7 @@ from engine_helpers import complete, greedy, reference_greedy
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as reference_dequantize
 from gguf_blocks import quantize
+from gguf_parity import from_gguf, max_diff, prompts
 from qwen2_gguf import hf_qwen2, trained_vocab, write_qwen2_gguf
 
 from minipd.models.arch.llama import LlamaForCausalLM
@@ -23,7 +24,6 @@ from minipd.models.kernels import vnni_kernels
 
 Q = GGMLQuantizationType
 FP32_TOLERANCE = 1e-4
-PROMPT_LENGTHS = (1, 7, 33, 100)
 # Q4_K_M's mix on the tiny model: Q4_K, Q6_K for v, down and the output.
 Q4_K_M = {
     **{f"blk.{i}.{x}.weight": Q.Q6_K for i in range(2) for x in ("attn_v", "ffn_down")},
@@ -39,28 +39,6 @@ def checkpoint(tmp_path_factory):
     f32 = write_qwen2_gguf(tmp_path_factory.mktemp("f32") / "qwen2.gguf", hf, vocab)
     k = write_qwen2_gguf(tmp_path_factory.mktemp("k") / "qwen2.gguf", hf, vocab, Q.Q4_K, tensor_types=Q4_K_M)
     return hf, f32, k
-
-
-def from_gguf(path: Path):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
-
-
-def prompts(vocab_size: int) -> list[torch.Tensor]:
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(0, vocab_size, (n,), generator=gen) for n in PROMPT_LENGTHS]
-
-
-def max_diff(ours, theirs, vocab_size: int) -> float:
-    """Largest logit difference over `prompts`; `ours` a minipd model or a transformers one."""
-    worst = 0.0
-    for ids in prompts(vocab_size):
-        with torch.no_grad():
-            expected = theirs(ids[None]).logits[0].float()
-            got = ours.forward_reference(ids) if isinstance(ours, LlamaForCausalLM) else ours(ids[None]).logits[0]
-        worst = max(worst, (got.float() - expected).abs().max().item())
-    return worst
 
 
 def test_the_config_comes_from_the_qwen2_metadata(checkpoint) -> None:
