@@ -71,7 +71,9 @@ def test_pip_install_prebuilds_the_kernels_and_the_first_start_loads_them(tmp_pa
     env.update(PATH=_no_compiler_path(tmp_path))  # no g++: whatever loads was prebuilt
     for name in (PREBUILT_ENV, "CXX"):
         env.pop(name, None)
-    first = subprocess.run([sys.executable, "-c", FIRST_START], env=env, capture_output=True, text=True, timeout=120)
+    first = subprocess.run(  # not from this checkout, whose minipd/ `-c` would find first
+        [sys.executable, "-c", FIRST_START], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     module, answer = first.stdout.split()
     assert Path(module).is_relative_to(target) and float(answer) == 32.0  # the installed package, its library

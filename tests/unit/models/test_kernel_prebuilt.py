@@ -23,7 +23,7 @@ VARIANT = "avx2"
 FAKE_CXX = """#!/bin/sh
 [ "$1" = --version ] && { echo "fake c++ 1.0"; exit 0; }
 while [ $# -gt 1 ]; do [ "$1" = -o ] && out=$2; shift; done
-echo "$out" >> "$(dirname "$0")/calls"
+echo "$out" >> "${0%/*}/calls"
 echo library > "$out"
 """
 FAILING_CXX = "#!/bin/sh\necho 'fake c++: error: no such instruction' >&2\nexit 1\n"
@@ -126,6 +126,7 @@ def test_the_install_build_names_each_library_for_its_sources_and_keeps_a_curren
     expected = sorted(f"{v}_kernels-{kernel_build.prebuilt_key(v)}.so" for v in VARIANTS)
     assert sorted(p.name for p in out.iterdir()) == expected  # the stale one gone, no build directory left
     calls = len(_calls(kernels))
+    assert calls == len(VARIANTS) * (len(kernel_build.SOURCES) + 1)
     assert kernel_build.prebuild(out) == dict.fromkeys(VARIANTS) and len(_calls(kernels)) == calls  # kept
 
 
