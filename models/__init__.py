@@ -2,7 +2,7 @@
 
 Sub-packages, from the bottom up (each imports only the ones before it; tests/unit/test_layers.py
 checks it):
-- `kernels`: minipd's C++ CPU kernels (the .cpp/.h sources), their build at first use, the CPU's flags;
+- `kernels`: minipd's C++ CPU kernels (the .cpp/.h sources), their build at install or first use, the CPU's flags;
 - `weights`: how weights are held and multiplied outside a plain `nn.Linear` (GGUF's blocks,
   oneDNN-packed bfloat16, the block embedding, huge-page arenas) and the summary of that format;
 - `arch`: the Llama-family architecture: its config and presets, RoPE, paged attention, the model;

@@ -95,10 +95,10 @@ FLAGS = (
         default=_ENGINE.quantized_kernel,
         choices=QUANTIZED_KERNEL_CHOICES,
         help="what multiplies quantized weights: vnni or avx2 (minipd's kernels for x86 CPUs with AVX-512 VNNI, or "
-        "with AVX2 only; built with g++ at first use and cached: the activations quantized to int8 per block of 32, "
-        "integer dot products with the file's Q4_0/Q4_1/Q8_0 blocks as stored, the lm_head included; the same bits "
-        "on both), torch (torch's int4 kernel, bfloat16, 4-bit projections only) or auto (the first of vnni, avx2 "
-        "that runs here, else torch); printed at start-up; prefill and decode instances must "
+        "with AVX2 only; built with g++ when installed, else at first use: the activations quantized to int8 per "
+        "block of 32, integer dot products with the file's Q4_0/Q4_1/Q8_0 blocks as stored, the lm_head included; "
+        "the same bits on both), torch (torch's int4 kernel, bfloat16, 4-bit projections only) or auto (the first "
+        "of vnni, avx2 that runs here, else torch); printed at start-up; prefill and decode instances must "
         "agree (default: %(default)s)",
     ),
     flag(

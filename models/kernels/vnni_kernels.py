@@ -1,4 +1,5 @@
-"""minipd's own CPU kernels for GGUF's quantized blocks (`vnni_kernels.cpp`): built at first use, cached.
+"""minipd's own CPU kernels for GGUF's quantized blocks (`vnni_kernels.cpp`), prebuilt at install
+or built at first use.
 
 Why a kernel of our own: torch's `_weight_int4pack_mm_for_cpu` dequantizes every weight to
 float for every few rows it multiplies, so at a batch of 8 a 4-bit projection costs 3.4x what
@@ -16,62 +17,40 @@ activations and answer in the same dtype.
 
 `unavailable(variant)` says why a variant cannot be used here (not x86-64 Linux, a CPU without
 the instructions, no C++ compiler, a failed build), else None; `best()` names the fastest that
-runs; `load(variant)` builds its shared library once per source, torch, compiler and flags
-(about 15 s; under `MINIPD_KERNEL_CACHE`, by default `~/.cache/minipd/kernels`; concurrent
-processes wait on a lock for the first build) and registers its ops (`torch.ops.minipd_<variant>`).
+runs; `load(variant)` registers its ops (`torch.ops.minipd_<variant>`) from a library found or
+built once per process:
+1. the prebuilt one the install built for these sources and this torch (`kernel_build.prebuild`,
+   run by setup.py; in `MINIPD_KERNEL_PREBUILT`, by default the package's `prebuilt/`), which
+   needs no compiler; a stale one (another source or torch) is not found, one that fails to load
+   is passed over with a warning;
+2. else the cache's, built at first use with a warning (about 20 s; once per source, torch,
+   compiler and flags; under `MINIPD_KERNEL_CACHE`, by default `~/.cache/minipd/kernels`;
+   concurrent processes wait on a lock for the first build).
 `pack_q4` / `pack_q8` lay weights out as the kernels read them (one layout for both variants).
+The build itself (variants, flags, g++) is `kernel_build`.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import fcntl
 import functools
-import hashlib
+import logging
 import os
-import platform
-import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
+from minipd.models.kernels import kernel_build
 from minipd.models.kernels.cpu_flags import read_cpu_flags
+from minipd.models.kernels.kernel_build import VARIANTS, compile_library, find_compiler
 
-SOURCE = Path(__file__).with_name("vnni_kernels.cpp")
-# Built into one library with SOURCE: the fused decode step (kernel_steps/fused_decode.py; it includes the header
-# too) and the float32 prefill kernels (kernel_steps/prefill_kernels.py).
-SOURCES = tuple(
-    Path(__file__).with_name(name)
-    for name in ("vnni_kernels.cpp", "fused_decode.cpp", "prefill_attention.cpp", "row_ops.cpp")
-)
-HEADERS = (Path(__file__).with_name("int8_kernels.h"), Path(__file__).with_name("avx2_math.h"))
 BLOCK = 32  # GGUF's block of weights, and of activations the kernels quantize together
 TILE = 16  # outputs per packed chunk; out_features must be a multiple
 Q4_CHUNK = 256 + 32 + 32  # bytes per tile and block: nibbles, d, m
 Q8_CHUNK = 512 + 32 + 32  # int8 weights, d, block sums
-
-
-class Variant(NamedTuple):
-    cpu_flags: tuple[str, ...]  # Linux's names in /proc/cpuinfo, all needed
-    compile_flags: tuple[str, ...]
-
-
-# Fastest first: `best()` takes the first that runs here.
-VARIANTS = {
-    "vnni": Variant(
-        ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "f16c", "fma"),
-        ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni", "-mavx512bf16", "-mf16c", "-mfma"),
-    ),
-    "avx2": Variant(("avx2", "fma", "f16c"), ("-mavx2", "-mfma", "-mf16c")),
-}
-BUILD_TIMEOUT_S = 600
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+log = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
@@ -80,76 +59,57 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minipd" / "kernels"
 
 
-def _flags(variant: str) -> tuple[list[str], list[str]]:
-    """(compile flags, link flags) of `variant` against this torch."""
-    from torch.utils.cpp_extension import include_paths, library_paths
-
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    compile_flags = [
-        "-O3", "-fPIC", "-std=c++17", "-w", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        f"-DMINIPD_OPS=minipd_{variant}", *VARIANTS[variant].compile_flags, *(f"-I{p}" for p in include_paths()),
-    ]  # fmt: skip
-    link_flags = [f"-L{p}" for p in library_paths()] + [f"-Wl,-rpath,{p}" for p in library_paths()]
-    return compile_flags, [*link_flags, "-lc10", "-ltorch_cpu", "-ltorch"]
-
-
-def compile_library(compiler: str, output: Path, variant: str) -> None:
-    """Build `variant`'s library at `output`: each source compiled on its own, as many at once as
-    this process has cores (each parses torch's headers: ~8 s a source, 30 s in one serial
-    g++ call against 18 s on two cores), then linked. RuntimeError with the compiler's words."""
-    compile_flags, link_flags = _flags(variant)
-    objects = [output.with_name(f"{output.stem}.{source.stem}.o") for source in SOURCES]
-
-    def run(command: list[str]) -> None:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-        if done.returncode != 0:
-            raise RuntimeError(f"building the {variant} kernels failed:\n{done.stderr[-2000:]}")
-
-    jobs = max(1, min(len(SOURCES), len(os.sched_getaffinity(0))))
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:  # g++ runs outside the GIL
-        list(pool.map(run, [[compiler, *compile_flags, "-c", str(s), "-o", str(o)] for s, o in zip(SOURCES, objects)]))
-    run([compiler, "-shared", "-fopenmp", *map(str, objects), "-o", str(output), *link_flags])
-    for path in objects:
-        path.unlink()
-
-
-def _library_path(compiler: str, variant: str) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    flags = " ".join(VARIANTS[variant].compile_flags)
-    sources = [p.read_bytes() for p in (*SOURCES, *HEADERS)]
-    inputs = [*sources, torch.__version__.encode(), version.encode(), flags.encode()]
-    key = hashlib.sha256(b"\0".join(inputs)).hexdigest()[:16]
-    return cache_dir() / f"{variant}_kernels-{key}.so"
-
-
 def _build(compiler: str, library: Path, variant: str) -> None:
     library.parent.mkdir(parents=True, exist_ok=True)
     with open(library.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process builds; the others wait, then load its result
         if library.exists():
             return
+        log.warning(
+            "building minipd's %s CPU kernels with %s (no prebuilt library for these sources and this torch: "
+            "about 20 s, once; cached at %s)",
+            variant,
+            compiler,
+            library,
+        )
         with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
             output = Path(tmp) / library.name
             compile_library(compiler, output, variant)
             os.replace(output, library)  # atomic: nobody loads a half-written library
 
 
+def _load_prebuilt(variant: str) -> bool:
+    """Register `variant`'s ops from its prebuilt library; False when there is none or it fails to load."""
+    library = kernel_build.prebuilt_library(variant)
+    if library is None:
+        return False
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError) as e:
+        log.warning("minipd's prebuilt %s kernels (%s) did not load, so they are built: %s", variant, library, e)
+        return False
+    return True
+
+
 @functools.cache
 def _load(variant: str) -> str | None:
-    """Build and register `variant`'s ops; returns why that failed, or None."""
+    """Load (the prebuilt library) or build (into the cache) and register `variant`'s ops; returns why
+    that failed, or None."""
     if variant not in VARIANTS:
         raise ValueError(f"minipd kernels: unknown variant {variant!r}; choose one of {', '.join(VARIANTS)}")
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"the {variant} kernels run on x86-64 Linux only, not {platform.system()} {platform.machine()}"
+    if (why := kernel_build.builds_here()) is not None:
+        return why
     flags = read_cpu_flags() or frozenset()
     missing = [f for f in VARIANTS[variant].cpu_flags if f not in flags]
     if missing:
         return f"this CPU lacks {', '.join(missing)}"
-    compiler = _compiler()
+    if _load_prebuilt(variant):
+        return None
+    compiler = find_compiler()
     if compiler is None:
-        return f"no C++ compiler (g++ or $CXX) to build the {variant} kernels"
+        return f"no C++ compiler (g++ or $CXX) to build the {variant} kernels, and no prebuilt library"
     try:
-        library = _library_path(compiler, variant)
+        library = cache_dir() / f"{variant}_kernels-{kernel_build.cache_key(variant, compiler)}.so"
         if not library.exists():
             _build(compiler, library, variant)
         torch.ops.load_library(str(library))
