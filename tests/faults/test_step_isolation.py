@@ -94,6 +94,7 @@ class PoisonedModel:
 
     def __init__(self, model):
         self.model, self.failed_batch_tokens = model, []
+        self.config = model.config  # the runner reads the model's config (its attention window) every step
 
     def __call__(self, input_ids, *args):
         if bool((input_ids == ord(POISON)).any()):

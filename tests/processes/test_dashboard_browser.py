@@ -26,6 +26,7 @@ import urllib.request
 
 import openai
 import pytest
+from etcd_server import wait_until
 from http_helpers import http_json, scrape, start_cluster, start_colocated, stop, wait_until_pools_full
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
@@ -375,7 +376,10 @@ def test_the_cluster_flip_shows_the_roles_on_the_page_and_in_admin(cluster, brow
 def test_a_link_cap_set_on_the_page_slows_the_next_transfer_and_lifting_restores(cluster, browser, tmp_path):
     base = cluster.base_url
     with screenshot_on_failure(browser, tmp_path):
-        (prefill,) = [i for i, info in admin_instances(base).items() if info["role"] == "prefill"]
+        # the module's cluster was flipped to colocated and split again just before: wait for its prefill
+        prefills = lambda: [i for i, info in admin_instances(base).items() if info["role"] == "prefill"]  # noqa: E731
+        wait_until(lambda: len(prefills()) == 1, SWITCH_TIMEOUT_S, "one prefill instance in /admin/instances")
+        (prefill,) = prefills()
         browser.get(f"{base}/dashboard")
         row_css = f'#link-cap-rows .cap-row[data-instance="{prefill}"]'
         wait_for(browser, lambda d: d.find_elements(By.CSS_SELECTOR, row_css), f"a link cap row for {prefill}")
