@@ -50,17 +50,37 @@ def pytest_cmdline_main(config) -> None:
         # every worker must collect the same tests in the same order: one string hash seed for all
         # (chosen at random per run, as Python's own is), so nothing ordered by a set's iteration differs
         os.environ.setdefault("PYTHONHASHSEED", str(random.randrange(1, 2**32)))
-        config.option.numprocesses, config.option.dist = workers, "loadgroup"
+        config.option.numprocesses, config.option.dist = workers, "loadscope"
         config.option.tx = ["popen"] * workers
+
+
+def worker_group(nodeid: str) -> str:
+    """The group of tests one xdist worker runs one after the other: the test's module, or
+    "machine-wide" for the modules that make machine-wide things."""
+    path = nodeid.split("::", 1)[0]
+    return "machine-wide" if Path(path).name.startswith(MACHINE_WIDE) else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Any load-balancing `--dist` keeps each `worker_group` on one worker. A scheduler of our own
+    rather than `xdist_group` marks: xdist writes those into a node id attribute pytest 9.2 no
+    longer reads, and a module split across two workers starts its module fixtures twice."""
+    if config.getoption("dist") == "each":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkerGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_group(nodeid)
+
+    return ByWorkerGroup(config, log)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
-        path = item.path.resolve()
-        if path.is_relative_to(FAST_DIR):
+        if item.path.resolve().is_relative_to(FAST_DIR):
             item.add_marker(pytest.mark.fast)
-        machine_wide = path.name.startswith(MACHINE_WIDE)
-        item.add_marker(pytest.mark.xdist_group("machine-wide" if machine_wide else str(path.relative_to(TESTS_DIR))))
 
 
 @pytest.fixture(scope="session")
