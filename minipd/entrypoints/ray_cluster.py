@@ -45,7 +45,7 @@ from minipd.entrypoints.ray_scaling import RayPoolScaling
 
 log = logging.getLogger(__name__)
 
-PLACEMENT_TIMEOUT_S = 60.0  # for Ray to find a node with room for an instance
+PLACEMENT_TIMEOUT_S = 120.0  # for Ray to find a node with room for an instance and start its worker there
 UNAVAILABLE_RETRY_S = 0.5  # between asks to an actor Ray is placing again (its node was lost)
 CALL_MARGIN_S = 30.0  # on top of an actor's own bounded work (a busy node, a slow Ray)
 
@@ -220,10 +220,13 @@ class RayCluster(ProcessCluster):
         try:
             await asyncio.wait_for(_placed(actor), PLACEMENT_TIMEOUT_S)
         except asyncio.TimeoutError:
-            raise RuntimeError(
-                f"{name} was not placed within {PLACEMENT_TIMEOUT_S:.0f} s: no node of the Ray cluster had "
-                f"{_text(wanted)} free (see `ray status`)"
-            ) from None
+            free = ray.available_resources()
+            why = (
+                "Ray had room for it, but its worker process did not start in time (a busy machine?)"
+                if all(free.get(k, 0.0) >= v for k, v in wanted.items())
+                else f"no node of the Ray cluster had {_text(wanted)} free"
+            )
+            raise RuntimeError(f"{name} was not placed within {PLACEMENT_TIMEOUT_S:.0f} s: {why} (see `ray status`)") from None
         except ray.exceptions.ActorDiedError as exc:  # Ray gave up on it: max_restarts used up
             raise RuntimeError(
                 f"{name}: Ray does not restart its actor again ({self.configs.cluster.max_restarts} restarts "

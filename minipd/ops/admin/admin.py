@@ -88,7 +88,8 @@ class AdminRoutes:
                 "instance": h.instance_id,
                 "role": h.role.value,
                 "epoch": h.epoch,
-                "switching": h.draining and h.instance_id not in removing,
+                # this router's own switch, or another router's (the instance says so in its stats)
+                "switching": (h.draining or (h.stats is not None and h.stats.switching)) and h.instance_id not in removing,
                 "compute": h.welcome.compute,
             }
             for h in handles
