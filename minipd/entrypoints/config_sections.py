@@ -1,19 +1,21 @@
 """The parts of a role's configuration that belong to no subsystem's own config: the process,
 the instance, its KV transport, what the API serves, the router's instances, the local
-cluster, the command-line demo, and the ratio controller's pair of configs.
+cluster, the command-line demo, and the ratio controller's pair of configs; and `SECTIONS`,
+every section a flag fills by name, to its default config.
 
-Each is a frozen struct whose defaults are the flags' defaults (the flag tables read them from
-here, as they read the engine's, router's and HTTP front's from those configs); `configs.py`
-fills them from a parsed command line. A `validate` method names the flag in its ValueError.
+Each is a frozen struct whose defaults are the flags' defaults (`flag_fields.flag` reads each
+flag's default and type from its field through `SECTIONS`, the engine's, router's and HTTP
+front's included); `configs.py` fills them from a parsed command line. A `validate` method
+names the flag in its ValueError.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
-from minipd.api.app import DEFAULT_HOST, SHUTDOWN_TIMEOUT_S
+from minipd.api.app import DEFAULT_HOST, SHUTDOWN_TIMEOUT_S, HttpConfig
 from minipd.control.channel import DEFAULT_LIVENESS_TIMEOUT_S
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS
 from minipd.control.role import Role
@@ -25,6 +27,8 @@ from minipd.ops.control_loop.live_controller import LiveControllerOptions
 from minipd.ops.registry.etcd_url import RegistryTls, RegistryUrl, check_login
 from minipd.policy.pool_scaling import PoolBounds, ScalingConfig
 from minipd.policy.ratio_controller import ControllerConfig
+from minipd.router.router_config import RouterConfig
+from minipd.slo.targets import SLO
 from minipd.transports.backends import backend_options
 
 Address = tuple[str, int]
@@ -207,3 +211,25 @@ class RatioController(msgspec.Struct, frozen=True, kw_only=True):
 
 
 DEFAULT_CONTROLLER_SLO = ["ttft:1000", "itl:100"]  # as typed on the command line
+
+
+def _default_ratio_controller() -> RatioController:
+    # ControllerConfig has no default SLO; the flags' default objectives stand in for it
+    return RatioController(policy=ControllerConfig(slo=SLO.parse(DEFAULT_CONTROLLER_SLO)))
+
+
+# the sections of configs.RoleConfigs that flags fill, by name (the first part of a flag's
+# `sets` path), each to its default config: the flags' defaults and the configs' starting point
+SECTIONS: dict[str, Callable[[], Any]] = {
+    "process": ProcessConfig,
+    "engine": EngineConfig,
+    "router": RouterConfig,
+    "http": HttpConfig,
+    "serving": ServingConfig,
+    "instance": InstanceConfig,
+    "transport": TransportConfig,
+    "endpoints": RouterEndpoints,
+    "cluster": ClusterConfig,
+    "demo": DemoConfig,
+    "ratio_controller": _default_ratio_controller,
+}

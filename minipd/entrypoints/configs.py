@@ -2,7 +2,8 @@
 
 `role_configs(role, args)` reads each flag of the role's table (flags.py) and puts its value
 where the flag's `sets` says (`engine.scheduler.max_num_seqs`: the field `max_num_seqs` of
-the engine config's scheduler), starting from each config's defaults; then it builds and
+the engine config's scheduler), starting from each section's default config
+(`config_sections.SECTIONS`, whose fields give the flags their defaults); then it builds and
 validates the configs the role runs with. A bad value raises ValueError naming the field,
 which `cli.py` reports as the flag's error (exit status 2). Nothing is loaded here.
 
@@ -25,6 +26,7 @@ from minipd.control.role import Role
 from minipd.engine.config import EngineConfig
 from minipd.engine.kv_admission import validate_ratio
 from minipd.entrypoints.config_sections import (
+    SECTIONS,
     ClusterConfig,
     DemoConfig,
     InstanceConfig,
@@ -37,8 +39,6 @@ from minipd.entrypoints.config_sections import (
 from minipd.entrypoints.credentials import parse_cluster_secret
 from minipd.entrypoints.flag_spec import ENGINE_ROLES, ROUTING
 from minipd.entrypoints.flags import FLAGS
-from minipd.ops.control_loop.live_controller import LiveControllerOptions
-from minipd.policy.ratio_controller import ControllerConfig
 from minipd.router.router_config import RouterConfig
 from minipd.slo.targets import SLO
 
@@ -90,32 +90,37 @@ def flag_values(role: Role, args: argparse.Namespace) -> dict[str, dict[str, Any
 def role_configs(role: Role, args: argparse.Namespace) -> RoleConfigs:
     """The typed configs of `role` from its parsed flags, validated (ValueError names the field)."""
     values = flag_values(role, args)
-    process = _fill(ProcessConfig(), values.get("process", {})).with_registry_tls()
+    process = _section("process", values).with_registry_tls()
     parse_cluster_secret(process.cluster_secret)  # checked before anything loads
-    instance = _fill(InstanceConfig(), values.get("instance", {}))
-    transport = _fill(TransportConfig(), values.get("transport", {}))
-    serving = _fill(ServingConfig(), values.get("serving", {}))
-    cluster = _fill(ClusterConfig(), values.get("cluster", {}))
+    instance = _section("instance", values)
+    transport = _section("transport", values)
+    serving = _section("serving", values)
+    cluster = _section("cluster", values)
     if role is Role.CLUSTER:
         cluster.validate(transport.name)
-    demo = _fill(DemoConfig(), values.get("demo", {}))
+    demo = _section("demo", values)
     demo.validate()
     return RoleConfigs(
         role=role,
         process=process,
-        engine=_engine(role, values.get("engine", {}), instance, cluster) if role in ENGINE_ROLES else None,
-        router=_router(values.get("router", {})) if role in ROUTING else None,
+        engine=_engine(role, _section("engine", values), instance, cluster) if role in ENGINE_ROLES else None,
+        router=_checked(_section("router", values)) if role in ROUTING else None,
         http=_http(role, values.get("http", {}), process, serving),
         serving=serving,
         instance=instance,
         transport=transport,
-        endpoints=_fill(RouterEndpoints(), values.get("endpoints", {})),
+        endpoints=_section("endpoints", values),
         cluster=cluster,
         demo=demo,
         ratio_controller=_ratio_controller(values.get("ratio_controller", {})),
         controller_policy=_controller_policy(values.get("ratio_controller", {})),
         parsed=args,
     )
+
+
+def _section(name: str, values: dict[str, dict[str, Any]]) -> Any:
+    """The default config of section `name` (config_sections.SECTIONS) with the flags' values in place."""
+    return _fill(SECTIONS[name](), values.get(name, {}))
 
 
 def _fill(config: Any, values: dict[str, Any]) -> Any:
@@ -127,8 +132,12 @@ def _fill(config: Any, values: dict[str, Any]) -> Any:
     return msgspec.structs.replace(config, **changes)
 
 
-def _engine(role: Role, values: dict[str, Any], instance: InstanceConfig, cluster: ClusterConfig) -> EngineConfig:
-    config = _fill(EngineConfig(), values)
+def _checked(config: Any) -> Any:
+    config.validate()
+    return config
+
+
+def _engine(role: Role, config: EngineConfig, instance: InstanceConfig, cluster: ClusterConfig) -> EngineConfig:
     if role is Role.CLUSTER:
         # the launcher's --cpus are the cores it divides among its children (cli.py checks them
         # against this process's); each child checks its own share, and names its own step log.
@@ -140,14 +149,7 @@ def _engine(role: Role, values: dict[str, Any], instance: InstanceConfig, cluste
     if instance.step_log_dir:
         step_log = os.path.join(instance.step_log_dir, f"{instance.name(role, os.getpid())}.jsonl")
         config = config.replace(step_log=step_log)
-    config.validate()
-    return config
-
-
-def _router(values: dict[str, Any]) -> RouterConfig:
-    config = _fill(RouterConfig(), values)
-    config.validate()
-    return config
+    return _checked(config)
 
 
 def _http(role: Role, values: dict[str, Any], process: ProcessConfig, serving: ServingConfig) -> HttpConfig | None:
@@ -158,9 +160,7 @@ def _http(role: Role, values: dict[str, Any], process: ProcessConfig, serving: S
     if role is Role.BOTH:  # the colocated server has one address for all its ports
         values = {**values, "host": process.host}
     validate_ratio(serving.kv_admission_ratio)
-    config = _fill(HttpConfig(), values)
-    config.validate()
-    return config
+    return _checked(_fill(HttpConfig(), values))
 
 
 def _ratio_controller(values: dict[str, Any]) -> RatioController | None:
@@ -173,11 +173,9 @@ def _controller_policy(values: dict[str, Any]) -> RatioController | None:
     them. The configs' own checks name the flag."""
     if "policy" not in values:
         return None
-    policy = dict(values["policy"])
     try:
-        slo = SLO.parse(policy.pop("slo"))
+        slo = SLO.parse(values["policy"]["slo"])
     except ValueError as exc:
         raise ValueError(f"controller_slo: {exc}") from None
-    return RatioController(
-        policy=ControllerConfig(slo=slo, **policy), options=LiveControllerOptions(**values.get("options", {}))
-    )
+    policy = {**values["policy"], "slo": slo}
+    return _fill(SECTIONS["ratio_controller"](), {"policy": policy, "options": values.get("options", {})})

@@ -1,11 +1,13 @@
 """What one command-line flag of `minipd` is (`Flag`), and the names the flag tables share:
-the role sets, the --help groups, the environment variables of the secrets.
+the role sets, the --help groups, the environment variables of the secrets, and the parsers of
+values that are more than a number.
 
 A `Flag` says which roles' parsers have it, which child roles a launcher passes its parsed
 value on to (`inherit`), and which config fields it sets (`sets`: paths such as
 `engine.scheduler.max_num_seqs`, the first part naming a field of `configs.RoleConfigs`), so a
 reader goes from a flag to the config it fills and `configs.py` fills it from there. A flag
-with an `env` variable (the secrets) takes its default from that variable.
+with an `env` variable (the secrets) takes its default from that variable. The tables build
+their entries with `flag_fields.flag`, which takes a flag's default and type from its field.
 """
 
 from __future__ import annotations
@@ -70,22 +72,6 @@ class Flag(NamedTuple):
     @property
     def dest(self) -> str:
         return self.options.get("dest", self.name.lstrip("-").replace("-", "_"))
-
-
-def flag(
-    name: str,
-    roles,
-    group: str,
-    inherit=(),
-    text=None,
-    env: str | None = None,
-    *,
-    sets: str | tuple[str, ...],
-    **options,
-) -> Flag:
-    """One table entry; `sets` is one config path or several (a value some configs share)."""
-    paths = (sets,) if isinstance(sets, str) else tuple(sets)
-    return Flag(name, frozenset(roles), group, options, paths, frozenset(inherit), env, text)
 
 
 def parse_address(text: str) -> tuple[str, int]:

@@ -3,7 +3,8 @@
 The table is split by purpose (`flags_process.py`, `flags_engine.py`, `flags_router.py`,
 `flags_registry.py`, `flags_api.py`; what an entry is: `flag_spec.py`) and joined here in --help order. Each entry
 says which roles' parsers have it, which config field it sets (`configs.py` fills the configs
-from there), and which child roles a launcher passes its parsed value on to (`inherit`):
+from there; the flag's default and type are that field's: `flag_fields.py`), and which child
+roles a launcher passes its parsed value on to (`inherit`):
 `minipd --role cluster` builds each child's command line with `inherited_argv`, from the values
 it parsed, so a flag added to a table reaches the processes that need it without any launcher
 code changing. A flag with an `env` variable (the secrets) takes its default from that

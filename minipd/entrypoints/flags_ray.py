@@ -1,7 +1,7 @@
 """The flags of `minipd --role cluster --launcher ray` (ray_cluster.py): which launcher, which
 Ray cluster, the custom Ray resources each role's instances ask for, and how the ratio
-controller may scale the pools (ray_scaling.py). Each entry's `sets` names the config field it
-fills (flag_spec.py)."""
+controller may scale the pools (ray_scaling.py). Each entry names the config field it fills
+(`sets`), whose default and type it takes (flag_fields.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import json
 import math
 
 from minipd.control.role import Role
-from minipd.entrypoints.flag_spec import CLUSTER, Flag, flag
+from minipd.entrypoints.flag_fields import flag_group
+from minipd.entrypoints.flag_spec import CLUSTER, Flag
 from minipd.policy.pool_scaling import ScalingConfig
 
 LAUNCHERS = ("local", "ray")
@@ -33,46 +34,36 @@ def ray_resources(text: str) -> tuple[tuple[str, float], ...]:
     return tuple((name, float(amount)) for name, amount in sorted(value.items()))
 
 
+_ray = flag_group({Role.CLUSTER}, CLUSTER)
+
 FLAGS = (
-    flag(
+    _ray(
         "--launcher",
-        {Role.CLUSTER},
-        CLUSTER,
         sets="cluster.launcher",
-        default="local",
         choices=LAUNCHERS,
         help="who starts the instances: `local`, child processes of this one; `ray`, processes placed on a Ray "
         "cluster by Ray resources, each supervised by a Ray actor (needs `pip install 'minipd[ray]'`); the router "
         "runs here either way (default: %(default)s)",
     ),
-    flag(
+    _ray(
         "--ray-address",
-        {Role.CLUSTER},
-        CLUSTER,
         sets="cluster.ray_address",
-        default=None,
         metavar="ADDR",
         help="with --launcher ray: the Ray cluster to join (its GCS address, as `ray start` prints it); without "
         "it, a local Ray is started for the run, with the CPUs --cpus gives the instances, and stopped afterwards",
     ),
-    flag(
+    _ray(
         "--ray-prefill-resources",
-        {Role.CLUSTER},
-        CLUSTER,
         sets="cluster.ray_prefill_resources",
         type=ray_resources,
-        default=(),
         metavar="JSON",
         help="with --launcher ray: custom Ray resources each prefill instance asks for, pinning the pool to the "
         "nodes labelled with them, e.g. '{\"minipd_prefill\": 1}' (default: none)",
     ),
-    flag(
+    _ray(
         "--ray-decode-resources",
-        {Role.CLUSTER},
-        CLUSTER,
         sets="cluster.ray_decode_resources",
         type=ray_resources,
-        default=(),
         metavar="JSON",
         help="with --launcher ray: custom Ray resources each decode (and colocated) instance asks for (default: none)",
     ),
@@ -80,13 +71,9 @@ FLAGS = (
 
 
 def _scaling_bound(end: str, role: str) -> Flag:
-    return flag(
+    return _ray(
         f"--{end}-{role}",
-        {Role.CLUSTER},
-        CLUSTER,
         sets=f"cluster.{end}_{role}",
-        type=int,
-        default=None,
         metavar="N",
         help=f"with --launcher ray: the {'fewest' if end == 'min' else 'most'} {role} instances the ratio "
         f"controller scales the pool to (default: --num-{role}, the start size); giving any pool scaling flag turns "
@@ -96,24 +83,16 @@ def _scaling_bound(end: str, role: str) -> Flag:
 
 SCALING_FLAGS = (
     *(_scaling_bound(end, role) for role in ("prefill", "decode") for end in ("min", "max")),
-    flag(
+    _ray(
         "--scale-idle-window-s",
-        {Role.CLUSTER},
-        CLUSTER,
         sets="cluster.scale_idle_window_s",
-        type=float,
-        default=None,
         metavar="S",
         help="with pool scaling: a pool with no request on any of its instances for this long, above its "
         f"minimum, drains and removes one instance (default: {ScalingConfig().idle_window_s:g})",
     ),
-    flag(
+    _ray(
         "--scale-cooldown-s",
-        {Role.CLUSTER},
-        CLUSTER,
         sets="cluster.scale_cooldown_s",
-        type=float,
-        default=None,
         metavar="S",
         help=f"with pool scaling: at least this long between two adds or removes (default: "
         f"{ScalingConfig().cooldown_s:g})",

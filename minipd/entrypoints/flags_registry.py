@@ -1,18 +1,17 @@
 """The flags of the registry: where membership lives when it is not the embedded default
-(minipd/ops/registry). Each entry's `sets` names the config field it fills (flag_spec.py)."""
+(minipd/ops/registry). Each entry names the config field it fills (`sets`), whose default it
+takes (flag_fields.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from minipd.entrypoints.config_sections import ProcessConfig
-from minipd.entrypoints.flag_spec import EVERY_CHILD, NETWORKED, flag
+from minipd.entrypoints.flag_fields import flag_group
+from minipd.entrypoints.flag_spec import EVERY_CHILD, NETWORKED
 from minipd.ops.registry.etcd_url import DEFAULT_PREFIX, ETCD_PASSWORD_ENV, RegistryUrl, parse_registry_url
 
 REGISTRY = "registry (docs/multi-host.md)"
 MIN_TTL_S = 2  # etcd's own minimum lease TTL with its default election timeout
-
-_PROCESS = ProcessConfig()
 
 
 def registry_url(text: str) -> RegistryUrl:
@@ -32,16 +31,14 @@ def ttl_seconds(text: str) -> int:
     return value
 
 
+_registry = flag_group(NETWORKED, REGISTRY, EVERY_CHILD)
+
 FLAGS = (
-    flag(
+    _registry(
         "--registry",
-        NETWORKED,
-        REGISTRY,
-        EVERY_CHILD,
-        str,
         sets="process.registry",
+        text=str,
         type=registry_url,
-        default=None,
         metavar="etcd://HOST:PORT[,HOST:PORT...][/PREFIX]",
         help="keep the cluster's membership in etcd: instances publish themselves under a lease they keep alive, "
         "routers watch the prefix (no --prefill/--decode/--router needed) and claim role switches there. "
@@ -49,48 +46,32 @@ FLAGS = (
         f"etcd://USER@HOST:PORT logs in as USER, the password from ${ETCD_PASSWORD_ENV}. Needs the `etcd` extra "
         "(default: none; instances register with the router over its control port)",
     ),
-    flag(
+    _registry(
         "--registry-ttl-s",
-        NETWORKED,
-        REGISTRY,
-        EVERY_CHILD,
         sets="process.registry_ttl_s",
         type=ttl_seconds,
-        default=_PROCESS.registry_ttl_s,
         help="with --registry: the TTL of each process's lease, refreshed every third of it. An instance that "
         "shows no sign of life for this long (dead, frozen, or cut off from etcd) is dropped by every router "
         "within about this time plus a second (default: %(default)s)",
     ),
-    flag(
+    _registry(
         "--registry-ca",
-        NETWORKED,
-        REGISTRY,
-        EVERY_CHILD,
         sets="process.registry_tls.ca",
-        default=None,
         metavar="FILE",
         help="with --registry: talk TLS to etcd, checking its certificate against this CA (PEM; the etcd flag "
         "--trusted-ca-file's counterpart). Giving --registry-cert alone also turns TLS on, against the system's "
         "CAs (default: plain gRPC)",
     ),
-    flag(
+    _registry(
         "--registry-cert",
-        NETWORKED,
-        REGISTRY,
-        EVERY_CHILD,
         sets="process.registry_tls.cert",
-        default=None,
         metavar="FILE",
         help="with --registry: the client certificate (PEM) this process presents to an etcd started with "
         "--client-cert-auth; with --registry-key (default: none)",
     ),
-    flag(
+    _registry(
         "--registry-key",
-        NETWORKED,
-        REGISTRY,
-        EVERY_CHILD,
         sets="process.registry_tls.key",
-        default=None,
         metavar="FILE",
         help="with --registry-cert: its private key (PEM, readable by this process only) (default: none)",
     ),

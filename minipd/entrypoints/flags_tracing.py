@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from minipd.entrypoints.flag_spec import ALL, EVERY_CHILD, PROCESS, flag
+from minipd.entrypoints.flag_fields import flag
+from minipd.entrypoints.flag_spec import ALL, EVERY_CHILD, PROCESS
 from minipd.tracing.exporter import OTEL_EXTRA
 
 FLAGS = (
     flag(
         "--otlp-traces-endpoint",
-        ALL,
-        PROCESS,
-        EVERY_CHILD,
+        roles=ALL,
+        group=PROCESS,
+        inherit=EVERY_CHILD,
         sets="process.otlp_traces_endpoint",
-        default=None,
         metavar="URL",
         help="export OpenTelemetry traces over OTLP/HTTP (protobuf) to URL, e.g. an OpenTelemetry collector "
         "or Jaeger at http://localhost:4318 (/v1/traces is appended when URL has no path): one trace per "

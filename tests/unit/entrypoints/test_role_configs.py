@@ -9,61 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from minipd.api.app import HttpConfig
 from minipd.control.role import Role
-from minipd.engine.config import EngineConfig
-from minipd.entrypoints.config_sections import (
-    DEFAULT_CONTROLLER_SLO,
-    ClusterConfig,
-    DemoConfig,
-    InstanceConfig,
-    ProcessConfig,
-    RatioController,
-    RouterEndpoints,
-    ServingConfig,
-    TransportConfig,
-)
+from minipd.entrypoints.config_sections import SECTIONS
 from minipd.entrypoints.configs import RoleConfigs, flag_values, role_configs
+from minipd.entrypoints.flag_fields import SWITCHES, field_default
 from minipd.entrypoints.flags import FLAGS, build_parser, inherited_argv
-from minipd.policy.ratio_controller import ControllerConfig
-from minipd.router.router_config import RouterConfig
-from minipd.slo.targets import SLO
 from minipd.transports.backends import backend_options
 
-DEFAULTS = {
-    "process": ProcessConfig(),
-    "engine": EngineConfig(),
-    "router": RouterConfig(),
-    "http": HttpConfig(),
-    "serving": ServingConfig(),
-    "instance": InstanceConfig(),
-    "transport": TransportConfig(),
-    "endpoints": RouterEndpoints(),
-    "cluster": ClusterConfig(),
-    "demo": DemoConfig(),
-    "ratio_controller": RatioController(policy=ControllerConfig(slo=SLO.parse(DEFAULT_CONTROLLER_SLO))),
-}
 # a None default that means "off" where the config's own default is the value once on
 OFF_BY_NONE = {("--control-port", "instance.port"), ("--port", "http.port"), ("--http-port", "http.port")}
-SWITCHES = {"ratio_controller.on"}  # turns a config on (RoleConfigs.ratio_controller is None without it)
-
-
-def _field_default(path: str):
-    section, *fields = path.split(".")
-    value = DEFAULTS[section]
-    for field in fields:
-        assert hasattr(value, field), f"{path}: {type(value).__name__} has no field {field!r}"
-        value = getattr(value, field)
-    return value
 
 
 def test_every_flag_sets_a_field_of_the_role_configs():
-    assert set(DEFAULTS) <= set(RoleConfigs.__dataclass_fields__)
+    assert set(SECTIONS) <= set(RoleConfigs.__dataclass_fields__)
     for flag in FLAGS:
         assert flag.sets, f"{flag.name} sets nothing"
         for path in flag.sets:
             if path not in SWITCHES:
-                _field_default(path)
+                field_default(path)  # AttributeError naming the path if there is no such field
 
 
 def test_every_flag_defaults_to_the_default_of_the_field_it_sets(monkeypatch):
@@ -75,7 +38,7 @@ def test_every_flag_defaults_to_the_default_of_the_field_it_sets(monkeypatch):
             if path in SWITCHES or path == "ratio_controller.policy.slo" or (flag.name, path) in OFF_BY_NONE:
                 continue
             default = flag.options.get("default", flag.options.get("action") == "store_false")
-            assert default == _field_default(path), f"{flag.name} -> {path}"
+            assert default == field_default(path), f"{flag.name} -> {path}"
             checked += 1
     assert checked > 60
 
