@@ -26,8 +26,8 @@ The router owns the tables that every path (routing, admission, liveness and evi
 switches) reads and changes on one event loop: requests, their KV claims and try ids, and
 instances (registry.py, connected and watched by instance_links.py); and it dispatches the
 instances' messages to the tries they concern. Each step of a request's life is published on
-its event seam, `events` (request_events.py), where timelines, spans and the latency observer
-subscribe (request_subscribers.py).
+its event seam, `events` (request_events.py), where the timelines' log (request_log.py), spans
+and the latency observer (request_subscribers.py) subscribe.
 
 Longer than 400 lines because: a request's life from submission to its end (tries, retries, migration, aborts) is one
 loop over tables that only this class changes; what each try does is attempt.py's."""
@@ -70,15 +70,15 @@ from minipd.router.latency_observer import LatencyObserver
 from minipd.router.outcome import Outcome
 from minipd.router.registry import InstanceHandle, InstanceRegistry
 from minipd.router.request_events import KVTransferred, RequestEnded, RequestEvents, RequestStarted
-from minipd.router.request_subscribers import LatencyRelay, RequestTracer, TimelineRecorder
+from minipd.router.request_subscribers import LatencyRelay, RequestTracer
 from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport, switch_instance_role
 from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
 from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
 from minipd.router.timeline_store import TimelineStore
-from minipd.router.try_ids import TryIds
-from minipd.tracing.exporter import tracer
+from minipd.router.try_state import TryIds
+from minipd.tracing import exporter
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class Router(GeneratesFromSubmit):
         self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (switch_claims.py)
         self.events = RequestEvents()  # each step of every request, for its subscribers
         self._latency_relay: LatencyRelay | None = None
-        self._timeline_recorder: TimelineRecorder | None = None
+        self._timelines: TimelineStore | None = None
         self._tracer: RequestTracer | None = None  # subscribed once tracing is on
 
     @property
@@ -130,13 +130,14 @@ class Router(GeneratesFromSubmit):
     @property
     def timelines(self) -> TimelineStore | None:
         """Where every request's timeline is kept (the dashboard's; None: the router keeps none)."""
-        return None if self._timeline_recorder is None else self._timeline_recorder.store
+        return self._timelines
 
     @timelines.setter
     def timelines(self, store: TimelineStore | None) -> None:
-        self._timeline_recorder = self._resubscribe(
-            self._timeline_recorder, None if store is None else TimelineRecorder(store)
-        )
+        """Keep every request's events in `store`'s log from now on (it makes them timelines when read)."""
+        old = None if self._timelines is None else self._timelines.log
+        self._resubscribe(old, None if store is None else store.log)
+        self._timelines = store
 
     def _resubscribe(self, old: object, new: object) -> object:
         """Replace subscriber `old` with `new` on the request events (either may be None); returns `new`."""
@@ -270,7 +271,7 @@ class Router(GeneratesFromSubmit):
         stream = RequestStream(request_id, self.abort)
         layerwise = self.config.layerwise if layerwise is None else layerwise
         routed = RoutedRequest(request_id, token_ids, params, stream, layerwise)
-        if self._tracer is None and tracer() is not None:  # tracing is on from now on
+        if self._tracer is None and exporter.current is not None:  # tracing is on from now on
             self._tracer = RequestTracer()
             self.events.subscribe(self._tracer)
         self.events.publish(RequestStarted, routed, traceparent)
@@ -352,16 +353,16 @@ class Router(GeneratesFromSubmit):
                     self.counters.transfer_failed(f"{where}: {message.reason}")
             case Renew():
                 # the prefill instance of the current try progressed: pass the renewal on
-                handle = self.links.handle_of(channel)
+                handle = self.links.by_channel.get(channel)
                 if attempt is not None and handle is not None and attempt.prefilling is handle:
                     attempt.decode.channel.send(Renew(request_id=message.request_id))
             case Draining():
-                handle = self.links.handle_of(channel)
+                handle = self.links.by_channel.get(channel)
                 if handle is not None:
                     log.info("instance %s is shutting down: routing nothing new there", handle.instance_id)
                     handle.draining = True
             case KVEvents():  # the prefix index: what the instance's cache (and the tier) now hold
-                self.registry.kv_events(self.links.handle_of(channel), message.events)
+                self.registry.kv_events(self.links.by_channel.get(channel), message.events)
             case _:
                 log.warning("%s: unexpected %s", channel.name, type(message).__name__)
 
