@@ -39,7 +39,7 @@ from minipd.api.errors import OVERLOADED, ApiError
 from minipd.api.host_guard import HostGuard
 from minipd.api.http_protocol import errors_middleware, use_json_errors
 from minipd.api.metrics import CONTENT_TYPE, ServingMetrics
-from minipd.api.protocol import ModelCard, ModelList
+from minipd.api.responses import ModelCard, ModelList
 from minipd.api.serving import OpenAIServing
 
 log = logging.getLogger(__name__)

@@ -37,14 +37,9 @@ from minipd.api.metrics import (
     OVERLOAD_WAITING_LIMIT,
     ServingMetrics,
 )
-from minipd.api.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationRequest,
-    Usage,
-    make_usage,
-)
+from minipd.api.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from minipd.api.request_metrics import RequestRecorder
+from minipd.api.responses import Usage, make_usage
 from minipd.api.stream_format import ChatFormat, CompletionFormat
 from minipd.engine.checked_prompt import CheckedPrompt, check_prompt
 from minipd.engine.kv_admission import NoCapacity
