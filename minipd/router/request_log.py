@@ -5,8 +5,9 @@ timeline is made of (every kind but `TokensRelayed`) and keeps each request's ev
 come, in a list on the request (`routed.log`); when the request ends the list joins a ring of
 the last `capacity` ended requests (oldest out first), and `version` counts every one that
 joined. Nothing is computed per request: the timelines are made from the kept events when
-someone reads them (timeline_store.py replays them), on the event's own stamps (`at`) and its
-messages, never on the figures the events point to (those have moved on by then).
+someone reads them (timeline_store.py replays them), on the events' own stamps (`at`) and
+messages and on what a request or try holds once set (its id, arrival, prompt, a try's
+outcome and reason), never on figures that move on (an instance's load, a try's `local`).
 
 The one thing it does besides keeping: a try it keeps asks its prefill instance for its times
 (`attempt.prefill_times_wanted`), for the tries a timeline times (request_timeline.MAX_TRIES).
