@@ -174,6 +174,16 @@ class Engine(EngineBase):
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
+    def stats(self) -> EngineStats:
+        """What the engine holds now (its instance reports it in every stats poll)."""
+        return EngineStats(
+            len(self.scheduler.running),
+            len(self.scheduler.waiting),
+            self.scheduler.num_preemptions,
+            self.block_manager.usage(),
+            num_prefilling=self.scheduler.num_prefilling(),
+        )
+
     # ---- the loop ---------------------------------------------------------------------
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

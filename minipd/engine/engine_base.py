@@ -1,6 +1,6 @@
 """An engine's making and its life outside a request: loading the model and allocating the KV
 pool (`__init__`), the one compute thread, starting and closing the loop, and what is asked
-of it between requests (waiting until it settles or goes idle, its stats, resetting its pool
+of it between requests (waiting until it settles or goes idle, resetting its pool
 for a role switch).
 
 `EngineBase` is the half of `engine.Engine` that no request runs; a request's entry points
@@ -165,12 +165,3 @@ class EngineBase(GeneratesFromSubmit):
         if self._streams or self.scheduler.running or self.scheduler.waiting:
             raise RuntimeError(f"reset_pool: {len(self._streams)} requests are still in the engine")
         self.block_manager.reset()
-
-    def stats(self) -> EngineStats:
-        return EngineStats(
-            len(self.scheduler.running),
-            len(self.scheduler.waiting),
-            self.scheduler.num_preemptions,
-            self.block_manager.usage(),
-            num_prefilling=self.scheduler.num_prefilling(),
-        )
