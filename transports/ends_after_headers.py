@@ -16,7 +16,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from minipd.transports.base import Transport, _Sending
+from minipd.transports.base import Transport
+from minipd.transports.request_calls import _Sending
 
 
 class _Headers:

@@ -7,11 +7,12 @@ import asyncio
 import enum
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 from minipd.transports import fault_points
 from minipd.transports.pool_layout import PoolLayout
-from minipd.transports.recent_ids import RecentIds
 from minipd.transports.results import ReceiveOutcome, RequestLanded
 from minipd.transports.transfer_error import TransferError
 
@@ -20,6 +21,37 @@ logger = logging.getLogger(__name__)
 # Aborted request ids remembered so their late data is dropped quietly instead of being
 # treated as an unknown request (which closes the link); the oldest are forgotten first.
 MAX_REMEMBERED_ABORTS = 4096
+V = TypeVar("V")
+
+
+class RecentIds(Generic[V]):
+    """A bounded memory of recently seen request ids (aborted ones, mostly): at most `capacity`
+    ids, each with a value; remembering one more forgets the oldest. Bounded so that a
+    long-running instance does not grow with every request it ever saw."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self._capacity = capacity
+        self._ids: OrderedDict[str, V] = OrderedDict()
+
+    def remember(self, request_id: str, value: V) -> None:
+        self._ids[request_id] = value
+        self._ids.move_to_end(request_id)
+        while len(self._ids) > self._capacity:
+            self._ids.popitem(last=False)
+
+    def get(self, request_id: str) -> V | None:
+        return self._ids.get(request_id)
+
+    def forget(self, request_id: str) -> None:
+        self._ids.pop(request_id, None)
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
 
 
 class Verdict(enum.Enum):

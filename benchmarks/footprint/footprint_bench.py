@@ -14,7 +14,10 @@ work that falls inside the window (heartbeats, the dashboard's pushes) is counte
 the window is kept to the request's own span, and `--repeats` windows give the median.
 
 Figures: `files` (distinct files with a line run), `file_lines` (those files' lengths added:
-what a reader opens), `lines_run` (distinct lines run), and each per package folder.
+what a reader opens), `lines_run` (distinct lines run), and each per package folder; the median
+run's `by_file` gives each file's lines and how many of them ran (`[lines, run]`), its `lines`
+the line numbers run, and the table names the largest files: where a reader opens much to
+follow little.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ STARTUP_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 120.0
 DUMP_TIMEOUT_S = 30.0
 ROLES = ("router", "prefill", "decode")
+TOP_FILES = 12  # the largest files the table names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -174,6 +178,7 @@ def _figures(files: dict[str, list[int]]) -> dict:
         "file_lines": sum(lengths.values()),
         "lines_run": sum(len(v) for v in files.values()),
         "file_lines_by_folder": dict(sorted(by_folder.items())),
+        "by_file": {f: [lengths[f], len(files[f])] for f in sorted(files, key=lambda f: -lengths[f])},
     }
 
 
@@ -205,6 +210,7 @@ def run(args: argparse.Namespace) -> dict:
                 "all": _figures({f: sorted(v) for f, v in union.items()}),
                 "per_role": {role: _figures(files) for role, files in window["per_role"].items()},
                 "files": sorted(union),
+                "lines": {f: sorted(v) for f, v in sorted(union.items())},  # the line numbers run, per file
                 "request_s": window["request_s"],
                 "chunks": window["chunks"],
             }
@@ -235,6 +241,9 @@ def print_table(result: dict) -> None:
         print(f"  {role:<10} {f['files']:>6} {f['file_lines']:>11} {f['lines_run']:>10}")
     print(f"  {'all':<10} {result['files']:>6} {result['file_lines']:>11} {result['lines_run']:>10}")
     print("  file lines by folder: " + ", ".join(f"{k} {v}" for k, v in median["all"]["file_lines_by_folder"].items()))
+    print(f"  the {TOP_FILES} largest files run (lines, of them run):")
+    for f, (lines, run) in list(median["all"]["by_file"].items())[:TOP_FILES]:
+        print(f"    {f:<48} {lines:>5} {run:>5}")
 
 
 def plot(result: dict, path: str) -> None:

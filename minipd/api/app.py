@@ -35,11 +35,11 @@ from aiohttp import web
 from minipd.api.allowed_hosts import AllowedHosts, parse_entries
 from minipd.api.api_key import ApiKeyGuard
 from minipd.api.backend import ServingBackend
-from minipd.api.errors import NOT_FOUND, OVERLOADED, SERVER_ERROR, ApiError
+from minipd.api.errors import OVERLOADED, ApiError
 from minipd.api.host_guard import HostGuard
-from minipd.api.http_protocol import use_json_errors
+from minipd.api.http_protocol import errors_middleware, use_json_errors
 from minipd.api.metrics import CONTENT_TYPE, ServingMetrics
-from minipd.api.protocol import ModelCard, ModelList
+from minipd.api.responses import ModelCard, ModelList
 from minipd.api.serving import OpenAIServing
 
 log = logging.getLogger(__name__)
@@ -93,43 +93,8 @@ CONFIG_KEY = web.AppKey("config", HttpConfig)
 _encoder = msgspec.json.Encoder()
 
 
-def error_response(error: ApiError) -> web.Response:
-    headers = dict(error.headers)
-    if error.retry_after_s is not None:
-        headers["Retry-After"] = str(error.retry_after_s)
-    response = web.Response(
-        status=error.status, body=_encoder.encode(error.body()), content_type="application/json", headers=headers
-    )
-    if error.close_connection:
-        response.force_close()
-    return response
-
-
 def _json(value: msgspec.Struct | dict) -> web.Response:
     return web.Response(body=_encoder.encode(value), content_type="application/json")
-
-
-@web.middleware
-async def _errors_middleware(request: web.Request, handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as exc:
-        return error_response(exc)
-    except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
-        if exc.status < 400:
-            raise
-        if exc.status in (404, 405):
-            message = f"{request.method} {request.path}: {exc.reason}"
-        else:
-            message = exc.text or exc.reason
-        return error_response(
-            ApiError(exc.status, message, type=NOT_FOUND if exc.status == 404 else "invalid_request_error")
-        )
-    except (asyncio.CancelledError, ConnectionError):
-        raise
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(ApiError(500, "internal server error; see the server log", type=SERVER_ERROR))
 
 
 class _Routes:
@@ -165,7 +130,7 @@ def build_app(backend: ServingBackend, config: HttpConfig, extensions: Sequence[
     """An aiohttp app serving `backend`; run it with `start_http_server`."""
     config.validate()
     # a foreign Host is refused before the key is looked at: the key is no way around it
-    middlewares = [_errors_middleware, HostGuard(AllowedHosts.for_server(config.host, config.allowed_hosts)).middleware]
+    middlewares = [errors_middleware, HostGuard(AllowedHosts.for_server(config.host, config.allowed_hosts)).middleware]
     if config.api_key is not None:
         middlewares.append(ApiKeyGuard(config.api_key).middleware)
     app = web.Application(client_max_size=config.max_request_body_bytes, middlewares=middlewares)

@@ -1,4 +1,6 @@
-"""aiohttp's connection handler, answering its own errors in OpenAI's error format.
+"""Every error the HTTP front answers, in OpenAI's error format: the app's middleware answers
+what its routes raise (`errors_middleware`, `error_response`), and aiohttp's connection handler
+answers the requests that never reach a route (below).
 
 Some errors never reach a handler or the app's middlewares: aiohttp's request parser refuses a
 request (a bad `Content-Length`, both `Content-Length` and `Transfer-Encoding`, a request line
@@ -18,6 +20,7 @@ which add no state (`__slots__ = ()`), so the switch changes only methods.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
@@ -25,7 +28,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from minipd.api.errors import SERVER_ERROR, ApiError
+from minipd.api.errors import NOT_FOUND, SERVER_ERROR, ApiError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +37,44 @@ _encoder = msgspec.json.Encoder()
 # `'...'`); an apostrophe inside a word ("can't") is no quote
 _QUOTE_START = re.compile(r"""[:\n"]|(?:^|\s)b?'""")
 MAX_REASON_CHARS = 80
+
+
+def error_response(error: ApiError) -> web.Response:
+    headers = dict(error.headers)
+    if error.retry_after_s is not None:
+        headers["Retry-After"] = str(error.retry_after_s)
+    response = web.Response(
+        status=error.status, body=_encoder.encode(error.body()), content_type="application/json", headers=headers
+    )
+    if error.close_connection:
+        response.force_close()
+    return response
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler) -> web.StreamResponse:
+    """The app's first middleware: what a route raises becomes its answer in OpenAI's format
+    (`ApiError` as it says, aiohttp's own HTTP errors as 404/405/413..., anything else a logged
+    bare 500); a cancellation or a lost connection goes on up."""
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc)
+    except web.HTTPException as exc:  # aiohttp's own: unknown route, wrong method, body too large
+        if exc.status < 400:
+            raise
+        if exc.status in (404, 405):
+            message = f"{request.method} {request.path}: {exc.reason}"
+        else:
+            message = exc.text or exc.reason
+        return error_response(
+            ApiError(exc.status, message, type=NOT_FOUND if exc.status == 404 else "invalid_request_error")
+        )
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal server error; see the server log", type=SERVER_ERROR))
 
 
 def parser_reason(exc: HttpProcessingError) -> str:

@@ -13,11 +13,16 @@ transfer series stay at zero. Instance gauges are read from the backend at scrap
 instances' latest reports (polled all at once, each with a short timeout): an instance that
 disappears disappears from /metrics too, and one whose report is late is flagged by
 `minipd_instance_stats_stale`.
+
+What one request records, as it goes, is request_metrics.py's (`RequestRecorder`, the phase
+and abort names); it also keeps the front's recent requests in `ServingMetrics.recent`
+(`RecentRequests`: bounded rings of samples and finished requests), which the dashboard's
+window reads when it is read (ops/dashboard/request_window.py): a request pays a few appends
+for it, whoever watches.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -26,7 +31,17 @@ from prometheus_client.registry import Collector
 
 from minipd.api.backend import InstanceStats
 from minipd.api.kv_tier_metrics import KVTierCollector
-from minipd.engine.request import FinishReason, RequestOutput, TransferInfo
+from minipd.api.request_metrics import (
+    ABORT_CLIENT_DISCONNECT,
+    ABORT_ENGINE_ERROR,
+    ABORT_OTHER,
+    PHASES,
+    RecentRequests,
+    RequestRecorder,
+    record_phases,
+    record_transfer,
+)
+from minipd.engine.request import FinishReason, TransferInfo
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -35,28 +50,6 @@ ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.3
 TRANSFER_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 PHASE_BUCKETS_S = (0.0001, 0.00025, 0.0005, *LATENCY_BUCKETS_S)
-# minipd_disagg_phase_seconds{phase}, in the order a disaggregated request goes through them
-PHASE_RESERVE = "reserve"  # the router's reserve call on the decode instance, busy waits included
-PHASE_PREFILL_COMPUTE = "prefill_compute"  # the prefill instance's prefill step
-PHASE_KV_TRANSFER = "kv_transfer"  # first KV write to the last byte acknowledged
-PHASE_KV_TRANSFER_EXPOSED = "kv_transfer_exposed"  # end of prefill compute to the last byte acknowledged
-# decode side: the KV landed and the decode order arrived (the later of the two) to the
-# sequence queued with its first token (the landing checked, the blocks adopted)
-PHASE_ADOPT = "adopt"
-PHASE_FIRST_TOKEN = "first_token"  # arrival at this front to the first token leaving it
-PHASES = (
-    PHASE_RESERVE,
-    PHASE_PREFILL_COMPUTE,
-    PHASE_KV_TRANSFER,
-    PHASE_KV_TRANSFER_EXPOSED,
-    PHASE_ADOPT,
-    PHASE_FIRST_TOKEN,
-)
-
-ABORT_CLIENT_DISCONNECT = "client_disconnect"
-ABORT_ENGINE_ERROR = "engine_error"
-ABORT_OTHER = "other"  # aborted inside the backend (shutdown, lost instance)
-
 # minipd_request_overloads_total{cause}: requests answered 503 for want of capacity
 OVERLOAD_WAITING_LIMIT = "waiting_limit"  # --max-waiting-requests were waiting already
 OVERLOAD_KV_CAPACITY = "kv_capacity"  # no KV room: refused at admission, or none freed in time
@@ -176,27 +169,15 @@ class ServingMetrics:
             self.overloads.labels(cause)
         r.register(InstanceCollector(instance_stats))
         r.register(KVTierCollector(instance_stats))
+        self.recent = RecentRequests()
 
     def record_transfer(self, num_bytes: int, seconds: float, exposed_seconds: float) -> None:
         """One request's KV transfer finished: its size, wall time and exposed part."""
-        self.transfer_bytes.inc(num_bytes)
-        self.transfer.observe(seconds)
-        self.transfer_exposed.observe(exposed_seconds)
+        record_transfer(self, num_bytes, seconds, exposed_seconds)
 
     def record_phases(self, transfer: TransferInfo, ttft_s: float | None) -> None:
-        """A disaggregated request finished: the phases its transfer record carries, and its TTFT
-        (None when no token reached the client, which then has no first-token phase; an adopt
-        the decode instance did not report has no adopt phase)."""
-        for phase, seconds in (
-            (PHASE_RESERVE, transfer.reserve_s),
-            (PHASE_PREFILL_COMPUTE, transfer.compute_s),
-            (PHASE_KV_TRANSFER, transfer.transfer_s),
-            (PHASE_KV_TRANSFER_EXPOSED, transfer.exposed_s),
-            (PHASE_ADOPT, transfer.adopt_s),
-            (PHASE_FIRST_TOKEN, ttft_s),
-        ):
-            if seconds is not None:
-                self.phases.labels(phase).observe(seconds)
+        """A disaggregated request finished: its phases (request_metrics.record_phases)."""
+        record_phases(self, transfer, ttft_s)
 
     def record_transfer_failure(self) -> None:
         self.transfer_failures.inc()
@@ -205,63 +186,10 @@ class ServingMetrics:
         """A request is answered 503 for want of capacity (one of OVERLOAD_CAUSES)."""
         self.overloads.labels(cause).inc()
 
-    def start_request(self) -> "RequestRecorder":
-        """Call on arrival of a request; the recorder times it from now."""
+    def start_request(self) -> RequestRecorder:
+        """Call on arrival of a request; the recorder times it from now (request_metrics.py)."""
         return RequestRecorder(self)
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""
         return generate_latest(self.registry)
-
-
-class RequestRecorder:
-    """Times one request from arrival; each method records at most once where that matters."""
-
-    def __init__(self, metrics: ServingMetrics):
-        self._metrics = metrics
-        self._arrival = time.monotonic()
-        self._last_token_time: float | None = None
-        self._ttft_s: float | None = None
-        self._queue_recorded = False
-        self._num_prompt_tokens = 0
-        self._num_output_tokens = 0
-        self.is_finished = False
-
-    def on_output(self, output: RequestOutput) -> None:
-        """An increment arrived from the backend and is about to be sent to the client."""
-        m, now = self._metrics, time.monotonic()
-        if output.queue_time_s is not None and not self._queue_recorded:
-            m.queue.observe(output.queue_time_s)
-            self._queue_recorded = True
-        if output.token_ids:
-            if self._last_token_time is None:
-                self._ttft_s = now - self._arrival
-                m.ttft.observe(self._ttft_s)
-            else:
-                m.itl.observe(now - self._last_token_time)
-            self._last_token_time = now
-            m.generation_tokens.inc(len(output.token_ids))
-        self._num_prompt_tokens = output.num_prompt_tokens
-        self._num_output_tokens = output.num_output_tokens
-        if output.finished:
-            if output.transfer is not None:
-                m.record_transfer(output.transfer.num_bytes, output.transfer.transfer_s, output.transfer.exposed_s)
-                m.record_phases(output.transfer, self._ttft_s)
-            if output.error is not None:
-                m.aborts.labels(ABORT_ENGINE_ERROR).inc()
-            elif output.finish_reason == FinishReason.ABORT.value:
-                m.aborts.labels(ABORT_OTHER).inc()
-            self._finish(output.finish_reason or FinishReason.ABORT.value)
-
-    def on_disconnect(self) -> None:
-        """The client went away before the request finished (the backend aborts it)."""
-        if not self.is_finished:
-            self._metrics.aborts.labels(ABORT_CLIENT_DISCONNECT).inc()
-            self._finish(FinishReason.ABORT.value)
-
-    def _finish(self, finish_reason: str) -> None:
-        self.is_finished = True
-        m = self._metrics
-        m.e2e.observe(time.monotonic() - self._arrival)
-        m.requests.labels(finish_reason).inc()
-        m.prompt_tokens.inc(self._num_prompt_tokens)

@@ -35,16 +35,11 @@ from minipd.api.metrics import (
     OVERLOAD_KV_CAPACITY,
     OVERLOAD_UNAVAILABLE,
     OVERLOAD_WAITING_LIMIT,
-    RequestRecorder,
     ServingMetrics,
 )
-from minipd.api.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    GenerationRequest,
-    Usage,
-    make_usage,
-)
+from minipd.api.protocol import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from minipd.api.request_metrics import RequestRecorder
+from minipd.api.responses import Usage, make_usage
 from minipd.api.stream_format import ChatFormat, CompletionFormat
 from minipd.engine.checked_prompt import CheckedPrompt, check_prompt
 from minipd.engine.kv_admission import NoCapacity
@@ -53,7 +48,7 @@ from minipd.engine.request import INSTANCE_LOST, RequestOutput
 from minipd.engine.request import OVERLOADED as OVERLOADED_KIND
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.engine.unavailable import BackendUnavailableError
-from minipd.tracing.exporter import tracer
+from minipd.tracing import exporter
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +94,7 @@ class OpenAIServing:
         self.prompt_encoder.close()
 
     async def completions(self, http_request: web.Request) -> web.StreamResponse:
-        recorder = self.metrics.start_request()
+        recorder = RequestRecorder(self.metrics)
         request = await self._decode(http_request, CompletionRequest)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         text = request.prompt
@@ -109,7 +104,7 @@ class OpenAIServing:
         )
 
     async def chat_completions(self, http_request: web.Request) -> web.StreamResponse:
-        recorder = self.metrics.start_request()
+        recorder = RequestRecorder(self.metrics)
         request = await self._decode(http_request, ChatCompletionRequest)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         messages = request.messages
@@ -222,8 +217,9 @@ class OpenAIServing:
         self._admit()
         checked = await self._check(prompt, request, prompt_param)
         # the client's trace context (W3C Trace Context), read only while this process exports traces
-        traceparent = http_request.headers.get("traceparent") if tracer() is not None else None
+        traceparent = http_request.headers.get("traceparent") if exporter.current is not None else None
         stream = self._submit(checked, prompt_param, fmt.request_id, traceparent)
+        recorder.submitted(fmt.request_id)
         try:
             async with stream:
                 if request.stream:
@@ -233,6 +229,8 @@ class OpenAIServing:
             recorder.on_disconnect()
             log.info("client of %s went away; request aborted", fmt.request_id)
             raise
+        finally:
+            recorder.left()
 
     def _backend_failure(self, request_id: str, output: RequestOutput) -> ApiError:
         """The answer to a request the backend failed: an overload says so (503, retry later,

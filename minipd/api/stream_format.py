@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from minipd.api.protocol import (
+from minipd.api.responses import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,

@@ -2,8 +2,9 @@
 
 It accepts connections (at most `max_connections`; see `ConnectionSlots`), runs the server
 side of the handshake (`handshake.py`) before anything else is read, remembers which
-requests arrived through each connection, and aborts those when the connection drops, so a
-vanished router or client never leaves work behind. A connection this end gives up on (its
+requests arrived through each connection (`track`, `untrack`: connection_requests.py), and
+aborts those when the connection drops, so a vanished router or client never leaves work
+behind. A connection this end gives up on (its
 peer went silent, or evicted us) is ended the other way round: its requests are aborted
 first, then it is closed, so that whoever watches the connection knows, once it closes, that
 nothing of ours is still writing for it.
@@ -26,6 +27,7 @@ import logging
 from typing import NamedTuple
 
 from minipd.control.channel import Channel, serve
+from minipd.control.connection_requests import ConnectionRequests
 from minipd.control.handshake import SECRET_HINT, client_proof_ok, server_proof
 from minipd.control.limits import DEFAULT_MAX_CONNECTIONS, HANDSHAKE_TIMEOUT_S
 from minipd.control.messages import PROTOCOL_VERSION, Call, CallError, Challenge, Hello, Message, Prove, Welcome
@@ -43,7 +45,7 @@ class _Pending(NamedTuple):
     nonce: bytes
 
 
-class ControlServer:
+class ControlServer(ConnectionRequests):
     def __init__(self, name: str, secret: SharedSecret | None = None, max_connections: int = DEFAULT_MAX_CONNECTIONS):
         self.name = name
         self.secret = secret
@@ -88,17 +90,6 @@ class ControlServer:
 
     async def abort_request(self, request_id: str) -> None:
         raise NotImplementedError
-
-    def track(self, channel: Channel, request_id: str) -> None:
-        self._requests_of.setdefault(channel, set()).add(request_id)
-
-    def untrack(self, channel: Channel, request_id: str) -> None:
-        self._requests_of.get(channel, set()).discard(request_id)
-        self._untracked.set()
-
-    @property
-    def num_tracked(self) -> int:
-        return sum(len(ids) for ids in self._requests_of.values())
 
     async def end_channel(self, channel: Channel, reason: str) -> None:
         """Abort every request that arrived through `channel`, waiting for each abort (writes
@@ -154,8 +145,9 @@ class ControlServer:
         loop.call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired, channel)
 
     def _gate(self, channel: Channel, message: Message):
-        """Authenticated peers' messages go to `handle`; before that, only the handshake."""
-        if channel.peer_role is not None:
+        """A connection's handler until its handshake is done (then `handle` is): only the
+        handshake's messages are taken."""
+        if channel.peer_role is not None:  # established meanwhile
             return self.handle(channel, message)
         pending = self._pending.get(channel)
         if isinstance(message, Hello) and pending is None:
@@ -214,6 +206,7 @@ class ControlServer:
         welcome = self.welcome(hello)
         welcome.proof = b"" if server_nonce is None else self.prove(welcome, hello, server_nonce)
         channel.reply(call, welcome)
+        channel.set_handler(self.handle)  # authenticated: its messages go straight to `handle`
         self.established(channel, hello)
 
     def _fail_handshake(self, channel: Channel, message: Message, reason: str) -> None:

@@ -6,25 +6,37 @@ links): the transport peer of each decode instance it connected to, and the pref
 way by decode instance, so that a lost decode instance (`peer_lost`) aborts every prefill
 for it and an abort that comes while a prefill still connects (`abandon`) is told to the
 receiver once the connection is up.
+
+The lease: a reservation's lease (decode side, `reservations.py`) must outlive a long prefill
+but must not be held forever by one that stopped: so the prefill instance itself sends `Renew`
+(through the router, which forwards it to the decode instance) each period in which the request
+moved on (`renew_while_progressing`): a chunk computed, a layer write completed, or, still
+queued, the engine ran a step (its turn comes). A frozen process sends nothing; a stalled
+transfer or a wedged engine shows no progress; either way the lease then runs out on the decode
+side and its blocks go back.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Callable, Hashable
 
 from minipd.control.channel import Channel
-from minipd.control.messages import KV_SIDE_PREFILL, CallError, Generate, Message, Prefill, Prefilled
+from minipd.control.messages import KV_SIDE_PREFILL, CallError, Generate, Message, Prefill, Prefilled, Renew
 from minipd.control.role import Role
 from minipd.disagg import instance_spans
 from minipd.disagg.layerwise_sender import LayerwiseKVSender
-from minipd.disagg.lease_renewal import prefill_progress, renew_while_progressing
 from minipd.disagg.prefill_times import PrefillTimesRecorder
 from minipd.disagg.role_handler import RoleHandler, ServingInstance, send_kv_failed
+from minipd.engine.engine import Engine
+from minipd.engine.request import Request, RequestStatus
 from minipd.engine.sampling_params import InvalidRequestError
 from minipd.tracing import names
+from minipd.transports.base import Transport
 from minipd.transports.transfer_error import TransferError
 
 DEFAULT_PREFILL_TIMEOUT_S = 120.0  # from the Prefill to its KV sent
+RENEWALS_PER_LEASE = 3  # progress is looked at, and renewed, this often per lease
 
 
 class PrefillRole(RoleHandler):
@@ -75,8 +87,8 @@ class PrefillRole(RoleHandler):
         instance, engine, transport = self.instance, self.instance.engine, self.instance.transport
         times = PrefillTimesRecorder(engine.model_config.num_layers) if message.timeline else None
         request_id = message.request_id
-        differences = instance.fingerprint.differences(message.decode_fingerprint)
-        if differences:
+        if message.decode_fingerprint != instance.fingerprint:  # a struct's equality: every field the same
+            differences = instance.fingerprint.differences(message.decode_fingerprint)
             channel.reply(
                 message,
                 CallError(
@@ -182,3 +194,32 @@ class PrefillRole(RoleHandler):
         finally:
             self._connecting.pop(instance_id, None)
         return self._peer_ids[instance_id]
+
+
+# ---- the lease renewal (module docstring) -------------------------------------------------
+def prefill_progress(engine: Engine, transport: Transport, request: Request) -> Callable[[], Hashable]:
+    """A snapshot of how far the prefill of `request` got; it changes whenever it progresses."""
+
+    def snapshot() -> Hashable:
+        queued = request.status is RequestStatus.WAITING
+        return (
+            request.num_computed_tokens,
+            transport.num_writes_done(request.request_id),
+            engine.num_steps if queued else 0,
+        )
+
+    return snapshot
+
+
+async def renew_while_progressing(
+    channel: Channel, request_id: str, lease_s: float, progress: Callable[[], Hashable]
+) -> None:
+    """Send `Renew(request_id)` on `channel` once per period in which `progress()` changed.
+    Runs until cancelled (when the prefill call ends)."""
+    last = progress()
+    while True:
+        await asyncio.sleep(lease_s / RENEWALS_PER_LEASE)  # the renewal period
+        now = progress()
+        if now != last:
+            channel.send(Renew(request_id=request_id))
+        last = now

@@ -10,16 +10,14 @@ One request's failure never fails the others of its step (`ModelRunner.execute`)
 
 All scheduler and request state is touched only on the event loop thread.
 
-
-Longer than 400 lines because: the request entry points (submit, prefill-only, reserve/adopt for KV that arrives)
-and the loop share one scheduler, one set of streams and one pool, and must be read together;
-the configuration is in config.py, the forward pass in model_runner.py."""
+The request entry points (submit, prefill-only, reserve/adopt for KV that arrives) and the
+loop share one scheduler, one set of streams and one pool, and are read together here; the
+engine's making and its life outside requests are engine_base.py's, the configuration is in
+config.py, the forward pass in model_runner.py."""
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import itertools
 import logging
 import time
 from typing import Callable, Sequence
@@ -27,23 +25,18 @@ from typing import Callable, Sequence
 import msgspec
 import torch
 
-from minipd.engine import cpu_placement, kernel_caches, kv_sink
-from minipd.engine.block_manager import BlockManager
+from minipd.engine import kv_sink
 from minipd.engine.checked_prompt import CheckedPrompt, accept_prompt
 from minipd.engine.config import EngineConfig, EngineStats
-from minipd.engine.detokenizer import Detokenizer
-from minipd.engine.dtype_choice import resolve_dtype
-from minipd.engine.generator import GeneratesFromSubmit
-from minipd.engine.kv_admission import KVClaims, NoCapacity, claim_blocks
-from minipd.engine.kv_pool import allocate_kv_pool, parse_dtype
+from minipd.engine.engine_base import EngineBase
+from minipd.engine.kv_admission import NoCapacity, claim_blocks
 from minipd.engine.kv_sink import KVSink
 from minipd.engine.min_tokens import stops_active
-from minipd.engine.model_loader import load_model
-from minipd.engine.model_runner import ChunkResult, ModelRunner, StepFailed
+from minipd.engine.model_runner import ChunkResult, StepFailed
 from minipd.engine.request import FinishReason, Request, RequestOutput, RequestStatus
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
-from minipd.engine.scheduler import Scheduler, SchedulerOutput
+from minipd.engine.scheduler import SchedulerOutput
 from minipd.engine.step_log import StepLog
 
 log = logging.getLogger(__name__)
@@ -51,104 +44,10 @@ log = logging.getLogger(__name__)
 __all__ = ["Engine", "EngineConfig", "EngineStats", "NoCapacity"]
 
 
-class Engine(GeneratesFromSubmit):
+class Engine(EngineBase):
     """One instance's engine; `submit`/`generate` have the shape every runner of requests
-    shares (generator.py)."""
-
-    def __init__(self, config: EngineConfig):
-        """Loads the model and allocates the KV pool. `config.dtype` "auto" is resolved first:
-        `self.config.dtype` is always the concrete dtype (`self.dtype_choice` says why), and
-        `self.config.weights` the weight format the model serves ("quantized", "mixed" or "dense")."""
-        config.validate()
-        kernel_caches.bound()  # before any bf16 matmul of this process, loading included
-        self.dtype_choice = resolve_dtype(config.dtype, config.device)
-        config = msgspec.structs.replace(config, dtype=self.dtype_choice.name)
-        self.config = config
-        self.device = torch.device(config.device)
-        self.dtype = parse_dtype(config.dtype)
-        # Every parallel torch op runs on this one thread, loading included: once a second
-        # thread has run one, OpenMP keeps two thread teams and the forward pass slows down
-        # about 2x on a small machine. Its placement is applied before its first torch op.
-        self.placement = cpu_placement.resolve(config.torch_threads, config.cpus, config.cpu_placement)
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="minipd-compute")
-        try:
-            self.run_on_compute_thread(cpu_placement.apply, self.placement)
-            self.model, self.tokenizer = self.run_on_compute_thread(
-                load_model, config.model, self.device, self.dtype, config.weights, config.quantized_kernel
-            )
-            self.config = config = msgspec.structs.replace(config, weights=self.model.weights_format)
-            self.model_config = self.model.config
-            if config.scheduler.max_model_len > self.model_config.max_position_embeddings:
-                raise ValueError(
-                    f"max_model_len ({config.scheduler.max_model_len}) exceeds the model's "
-                    f"max_position_embeddings ({self.model_config.max_position_embeddings})"
-                )
-            self.kv_pool = self.run_on_compute_thread(
-                allocate_kv_pool, self.model_config, config.num_blocks, config.block_size, self.dtype, self.device
-            )
-        except BaseException:
-            self._executor.shutdown(wait=False)
-            raise
-        self.block_manager = BlockManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        self.eos_token_ids = frozenset(self.model_config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids)
-        self.runner = ModelRunner(
-            self.model, self.kv_pool, self.eos_token_ids, config.fused_decode, config.prefill_kernels
-        )
-        self.detokenizer = Detokenizer(self.tokenizer)
-        self._streams: dict[str, RequestStream] = {}
-        self.kv_claims = KVClaims()  # of the live requests (kv_admission.py)
-        self._pending_aborts: set[str] = set()
-        self._ids = itertools.count()
-        self._wakeup: asyncio.Event | None = None
-        self._idle: asyncio.Event | None = None  # set while the loop waits for work
-        self._changed: asyncio.Event | None = None  # set (and replaced) at the end of every loop iteration
-        self._loop_task: asyncio.Task | None = None
-        self.num_steps = 0  # engine steps run since start: how others tell this engine moves on
-        self.step_log = StepLog(config.step_log) if config.step_log else None
-        # Called on the loop with each request that finishes unaborted, while it still holds its
-        # blocks (the KV tier's write-through takes its own reference on them: disagg/tier_wire.py).
-        self.on_finished: Callable[[Request], None] | None = None
-
-    def run_on_compute_thread(self, fn, *args):
-        """Run `fn(*args)` on the compute thread and return its result (blocking; for set-up work)."""
-        return self._executor.submit(fn, *args).result()
-
-    # ---- lifecycle --------------------------------------------------------------------
-    async def start(self) -> None:
-        if self._loop_task is None:
-            self._wakeup = asyncio.Event()
-            self._idle = asyncio.Event()
-            self._changed = asyncio.Event()
-            self._loop_task = asyncio.create_task(self._run(), name="minipd-engine")
-
-    async def close(self) -> None:
-        """Abort every request, stop the loop and the compute thread."""
-        for request_id in list(self._streams):
-            self.abort(request_id)
-        if self._loop_task is not None:
-            self._apply_aborts()
-            self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except asyncio.CancelledError:
-                pass
-            self._loop_task = None
-        self._executor.shutdown(wait=True)
-        if self.step_log is not None:
-            self.step_log.close()
-
-    @property
-    def is_running(self) -> bool:
-        """True from `start()` until `close()`, while the engine loop is alive."""
-        return self._loop_task is not None and not self._loop_task.done()
-
-    async def __aenter__(self) -> "Engine":
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
+    shares (generator.py). Its making and its life outside requests are `EngineBase`'s
+    (engine_base.py)."""
 
     # ---- requests ---------------------------------------------------------------------
     def make_request(
@@ -271,45 +170,12 @@ class Engine(GeneratesFromSubmit):
         self._wakeup.set()
         return True
 
-    async def wait_until(self, predicate: Callable[[EngineStats], bool], timeout: float) -> EngineStats | None:
-        """Wait until `predicate(self.stats())` holds; the stats then, or None after `timeout`
-        seconds. It is checked again after every iteration of the loop (a step, or the aborts
-        and releases it applied before it waits for work), which is where stats change."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate(stats := self.stats()):
-            remaining = deadline - loop.time()
-            if self._changed is None or remaining <= 0:
-                return None
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                return None
-        return stats
-
     def _notify_changed(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait until the engine has nothing to run (aborts applied); False on timeout."""
-        if self._idle is None:
-            return True
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            return False
-        return True
-
-    def reset_pool(self) -> None:
-        """Forget the prefix cache: the pool is as it was at start, every block free. Only while
-        the engine holds no request and no block is handed out (RuntimeError otherwise); the
-        KV bytes are not cleared, since a block is always written before it is read."""
-        if self._streams or self.scheduler.running or self.scheduler.waiting:
-            raise RuntimeError(f"reset_pool: {len(self._streams)} requests are still in the engine")
-        self.block_manager.reset()
-
     def stats(self) -> EngineStats:
+        """What the engine holds now (its instance reports it in every stats poll)."""
         return EngineStats(
             len(self.scheduler.running),
             len(self.scheduler.waiting),

@@ -43,7 +43,7 @@ from minipd.models.arch.llama import LayerHook, LlamaForCausalLM
 from minipd.models.arch.paged_attention import AttentionMetadata, DecodeGroup, GatherBuffers, PrefillSpan, slot_rows
 from minipd.models.kernel_steps.fused_decode import FusedDecode
 from minipd.models.kernel_steps.prefill_kernels import PrefillKernels
-from minipd.models.weights.quantized_linear import DENSE_MIN_ROWS, RowSplit
+from minipd.models.weights.row_split import DENSE_MIN_ROWS, RowSplit
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ both instances live it is no instance's fault: it follows the router's `kv_load_
 policy, `recompute` (the decode instance prefills the prompt itself) or `fail` (the request
 ends, saying why). If either died, that instance is blamed instead.
 
-Each try has its own id on the instances (try_ids.py), so an instance that saw an earlier
+Each try has its own id on the instances (try_state.py:TryIds), so an instance that saw an earlier
 try, and remembers it as aborted, never takes a later one for it. Every message of the try
 carries `traceparent` (set by the tracing subscriber: its span, or its recompute's, as the
 instances' parent; None untraced).
@@ -80,8 +80,7 @@ from minipd.router.routed_request import RoutedRequest
 from minipd.router.router_config import RouterConfig
 from minipd.router.router_counters import RouterCounters
 from minipd.router.stream_waits import StreamWaits
-from minipd.router.try_ids import TryIds
-from minipd.router.try_state import TryState
+from minipd.router.try_state import TryIds, TryState
 
 log = logging.getLogger(__name__)
 

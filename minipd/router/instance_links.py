@@ -60,16 +60,14 @@ class InstanceLinks:
         self.registry, self.config, self.counters = registry, config, counters
         self.secret = secret  # proven to every instance, and required of them
         self._on_message = on_message
-        self._by_channel: dict[Channel, InstanceHandle] = {}
+        # each connection's instance: read by the router's message dispatch as it is (no call)
+        self.by_channel: dict[Channel, InstanceHandle] = {}
         self._stats_task: asyncio.Task | None = None
         self._closing = False
         self._members: set[tuple[str, int]] = set()  # addresses redialed when their instance is lost
         self._seen: set[tuple[str, int]] = set()  # every address ever registered: a new instance there is readmitted
         self._redialing: dict[tuple[str, int], asyncio.Task] = {}
         self._address_locks: dict[tuple[str, int], asyncio.Lock] = {}
-
-    def handle_of(self, channel: Channel) -> InstanceHandle | None:
-        return self._by_channel.get(channel)
 
     def at_address(self, address: tuple[str, int]) -> InstanceHandle | None:
         """The alive, registered instance at `address`, if any."""
@@ -148,7 +146,7 @@ class InstanceLinks:
         if readmit:
             # The old member must have ended what it did for us first (it aborts it all, then
             # closes): nothing it held before is trusted.
-            for old in list(self._by_channel.values()):
+            for old in list(self.by_channel.values()):
                 if old.address == (host, port):
                     await asyncio.wait_for(old.channel.closed.wait(), timeout)
         channel, welcome = await open_channel(
@@ -185,7 +183,7 @@ class InstanceLinks:
         except BaseException:
             await channel.close()
             raise
-        self._by_channel[channel] = handle
+        self.by_channel[channel] = handle
         handle.set_stats(settled)
         channel.send(SubscribeKVEvents())  # its events from now on: the handle is there to take them
         if welcome.liveness_timeout_s > 0 and self.config.liveness_timeout_s > 0:
@@ -196,7 +194,9 @@ class InstanceLinks:
             )
         asyncio.get_running_loop().create_task(self._watch(handle))
         if self._stats_task is None:
-            self._stats_task = asyncio.get_running_loop().create_task(self._poll_stats())
+            self._stats_task = asyncio.get_running_loop().create_task(
+                self.registry.poll_stats(STATS_INTERVAL_S, self.config.stats_timeout_s)
+            )
         if readmit:
             self.counters.num_readmissions += 1
         log.info(
@@ -216,7 +216,7 @@ class InstanceLinks:
             self._stats_task.cancel()
         for task in list(self._redialing.values()):
             task.cancel()
-        for handle in list(self._by_channel.values()):
+        for handle in list(self.by_channel.values()):
             await handle.channel.close()
 
     def evict(self, handle: InstanceHandle, reason: str) -> None:
@@ -234,7 +234,7 @@ class InstanceLinks:
 
     async def _watch(self, handle: InstanceHandle) -> None:
         await handle.channel.closed.wait()
-        self._by_channel.pop(handle.channel, None)
+        self.by_channel.pop(handle.channel, None)
         if self._closing:
             return
         reason = f"{handle.instance_id}: connection closed ({handle.channel.close_reason})"
@@ -286,8 +286,3 @@ class InstanceLinks:
                 delay = min(2 * delay, REDIAL_MAX_S)
         finally:
             self._redialing.pop(address, None)
-
-    async def _poll_stats(self) -> None:
-        while True:
-            await asyncio.sleep(STATS_INTERVAL_S)  # periodic load report, not a synchronisation
-            await self.registry.refresh_stats(self.config.stats_timeout_s)

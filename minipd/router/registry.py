@@ -207,6 +207,12 @@ class InstanceRegistry:
         await asyncio.gather(*(_poll(h, settle, timeout) for h in list(self.instances.values())))
         return self.live_stats()
 
+    async def poll_stats(self, interval_s: float, timeout: float) -> None:
+        """Refresh every instance's stats each `interval_s` (`refresh_stats`), until cancelled."""
+        while True:
+            await asyncio.sleep(interval_s)  # periodic load report, not a synchronisation
+            await self.refresh_stats(timeout)
+
     def alive(self, exclude: set[str] = frozenset()) -> list[InstanceHandle]:
         return [h for h in self.instances.values() if h.is_alive and h.instance_id not in exclude]
 

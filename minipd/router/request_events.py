@@ -8,7 +8,7 @@ when some subscriber handles its kind, and handed to each of them in the order t
 subscribed. A subscriber is any object with a method `on_<event>` (`on_first_token`,
 `on_try_ended`, ...) for each kind it handles; kinds it has no method for are never built for
 it. So a request with no subscriber costs one dictionary look-up per step, and the request
-path holds no test of who is listening.
+path holds no test of who is listening. The dispatch (`RequestEvents`) is event_seam.py's.
 
 Subscribers are called synchronously: the event's stamp (`at`, `time.monotonic()`) is the
 moment it happened, and the figures it points to (an instance's load, the try's state) are
@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
+
+from minipd.router.event_seam import RequestEvents as RequestEvents  # the seam's dispatch
 
 if TYPE_CHECKING:
     from minipd.control.messages import KVLanded, Prefilled, Reserved
@@ -55,6 +57,7 @@ class TryStarted(RequestEvent):
 
     handler: ClassVar[str] = "on_try_started"
     attempt: TryState
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(slots=True)
@@ -174,6 +177,7 @@ class TryEnded(RequestEvent):
 
     handler: ClassVar[str] = "on_try_ended"
     attempt: TryState
+    at: float = field(default_factory=time.monotonic)
 
 
 @dataclass(slots=True)
@@ -186,6 +190,7 @@ class RequestEnded(RequestEvent):
     outcome: Outcome
     reason: str | None
     output: RequestOutput
+    at: float = field(default_factory=time.monotonic)
 
 
 EVENTS: tuple[type[RequestEvent], ...] = (
@@ -205,43 +210,3 @@ EVENTS: tuple[type[RequestEvent], ...] = (
     TryEnded,
     RequestEnded,
 )
-
-
-class RequestEvents:
-    """The seam: subscribers, and for each kind of event the methods that handle it."""
-
-    __slots__ = ("_subscribers", "_handlers")
-
-    def __init__(self) -> None:
-        self._subscribers: list[Any] = []
-        self._handlers: dict[type[RequestEvent], tuple] = {}
-
-    def subscribe(self, subscriber: Any) -> None:
-        self._subscribers.append(subscriber)
-        self._index()
-
-    def unsubscribe(self, subscriber: Any) -> None:
-        """Stop telling `subscriber` (a no-op for one not subscribed)."""
-        if subscriber in self._subscribers:
-            self._subscribers.remove(subscriber)
-            self._index()
-
-    @property
-    def subscribers(self) -> tuple:
-        return tuple(self._subscribers)
-
-    def publish(self, kind: type[RequestEvent], *fields: Any) -> None:
-        """Build a `kind` from `fields` and hand it to its handlers, if it has any."""
-        handlers = self._handlers.get(kind)
-        if handlers:
-            event = kind(*fields)
-            for handle in handlers:
-                handle(event)
-
-    def _index(self) -> None:
-        handlers = {kind: tuple(_methods(self._subscribers, kind.handler)) for kind in EVENTS}
-        self._handlers = {kind: methods for kind, methods in handlers.items() if methods}
-
-
-def _methods(subscribers: list[Any], name: str) -> list:
-    return [getattr(s, name) for s in subscribers if callable(getattr(s, name, None))]

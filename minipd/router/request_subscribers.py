@@ -1,14 +1,13 @@
-"""What observes the router's requests, as subscribers of its event seam (request_events.py):
+"""What observes the router's requests, as subscribers of its event seam (request_events.py),
+besides the timelines' log (request_log.py, on while `Router.timelines` is set):
 
-- `TimelineRecorder`: each request's timeline (request_timeline.py), kept in a `TimelineStore`
-  (the dashboard's); on while `Router.timelines` is set;
 - `RequestTracer`: the request's spans, each try's and a recompute's (request_spans.py), and
   the try's trace context, which the try's messages carry to the instances as their parent;
   on once tracing is (`tracing.exporter.tracer()`), for the requests that start while it is;
 - `LatencyRelay`: first tokens and token gaps for a `LatencyObserver` (the live ratio
   controller); on while `Router.latency_observer` is set.
 
-Their state of a request lives on it (`routed.timeline`, `routed.span`, `attempt.span`), set
+Their state of a request lives on it (`routed.span`, `attempt.span`), set
 by them only; a request that started before one was subscribed has none, and is skipped.
 """
 
@@ -20,105 +19,16 @@ from minipd.router.outcome import Outcome
 from minipd.router.request_events import (
     DecodeBusy,
     FirstToken,
-    KVReserved,
-    KVTransferred,
-    PrefillFinished,
-    PrefillStarted,
     Recompute,
     RequestEnded,
     RequestStarted,
-    ReserveSent,
     Routed,
-    StreamStarted,
     TokensRelayed,
     TryEnded,
     TryStarted,
 )
-from minipd.router.request_timeline import TryTimes
-from minipd.router.timeline_store import TimelineStore
 from minipd.tracing import names
 from minipd.tracing.exporter import tracer
-
-
-class TimelineRecorder:
-    def __init__(self, store: TimelineStore):
-        self.store = store
-
-    def on_request_started(self, event: RequestStarted) -> None:
-        routed = event.routed
-        routed.timeline = self.store.start(routed.request_id, routed.arrival_s, len(routed.token_ids))
-
-    def on_try_started(self, event: TryStarted) -> None:
-        timeline = event.attempt.routed.timeline
-        if timeline is not None:
-            event.attempt.prefill_times_wanted = timeline.begin_try() is not None
-
-    def on_routed(self, event: Routed) -> None:
-        times = _times(event)
-        if times is not None:
-            local = event.attempt.local
-            times.decode, times.local = event.decode.instance_id, local
-            times.prefill = None if local else event.prefill.instance_id
-
-    def on_reserve_sent(self, event: ReserveSent) -> None:
-        times = _times(event)
-        if times is not None:
-            times.reserve_sent = event.at
-
-    def on_decode_busy(self, event: DecodeBusy) -> None:
-        times = _times(event)
-        if times is not None:
-            times.busy_waits += 1
-
-    def on_kv_reserved(self, event: KVReserved) -> None:
-        times = _times(event)
-        if times is not None:
-            times.reserve_call_sent, times.reserve_received = event.sent, event.at
-
-    def on_prefill_started(self, event: PrefillStarted) -> None:
-        times = _times(event)
-        if times is not None:
-            times.prefill_sent = event.at
-
-    def on_prefill_finished(self, event: PrefillFinished) -> None:
-        times = _times(event)
-        if times is not None:
-            times.prefill_received, times.prefill_times = event.at, event.prefilled.times
-
-    def on_recompute(self, event: Recompute) -> None:
-        times = _times(event)
-        if times is not None:
-            times.recompute = (event.at, event.reason)
-
-    def on_stream_started(self, event: StreamStarted) -> None:
-        times = _times(event)
-        if times is not None:
-            times.stream_sent = event.at
-
-    def on_kv_transferred(self, event: KVTransferred) -> None:
-        timeline, landed = event.attempt.routed.timeline, event.landed
-        if timeline is not None:
-            timeline.kv_landed(landed.landed_after_s, landed.ordered_after_s, landed.adopt_s)
-
-    def on_first_token(self, event: FirstToken) -> None:
-        timeline = event.attempt.routed.timeline
-        if timeline is not None and timeline.first_token is None:
-            timeline.first_token = event.at
-
-    def on_try_ended(self, event: TryEnded) -> None:
-        attempt = event.attempt
-        if attempt.outcome.failed_try and attempt.routed.timeline is not None:
-            attempt.routed.timeline.try_failed(attempt.reason or "")
-
-    def on_request_ended(self, event: RequestEnded) -> None:
-        if event.routed.timeline is not None:
-            event.routed.timeline.end(event.output)
-
-
-def _times(event) -> TryTimes | None:
-    """The current try's stamps (None: no timeline kept, or past its tries' bound)."""
-    timeline = event.attempt.routed.timeline
-    return None if timeline is None else timeline.current
 
 
 class RequestTracer:

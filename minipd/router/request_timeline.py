@@ -1,7 +1,8 @@
 """One request's timeline at the router: when each phase of each try happened, on the router's clock.
 
-Recorded while the router keeps timelines (`Router.timelines`, the dashboard's), at the points
-its spans use (request_spans.py, instance_spans.py, kv_trace.py), without tracing: the router
+Made from the events the router kept of the request while it keeps timelines
+(`Router.timelines`, the dashboard's; request_log.py, replayed by timeline_store.py), at the
+points its spans use (request_spans.py, instance_spans.py, kv_trace.py), without tracing: the router
 stamps what it does and receives with `time.monotonic()` (arrival, each call sent and
 answered, the first token relayed, the end), and the instances report their own times as
 offsets on their own monotonic clocks (`Prefilled.times`, `KVLanded.landed_after_s`), never
@@ -136,12 +137,12 @@ class RequestTimeline:
         self.error: str | None = None
 
     # ---- recorded by the router -----------------------------------------------------------
-    def begin_try(self) -> TryTimes | None:
-        """A new try; None (nothing recorded for it) past MAX_TRIES."""
+    def begin_try(self, at: float | None = None) -> TryTimes | None:
+        """A new try, begun `at` (now when not said); None (nothing recorded for it) past MAX_TRIES."""
         self.num_tries += 1
         if len(self.tries) >= MAX_TRIES:
             return None
-        times = TryTimes(self.num_tries, time.monotonic())
+        times = TryTimes(self.num_tries, time.monotonic() if at is None else at)
         self.tries.append(times)
         return times
 
@@ -150,10 +151,11 @@ class RequestTimeline:
         """The try under way (None past MAX_TRIES, or before the first)."""
         return self.tries[-1] if self.tries and len(self.tries) == self.num_tries else None
 
-    def try_failed(self, error: str) -> None:
+    def try_failed(self, error: str, at: float | None = None) -> None:
+        """The try under way failed `at` (now when not said) with `error`."""
         current = self.current
         if current is not None:
-            current.failed_at, current.failure = time.monotonic(), _clip(error)
+            current.failed_at, current.failure = time.monotonic() if at is None else at, _clip(error)
 
     def token_relayed(self) -> None:
         if self.first_token is None:
@@ -164,10 +166,11 @@ class RequestTimeline:
         if current is not None:
             current.landed_after_s, current.ordered_after_s, current.adopt_s = landed_after_s, ordered_after_s, adopt_s
 
-    def end(self, last: RequestOutput) -> None:
-        """Ended with `last`, its final output: an `error` when it says one, an `abort` when it
-        was aborted without one (the client left), else a `finish`; then `on_end` is told."""
-        self.ended, self.output = time.monotonic(), last
+    def end(self, last: RequestOutput, at: float | None = None) -> None:
+        """Ended `at` (now when not said) with `last`, its final output: an `error` when it says
+        one, an `abort` when it was aborted without one (the client left), else a `finish`; then
+        `on_end` is told."""
+        self.ended, self.output = time.monotonic() if at is None else at, last
         if last.error is not None:
             self.outcome = "error"
         else:

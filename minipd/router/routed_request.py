@@ -16,7 +16,6 @@ from minipd.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from minipd.router.continued_text import ContinuedText
-    from minipd.router.request_timeline import RequestTimeline
     from minipd.tracing.spans import Span
 
 
@@ -30,7 +29,7 @@ class RoutedRequest:
         layerwise: bool,
     ):
         self.request_id = request_id
-        self.wire_id = request_id  # the current try's id on the instances (see try_ids.py)
+        self.wire_id = request_id  # the current try's id on the instances (see try_state.py:TryIds)
         self.token_ids = token_ids  # the current try's prompt (a migrated one's ends with the tokens relayed)
         self.params = params  # the current try's parameters
         self.prompt_ids = token_ids  # the caller's prompt and parameters (router/migration.py)
@@ -53,9 +52,9 @@ class RoutedRequest:
         self.num_later_tokens = 0  # output tokens after the first, relayed so far
         self.decode_wait_s = 0.0  # waiting for KV room on a decode instance (its pool was full)
         self.prefilled_locally = False  # the current try placed it on its decode instance for prefill too
-        # kept by the subscribers of the router's request events (request_subscribers.py), None without them:
+        # kept by the subscribers of the router's request events, None without them:
         self.span: Span | None = None  # its span (request_spans.py), while it is traced
-        self.timeline: RequestTimeline | None = None  # its stamps (request_timeline.py), while the router keeps them
+        self.log: list | None = None  # its events so far, while the router keeps timelines (request_log.py)
 
     @property
     def first_token_sent(self) -> bool:

@@ -25,12 +25,11 @@ the router.
 The router owns the tables that every path (routing, admission, liveness and eviction, role
 switches) reads and changes on one event loop: requests, their KV claims and try ids, and
 instances (registry.py, connected and watched by instance_links.py); and it dispatches the
-instances' messages to the tries they concern. Each step of a request's life is published on
-its event seam, `events` (request_events.py), where timelines, spans and the latency observer
-subscribe (request_subscribers.py).
-
-Longer than 400 lines because: a request's life from submission to its end (tries, retries, migration, aborts) is one
-loop over tables that only this class changes; what each try does is attempt.py's."""
+instances' messages to the tries they concern. The tables, and what is done to the router
+outside a request (its instances, role switches, draining, closing), are router_base.py's;
+what each try does is attempt.py's. Each step of a request's life is published on its event
+seam, `events` (request_events.py), where the timelines' log (request_log.py), spans and the
+latency observer (request_subscribers.py) subscribe."""
 
 from __future__ import annotations
 
@@ -40,7 +39,6 @@ import logging
 from typing import Sequence
 
 from minipd.control.channel import Channel
-from minipd.control.handshake import SharedSecret
 from minipd.control.limits import MAX_REQUEST_ID_CHARS
 from minipd.control.messages import (
     Abort,
@@ -51,34 +49,22 @@ from minipd.control.messages import (
     KVLanded,
     Message,
     Renew,
-    Stats,
     TokenOutput,
 )
-from minipd.control.role import Role
 from minipd.engine.checked_prompt import CheckedPrompt, accept_prompt
-from minipd.engine.generator import GeneratesFromSubmit
-from minipd.engine.kv_admission import KVClaims, claim_blocks, claim_limit
-from minipd.engine.prompt_encoder import PromptEncoder
+from minipd.engine.kv_admission import claim_blocks, claim_limit
 from minipd.engine.request import RequestOutput
 from minipd.engine.request_stream import RequestStream
 from minipd.engine.sampling_params import InvalidRequestError, SamplingParams
 from minipd.engine.unavailable import BackendUnavailableError
 from minipd.router import migration
 from minipd.router.attempt import Attempt, AttemptFailed
-from minipd.router.instance_links import InstanceLinks
-from minipd.router.latency_observer import LatencyObserver
 from minipd.router.outcome import Outcome
-from minipd.router.registry import InstanceHandle, InstanceRegistry
-from minipd.router.request_events import KVTransferred, RequestEnded, RequestEvents, RequestStarted
-from minipd.router.request_subscribers import LatencyRelay, RequestTracer, TimelineRecorder
-from minipd.router.role_switch_driver import DEFAULT_DRAIN_TIMEOUT_S, SwitchReport, switch_instance_role
+from minipd.router.request_events import KVTransferred, RequestEnded, RequestStarted
+from minipd.router.request_subscribers import RequestTracer
 from minipd.router.routed_request import RoutedRequest
-from minipd.router.router_config import RouterConfig
-from minipd.router.router_counters import RouterCounters
-from minipd.router.switch_claims import LOCAL_CLAIMS, SwitchClaims
-from minipd.router.timeline_store import TimelineStore
-from minipd.router.try_ids import TryIds
-from minipd.tracing.exporter import tracer
+from minipd.router.router_base import RouterBase
+from minipd.tracing import exporter
 
 log = logging.getLogger(__name__)
 
@@ -86,73 +72,11 @@ MAX_ATTEMPTS = 2  # the first try and one retry on other instances
 SHUTDOWN_RETRY_AFTER_S = 5  # a cluster that restarts registers its instances within seconds
 
 
-class Router(GeneratesFromSubmit):
-    def __init__(
-        self,
-        tokenizer,
-        config: RouterConfig = RouterConfig(),
-        model_name: str = "minipd",
-        secret: SharedSecret | None = None,
-    ):
-        config.validate()
-        self.tokenizer = tokenizer
-        self.prompt_encoder = PromptEncoder(tokenizer)  # for callers that tokenize off the loop
-        self.config = config
-        self.model_name = model_name
-        self.secret = secret  # proven to every instance, and required of them and of clients
-        self.registry = InstanceRegistry()
-        self._requests: dict[str, RoutedRequest] = {}
-        self.kv_claims = KVClaims()  # of the requests in `_requests`
-        self.try_ids = TryIds()  # of the requests in `_requests`
-        self._ids = itertools.count()
-        self.accepting = True  # False once draining: new requests are refused
-        self._finished = asyncio.Event()  # set whenever a request ends
-        self.counters = RouterCounters()
-        self.links = InstanceLinks(self.registry, config, self.counters, secret, self._on_message)
-        self.role_changes: list[SwitchReport] = []  # every completed role switch, in order
-        self.switch_claims: SwitchClaims = LOCAL_CLAIMS  # who may switch an instance (switch_claims.py)
-        self.events = RequestEvents()  # each step of every request, for its subscribers
-        self._latency_relay: LatencyRelay | None = None
-        self._timeline_recorder: TimelineRecorder | None = None
-        self._tracer: RequestTracer | None = None  # subscribed once tracing is on
+class Router(RouterBase):
+    """A request's life at the router (module docstring); its tables and life outside requests
+    are `RouterBase`'s (router_base.py)."""
 
-    @property
-    def latency_observer(self) -> LatencyObserver | None:
-        """Told of every first token and token gap (None: no one is)."""
-        return None if self._latency_relay is None else self._latency_relay.observer
-
-    @latency_observer.setter
-    def latency_observer(self, observer: LatencyObserver | None) -> None:
-        self._latency_relay = self._resubscribe(
-            self._latency_relay, None if observer is None else LatencyRelay(observer)
-        )
-
-    @property
-    def timelines(self) -> TimelineStore | None:
-        """Where every request's timeline is kept (the dashboard's; None: the router keeps none)."""
-        return None if self._timeline_recorder is None else self._timeline_recorder.store
-
-    @timelines.setter
-    def timelines(self, store: TimelineStore | None) -> None:
-        self._timeline_recorder = self._resubscribe(
-            self._timeline_recorder, None if store is None else TimelineRecorder(store)
-        )
-
-    def _resubscribe(self, old: object, new: object) -> object:
-        """Replace subscriber `old` with `new` on the request events (either may be None); returns `new`."""
-        self.events.unsubscribe(old)
-        if new is None:
-            return None
-        self.events.subscribe(new)
-        return new
-
-    # ---- instances --------------------------------------------------------------------
-    async def add_instance(
-        self, host: str, port: int, timeout: float = 30.0, expected_role: Role | None = None
-    ) -> InstanceHandle:
-        """Connect to an instance, handshake, and register it (instance_links.py says what it raises)."""
-        return await self.links.connect(host, port, timeout, expected_role)
-
+    # ---- what requests read of the instances ------------------------------------------
     @property
     def max_model_len(self) -> int:
         lens = [h.welcome.max_model_len for h in self.registry.instances.values()]
@@ -162,9 +86,6 @@ class Router(GeneratesFromSubmit):
     def vocab_size(self) -> int:
         fp = self.registry.fingerprint
         return fp.model.vocab_size if fp else 0
-
-    async def ready(self) -> bool:
-        return self.accepting and bool(self.registry.decode_candidates())
 
     def num_waiting(self) -> int:
         """Requests routed to a decode instance beyond what it runs at once (known without polling)."""
@@ -177,63 +98,6 @@ class Router(GeneratesFromSubmit):
     def kv_claim_limit(self) -> int | None:
         """The most KV blocks live requests may claim together (None: no limit)."""
         return claim_limit(self.config.kv_admission_ratio, self.registry.decode_num_blocks())
-
-    def instance_stats(self) -> list[Stats]:
-        return self.registry.live_stats()
-
-    def stale_instances(self) -> set[str]:
-        """Instances whose stats did not arrive in time lately (not trusted for picking)."""
-        return {h.instance_id for h in self.registry.instances.values() if h.is_alive and h.is_stale}
-
-    async def refresh_stats(self, settle: bool = False) -> list[Stats]:
-        """Fresh stats of every instance, each within the stats timeout (with `settle`, the call
-        timeout, after pending aborts have landed; registry.py)."""
-        timeout = self.config.call_timeout_s if settle else self.config.stats_timeout_s
-        return await self.registry.refresh_stats(timeout, settle)
-
-    async def switch_role(
-        self, instance_id: str, role: Role | str, drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
-    ) -> SwitchReport:
-        """Switch an instance's role in place (router/role_switch_driver.py): no new work of its old
-        role reaches it, what it runs finishes, its pool is reset, and it serves as `role` with
-        a new epoch. Raises UnknownInstance, InvalidRequestError (`role`), SwitchConflict or
-        SwitchFailed (the instance then serves on in its old role)."""
-        report = await switch_instance_role(self.registry, instance_id, role, drain_timeout_s, self.switch_claims)
-        self.role_changes.append(report)
-        return report
-
-    def awaiting_first_token(self) -> list[RoutedRequest]:
-        """Requests routed and not yet answered with a first token."""
-        return [r for r in self._requests.values() if r.last_token_s is None]
-
-    async def drain(self, deadline_s: float) -> bool:
-        """Refuse new requests and wait up to `deadline_s` for those under way to finish;
-        returns True if none is left (then `close` aborts the rest)."""
-        self.accepting = False
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + deadline_s
-        while self._requests:
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            self._finished.clear()
-            try:
-                await asyncio.wait_for(self._finished.wait(), left)
-            except TimeoutError:
-                return not self._requests
-        return True
-
-    def abort_all(self, reason: str) -> None:
-        """End every request under way with `reason` as its error."""
-        for routed in list(self._requests.values()):
-            self._fail(routed, reason)
-
-    async def close(self) -> None:
-        self.accepting = False
-        for routed in list(self._requests.values()):
-            self.abort(routed.request_id)
-        await self.links.close()
-        self.prompt_encoder.close()
 
     # ---- requests ---------------------------------------------------------------------
     def submit(
@@ -270,7 +134,7 @@ class Router(GeneratesFromSubmit):
         stream = RequestStream(request_id, self.abort)
         layerwise = self.config.layerwise if layerwise is None else layerwise
         routed = RoutedRequest(request_id, token_ids, params, stream, layerwise)
-        if self._tracer is None and tracer() is not None:  # tracing is on from now on
+        if self._tracer is None and exporter.current is not None:  # tracing is on from now on
             self._tracer = RequestTracer()
             self.events.subscribe(self._tracer)
         self.events.publish(RequestStarted, routed, traceparent)
@@ -352,16 +216,16 @@ class Router(GeneratesFromSubmit):
                     self.counters.transfer_failed(f"{where}: {message.reason}")
             case Renew():
                 # the prefill instance of the current try progressed: pass the renewal on
-                handle = self.links.handle_of(channel)
+                handle = self.links.by_channel.get(channel)
                 if attempt is not None and handle is not None and attempt.prefilling is handle:
                     attempt.decode.channel.send(Renew(request_id=message.request_id))
             case Draining():
-                handle = self.links.handle_of(channel)
+                handle = self.links.by_channel.get(channel)
                 if handle is not None:
                     log.info("instance %s is shutting down: routing nothing new there", handle.instance_id)
                     handle.draining = True
             case KVEvents():  # the prefix index: what the instance's cache (and the tier) now hold
-                self.registry.kv_events(self.links.handle_of(channel), message.events)
+                self.registry.kv_events(self.links.by_channel.get(channel), message.events)
             case _:
                 log.warning("%s: unexpected %s", channel.name, type(message).__name__)
 

@@ -1,10 +1,19 @@
 """What one try of a request knows, and how it ended: the state `attempt.Attempt` keeps as it
-runs the try, what the router's message dispatch reaches by the try's id (try_ids.py), and
-what the events of the try carry to their subscribers (request_events.py)."""
+runs the try, what the router's message dispatch reaches by the try's id (`TryIds`), and
+what the events of the try carry to their subscribers (request_events.py).
+
+Each try's id on the instances (`TryIds`): a request gets a fresh id for every try
+(`request_id@tag.n`): an instance that saw an earlier try, and remembers it as aborted, never
+mistakes the new one for it. `tag` is random per router, so the tries of several routers
+sharing the instances (whose request ids may be the same, as each numbers its own) never
+collide on an instance. The router looks the try that the messages instances send (tokens,
+landings, renewals) concern up there by that id."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import secrets
 from typing import TYPE_CHECKING
 
 from minipd.router.outcome import Outcome
@@ -55,3 +64,25 @@ class TryState:
             return False
         self.kv_fate.set_result(failure)
         return True
+
+
+class TryIds:
+    """The live tries by their id on the instances (module docstring)."""
+
+    def __init__(self) -> None:
+        self._by_wire: dict[str, TryState] = {}
+        self._next = itertools.count()
+        self._tag = secrets.token_hex(4)  # this router's, among those sharing the instances
+
+    def begin(self, state: TryState) -> None:
+        """Give the request of `state` a fresh id for it (`routed.wire_id`); its previous one is forgotten."""
+        routed = state.routed
+        self._by_wire.pop(routed.wire_id, None)
+        routed.wire_id = f"{routed.request_id}@{self._tag}.{next(self._next)}"
+        self._by_wire[routed.wire_id] = state
+
+    def get(self, wire_id: str) -> TryState | None:
+        return self._by_wire.get(wire_id)
+
+    def forget(self, routed: RoutedRequest) -> None:
+        self._by_wire.pop(routed.wire_id, None)

@@ -12,7 +12,8 @@ its export timeout and retries (10 s and more), so it runs on a daemon thread th
 it what is left of `--shutdown-timeout-s` (entrypoints/roles.py).
 
 While tracing is off nothing here runs and the SDK is never imported: `tracer()` is None,
-which every caller checks first (spans.py).
+which every caller checks first (spans.py); a request's path reads `current` instead (the same
+tracer, without a call).
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ DROPPED = "trace exporter dropped"  # the start of the one line a flush past its
 MIN_FLUSH_S = 0.25  # a flush gets at least this: a healthy collector's takes milliseconds
 AT_EXIT_FLUSH_S = 5.0  # the bound of the flush `atexit` runs (a process that never called `shutdown`)
 
-_tracer: Any = None  # opentelemetry.trace.Tracer while tracing is on
+# opentelemetry.trace.Tracer while tracing is on: what `tracer()` returns, read as it is by the
+# request path's one test per request (a module attribute: no call)
+current: Any = None
 _provider: Any = None
 _url = ""
 
@@ -61,7 +64,7 @@ def check_endpoint(endpoint: str) -> str:
 def configure(endpoint: str, service_name: str, instance_id: str, role: str) -> None:
     """Export this process's spans to `endpoint` from now on, as `service_name` (its
     `service.instance.id`: `instance_id`). Called once per process, before any span."""
-    global _tracer, _provider, _url
+    global current, _provider, _url
     url = check_endpoint(endpoint)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource
@@ -73,22 +76,22 @@ def configure(endpoint: str, service_name: str, instance_id: str, role: str) -> 
     # (unbounded): ours is bounded
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=url)))
-    _provider, _tracer, _url = provider, provider.get_tracer("minipd"), url
+    _provider, current, _url = provider, provider.get_tracer("minipd"), url
     atexit.register(shutdown, AT_EXIT_FLUSH_S)
     log.info("exporting traces to %s as %s/%s", url, service_name, instance_id)
 
 
 def tracer() -> Any:
     """The process's tracer, or None while tracing is off."""
-    return _tracer
+    return current
 
 
 def shutdown(timeout_s: float) -> bool:
     """Flush the spans still queued and stop exporting, within `timeout_s` (at least
     MIN_FLUSH_S); idempotent. False when the flush outlasted it: the exporter is dropped (its
     thread left to die with the process, the spans it held lost) and one warning says so."""
-    global _tracer, _provider
-    provider, _provider, _tracer = _provider, None, None
+    global current, _provider
+    provider, _provider, current = _provider, None, None
     if provider is None:
         return True
     bound_s = max(timeout_s, MIN_FLUSH_S)

@@ -36,7 +36,7 @@ from minipd.models.arch.paged_attention import (
 )
 from minipd.models.arch.rope import RotaryEmbedding, apply_rope
 from minipd.models.weights import prepacked_linear
-from minipd.models.weights.quantized_linear import RowSplit
+from minipd.models.weights.row_split import RowSplit
 
 ARCHITECTURE = "Gemma3ForCausalLM"
 

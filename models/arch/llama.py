@@ -44,7 +44,8 @@ from minipd.models.arch.paged_attention import (
 from minipd.models.arch.rope import RotaryEmbedding, apply_rope
 from minipd.models.weights import prepacked_linear, weights_summary
 from minipd.models.weights.block_embedding import BlockEmbedding
-from minipd.models.weights.quantized_linear import QuantizedLinear, RowSplit
+from minipd.models.weights.quantized_linear import QuantizedLinear
+from minipd.models.weights.row_split import RowSplit
 
 LayerHook = Callable[[int], None]
 RANDOM_LINEAR_GAIN = 2.0

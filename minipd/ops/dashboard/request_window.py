@@ -1,12 +1,16 @@
 """What an HTTP front's requests measured lately: the dashboard's sliding window.
 
-`observed_backend.ObservedBackend` reports every output of every request here, with the
-instants the front relays them: a request's first token gives its TTFT (from its submission to
-the backend), every later token-carrying output one inter-token gap, and its final output the
-request's record (tokens, KV transfer, error). The window keeps the samples of the last
-`window_s` seconds (and at most `max_samples` of each kind: beyond that the oldest go first, so a
-burst costs bounded memory), the last `max_records` request records, and totals since start
-(which agree with /metrics' counters: both count the front's finished requests).
+The window reads a `RecentRequests` (api/request_metrics.py): the rings where the front's request
+recorder keeps, with the instants the front relays them, each request's TTFT (from its
+submission to the backend), every later token-carrying output's inter-token gap, and each final
+output with the request's figures (tokens, KV transfer, error). A router's front reads the
+front's own (`read`, when the dashboard is installed on it), so a request pays a few appends
+for the window and nothing more; a window that reads no front's keeps its own, fed through
+`first_token`, `gap` and `finished` (observed_backend.ObservedBackend, on a colocated front).
+Read, it keeps the samples of the last `window_s` seconds (and at most `max_samples` of each
+kind: beyond that the oldest go first, so a burst costs bounded memory), the last
+`max_records` request records, and totals since start (which agree with /metrics' counters:
+both count the front's finished requests).
 
 Timestamps are `time.monotonic()`; records carry `time.time()` for display.
 """
@@ -14,12 +18,12 @@ Timestamps are `time.monotonic()`; records carry `time.time()` for display.
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Callable
 
 import msgspec
 import numpy as np
 
+from minipd.api.request_metrics import RecentRequests, Samples
 from minipd.engine.request import RequestOutput
 
 DEFAULT_WINDOW_S = 60.0
@@ -47,38 +51,6 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     reserve_s: float = 0.0
 
 
-class Samples:
-    """Timed samples, oldest first, at most `capacity` (the oldest go first beyond it); times
-    and values in two deques, so the values reach numpy without a tuple per sample."""
-
-    def __init__(self, capacity: int):
-        self.at: deque[float] = deque(maxlen=capacity)
-        self.values: deque[float] = deque(maxlen=capacity)
-
-    def __len__(self) -> int:
-        return len(self.values)
-
-    def append(self, at: float, value: float) -> None:
-        self.at.append(at)
-        self.values.append(value)
-
-    def drop_before(self, horizon: float) -> None:
-        at, values = self.at, self.values
-        while at and at[0] < horizon:
-            at.popleft()
-            values.popleft()
-
-    def array(self) -> np.ndarray:
-        return np.fromiter(self.values, dtype=float, count=len(self.values))
-
-
-class _Transfer(msgspec.Struct, frozen=True):
-    at: float  # monotonic
-    prefill: str
-    decode: str
-    num_bytes: int
-
-
 class RequestWindow:
     def __init__(
         self,
@@ -90,66 +62,89 @@ class RequestWindow:
         if not window_s > 0:
             raise ValueError(f"window_s: must be positive, got {window_s}")
         self.window_s, self.clock = window_s, clock
-        self.ttft = Samples(max_samples)  # seconds, stamped with when they were measured
-        self.itl = Samples(max_samples)
-        self.transfers: deque[_Transfer] = deque(maxlen=max_samples)
-        self.records: deque[RequestRecord] = deque(maxlen=max_records)
-        self.num_requests = 0  # finished since start
-        self.num_kv_bytes = 0  # moved since start
+        self.recent = RecentRequests(max_samples, max_records)
 
-    # ---- fed by the observed backend ----------------------------------------------------
+    def read(self, recent: RecentRequests) -> None:
+        """Read `recent` (a front's, kept by its request recorder) from now on."""
+        self.recent = recent
+
+    # ---- fed by the observed backend (a window that reads no front's) -------------------
     def first_token(self, ttft_s: float) -> None:
-        self.ttft.append(self.clock(), ttft_s)
+        self.recent.ttft.append(self.clock(), ttft_s)
 
     def gap(self, gap_s: float) -> None:
-        self.itl.append(self.clock(), gap_s)
+        self.recent.itl.append(self.clock(), gap_s)
 
     def finished(self, output: RequestOutput, ttft_s: float | None, mean_itl_s: float | None) -> None:
-        transfer = output.transfer
-        record = RequestRecord(
-            request_id=output.request_id,
-            finished_at=time.time(),
-            prompt_tokens=output.num_prompt_tokens,
-            output_tokens=output.num_output_tokens,
-            ttft_s=ttft_s,
-            mean_itl_s=mean_itl_s,
-            finish_reason=output.finish_reason or "abort",
-            error=output.error,
-        )
-        if transfer is not None:
-            record.prefill_instance, record.decode_instance = transfer.prefill_instance, transfer.decode_instance
-            record.kv_bytes, record.transfer_s, record.exposed_s = (
-                transfer.num_bytes,
-                transfer.transfer_s,
-                transfer.exposed_s,
-            )
-            record.compute_s, record.reserve_s = transfer.compute_s, transfer.reserve_s
-            self.transfers.append(
-                _Transfer(self.clock(), transfer.prefill_instance, transfer.decode_instance, transfer.num_bytes)
-            )
-            self.num_kv_bytes += transfer.num_bytes
-        self.records.append(record)
-        self.num_requests += 1
+        self.recent.finish(self.clock(), output, ttft_s, mean_itl_s)
 
     # ---- read by the snapshot -------------------------------------------------------------
+    @property
+    def ttft(self) -> Samples:
+        """TTFT samples (seconds), stamped with when they were measured."""
+        return self.recent.ttft
+
+    @property
+    def itl(self) -> Samples:
+        return self.recent.itl
+
+    @property
+    def num_requests(self) -> int:
+        """Finished since start."""
+        return self.recent.num_requests
+
+    @property
+    def num_kv_bytes(self) -> int:
+        """Moved since start."""
+        return self.recent.num_kv_bytes
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        """The last finished requests, oldest first."""
+        return [_record(*finished) for finished in self.recent.finished]
+
     def prune(self) -> None:
         """Drop the samples older than the window."""
         horizon = self.clock() - self.window_s
-        self.ttft.drop_before(horizon)
-        self.itl.drop_before(horizon)
-        while self.transfers and self.transfers[0].at < horizon:
-            self.transfers.popleft()
+        self.recent.ttft.drop_before(horizon)
+        self.recent.itl.drop_before(horizon)
+        transfers = self.recent.transfers
+        while transfers and transfers[0][0] < horizon:
+            transfers.popleft()
 
     def ttft_values(self) -> np.ndarray:
-        return self.ttft.array()
+        return _array(self.recent.ttft)
 
     def itl_values(self) -> np.ndarray:
-        return self.itl.array()
+        return _array(self.recent.itl)
 
     def link_bytes(self) -> dict[tuple[str, str], tuple[int, int]]:
         """(prefill, decode) -> (KV bytes, requests) moved over that pair within the window."""
         pairs: dict[tuple[str, str], tuple[int, int]] = {}
-        for t in self.transfers:
-            num_bytes, count = pairs.get((t.prefill, t.decode), (0, 0))
-            pairs[(t.prefill, t.decode)] = (num_bytes + t.num_bytes, count + 1)
+        for _, prefill, decode, size in self.recent.transfers:
+            num_bytes, count = pairs.get((prefill, decode), (0, 0))
+            pairs[(prefill, decode)] = (num_bytes + size, count + 1)
         return pairs
+
+
+def _array(samples: Samples) -> np.ndarray:
+    return np.fromiter(samples.values, dtype=float, count=len(samples.values))
+
+
+def _record(finished_at: float, output: RequestOutput, ttft_s: float | None, mean_itl_s: float | None) -> RequestRecord:
+    record = RequestRecord(
+        request_id=output.request_id,
+        finished_at=finished_at,
+        prompt_tokens=output.num_prompt_tokens,
+        output_tokens=output.num_output_tokens,
+        ttft_s=ttft_s,
+        mean_itl_s=mean_itl_s,
+        finish_reason=output.finish_reason or "abort",
+        error=output.error,
+    )
+    t = output.transfer
+    if t is not None:
+        record.prefill_instance, record.decode_instance = t.prefill_instance, t.decode_instance
+        record.kv_bytes, record.transfer_s, record.exposed_s = t.num_bytes, t.transfer_s, t.exposed_s
+        record.compute_s, record.reserve_s = t.compute_s, t.reserve_s
+    return record

@@ -14,8 +14,10 @@ The data routes need the API key like every other route (the app's middleware), 
 header; the page never puts the key in a URL.
 
 `router_dashboard` and `engine_dashboard` build one for a router front or for a colocated
-engine's front; both wrap the front's backend (`ObservedBackend`) so the window sees every
-request the front serves.
+engine's front. On a router's front the window reads what the front's request recorder keeps
+(api/metrics.py `RecentRequests`) and the router keeps its requests' events for the timelines
+(router/request_log.py): the request path runs nothing of the dashboard's. A colocated front's
+backend is wrapped (`ObservedBackend`), which stamps its requests' timelines and feeds the window.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Callable, TextIO
 import msgspec
 from aiohttp import web
 
-from minipd.api.app import CONFIG_KEY
+from minipd.api.app import CONFIG_KEY, METRICS_KEY
 from minipd.api.backend import ServingBackend
 from minipd.api.errors import OVERLOADED, ApiError, from_decode_error
 from minipd.api.json_only import require_json
@@ -173,11 +175,13 @@ def router_dashboard(
         controller,
     )
     dashboard = Dashboard(builder)
-    router.timelines = TimelineStore()  # the router stamps every request's phases from now on
+    router.timelines = TimelineStore()  # the router keeps every request's events from now on
     plan = PlanRoutes(PlanClient(), window, lambda: dashboard.hub.snapshot, router.model_name, plan_profile)
-    return ObservedBackend(backend, window), _both(
-        dashboard.install, timelines_extension(router.timelines), plan.install
-    )
+
+    def read_front(app: web.Application) -> None:  # the front's recorder keeps what the window reads
+        window.read(app[METRICS_KEY].recent)
+
+    return backend, _both(read_front, dashboard.install, timelines_extension(router.timelines), plan.install)
 
 
 def engine_dashboard(engine: Engine, backend: ServingBackend, default_slo: SLO, name: str = "local") -> tuple:

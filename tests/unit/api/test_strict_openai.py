@@ -10,7 +10,7 @@ import pytest
 
 from contracts.openai_contract import EventStreamChecker
 from contracts.strict_openai import ResponseKind, StrictResponseError, missing_required, parse_strict
-from minipd.api.protocol import make_usage
+from minipd.api.responses import make_usage
 from minipd.api.stream_format import ChatFormat, CompletionFormat
 
 USAGE = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}

@@ -64,6 +64,9 @@ class _Reservations:
         self.released.append((request_id, block_ids))
 
 
+FINGERPRINT = Fingerprint(protocol_version=0, model=None, weights_digest="", dtype="", block_size=16, kv_layout="")
+
+
 def _instance(reservations: _Reservations | None = None) -> SimpleNamespace:
     """What the role handlers use of an instance, recording what it tracks and aborts."""
     tracked: set[str] = set()
@@ -79,7 +82,7 @@ def _instance(reservations: _Reservations | None = None) -> SimpleNamespace:
         transport=_Transport(),
         reservations=reservations,
         expired_leases=asyncio.Queue(),
-        fingerprint=SimpleNamespace(differences=lambda other: []),
+        fingerprint=FINGERPRINT,  # the decode instance's too: compatible
         tier_wire=None,
         engine=SimpleNamespace(model_config=SimpleNamespace(num_layers=2), aborted=aborted, abort=aborted.append),
     )
@@ -91,7 +94,6 @@ def _reservation(channel: _Channel) -> Reservation:
 
 def test_a_prefill_whose_kv_does_not_move_answers_kv_failed_in_place_of_its_reply():
     instance, channel = _instance(), _Channel()
-    fingerprint = Fingerprint(protocol_version=0, model=None, weights_digest="", dtype="", block_size=16, kv_layout="")
     message = Prefill(
         request_id="t1",
         call_id=3,
@@ -99,7 +101,7 @@ def test_a_prefill_whose_kv_does_not_move_answers_kv_failed_in_place_of_its_repl
         sampling=SAMPLING,
         decode_instance="decode-0",
         decode_description=b"",
-        decode_fingerprint=fingerprint,
+        decode_fingerprint=FINGERPRINT,
         dst_block_ids=[5],
         num_skip_blocks=0,
     )
