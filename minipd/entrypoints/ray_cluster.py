@@ -226,7 +226,9 @@ class RayCluster(ProcessCluster):
                 if all(free.get(k, 0.0) >= v for k, v in wanted.items())
                 else f"no node of the Ray cluster had {_text(wanted)} free"
             )
-            raise RuntimeError(f"{name} was not placed within {PLACEMENT_TIMEOUT_S:.0f} s: {why} (see `ray status`)") from None
+            raise RuntimeError(
+                f"{name} was not placed within {PLACEMENT_TIMEOUT_S:.0f} s: {why} (see `ray status`)"
+            ) from None
         except ray.exceptions.ActorDiedError as exc:  # Ray gave up on it: max_restarts used up
             raise RuntimeError(
                 f"{name}: Ray does not restart its actor again ({self.configs.cluster.max_restarts} restarts "

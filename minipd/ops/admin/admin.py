@@ -88,8 +88,7 @@ class AdminRoutes:
                 "instance": h.instance_id,
                 "role": h.role.value,
                 "epoch": h.epoch,
-                # this router's own switch, or another router's (the instance says so in its stats)
-                "switching": (h.draining or (h.stats is not None and h.stats.switching)) and h.instance_id not in removing,
+                "switching": _switching(h) and h.instance_id not in removing,
                 "compute": h.welcome.compute,
             }
             for h in handles
@@ -157,3 +156,8 @@ def router_admin(router: Router, scaler: LivePoolScaler | None = None) -> Callab
         app[METRICS_KEY].registry.register(DisaggDecisionCollector(router.counters))
 
     return install
+
+
+def _switching(handle) -> bool:
+    """This router's own switch drains the instance, or another router's does (its stats say so)."""
+    return handle.draining or (handle.stats is not None and handle.stats.switching)
