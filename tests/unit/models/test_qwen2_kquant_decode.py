@@ -78,12 +78,18 @@ def _teacher_forced(step: FusedDecode, model, ids: torch.Tensor) -> torch.Tensor
     return torch.cat([step(ids[p : p + 1], torch.tensor([p]), table, pool) for p in range(len(ids))])
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("mix", MIXES)
-def test_every_projection_is_served_from_the_files_blocks(files, mix, variant) -> None:
-    paths, _ = files
-    model = load_gguf_model(paths[mix], weights="quantized", quantized_kernel=variant)
-    dense = load_gguf_model(paths[mix])
+@pytest.fixture(params=[(m, v) for m in MIXES for v in vnni_kernels.VARIANTS], ids="-".join)
+def served(request, files):
+    """(mix, variant, the file served from its blocks by `variant`, the same file dense in float32)."""
+    mix, variant = request.param
+    if (why := vnni_kernels.unavailable(variant)) is not None:
+        pytest.skip(f"no {variant} kernels here: {why}")
+    path = files[0][mix]
+    return mix, variant, load_gguf_model(path, weights="quantized", quantized_kernel=variant), load_gguf_model(path)
+
+
+def test_every_projection_is_served_from_the_files_blocks(served) -> None:
+    mix, _, model, dense = served
     assert unsupported(model) is None and model.weights_format == "quantized"
     state = model.state_dict()
     expected = dense.state_dict()
@@ -105,12 +111,9 @@ def test_every_projection_is_served_from_the_files_blocks(files, mix, variant) -
     assert torch.equal(model.quant_lm_head.dequantize(), expected["lm_head.weight"])
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("mix", MIXES)
-def test_fused_greedy_tokens_equal_the_dense_models(files, mix, variant) -> None:
+def test_fused_greedy_tokens_equal_the_dense_models(files, served) -> None:
     paths, vocab_size = files
-    model = load_gguf_model(paths[mix], weights="quantized", quantized_kernel=variant)
-    dense = load_gguf_model(paths[mix])
+    mix, variant, model, dense = served
     ids = torch.randint(0, vocab_size, (POSITIONS,), generator=torch.Generator().manual_seed(3))
     fused = _teacher_forced(FusedDecode(model), model, ids)
     theirs, eager = dense.forward_reference(ids), model.forward_reference(ids)
