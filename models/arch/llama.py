@@ -42,6 +42,7 @@ from minipd.models.arch.paged_attention import (
     write_kv,
 )
 from minipd.models.arch.rope import RotaryEmbedding, apply_rope
+from minipd.models.kernels.kquant_packing import FORMATS
 from minipd.models.weights import prepacked_linear, weights_summary
 from minipd.models.weights.block_embedding import BlockEmbedding
 from minipd.models.weights.quantized_linear import QuantizedLinear
@@ -91,6 +92,14 @@ def _fuse_linears(linears: list[nn.Linear], copy_values: bool = True) -> tuple[t
     return weight, bias
 
 
+class _BiasOnly(nn.Module):
+    """A projection's bias kept where its weight is served quantized (its parameter name unchanged)."""
+
+    def __init__(self, bias: nn.Parameter):
+        super().__init__()
+        self.bias = bias
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -112,10 +121,15 @@ class Attention(nn.Module):
         self.qkv_weight, self.qkv_bias = _fuse_linears([self.q_proj, self.k_proj, self.v_proj], copy_values)
 
     def use_quantized(self, qkv: QuantizedLinear | None, o: QuantizedLinear | None) -> None:
-        """Serve q/k/v and/or o from 4-bit weights; their dense weights are dropped (no bias)."""
+        """Serve q/k/v and/or o from quantized weights; their dense weights are dropped. q/k/v's
+        biases (qwen2) stay, under their names (`q_proj.bias`, ...), views of `qkv_bias`, which
+        is added to the quantized product."""
         if qkv is not None:
             self.quant_qkv, self.qkv_weight = qkv, None
+            biases = [m.bias for m in (self.q_proj, self.k_proj, self.v_proj)]
             del self.q_proj, self.k_proj, self.v_proj
+            if self.qkv_bias is not None:
+                self.q_proj, self.k_proj, self.v_proj = (_BiasOnly(b) for b in biases)
         if o is not None:
             self.quant_o = o
             del self.o_proj
@@ -131,6 +145,8 @@ class Attention(nn.Module):
         t, heads, kv_heads, d = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         if self.quant_qkv is not None:
             qkv = self.quant_qkv.forward(x, rows)
+            if self.qkv_bias is not None:
+                qkv = qkv + self.qkv_bias
         else:
             qkv = prepacked_linear.linear(x, self.qkv_weight, self.qkv_bias, self.packed_qkv)
         qkv = qkv.view(t, heads + 2 * kv_heads, d)
@@ -281,7 +297,7 @@ class LlamaForCausalLM(nn.Module):
         if not self.config.tie_word_embeddings:
             del self.lm_head
             return False
-        if lm_head.bits != 8 or lm_head.kernel == "torch":
+        if lm_head.formats != (FORMATS["q8"],) or lm_head.kernel == "torch":
             return False
         self.model.embed_tokens = BlockEmbedding(lm_head, self.model.norm.weight.dtype)
         return True

@@ -127,7 +127,7 @@ _MODELS = (
     ),
     PackagedModel(
         name="qwen2.5-coder-1.5b",
-        description="Qwen2.5-Coder-1.5B-Instruct (Apache-2.0), GGUF Q4_K_M, dequantized",
+        description="Qwen2.5-Coder-1.5B-Instruct (Apache-2.0), GGUF Q4_K_M",
         file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         size=1_117_320_768,
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",

@@ -1,12 +1,12 @@
 """The log line naming a GGUF's weight matrices that were stored quantized but are served dense.
 
-minipd's quantized kernels read Q4_0/Q4_1 projections and a Q4_0/Q4_1/Q8_0 lm_head
-(gguf_quantized.py); every other quantized type (the K-quants, Q5_0, Q5_1, Q8_0 projections) is
+minipd's int8 kernels read Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K (gguf_quantized.py,
+kquant_segments.py; torch's kernel Q4_0/Q4_1 only); every other quantized type (Q5_1, Q5_K) is
 dequantized to the model's dtype when it loads, at four times a 4-bit file's memory in bfloat16.
-`log_dequantized` says which, compactly (`Q4_K: attn_q, ffn_up (blk 0-27); Q6_K: output`): a
-warning where a type no kernel reads is among them (fused K-quant kernels are a later step) or
-where the weights were asked to stay quantized, else (a dense load of Q4_0/Q4_1/Q8_0 weights,
-as asked) at info level. The embedding table is left out: it is looked up, not multiplied.
+`log_dequantized` says which, compactly (`Q5_K: attn_q, ffn_up (blk 0-27); Q6_K: output`): a
+warning where a type no kernel reads is among them or where the weights were asked to stay
+quantized, else (a dense load of types a kernel reads, as asked) at info level. The embedding
+table is left out: it is looked up, not multiplied.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from minipd.models.gguf.gguf_file import GGUFFile, GGUFTensorInfo
 
 log = logging.getLogger(__name__)
 
-KERNEL_TYPES = tuple(GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q8_0"))
+KERNEL_TYPES = tuple(GGMLQuantizationType[name] for name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"))
 _MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _LAYER_PREFIX = "blk."
 
@@ -81,7 +81,7 @@ def log_dequantized(file: GGUFFile, dense_names: Iterable[str], weights: str, dt
     without_kernel = any(info.ggml_type not in KERNEL_TYPES for info in dequantized)
     total = sum(1 for n in file.tensors if is_weight_matrix(n))
     if without_kernel:
-        why = "no quantized kernel reads these types yet; minipd's read Q4_0/Q4_1, and Q8_0 for the lm_head"
+        why = "no quantized kernel reads these types; minipd's read Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K"
     elif weights != "dense":
         why = f"weights {weights}: their type or group has no quantized kernel here"
     else:

@@ -5,8 +5,9 @@ Contract: `dequantize(raw, tensor_type, shape)` returns the same float32 values,
 the `gguf` package's reference `gguf.quants.dequantize` (and so as llama.cpp's `dequantize_row_*`):
 each format below is decoded into its integer values q and its float32 per-group scale (and
 offset), then combined with the same float32 operations in the same order. minipd owns these
-layouts rather than calling `gguf.quants` because the quantized kernels for the K-quants (a later
-step) need exactly this unpacking (numpy, not torch: torch's uint8 ops on two threads ran 5-10x
+layouts rather than calling `gguf.quants` because the quantized kernels for the K-quants need
+exactly this unpacking (`q4_k_parts`, `q6_k_parts`, `q5_0_parts`: the stored integers and
+scales) (numpy, not torch: torch's uint8 ops on two threads ran 5-10x
 slower than numpy's on a busy 2-core machine, the threads waiting on each other). Blocks (ggml's
 `block_*` structs in ggml-common.h; little-endian; d, dmin, m are float16):
 
@@ -123,6 +124,34 @@ def _q6_k(b: np.ndarray) -> np.ndarray:
     high = ((b[:, 128:192].reshape(-1, 2, 1, 32) >> shifts) & _U8(3)).reshape(-1, 256)
     step = (_f16(b, 208) * b[:, 192:208].view(np.int8).astype(np.float32))[:, :, None]
     return (step * _signed(low | (high << _U8(4)), 32).reshape(-1, 16, 16)).reshape(-1, 256)
+
+
+def q5_0_parts(b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q5_0 blocks [n, 22] -> q (uint8 0..31 [n, 32]) and d (float16 [n]); w = d * (q - 16)."""
+    q = _nibbles(b[:, 6:22]).reshape(-1, 32) | (_fifth_bits_of_32(b[:, 2:6]) << _U8(4))
+    return q, np.ascontiguousarray(b[:, 0:2]).view(np.float16)[:, 0]
+
+
+def q4_k_parts(b: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Q4_K blocks [n, 144] -> q (uint8 0..15 [n, 256]), the sub-blocks' scales and mins (uint8
+    0..63 [n, 8]), d and dmin (float16 [n]): w = (d * scale) * q - dmin * min per sub-block of 32."""
+    scale, minimum = _k_scales(b[:, 4:16])
+    q = _nibbles(b[:, 16:144].reshape(-1, 4, 32)).reshape(-1, 256)
+    halves = np.ascontiguousarray(b[:, 0:4]).view(np.float16)
+    return q, scale.astype(_U8), minimum.astype(_U8), halves[:, 0], halves[:, 1]
+
+
+def q6_k_parts(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Q6_K blocks [n, 210] -> q (uint8 0..63 [n, 256]), the groups' scales (int8 [n, 16]) and d
+    (float16 [n]): w = (d * scale) * (q - 32) per group of 16."""
+    low = _nibbles(b[:, 0:128].reshape(-1, 2, 64)).reshape(-1, 256)
+    shifts = np.array([0, 2, 4, 6], dtype=_U8)[:, None]
+    high = ((b[:, 128:192].reshape(-1, 2, 1, 32) >> shifts) & _U8(3)).reshape(-1, 256)
+    return (
+        low | (high << _U8(4)),
+        b[:, 192:208].view(np.int8),
+        np.ascontiguousarray(b[:, 208:210]).view(np.float16)[:, 0],
+    )
 
 
 def _bf16(b: np.ndarray) -> np.ndarray:

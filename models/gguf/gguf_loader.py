@@ -15,11 +15,12 @@ Q4_K, Q5_K, Q6_K: gguf_dequantize.py), undoes llama.cpp's Q/K row permutation (l
 copies it into the model in the engine dtype; each float32 copy is dropped before the next
 tensor is read. With `weights="quantized"` the Q4_0/Q4_1 projections are instead kept in their
 4-bit blocks and multiplied as stored (gguf_quantized.py); that needs the CPU, in bfloat16 (any
-kernel) or float32 (minipd's int8 kernels). `weights="mixed"` keeps them so too and adds each
-one's dense copy in the model's dtype, for the rows of prefill chunks
-(`QuantizedLinear.from_q4`). No kernel reads the other quantized types yet (the K-quants, Q5_0,
-Q5_1; Q8_0 apart from the lm_head): their projections are dequantized to the model's dtype, and
-a log line names them (dequantized_log.py).
+kernel) or float32 (minipd's int8 kernels). With minipd's kernels ("vnni", "avx2") Q8_0, Q5_0,
+Q4_K and Q6_K projections are kept as stored too (kquant_segments.py). `weights="mixed"` keeps
+them so and adds each one's dense copy in the model's dtype, for the rows of prefill chunks
+(`QuantizedLinear.from_q4`, `from_segments`). Types no kernel reads (Q5_1, Q5_K; all but Q4_0/Q4_1
+for torch's kernel) are dequantized to the model's dtype, and a log line names them
+(dequantized_log.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from minipd.models.gguf.dequantized_log import log_dequantized
 from minipd.models.gguf.gguf_dequantize import DEQUANTIZED_TYPES, dequantize
 from minipd.models.gguf.gguf_file import GGUFFile, GGUFTensorInfo, read_gguf
 from minipd.models.gguf.gguf_quantized import Q4_TYPES, attach_quantized
+from minipd.models.gguf.kquant_segments import SEGMENT_TYPES
 from minipd.models.kernels import vnni_kernels
 from minipd.models.weights.quantized_linear import INT8_KERNELS, choose_kernel, kernel_available
 
@@ -250,8 +252,9 @@ def _check_tensors(file: GGUFFile, model_shapes: dict[str, tuple[int, ...]], arc
     return names
 
 
-def has_q4_tensors(file: GGUFFile) -> bool:
-    return any(info.ggml_type in Q4_TYPES for info in file.tensors.values())
+def has_q4_tensors(file: GGUFFile, types: tuple = Q4_TYPES) -> bool:
+    """Whether any tensor of `file` has one of `types` (by default the 4-bit ones every kernel reads)."""
+    return any(info.ggml_type in types for info in file.tensors.values())
 
 
 def quantized_unsupported(
@@ -262,14 +265,18 @@ def quantized_unsupported(
     architecture = file.metadata.get(ARCHITECTURE_KEY)
     if architecture in ARCHITECTURES and not ARCHITECTURES[architecture].quantizable:
         return f"{architecture} models are served with dense weights only, so far"
-    if not has_q4_tensors(file):
-        return f"{file.path} has no Q4_0/Q4_1 tensors, the only 4-bit ones a quantized kernel reads so far"
     if torch.device(device).type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return "quantized weights are served on the CPU in bfloat16 or float32, only"
+    ours = quantized_kernel in INT8_KERNELS or (quantized_kernel == "auto" and vnni_kernels.best() is not None)
+    if ours and not has_q4_tensors(file, SEGMENT_TYPES):
+        names = "/".join(t.name for t in SEGMENT_TYPES)
+        return f"{file.path} has no {names} tensors, the only quantized ones minipd's kernels read so far"
     if quantized_kernel in INT8_KERNELS:
         return vnni_kernels.unavailable(quantized_kernel)
-    if quantized_kernel == "auto" and vnni_kernels.best() is not None:
+    if ours:
         return None
+    if not has_q4_tensors(file):
+        return f"{file.path} has no Q4_0/Q4_1 tensors, the only 4-bit ones torch's kernel reads"
     none_of_ours = f"none of minipd's kernels runs here ({vnni_kernels.why_none()})"
     if dtype != torch.bfloat16:  # "torch", or "auto" where none of minipd's kernels runs
         why = "" if quantized_kernel == "torch" else f" and {none_of_ours}"

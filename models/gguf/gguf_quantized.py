@@ -1,4 +1,5 @@
-"""GGUF's quantized tensors (Q4_0, Q4_1; Q8_0 for the lm_head) served as stored, in `QuantizedLinear` modules.
+"""GGUF's quantized tensors served as stored, in `QuantizedLinear` modules: Q4_0/Q4_1 (any kernel); with
+minipd's int8 kernels also Q8_0, Q5_0, Q4_K and Q6_K (kquant_segments.py).
 
 `q4_values` reads a Q4_0/Q4_1 tensor's blocks (ggml's `block_q4_0` / `block_q4_1`: a float16
 d, for Q4_1 a float16 m, then 16 bytes whose low nibbles are elements 0..15 of the block and
@@ -9,11 +10,13 @@ zero m + 8d, exact in float32 since 8d is).
 `q8_values` reads a Q8_0 tensor's blocks (`block_q8_0`: a float16 d, then 32 int8 q; w = d * q).
 
 `attach_quantized` gives a model's projections that are stored in 4 bits (each fused group --
-q/k/v, gate/up -- only when every part is, and the kernel takes its shape; q/k/v not where they
-have biases, as qwen2's do) a
-`QuantizedLinear` (with its dense copy for prefill rows when asked: weights "mixed") and
+q/k/v, gate/up -- only when every part is, and the kernel takes its shape), or with minipd's
+kernels in any mix of kquant_segments.SEGMENT_TYPES (one segment per part: a Q4_K_M file's q/k/v
+are Q4_K, Q4_K, Q6_K), a `QuantizedLinear` (with its dense copy for prefill rows when asked:
+weights "mixed"; for segments, GGUF's own dequantization in the model's dtype); qwen2's q/k/v
+biases stay dense and are added to the product (arch/llama.py). It
 returns the parameter names it replaced, which the loader then skips. With minipd's kernels
-("vnni", "avx2") the lm_head is served from its blocks too when they are Q4_0, Q4_1 or Q8_0, a tied one (the
+("vnni", "avx2") the lm_head is served from its blocks too when they are of those types, a tied one (the
 embedding) included: the embedding's dense table then stays for the input lookups, and the
 lm_head reads the blocks (SmolLM2: 31.9 MB of Q8_0 instead of 56.6 MB of bf16 a token); where
 they are Q8_0 the input lookups read them too (weights/block_embedding.py) and no dense table is kept.
@@ -28,7 +31,9 @@ import torch
 from gguf import GGMLQuantizationType
 
 from minipd.models.arch.llama import LlamaForCausalLM
+from minipd.models.gguf.gguf_dequantize import dequantize
 from minipd.models.gguf.gguf_file import GGUFFile, GGUFTensorInfo
+from minipd.models.gguf.kquant_segments import block_segment, segment_fits
 from minipd.models.weights.huge_pages import to_huge_pages
 from minipd.models.weights.quantized_linear import GROUP_SIZE, INT8_KERNELS, QuantizedLinear
 
@@ -88,9 +93,27 @@ def attach_quantized(
     def info(name: str) -> GGUFTensorInfo:
         return file.tensors[gguf_names[name]]
 
+    def rows_of(name: str):  # llama.cpp's Q/K row order undone (per-row values of any shape)
+        if name.endswith("q_proj.weight"):
+            return lambda t: unpermute_rows(t, config.num_heads)
+        if name.endswith("k_proj.weight"):
+            return lambda t: unpermute_rows(t, config.num_kv_heads)
+        return lambda t: t
+
+    def segments(names: list[str]) -> QuantizedLinear | None:  # any of SEGMENT_TYPES, minipd's kernels only
+        if kernel not in INT8_KERNELS or not all(segment_fits(info(n)) for n in names):
+            return None
+        parts = [block_segment(file, info(n), rows_of(n)) for n in names]
+        dense = None
+        if dense_copies:
+            exact = [dequantize(file.tensor_bytes(info(n)), info(n).ggml_type, info(n).shape) for n in names]
+            dense = torch.cat([rows_of(n)(values) for n, values in zip(names, exact)])
+        replaced.update(names)
+        return QuantizedLinear.from_segments(parts, info(names[0]).shape[1], kernel, dense, dense_dtype)
+
     def group(names: list[str]) -> QuantizedLinear | None:
         if not all(info(n).ggml_type in Q4_TYPES for n in names):
-            return None
+            return segments(names)
         out_features = sum(info(n).shape[0] for n in names)
         if not QuantizedLinear.supports(out_features, info(names[0]).shape[1]):
             return None
@@ -113,6 +136,8 @@ def attach_quantized(
             linear = QuantizedLinear.from_q8(*q8_values(file, tensor), kernel=kernel)
         elif tensor.ggml_type in Q4_TYPES:
             linear = QuantizedLinear.from_q4(*q4_values(file, tensor), kernel=kernel)
+        elif segment_fits(tensor):
+            linear = QuantizedLinear.from_segments([block_segment(file, tensor)], tensor.shape[1], kernel)
         else:
             return None
         if name == "lm_head.weight":
@@ -122,8 +147,7 @@ def attach_quantized(
     replaced: set[str] = set()
     for i, layer in enumerate(model.model.layers):
         p = f"model.layers.{i}."
-        # q/k/v with biases (qwen2) stay dense: a QuantizedLinear adds no bias
-        qkv = None if config.attention_bias else group([p + f"self_attn.{x}_proj.weight" for x in "qkv"])
+        qkv = group([p + f"self_attn.{x}_proj.weight" for x in "qkv"])  # qwen2's biases stay dense, added after
         layer.self_attn.use_quantized(qkv, group([p + "self_attn.o_proj.weight"]))
         layer.mlp.use_quantized(
             group([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]), group([p + "mlp.down_proj.weight"])

@@ -4,7 +4,9 @@ and lm_head all sit in GGUF's blocks, in one op call instead of ~30 eager torch 
 `FusedDecode.of(model)` prepares a model's arguments once (the packed weights in the op's
 order, float32 copies of the norms and rotary tables, its shapes), or says why it cannot be
 used (`unsupported`): the model must be on the CPU in float32 or bfloat16, every projection and
-the lm_head served by one of minipd's int8 kernels ("vnni", "avx2"), without attention biases.
+the lm_head served by one of minipd's int8 kernels ("vnni", "avx2"), in any of their block
+formats (Q4_0/Q4_1, Q8_0, Q5_0 as Q8, Q4_K, Q6_K; a weight may mix them by segment); q/k/v
+biases (qwen2) are added in float32.
 Calling it runs decode rows, one new token per sequence at its position, in float32 whatever
 the model's dtype, writing their K/V into the pool (in its dtype) and returning float32 logits.
 
@@ -31,8 +33,6 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
         return (
             f"the fused decode step runs float32 or bfloat16 models on the CPU, not {norm.dtype} on {norm.device.type}"
         )
-    if model.config.attention_bias:
-        return "the fused decode step has no attention biases"
     linears: list[QuantizedLinear | None] = [model.quant_lm_head]
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -40,8 +40,6 @@ def unsupported(model: LlamaForCausalLM) -> str | None:
     kernels = {m.kernel if m is not None else None for m in linears}
     if None in kernels or len(kernels) != 1 or not kernels <= set(INT8_KERNELS):
         return "the fused decode step needs every projection and the lm_head in blocks, multiplied by one int8 kernel"
-    if any(m.bits != 4 for m in linears[1:]):
-        return "the fused decode step multiplies 4-bit projections only"
     return None
 
 
@@ -57,13 +55,21 @@ class FusedDecode:
         self._op = getattr(torch.ops, f"minipd_{self.kernel}").decode_step  # looked up once, not every step
         norms = [w for layer in layers for w in (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)]
         self.norms = [w.float().contiguous() for w in (*norms, model.model.norm.weight)]
-        self.packed = [
-            m.packed
+        linears = [
+            m
             for layer in layers
             for m in (layer.self_attn.quant_qkv, layer.self_attn.quant_o, layer.mlp.quant_gate_up, layer.mlp.quant_down)
         ]
-        self.packed.append(model.quant_lm_head.packed)
-        self.lm_head_bits = model.quant_lm_head.bits
+        linears.append(model.quant_lm_head)
+        self.packed = [m.packed for m in linears]
+        self.formats = [f for m in linears for f in m.formats]  # each weight's segments, flattened
+        self.outs = [o for m in linears for o in m.outs]
+        self.segments = [len(m.formats) for m in linears]
+        empty = torch.empty(0)
+        self.biases = [
+            empty if layer.self_attn.qkv_bias is None else layer.self_attn.qkv_bias.float().contiguous()
+            for layer in layers
+        ]
         self.embed = model.model.embed_tokens  # nn.Embedding, or block_embedding.BlockEmbedding
         self.cos, self.signed_sin = model.rope.cos.float().contiguous(), model.rope.signed_sin.float().contiguous()
         self.heads, self.kv_heads = config.num_heads, config.num_kv_heads
@@ -91,10 +97,13 @@ class FusedDecode:
             self.signed_sin,
             self.norms,
             self.packed,
+            self.formats,
+            self.outs,
+            self.segments,
+            self.biases,
             self.heads,
             self.kv_heads,
             self.intermediate,
-            self.lm_head_bits,
             self.eps,
             self.scale,
         )

@@ -1,5 +1,5 @@
-// One decode step of a Llama model with every projection and the lm_head in GGUF's blocks
-// (minipd's int8 kernels, int8_kernels.h), as one op: `MINIPD_OPS::decode_step`. It computes in
+// One decode step of a Llama or Qwen2 model with every projection and the lm_head in GGUF's blocks
+// (minipd's int8 kernels in any of their formats, block_matmul.h), as one op: `MINIPD_OPS::decode_step`. It computes in
 // float32 whatever the model's dtype; the KV pool is float32 or bfloat16 (the model's), its new
 // rows rounded to nearest even in bfloat16, as the eager path's .to() rounds them.
 //
@@ -11,12 +11,13 @@
 // What it computes, per row r (a sequence's single new token at position p = positions[r]),
 // layer by layer, all in float32 (the norms and rotary tables given in float32):
 //   h = rms_norm(x) * w_in                     (sum of squares in float32 on 8 lanes, then the lanes pairwise)
-//   q, k, v = h @ W_qkv (int8 kernel); q, k rotated: x * cos[p] + roll(x, d / 2) * signed_sin[p]
+//   q, k, v = h @ W_qkv (int8 kernel) + b_qkv (Qwen2's biases, where given); q, k rotated: x * cos[p] + roll(x, d / 2) * signed_sin[p]
 //   K/V of position p written to the pool at block_tables[r][p / block_size], offset p % block_size
 //   o = softmax(scale * q . K[0..p]) . V[0..p] per head (kv head = head / (heads / kv_heads)),
 //       the maximum subtracted first, exp on 8 lanes (Cephes' polynomial, ~2 ulp)
 //   x += o @ W_o;  h = rms_norm(x) * w_post;  g, u = h @ W_gate_up;  x += (silu(g) * u) @ W_down
-// then logits = rms_norm(x) * w_final @ W_lm_head (Q8_0 or Q4 blocks). A row's result depends on
+// then logits = rms_norm(x) * w_final @ W_lm_head (any format). Each weight is its segments
+// (formats, outs: block_matmul.h), `segments[i]` of them for packed[i]. A row's result depends on
 // its own token, position, block table and cached K/V only: not on the other rows, their number
 // or the threads. It is not bit-equal to the eager path's (other summation orders, another exp):
 // an engine uses one of the two for every decode row, so a row is computed alike wherever it runs.
@@ -27,7 +28,7 @@
 #include <cmath>
 
 #include "avx2_math.h"
-#include "int8_kernels.h"
+#include "block_matmul.h"
 
 #ifndef MINIPD_OPS
 #error "build with -DMINIPD_OPS=<the ops' namespace> (vnni_kernels.py does)"
@@ -133,18 +134,38 @@ void attend(const float* q, const T* pool_layer, const int64_t* table, int64_t p
   }
 }
 
-void check_packed(const at::Tensor& w, int64_t out, int64_t in, bool q8, const char* what) {
-  const int64_t chunk = q8 ? kQ8Chunk : kQ4Chunk;
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.dim() == 2 && w.is_contiguous() && w.size(0) * kTile == out &&
-                  w.size(1) == in / kBlock * chunk,
-              "minipd decode_step: ", what, " must be packed blocks for a [", out, ", ", in, "] weight");
+// One projection slot: its packed segments (block_matmul.h), checked against a [out, in] weight.
+struct Slot {
+  const uint8_t* w;
+  const int64_t* formats;
+  const int64_t* outs;
+  int64_t segments;
+};
+
+Slot check_slot(const at::Tensor& w, const std::vector<int64_t>& formats, const std::vector<int64_t>& outs,
+                int64_t first, int64_t count, int64_t out, int64_t in, const char* what) {
+  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous(), "minipd decode_step: ", what,
+              " must be contiguous uint8 blocks");
+  const std::vector<int64_t> f(formats.begin() + first, formats.begin() + first + count);
+  const std::vector<int64_t> o(outs.begin() + first, outs.begin() + first + count);
+  const std::string why = check_segments(f, o, in, w.numel());
+  int64_t total = 0;
+  for (const int64_t v : o) total += v;
+  TORCH_CHECK(why.empty() && total == out, "minipd decode_step: ", what, " must be packed blocks for a [", out, ", ", in,
+              "] weight", why.empty() ? "" : ": ", why);
+  return {w.data_ptr<uint8_t>(), formats.data() + first, outs.data() + first, count};
+}
+
+void multiply(const Slot& w, const float* x, int64_t rows, int64_t in, float* y) {
+  multiply_segments(w.formats, w.outs, w.segments, x, rows, in, w.w, y);
 }
 
 template <typename T>
 at::Tensor run(const at::Tensor& x_in, const at::Tensor& positions_in, const at::Tensor& tables_in,
                const at::Tensor& pool, const at::Tensor& cos, const at::Tensor& signed_sin, at::TensorList norms,
-               at::TensorList packed, int64_t heads, int64_t kv_heads, int64_t intermediate, int64_t lm_head_bits,
-               double eps, double scale) {
+               at::TensorList packed, const std::vector<int64_t>& formats, const std::vector<int64_t>& outs,
+               const std::vector<int64_t>& segments, at::TensorList biases, int64_t heads, int64_t kv_heads,
+               int64_t intermediate, double eps, double scale) {
   const int64_t n = x_in.size(0);
   Shapes s{pool.size(0), x_in.size(1), heads, kv_heads, pool.size(5), intermediate, 0,
            pool.size(1),  pool.size(3),  tables_in.dim() == 2 ? tables_in.size(1) : 0, cos.size(0)};
@@ -161,16 +182,29 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& positions_in, const at:
   TORCH_CHECK(static_cast<int64_t>(norms.size()) == 2 * s.L + 1 && static_cast<int64_t>(packed.size()) == 4 * s.L + 1,
               "minipd decode_step: one input and one post-attention norm per layer and a final one; four packed "
               "projections per layer and the lm_head");
-  TORCH_CHECK(lm_head_bits == 4 || lm_head_bits == 8, "minipd decode_step: lm_head_bits must be 4 or 8");
+  TORCH_CHECK(static_cast<int64_t>(segments.size()) == 4 * s.L + 1 && formats.size() == outs.size() &&
+                  static_cast<int64_t>(biases.size()) == s.L,
+              "minipd decode_step: a segment count per packed weight, a format and an output count per segment, "
+              "and a (possibly empty) q/k/v bias per layer");
+  std::vector<int64_t> first(segments.size() + 1, 0);
+  for (size_t i = 0; i < segments.size(); ++i) first[i + 1] = first[i] + segments[i];
+  TORCH_CHECK(first.back() == static_cast<int64_t>(formats.size()), "minipd decode_step: segment counts do not add up");
   const int64_t qkv_out = (heads + 2 * kv_heads) * s.D;
+  auto slot = [&](int64_t i, int64_t out, int64_t in, const char* what) {
+    return check_slot(packed[i], formats, outs, first[i], segments[i], out, in, what);
+  };
+  std::vector<Slot> slots;
   for (int64_t l = 0; l < s.L; ++l) {
-    check_packed(packed[4 * l], qkv_out, s.H, false, "qkv");
-    check_packed(packed[4 * l + 1], s.H, heads * s.D, false, "o");
-    check_packed(packed[4 * l + 2], 2 * s.F, s.H, false, "gate_up");
-    check_packed(packed[4 * l + 3], s.H, s.F, false, "down");
+    slots.push_back(slot(4 * l, qkv_out, s.H, "qkv"));
+    slots.push_back(slot(4 * l + 1, s.H, heads * s.D, "o"));
+    slots.push_back(slot(4 * l + 2, 2 * s.F, s.H, "gate_up"));
+    slots.push_back(slot(4 * l + 3, s.H, s.F, "down"));
+    TORCH_CHECK(biases[l].numel() == 0 || (biases[l].scalar_type() == at::kFloat && biases[l].is_contiguous() &&
+                                           biases[l].numel() == qkv_out),
+                "minipd decode_step: a q/k/v bias must be empty or contiguous float32 [", qkv_out, "]");
   }
-  s.V = packed[4 * s.L].size(0) * kTile;
-  check_packed(packed[4 * s.L], s.V, s.H, lm_head_bits == 8, "lm_head");
+  for (int64_t i = first[4 * s.L]; i < first[4 * s.L + 1]; ++i) s.V += outs[i];
+  slots.push_back(slot(4 * s.L, s.V, s.H, "lm_head"));
   for (const at::Tensor& w : norms)
     TORCH_CHECK(w.scalar_type() == at::kFloat && w.numel() == s.H && w.is_contiguous(),
                 "minipd decode_step: norms must be contiguous float32 [hidden]");
@@ -199,9 +233,13 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& positions_in, const at:
   for (int64_t l = 0; l < s.L; ++l) {
     T* pool_layer = pool.data_ptr<T>() + l * layer_floats;
     rms_norm(xp, norms[2 * l].data_ptr<float>(), n, s.H, feps, h.data());
-    multiply<false>(h.data(), n, s.H, packed[4 * l].data_ptr<uint8_t>(), packed[4 * l].size(0), qkv.data());
+    multiply(slots[4 * l], h.data(), n, s.H, qkv.data());
     for (int64_t r = 0; r < n; ++r) {
       float* row = qkv.data() + r * qkv_row;
+      if (biases[l].numel() != 0) {
+        const float* bias = biases[l].data_ptr<float>();
+        for (int64_t i = 0; i < qkv_row; ++i) row[i] += bias[i];
+      }
       const float* c = cos.data_ptr<float>() + pos[r] * s.D;
       const float* sn = signed_sin.data_ptr<float>() + pos[r] * s.D;
       for (int64_t head = 0; head < heads + kv_heads; ++head) rotate(row + head * s.D, c, sn, s.D);
@@ -217,10 +255,10 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& positions_in, const at:
                att.data() + r * att_row + g * rep * s.D, scores);
       }
     });
-    multiply<false>(att.data(), n, att_row, packed[4 * l + 1].data_ptr<uint8_t>(), packed[4 * l + 1].size(0), o.data());
+    multiply(slots[4 * l + 1], att.data(), n, att_row, o.data());
     add_into_x(o);
     rms_norm(xp, norms[2 * l + 1].data_ptr<float>(), n, s.H, feps, h.data());
-    multiply<false>(h.data(), n, s.H, packed[4 * l + 2].data_ptr<uint8_t>(), packed[4 * l + 2].size(0), gu.data());
+    multiply(slots[4 * l + 2], h.data(), n, s.H, gu.data());
     for (int64_t r = 0; r < n; ++r) {
       const float* g = gu.data() + r * 2 * s.F;
       float* a = act.data() + r * s.F;
@@ -230,32 +268,29 @@ at::Tensor run(const at::Tensor& x_in, const at::Tensor& positions_in, const at:
         _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_mul_ps(gv, sig), _mm256_loadu_ps(g + s.F + i)));
       }
     }
-    multiply<false>(act.data(), n, s.F, packed[4 * l + 3].data_ptr<uint8_t>(), packed[4 * l + 3].size(0), o.data());
+    multiply(slots[4 * l + 3], act.data(), n, s.F, o.data());
     add_into_x(o);
   }
   rms_norm(xp, norms[2 * s.L].data_ptr<float>(), n, s.H, feps, h.data());
-  const uint8_t* head = packed[4 * s.L].data_ptr<uint8_t>();
-  if (lm_head_bits == 8)
-    multiply<true>(h.data(), n, s.H, head, packed[4 * s.L].size(0), logits.data_ptr<float>());
-  else
-    multiply<false>(h.data(), n, s.H, head, packed[4 * s.L].size(0), logits.data_ptr<float>());
+  multiply(slots[4 * s.L], h.data(), n, s.H, logits.data_ptr<float>());
   return logits;
 }
 
 at::Tensor decode_step(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& tables,
                        const at::Tensor& pool, const at::Tensor& cos, const at::Tensor& signed_sin,
-                       at::TensorList norms, at::TensorList packed, int64_t heads, int64_t kv_heads,
-                       int64_t intermediate, int64_t lm_head_bits, double eps, double scale) {
+                       at::TensorList norms, at::TensorList packed, at::IntArrayRef formats, at::IntArrayRef outs,
+                       at::IntArrayRef segments, at::TensorList biases, int64_t heads, int64_t kv_heads,
+                       int64_t intermediate, double eps, double scale) {
   TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "minipd decode_step: x must be float32 [rows, hidden]");
   TORCH_CHECK((pool.scalar_type() == at::kFloat || pool.scalar_type() == at::kBFloat16) && pool.dim() == 6 &&
                   pool.is_contiguous(),
               "minipd decode_step: the KV pool must be a contiguous float32 or bfloat16 [layers, blocks, 2, block, "
               "kv_heads, d]");
   if (pool.scalar_type() == at::kFloat)
-    return run<float>(x, positions, tables, pool, cos, signed_sin, norms, packed, heads, kv_heads, intermediate,
-                      lm_head_bits, eps, scale);
-  return run<at::BFloat16>(x, positions, tables, pool, cos, signed_sin, norms, packed, heads, kv_heads, intermediate,
-                           lm_head_bits, eps, scale);
+    return run<float>(x, positions, tables, pool, cos, signed_sin, norms, packed, formats.vec(), outs.vec(),
+                      segments.vec(), biases, heads, kv_heads, intermediate, eps, scale);
+  return run<at::BFloat16>(x, positions, tables, pool, cos, signed_sin, norms, packed, formats.vec(), outs.vec(),
+                           segments.vec(), biases, heads, kv_heads, intermediate, eps, scale);
 }
 
 }  // namespace
@@ -264,7 +299,7 @@ at::Tensor decode_step(const at::Tensor& x, const at::Tensor& positions, const a
 MINIPD_TORCH_LIBRARY_FRAGMENT(MINIPD_OPS, m) {
   m.def(
       "decode_step(Tensor x, Tensor positions, Tensor block_tables, Tensor(a!) kv_pool, Tensor cos, "
-      "Tensor signed_sin, Tensor[] norms, Tensor[] packed, int heads, int kv_heads, int intermediate, "
-      "int lm_head_bits, float eps, float scale) -> Tensor");
+      "Tensor signed_sin, Tensor[] norms, Tensor[] packed, int[] formats, int[] outs, int[] segments, "
+      "Tensor[] biases, int heads, int kv_heads, int intermediate, float eps, float scale) -> Tensor");
   m.impl("decode_step", c10::kCPU, &decode_step);
 }

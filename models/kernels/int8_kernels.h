@@ -1,6 +1,7 @@
-// minipd's int8 matmul kernels over GGUF's blocks, shared by the ops in vnni_kernels.cpp (q4_mm,
-// q8_mm) and fused_decode.cpp (decode_step). What they compute and the weight layout: see the
-// header comment of vnni_kernels.cpp. Everything here has internal linkage (one copy per source).
+// minipd's int8 matmul kernels over GGUF's blocks of 32 (Q4_0/Q4_1 and Q8_0 tiles), the activations'
+// quantization and the output stores, shared through block_matmul.h by the ops in vnni_kernels.cpp
+// and fused_decode.cpp (decode_step). What they compute and the weight layout: see the header
+// comment of vnni_kernels.cpp. Everything here has internal linkage (one copy per source).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -30,6 +31,7 @@ constexpr int64_t kQ8Chunk = 512 + 32 + 32;
 struct Activations {  // x quantized: int8 values (or, for Q8_0 weights, + 128 as uint8), scales, sums
   std::vector<int8_t> q;
   std::vector<float> dx, sx;
+  std::vector<int32_t> halves;  // per block, the integer sums of q over inputs 0..15 and 16..31 (Q6_K's groups)
 };
 
 inline void to_float(const float* x, float* out) { std::memcpy(out, x, kBlock * sizeof(float)); }
@@ -43,8 +45,8 @@ inline void to_float(const at::BFloat16* x, float* out) {
 }
 
 #if defined(__AVX512VNNI__)
-// One block of 32 floats to int8: returns dx, writes q and the integer sum of q.
-inline float quantize_block(const float* xf, int8_t* q, int32_t* sum, bool offset) {
+// One block of 32 floats to int8: returns dx, writes q and the integer sums of its two halves of 16.
+inline float quantize_block(const float* xf, int8_t* q, int32_t* sums, bool offset) {
   const __m512 x0 = _mm512_loadu_ps(xf), x1 = _mm512_loadu_ps(xf + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
   const float d = amax / 127.0f;
@@ -58,7 +60,8 @@ inline float quantize_block(const float* xf, int8_t* q, int32_t* sum, bool offse
   }
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), b0);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), b1);
-  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+  sums[0] = _mm512_reduce_add_epi32(q0);
+  sums[1] = _mm512_reduce_add_epi32(q1);
   return d;
 }
 #else
@@ -76,7 +79,7 @@ inline int32_t hsum(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
-inline float quantize_block(const float* xf, int8_t* q, int32_t* sum, bool /*offset: AVX-512 only*/) {
+inline float quantize_block(const float* xf, int8_t* q, int32_t* sums, bool /*offset: AVX-512 only*/) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 x[4];
   __m256 amax = _mm256_setzero_ps();
@@ -88,7 +91,8 @@ inline float quantize_block(const float* xf, int8_t* q, int32_t* sum, bool /*off
   const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
   __m256i qi[4];
   for (int j = 0; j < 4; ++j) qi[j] = _mm256_cvtps_epi32(_mm256_mul_ps(x[j], id));  // to nearest even
-  *sum = hsum(_mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
+  sums[0] = hsum(_mm256_add_epi32(qi[0], qi[1]));
+  sums[1] = hsum(_mm256_add_epi32(qi[2], qi[3]));
   // packs interleave 128-bit lanes: dwords come out as q0[0:4] q1[0:4] q2[0:4] q3[0:4] q0[4:8] ...
   const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
   const __m256i ordered = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
@@ -107,6 +111,7 @@ const Activations& quantize(const In* x, int64_t rows, int64_t K, bool offset) {
   a.q.resize(rows * K);
   a.dx.resize(rows * nb);
   a.sx.resize(rows * nb);
+  a.halves.resize(2 * rows * nb);
   alignas(64) float xf[kBlock];
   for (int64_t i = 0; i < rows * nb; ++i) {
     const float* block = xf;
@@ -114,10 +119,10 @@ const Activations& quantize(const In* x, int64_t rows, int64_t K, bool offset) {
       block = x + i * kBlock;
     else
       to_float(x + i * kBlock, xf);
-    int32_t sum;
-    const float d = quantize_block(block, a.q.data() + i * kBlock, &sum, offset);
+    int32_t* halves = a.halves.data() + 2 * i;
+    const float d = quantize_block(block, a.q.data() + i * kBlock, halves, offset);
     a.dx[i] = d;
-    a.sx[i] = d * static_cast<float>(sum);
+    a.sx[i] = d * static_cast<float>(halves[0] + halves[1]);
   }
   return a;
 }
@@ -156,29 +161,37 @@ inline __m512i broadcast4(const int8_t* p) {  // four consecutive int8 into ever
   return _mm512_set1_epi32(v);
 }
 
+// The Q4 steps of block b (256 bytes of nibbles at `nibbles`) for rows [r0, r0 + R): per output
+// scale d and zero m; Q4_0/Q4_1 tiles and Q4_K's (kquant_tiles.h) both go through it.
+template <int64_t R>
+inline void q4_block(const Activations& a, int64_t r0, int64_t nb, int64_t b, const uint8_t* nibbles, __m512 d,
+                     __m512 m, __m512* acc) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512i rows[8];
+  for (int c = 0; c < 4; ++c) {
+    const __m512i v = _mm512_loadu_si512(nibbles + 64 * c);
+    rows[c] = _mm512_and_si512(v, low);
+    rows[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t i = (r0 + r) * nb + b;
+    const int8_t* xq = a.q.data() + i * kBlock;
+    __m512i dot = _mm512_setzero_si512();
+    for (int kk = 0; kk < 8; ++kk) dot = _mm512_dpbusd_epi32(dot, rows[kk], broadcast4(xq + 4 * kk));
+    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(a.dx[i])), acc[r]);
+    acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sx[i]), acc[r]);
+  }
+}
+
 // Rows [r0, r0 + R) of the quantized x times one tile (16 outputs) of packed weights.
 template <int64_t R, typename Out>
 void q4_tile(const Activations& a, int64_t r0, int64_t nb, const uint8_t* chunk, Out* y, int64_t N) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
   __m512 acc[R];
   for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, chunk += kQ4Chunk) {
-    __m512i rows[8];
-    for (int c = 0; c < 4; ++c) {
-      const __m512i v = _mm512_loadu_si512(chunk + 64 * c);
-      rows[c] = _mm512_and_si512(v, low);
-      rows[c + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-    }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 256)));
     const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk + 288)));
-    for (int64_t r = 0; r < R; ++r) {
-      const int64_t i = (r0 + r) * nb + b;
-      const int8_t* xq = a.q.data() + i * kBlock;
-      __m512i dot = _mm512_setzero_si512();
-      for (int kk = 0; kk < 8; ++kk) dot = _mm512_dpbusd_epi32(dot, rows[kk], broadcast4(xq + 4 * kk));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d, _mm512_set1_ps(a.dx[i])), acc[r]);
-      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.sx[i]), acc[r]);
-    }
+    q4_block<R>(a, r0, nb, b, chunk, d, m, acc);
   }
   for (int64_t r = 0; r < R; ++r) store16(y + r * N, acc[r]);
 }
@@ -205,34 +218,42 @@ void q8_tile(const Activations& a, int64_t r0, int64_t nb, const uint8_t* chunk,
 }
 #else
 // AVX2: each tile as two halves of 8 outputs (bytes 32h..32h+31 of every 64-byte weight row).
-template <int64_t R, typename Out>
-void q4_tile(const Activations& a, int64_t r0, int64_t nb, const uint8_t* chunk, Out* y, int64_t N) {
+// The Q4 steps of block b for rows [r0, r0 + R) on one half of a tile (the 32 bytes at
+// `nibbles` + 64c of each weight row c); Q4_0/Q4_1 tiles and Q4_K's (kquant_tiles.h) both go through it.
+template <int64_t R>
+inline void q4_block(const Activations& a, int64_t r0, int64_t nb, int64_t b, const uint8_t* nibbles, __m256 d,
+                     __m256 m, __m256* acc) {
   const __m256i low = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
+  __m256i rows[8];
+  for (int c = 0; c < 4; ++c) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(nibbles + 64 * c));
+    rows[c] = _mm256_and_si256(v, low);
+    rows[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t i = (r0 + r) * nb + b;
+    const int8_t* xq = a.q.data() + i * kBlock;
+    // 16-bit sums: 8 pairs of at most 2 * 15 * 127 each stay below 32767, so nothing saturates
+    __m256i pairs = _mm256_maddubs_epi16(rows[0], broadcast4_256(xq));
+    for (int kk = 1; kk < 8; ++kk)
+      pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(rows[kk], broadcast4_256(xq + 4 * kk)));
+    const __m256i dot = _mm256_madd_epi16(pairs, ones);
+    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(a.dx[i])), acc[r]);
+    acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.sx[i]), acc[r]);
+  }
+}
+
+template <int64_t R, typename Out>
+void q4_tile(const Activations& a, int64_t r0, int64_t nb, const uint8_t* chunk, Out* y, int64_t N) {
   for (int h = 0; h < 2; ++h) {
     __m256 acc[R];
     for (int64_t r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     const uint8_t* block = chunk;
     for (int64_t b = 0; b < nb; ++b, block += kQ4Chunk) {
-      __m256i rows[8];
-      for (int c = 0; c < 4; ++c) {
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + 64 * c + 32 * h));
-        rows[c] = _mm256_and_si256(v, low);
-        rows[c + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-      }
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 256 + 16 * h)));
       const __m256 m = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 288 + 16 * h)));
-      for (int64_t r = 0; r < R; ++r) {
-        const int64_t i = (r0 + r) * nb + b;
-        const int8_t* xq = a.q.data() + i * kBlock;
-        // 16-bit sums: 8 pairs of at most 2 * 15 * 127 each stay below 32767, so nothing saturates
-        __m256i pairs = _mm256_maddubs_epi16(rows[0], broadcast4_256(xq));
-        for (int kk = 1; kk < 8; ++kk)
-          pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(rows[kk], broadcast4_256(xq + 4 * kk)));
-        const __m256i dot = _mm256_madd_epi16(pairs, ones);
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, _mm256_set1_ps(a.dx[i])), acc[r]);
-        acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(a.sx[i]), acc[r]);
-      }
+      q4_block<R>(a, r0, nb, b, block + 32 * h, d, m, acc);
     }
     for (int64_t r = 0; r < R; ++r) store8(y + r * N + 8 * h, acc[r]);
   }
@@ -264,40 +285,6 @@ void q8_tile(const Activations& a, int64_t r0, int64_t nb, const uint8_t* chunk,
   }
 }
 #endif
-
-template <typename Out>
-using TileFn = void (*)(const Activations&, int64_t, int64_t, const uint8_t*, Out*, int64_t);
-
-template <bool Q8, typename Out, int64_t... R>
-TileFn<Out> tile_fn_of(int64_t rows, std::integer_sequence<int64_t, R...>) {
-  static constexpr TileFn<Out> q4[] = {q4_tile<R + 1, Out>...};
-  static constexpr TileFn<Out> q8[] = {q8_tile<R + 1, Out>...};
-  return (Q8 ? q8 : q4)[rows - 1];
-}
-
-template <bool Q8, typename Out>
-TileFn<Out> tile_fn(int64_t rows) {
-  return tile_fn_of<Q8, Out>(rows, std::make_integer_sequence<int64_t, kMaxRows>{});
-}
-
-// y [rows, tiles * 16] = x [rows, in_features] @ w.T for packed weights w [tiles, ...] (Q8: Q8_0 blocks,
-// else Q4_0/Q4_1). Raw pointers, contiguous rows; the callers check shapes.
-template <bool Q8, typename T>
-void multiply(const T* x, int64_t rows, int64_t in_features, const uint8_t* wp, int64_t tiles, T* yp) {
-  const int64_t chunk = Q8 ? kQ8Chunk : kQ4Chunk;
-  const int64_t N = tiles * kTile, nb = in_features / kBlock;
-  const Activations& a = quantize(x, rows, in_features, Q8);
-  // Threads split the output tiles; each output is still computed by one thread, in one order.
-  // Row groups go inside the tile loop so that a tile's weights are read from memory once.
-  at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t r0 = 0; r0 < rows; r0 += kMaxRows) {
-        const int64_t R = std::min(kMaxRows, rows - r0);
-        tile_fn<Q8, T>(R)(a, r0, nb, wp + t * nb * chunk, yp + r0 * N + t * kTile, N);
-      }
-    }
-  });
-}
 
 }  // namespace
 }  // namespace minipd_int8

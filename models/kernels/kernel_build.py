@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 SOURCES = tuple(
     HERE / name for name in ("vnni_kernels.cpp", "fused_decode.cpp", "prefill_attention.cpp", "row_ops.cpp")
 )
-HEADERS = (HERE / "int8_kernels.h", HERE / "avx2_math.h")
+HEADERS = tuple(HERE / name for name in ("int8_kernels.h", "kquant_tiles.h", "block_matmul.h", "avx2_math.h"))
 BUILD_TIMEOUT_S = 600  # one g++ call
 PREBUILT_ENV = "MINIPD_KERNEL_PREBUILT"  # where prebuilt libraries are looked for, instead of PREBUILT
 

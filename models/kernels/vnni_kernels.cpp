@@ -1,4 +1,5 @@
-// Matmuls over GGUF's quantized blocks (Q4_0, Q4_1, Q8_0) with 8-bit activations, for x86 CPUs.
+// Matmuls over GGUF's quantized blocks (Q4_0, Q4_1, Q8_0; the K-quants Q4_K and Q6_K: kquant_tiles.h)
+// with 8-bit activations, for x86 CPUs.
 // Built at first use by vnni_kernels.py, once per instruction set, and registered as torch ops
 // `MINIPD_OPS::*` (minipd_vnni with AVX-512 VNNI, minipd_avx2 with AVX2 only).
 //
@@ -24,7 +25,7 @@
 //                   sums of q (int16: vpdpbusd takes one unsigned operand, so qx + 128 goes in
 //                   and 128 * sum(q) comes off; the AVX2 path does not read them)
 
-#include "int8_kernels.h"
+#include "block_matmul.h"
 
 #ifndef MINIPD_OPS
 #error "build with -DMINIPD_OPS=<the ops' namespace> (vnni_kernels.py does)"
@@ -49,11 +50,38 @@ at::Tensor quantized_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t in_
   at::Tensor y = at::empty({x.size(0), w.size(0) * kTile}, x.options());
   if (y.numel() == 0) return y;
   const int64_t rows = x.size(0), tiles = w.size(0);
+  const int64_t format = Q8 ? kFormatQ8 : kFormatQ4, N = tiles * kTile;
   if (x.scalar_type() == at::kFloat)
-    multiply<Q8>(x.data_ptr<float>(), rows, in_features, w.data_ptr<uint8_t>(), tiles, y.data_ptr<float>());
+    multiply_format(format, x.data_ptr<float>(), rows, in_features, w.data_ptr<uint8_t>(), tiles, y.data_ptr<float>(), N);
   else
-    multiply<Q8>(x.data_ptr<at::BFloat16>(), rows, in_features, w.data_ptr<uint8_t>(), tiles,
-                 y.data_ptr<at::BFloat16>());
+    multiply_format(format, x.data_ptr<at::BFloat16>(), rows, in_features, w.data_ptr<uint8_t>(), tiles,
+                    y.data_ptr<at::BFloat16>(), N);
+  return y;
+}
+
+// x @ w.T for a weight of segments in any format (block_matmul.h): packed is any contiguous uint8
+// CPU tensor holding the segments' tiles in order.
+at::Tensor blocks_mm(const at::Tensor& x_in, const at::Tensor& w, int64_t in_features, at::IntArrayRef formats,
+                     at::IntArrayRef outs) {
+  TORCH_CHECK(w.device().is_cpu() && w.scalar_type() == at::kByte && w.is_contiguous(),
+              "minipd kernels: packed weights must be a contiguous uint8 CPU tensor");
+  const std::string why = check_segments(formats.vec(), outs.vec(), in_features, w.numel());
+  TORCH_CHECK(why.empty(), "minipd kernels: blocks_mm: ", why);
+  TORCH_CHECK(x_in.device().is_cpu() && (x_in.scalar_type() == at::kBFloat16 || x_in.scalar_type() == at::kFloat) &&
+                  x_in.dim() == 2 && x_in.size(1) == in_features,
+              "minipd kernels: x must be a bfloat16 or float32 CPU tensor [rows, ", in_features, "]");
+  const at::Tensor x = x_in.contiguous();
+  int64_t N = 0;
+  for (const int64_t o : outs) N += o;
+  at::Tensor y = at::empty({x.size(0), N}, x.options());
+  if (y.numel() == 0) return y;
+  const int64_t segments = static_cast<int64_t>(formats.size());
+  if (x.scalar_type() == at::kFloat)
+    multiply_segments(formats.data(), outs.data(), segments, x.data_ptr<float>(), x.size(0), in_features,
+                      w.data_ptr<uint8_t>(), y.data_ptr<float>());
+  else
+    multiply_segments(formats.data(), outs.data(), segments, x.data_ptr<at::BFloat16>(), x.size(0), in_features,
+                      w.data_ptr<uint8_t>(), y.data_ptr<at::BFloat16>());
   return y;
 }
 
@@ -96,6 +124,8 @@ MINIPD_TORCH_LIBRARY(MINIPD_OPS, m) {
   m.def("q8_mm(Tensor x, Tensor packed, int in_features) -> Tensor");
   m.impl("q4_mm", c10::kCPU, &quantized_mm<false>);
   m.impl("q8_mm", c10::kCPU, &quantized_mm<true>);
+  m.def("blocks_mm(Tensor x, Tensor packed, int in_features, int[] formats, int[] outs) -> Tensor");
+  m.impl("blocks_mm", c10::kCPU, &blocks_mm);
   m.def("q8_rows(Tensor packed, Tensor ids, int in_features, ScalarType dtype) -> Tensor");
   m.impl("q8_rows", c10::kCPU, &q8_rows);
 }

@@ -26,7 +26,9 @@ built once per process:
 2. else the cache's, built at first use with a warning (about 20 s; once per source, torch,
    compiler and flags; under `MINIPD_KERNEL_CACHE`, by default `~/.cache/minipd/kernels`;
    concurrent processes wait on a lock for the first build).
-`pack_q4` / `pack_q8` lay weights out as the kernels read them (one layout for both variants).
+`pack_q4` / `pack_q8` lay weights out as the kernels read them (one layout for both variants);
+the K-quants' layouts are kquant_packing.py's, and `blocks_mm` multiplies a weight made of
+segments of any of these formats (q/k/v of a Q4_K_M file: Q4_K, Q4_K, Q6_K).
 The build itself (variants, flags, g++) is `kernel_build`.
 """
 
@@ -199,6 +201,22 @@ def q4_mm(x: torch.Tensor, packed: torch.Tensor, in_features: int, variant: str 
 def q8_mm(x: torch.Tensor, packed: torch.Tensor, in_features: int, variant: str = "vnni") -> torch.Tensor:
     """x (bfloat16 or float32 [rows, in]) @ w.T for `pack_q8`'s weights: [rows, out] in x's dtype."""
     return _ops(variant).q8_mm(x, packed, in_features)
+
+
+def blocks_mm(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    in_features: int,
+    formats: tuple[int, ...],
+    outs: tuple[int, ...],
+    variant: str = "vnni",
+) -> torch.Tensor:
+    """x (bfloat16 or float32 [rows, in]) @ w.T for a weight of segments stacked along the outputs:
+    segment s has `outs[s]` outputs in format `formats[s]` (kquant_packing.FORMATS: `pack_q4`,
+    `pack_q8`, `kquant_packing.pack_q4k`, `pack_q6k`), their bytes in order in `packed` (any
+    contiguous uint8 tensor): [rows, sum(outs)] in x's dtype. A segment's outputs are what its own
+    format's kernel gives (block_matmul.h)."""
+    return _ops(variant).blocks_mm(x, packed, in_features, list(formats), list(outs))
 
 
 def q8_rows(packed: torch.Tensor, ids: torch.Tensor, in_features: int, dtype: torch.dtype, variant: str = "vnni"):

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from minipd.models.kernels import vnni_kernels
+from minipd.models.kernels.kquant_packing import FORMATS
 from minipd.models.weights.quantized_linear import QuantizedLinear
 
 
@@ -25,7 +26,7 @@ class BlockEmbedding(nn.Module):
 
     def __init__(self, blocks: QuantizedLinear, dtype: torch.dtype):
         super().__init__()
-        if blocks.bits != 8 or blocks.kernel not in vnni_kernels.VARIANTS:
+        if blocks.formats != (FORMATS["q8"],) or blocks.kernel not in vnni_kernels.VARIANTS:
             raise ValueError("block embedding: needs Q8_0 blocks packed for minipd's int8 kernels")
         self._blocks = [blocks]  # a list: not a sub-module, so its buffer is not in this state dict twice
         self.num_embeddings, self.embedding_dim, self.dtype = blocks.out_features, blocks.in_features, dtype

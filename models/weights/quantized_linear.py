@@ -43,11 +43,13 @@ that of the 4-bit weights.
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-from minipd.models.kernels import vnni_kernels
+from minipd.models.kernels import kquant_packing, vnni_kernels
+from minipd.models.kernels.kquant_packing import FORMATS
 from minipd.models.weights import prepacked_linear
 from minipd.models.weights.row_split import DENSE_MIN_ROWS as DENSE_MIN_ROWS  # the loader's and flags' name for it
 from minipd.models.weights.row_split import RowSplit
@@ -61,6 +63,18 @@ OUT_MULTIPLE = 16  # the CPU packing works on blocks of 16 output rows
 # `_convert_weight_to_int4pack_for_cpu`'s inner tiling argument: the CPU kernel ignores it (it
 # packs [out, in / 2] bytes itself) but the signature requires one.
 _INNER_K_TILES = 1
+
+
+class Segment(NamedTuple):
+    """Outputs of one weight in one block format, packed for minipd's kernels: `packed` uint8
+    [out_features / 16, bytes per tile] in `FORMATS[...]` code `format_code`."""
+
+    format_code: int
+    packed: torch.Tensor
+    out_features: int
+
+
+_BITS = {FORMATS["q4"]: 4, FORMATS["q8"]: 8, FORMATS["q4_k"]: 4, FORMATS["q6_k"]: 6}
 
 
 def choose_kernel(choice: str = "auto") -> str:
@@ -112,6 +126,9 @@ class QuantizedLinear(nn.Module):
             self.register_buffer("scales_zeros", scales_zeros)
         self.in_features, self.out_features = in_features, out_features
         self.kernel, self.bits = kernel, bits
+        # minipd's kernels: the segments' formats and outputs (`from_segments`; else one of Q4 or Q8)
+        self.formats: tuple[int, ...] = (FORMATS["q8"] if bits == 8 else FORMATS["q4"],)
+        self.outs: tuple[int, ...] = (out_features,)
         # The dense copy (`from_q4`'s keep_dense): plain attributes, so the state dict stays the 4-bit one.
         self.dense: torch.Tensor | None = None  # [out, in] in the model's dtype, kept only where it cannot be packed
         self.dense_packed: torch.Tensor | None = None  # its oneDNN-packed form (prepacked_linear.py)
@@ -178,6 +195,51 @@ class QuantizedLinear(nn.Module):
         return cls(vnni_kernels.pack_q8(q, d.half()), None, in_features, out_features, kernel, bits=8)
 
     @classmethod
+    def from_segments(
+        cls,
+        segments: list[Segment],
+        in_features: int,
+        kernel: str,
+        dense: torch.Tensor | None = None,
+        dense_dtype: torch.dtype = torch.bfloat16,
+    ) -> QuantizedLinear:
+        """One module for segments of any block formats stacked along the outputs (q, k, v of a
+        Q4_K_M file: Q4_K, Q4_K, Q6_K), multiplied by minipd's `kernel` ("vnni" or "avx2"); adjacent
+        segments of one format become one. `dense`: float32 [out, in], the weights exactly (GGUF's
+        dequantization), kept in `dense_dtype` as the dense copy for prefill rows (None: none).
+        `bits` is 8 for Q8 blocks alone, 6 where any segment is Q6_K, else 4."""
+        if kernel not in INT8_KERNELS:
+            raise ValueError(f"quantized linear: block segments need one of {', '.join(INT8_KERNELS)}, not {kernel!r}")
+        merged: list[Segment] = []
+        for seg in segments:
+            tiles, tile = seg.out_features // OUT_MULTIPLE, kquant_packing.tile_bytes(seg.format_code, in_features)
+            if seg.out_features % OUT_MULTIPLE or tuple(seg.packed.shape) != (tiles, tile):
+                raise ValueError(
+                    f"quantized linear: a segment of {seg.out_features} outputs in format {seg.format_code} over "
+                    f"{in_features} inputs must be packed as [{tiles}, {tile}], not {tuple(seg.packed.shape)}"
+                )
+            if merged and merged[-1].format_code == seg.format_code:
+                last = merged.pop()
+                seg = Segment(
+                    seg.format_code, torch.cat([last.packed, seg.packed]), last.out_features + seg.out_features
+                )
+            merged.append(seg)
+        packed = merged[0].packed if len(merged) == 1 else torch.cat([m.packed.reshape(-1) for m in merged])
+        out_features = sum(m.out_features for m in merged)
+        bits = max(_BITS[m.format_code] for m in merged)
+        linear = cls(packed.contiguous(), None, in_features, out_features, kernel, bits=bits)
+        linear.formats, linear.outs = tuple(m.format_code for m in merged), tuple(m.out_features for m in merged)
+        if dense is not None:
+            if dense.shape != (out_features, in_features):
+                raise ValueError(
+                    f"quantized linear: a dense copy of shape {tuple(dense.shape)} for [{out_features}, {in_features}]"
+                )
+            weight = dense.to(dense_dtype)
+            linear.dense_packed = prepacked_linear.prepack(weight)
+            linear.dense = weight if linear.dense_packed is None else None
+        return linear
+
+    @classmethod
     def concat(
         cls,
         parts: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
@@ -223,8 +285,7 @@ class QuantizedLinear(nn.Module):
 
     def _quantized(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel in INT8_KERNELS:
-            multiply = vnni_kernels.q8_mm if self.bits == 8 else vnni_kernels.q4_mm
-            return multiply(x, self.packed, self.in_features, self.kernel)
+            return vnni_kernels.blocks_mm(x, self.packed, self.in_features, self.formats, self.outs, self.kernel)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP_SIZE, self.scales_zeros)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:
@@ -235,13 +296,29 @@ class QuantizedLinear(nn.Module):
         "vnni" and "avx2" the file's own, from the packed blocks; for "torch" the kernel run on the
         identity, in float32 so that nothing but the scales is rounded."""
         if self.kernel in INT8_KERNELS:
-            return vnni_kernels.dequantize(self.packed, self.out_features, self.in_features, self.bits)
+            return _dequantize_segments(self.packed, self.in_features, self.formats, self.outs)
         eye = torch.eye(self.in_features)
         return (
             torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP_SIZE, self.scales_zeros.float())
             .t()
             .contiguous()
         )
+
+
+def _dequantize_segments(packed: torch.Tensor, in_features: int, formats, outs) -> torch.Tensor:
+    """The float32 [sum(outs), in] weights of packed segments, each as GGUF dequantizes its format."""
+    flat, start, parts = packed.reshape(-1), 0, []
+    for code, out in zip(formats, outs):
+        size = out // OUT_MULTIPLE * kquant_packing.tile_bytes(code, in_features)
+        seg = flat[start : start + size].view(out // OUT_MULTIPLE, -1)
+        if code == FORMATS["q4_k"]:
+            parts.append(kquant_packing.dequantize_q4k(seg, out, in_features))
+        elif code == FORMATS["q6_k"]:
+            parts.append(kquant_packing.dequantize_q6k(seg, out, in_features))
+        else:
+            parts.append(vnni_kernels.dequantize(seg, out, in_features, _BITS[code]))
+        start += size
+    return torch.cat(parts)
 
 
 def _groups(t: torch.Tensor) -> torch.Tensor:  # per group of inputs -> per input

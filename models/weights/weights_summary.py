@@ -22,8 +22,12 @@ def describe(quantized: list[QuantizedLinear], lm_head: QuantizedLinear | None) 
     name = weights_format(quantized, lm_head)
     if not quantized:
         return name
-    four_bit = sum(m.nbytes for m in quantized if m.bits == 4) / 1e6
+    four_bit = sum(m.nbytes for m in quantized if m.bits == 4 and m is not lm_head) / 1e6
+    wider = sum(m.nbytes for m in quantized if m.bits == 6 and m is not lm_head) / 1e6
     dense_copies = sum(m.dense_nbytes for m in quantized)
     copy = f" + dense copy {dense_copies / 1e6:.1f} MB" if dense_copies else ", no dense copy"
-    eight_bit = f", 8-bit lm_head {lm_head.nbytes / 1e6:.1f} MB" if lm_head is not None and lm_head.bits == 8 else ""
-    return f"{name} (4-bit projections {four_bit:.1f} MB{copy}{eight_bit}; kernel {quantized[0].kernel})"
+    six_bit = f", with 6-bit blocks {wider:.1f} MB" if wider else ""
+    head = ""
+    if lm_head is not None and lm_head.kernel != "torch":
+        head = f", {lm_head.bits}-bit lm_head {lm_head.nbytes / 1e6:.1f} MB"
+    return f"{name} (4-bit projections {four_bit:.1f} MB{six_bit}{copy}{head}; kernel {quantized[0].kernel})"

@@ -1,5 +1,5 @@
 """Qwen2.5-Coder-0.5B-Instruct from the file `minipd models fetch qwen2.5-coder-0.5b` assembles
-(qwen2, its Q5_0/Q8_0/K-quant weights dequantized): `minipd --role both --chat` answers a coding
+(qwen2, its Q5_0/Q8_0/K-quant weights kept in their blocks): `minipd --role both --chat` answers a coding
 question with Python code, and the model served disaggregated (router, prefill and decode
 processes, KV over TCP) equals the same model served colocated, token for token, greedy.
 

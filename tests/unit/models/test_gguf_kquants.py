@@ -1,9 +1,10 @@
 """A llama GGUF whose matrices are K-quants (Q4_K, Q5_K, Q6_K, as a Q4_K_M file mixes them)
-loads by dequantizing them: each reads back as the gguf package's reference dequantization of
-its blocks (Q/K permutation undone), the model's logits equal those of the same model built
-from the reference-dequantized weights, the engine serves it end to end (prefill and decode),
-and where 4-bit weights are kept quantized the K-quant ones are dequantized beside them, with a
-warning naming them."""
+loads dense by dequantizing them: each reads back as the gguf package's reference dequantization
+of its blocks (Q/K permutation undone), the model's logits equal those of the same model built
+from the reference-dequantized weights; the engine serves it so end to end (prefill and decode;
+kept as stored and decoded by the fused step: test_qwen2_kquant_decode.py); a file of types no kernel reads is
+refused quantized, saying why; and where weights are kept quantized the ones no kernel reads
+(Q5_K) are dequantized beside them, with a warning naming them."""
 
 from __future__ import annotations
 
@@ -92,23 +93,25 @@ def test_logits_equal_the_model_dequantized_up_front(q4_k_m, caplog) -> None:
     ids = torch.tensor(PROMPT)
     assert torch.equal(ours.forward_reference(ids), expected.forward_reference(ids))
     (record,) = caplog.records
-    assert record.levelno == logging.WARNING
-    assert "15 of 15 weight matrices dequantized to float32 (no quantized kernel reads" in record.message
+    assert record.levelno == logging.INFO  # dense as asked: minipd's kernels read both types
+    assert "15 of 15 weight matrices dequantized to float32 (weights dense)" in record.message
     assert record.message.endswith(
         "Q4_K: attn_q, attn_k, attn_output, ffn_gate, ffn_up (blk 0-1) | Q6_K: attn_v, ffn_down (blk 0-1); output"
     )
 
 
-def test_keeping_k_quants_quantized_is_refused_saying_why(q4_k_m) -> None:
-    path, _ = q4_k_m
-    with pytest.raises(ValueError, match="weights: quantized: .* has no Q4_0/Q4_1 tensors, the only 4-bit ones"):
+@pytest.mark.skipif(vnni_kernels.best() is None, reason="minipd's int8 kernels do not run here")
+def test_keeping_unread_types_quantized_is_refused_saying_why(tmp_path: Path) -> None:
+    path = write_llama_gguf(tmp_path / "q5_k.gguf", K_TINY, hf_weights(K_TINY), Q.Q5_K)
+    with pytest.raises(ValueError, match="weights: quantized: .* has no Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K tensors"):
         load_gguf_model(path, weights="quantized")
 
 
 def test_the_engine_serves_it_end_to_end(q4_k_m, make_engine, loop_thread) -> None:
     path, _ = q4_k_m
-    engine = make_engine(model=str(path), dtype="float32", num_blocks=16, max_model_len=128)
-    assert engine.model.weights_format == "dense"  # no 4-bit tensor a kernel reads: auto loads dense
+    # dequantized (kept as stored and decoded by the fused step: test_qwen2_kquant_decode.py)
+    engine = make_engine(model=str(path), dtype="float32", weights="dense", num_blocks=16, max_model_len=128)
+    assert engine.model.weights_format == "dense"
     result = loop_thread.run(complete(engine, PROMPT, greedy(8)))
     assert result.token_ids == reference_greedy(engine, PROMPT, 8)
     assert len(set(result.token_ids)) > 1, "a random model that repeats one token would hide a wrong step"
@@ -117,20 +120,20 @@ def test_the_engine_serves_it_end_to_end(q4_k_m, make_engine, loop_thread) -> No
 @pytest.mark.skipif(vnni_kernels.best() is None, reason="minipd's int8 kernels do not run here")
 def test_kept_4_bit_weights_sit_beside_dequantized_k_quants(tmp_path: Path, caplog) -> None:
     types = {f"blk.{i}.{x}.weight": Q.Q4_0 for i in range(K_TINY.num_layers) for x in ("ffn_gate", "ffn_up")}
-    types["blk.1.ffn_down.weight"] = Q.Q6_K
+    types["blk.1.ffn_down.weight"] = Q.Q5_K  # no kernel reads Q5_K: dequantized
     weights = hf_weights(K_TINY, seed=4)
-    path = write_llama_gguf(tmp_path / "mix.gguf", K_TINY, weights, Q.Q4_K, tensor_types=types)
+    path = write_llama_gguf(tmp_path / "mix.gguf", K_TINY, weights, Q.Q5_K, tensor_types=types)
     with caplog.at_level(logging.WARNING, logger="minipd.models.gguf.dequantized_log"):
         model = load_gguf_model(path, weights="quantized")
     assert model.weights_format == "quantized"
     loaded = model.state_dict()
     assert not any("gate_proj" in name or "up_proj" in name for name in loaded)  # served from their blocks
-    expected = stored_values(weights, hf_types(K_TINY, Q.Q4_K, types))
+    expected = stored_values(weights, hf_types(K_TINY, Q.Q5_K, types))
     for name in ("model.layers.1.mlp.down_proj.weight", "model.layers.0.self_attn.q_proj.weight"):
         assert torch.equal(loaded[name], expected[name]), name
     (record,) = caplog.records
     assert "weight matrices dequantized" in record.message and "ffn_gate" not in record.message
-    assert "Q6_K: ffn_down (blk 1)" in record.message
+    assert "Q5_K: " in record.message and "ffn_down (blk 0-1)" in record.message
     dense = reference_model(model.config, expected)
     ids = torch.tensor(PROMPT)
     # only the 4-bit MLP inputs' int8 rounding sets the two apart

@@ -2,7 +2,8 @@
 a tiny random transformers Qwen2ForCausalLM loads into minipd with the logits transformers gets
 from the same file and from the checkpoint it came from, and the same greedy tokens; with its
 matrices in Q4_K/Q6_K its logits equal those of the reference-dequantized weights; the engine
-serves it; and its 4-bit projections are kept quantized around dense q/k/v."""
+serves it; and its 4-bit projections, q/k/v included, are kept quantized with q/k/v's biases
+dense (fused decode through K-quants: test_qwen2_kquant_decode.py)."""
 
 from __future__ import annotations
 
@@ -104,17 +105,21 @@ def test_bfloat16_strays_from_float32_no_more_than_transformers_in_bfloat16(chec
 
 
 @pytest.mark.skipif(vnni_kernels.best() is None, reason="minipd's int8 kernels do not run here")
-def test_4_bit_projections_are_kept_around_dense_biased_qkv(tmp_path: Path) -> None:
+def test_4_bit_projections_are_kept_with_dense_qkv_biases(tmp_path: Path) -> None:
     vocab = trained_vocab("qwen2")
     hf = hf_qwen2(len(vocab.tokens), seed=5)
     path = write_qwen2_gguf(tmp_path / "q4.gguf", hf, vocab, Q.Q4_0)
     quantized = load_gguf_model(path, weights="quantized")
     assert quantized.weights_format == "quantized"
     for layer in quantized.model.layers:
-        assert layer.self_attn.quant_qkv is None and layer.self_attn.quant_o is not None
+        assert layer.self_attn.quant_qkv is not None and layer.self_attn.quant_o is not None
         assert layer.mlp.quant_gate_up is not None and layer.mlp.quant_down is not None
     assert "model.layers.0.self_attn.q_proj.bias" in quantized.state_dict()
     dense = load_gguf_model(path)
     ids = prompts(hf.config.vocab_size)[2]
     gap = (quantized.forward_reference(ids) - dense.forward_reference(ids)).abs().max().item()
     assert 0 < gap < 0.5  # only the int8 rounding of the 4-bit projections' inputs
+    with torch.no_grad():  # the biases are added to the quantized q/k/v: without them the logits move far
+        for layer in quantized.model.layers:
+            layer.self_attn.qkv_bias.zero_()
+    assert (quantized.forward_reference(ids) - dense.forward_reference(ids)).abs().max().item() > 2 * gap

@@ -17,7 +17,9 @@ from gguf_helpers import TINY, hf_weights, write_llama_gguf
 from minipd.models.gguf.gguf_file import read_gguf
 from minipd.models.gguf.gguf_loader import load_gguf_model
 from minipd.models.gguf.gguf_quantized import q4_values
-from minipd.models.weights.quantized_linear import GROUP_SIZE, QuantizedLinear
+from minipd.models.kernels import vnni_kernels
+from minipd.models.kernels.kquant_packing import FORMATS
+from minipd.models.weights.quantized_linear import GROUP_SIZE, QuantizedLinear, kernel_available
 
 Q = GGMLQuantizationType
 Q4 = [Q.Q4_0, Q.Q4_1]
@@ -101,13 +103,23 @@ def test_a_model_loaded_quantized_matches_the_same_file_loaded_dense(tmp_path: P
     assert not torch.equal(ours, theirs), "the quantized model must not have run the dense weights"
 
 
-def test_a_fused_group_with_a_part_not_in_4_bits_stays_dense(tmp_path: Path) -> None:
+@pytest.mark.skipif(not kernel_available(), reason="this torch has no int4 kernel")
+def test_a_fused_group_with_a_part_not_in_4_bits_stays_dense_for_torchs_kernel(tmp_path: Path) -> None:
     file = _gguf_file(tmp_path, Q.Q4_1, tensor_types={"blk.0.attn_v.weight": Q.Q8_0})
-    path = file.path
-    model = load_gguf_model(path, dtype=torch.bfloat16, weights="quantized")
+    model = load_gguf_model(file.path, dtype=torch.bfloat16, weights="quantized", quantized_kernel="torch")
     attn0, attn1 = model.model.layers[0].self_attn, model.model.layers[1].self_attn
     assert attn0.quant_qkv is None and attn0.qkv_weight is not None and attn0.quant_o is not None
     assert attn1.quant_qkv is not None
+
+
+@pytest.mark.skipif(vnni_kernels.best() is None, reason="minipd's int8 kernels do not run here")
+def test_a_fused_group_with_a_q8_0_part_is_served_in_segments_by_minipds_kernels(tmp_path: Path) -> None:
+    file = _gguf_file(tmp_path, Q.Q4_1, tensor_types={"blk.0.attn_v.weight": Q.Q8_0})
+    model = load_gguf_model(file.path, dtype=torch.float32, weights="quantized")
+    qkv = model.model.layers[0].self_attn.quant_qkv
+    assert qkv is not None and qkv.formats == (FORMATS["q4"], FORMATS["q8"])
+    dense = load_gguf_model(file.path, dtype=torch.float32).model.layers[0].self_attn.qkv_weight
+    assert torch.equal(qkv.dequantize(), dense)
 
 
 def test_quantized_weights_are_refused_where_they_cannot_be_served(tmp_path: Path) -> None:
@@ -117,7 +129,7 @@ def test_quantized_weights_are_refused_where_they_cannot_be_served(tmp_path: Pat
     with pytest.raises(ValueError, match="bfloat16 or float32, only"):
         load_gguf_model(q4_path, dtype=torch.float16, weights="quantized")
     float_path = write_llama_gguf(tmp_path / "f32.gguf", TINY, hf_weights(TINY), Q.F32)
-    with pytest.raises(ValueError, match="no Q4_0/Q4_1 tensors"):
+    with pytest.raises(ValueError, match="no Q4_0/Q4_1(/Q5_0/Q8_0/Q4_K/Q6_K)? tensors"):
         load_gguf_model(float_path, dtype=torch.bfloat16, weights="quantized")
     with pytest.raises(ValueError, match="unknown 'int4'"):
         load_gguf_model(q4_path, dtype=torch.bfloat16, weights="int4")

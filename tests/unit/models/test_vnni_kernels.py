@@ -14,6 +14,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
+from int8_reference import assert_int8_product
 
 from minipd.models.kernels import vnni_kernels
 from minipd.models.weights import prepacked_linear
@@ -55,15 +56,6 @@ def _linear(tensor_type, variant: str, **kwargs) -> tuple[QuantizedLinear, torch
     return QuantizedLinear.from_q4(q, d.float(), m.float() + 8 * d.float(), kernel=variant), expected
 
 
-def _int8_activations(x: torch.Tensor) -> torch.Tensor:
-    """x as the kernel rounds it, per block of 32, in float32: dx = max|x| / 127, q = x * (1 / dx)
-    to nearest even; returned as float64 q * dx."""
-    blocks = x.float().view(x.shape[0], -1, BLOCK)
-    dx = blocks.abs().amax(-1, keepdim=True) / 127
-    qx = (blocks * torch.where(dx > 0, 1 / dx, 0)).round().clamp(-127, 127)
-    return (qx.double() * dx.double()).view_as(x)
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("tensor_type", [Q.Q4_0, Q.Q4_1, Q.Q8_0], ids=lambda t: t.name)
@@ -73,15 +65,7 @@ def test_the_kernel_multiplies_the_files_weights_by_int8_activations(tensor_type
     x = torch.randn(ROWS, IN, generator=torch.Generator().manual_seed(1)).to(dtype)
     y = linear(x)
     assert y.dtype == dtype and y.shape == (ROWS, OUT)
-    xq = _int8_activations(x)
-    model = xq @ expected.double().t()
-    # within one bfloat16 step (2^-8 relative) of the int8 model, plus float32 summation order
-    scale = xq.abs() @ expected.double().abs().t()
-    step = 2.0**-8 if dtype == torch.bfloat16 else 0.0
-    assert ((y.double() - model).abs() <= model.abs() * step + scale * 1e-6).all()
-    exact = x.double() @ expected.double().t()
-    relative = ((y.double() - exact).norm() / exact.norm()).item()
-    assert 0 < relative < 0.02, f"int8 activations move the outputs by {relative:.4f} of their norm"
+    assert_int8_product(y, x, expected)  # within one bfloat16 step of the int8 model, plus float32 summation
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
