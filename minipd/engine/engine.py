@@ -112,6 +112,9 @@ class Engine(GeneratesFromSubmit):
         # Called on the loop with each request that finishes unaborted, while it still holds its
         # blocks (the KV tier's write-through takes its own reference on them: disagg/tier_wire.py).
         self.on_finished: Callable[[Request], None] | None = None
+        # Called on the loop after each step that ran: (rows it ran, of which prompt tokens, its
+        # forward pass in seconds); the KV tier learns the cost of computing a prompt from it.
+        self.on_step: Callable[[int, int, float], None] | None = None
 
     def run_on_compute_thread(self, fn, *args):
         """Run `fn(*args)` on the compute thread and return its result (blocking; for set-up work)."""
@@ -352,10 +355,24 @@ class Engine(GeneratesFromSubmit):
                 log.exception("engine step failed")
                 results = [StepFailed(f"engine step failed: {type(exc).__name__}: {exc}")] * len(output.chunks)
             self.num_steps += 1
-            self._process(output, results, (forward_start, time.perf_counter()))
+            forward_end = time.perf_counter()
+            if self.on_step is not None:
+                self._observe_step(output, forward_end - forward_start)
+            self._process(output, results, (forward_start, forward_end))
             if shape is not None:
                 self.step_log.record(shape, step_start, time.perf_counter())
             self._notify_changed()
+
+    def _observe_step(self, output: SchedulerOutput, seconds: float) -> None:
+        """`on_step` for a step that ran, before its progress is applied."""
+        prompt = sum(
+            max(0, min(c.num_new_tokens, c.request.num_prompt_tokens - c.request.num_computed_tokens))
+            for c in output.chunks
+        )
+        try:
+            self.on_step(output.num_tokens, prompt, seconds)
+        except Exception:  # an observer's failure is not the step's
+            log.exception("on_step failed")
 
     @property
     def _wait_for_device(self) -> Callable[[], None] | None:

@@ -21,6 +21,7 @@ from minipd.entrypoints.flag_spec import (
     non_negative_int,
     parse_address,
 )
+from minipd.kvtier.fetch_cost import KV_TIER_FETCH_CHOICES
 from minipd.models.arch.model_config import PRESETS
 from minipd.models.checkpoints.packaged_models import PACKAGED_MODELS
 from minipd.models.weights.quantized_linear import DENSE_MIN_ROWS
@@ -292,6 +293,19 @@ FLAGS = (
         "computing, and store the full blocks of every request they finish; mooncake://HOST:PORT (a Mooncake "
         "master) or redis://HOST:PORT/DB. The cluster launcher also takes `mooncake`: it starts a Mooncake "
         "master of its own, supervised, and gives every instance its URL (default: no tier)",
+    ),
+    flag(
+        "--kv-tier-fetch",
+        {*INSTANCE_ROLES, Role.CLUSTER},
+        INSTANCE,
+        INSTANCES,
+        sets="instance.kv_tier_fetch",
+        choices=KV_TIER_FETCH_CHOICES,
+        default=_INSTANCE.kv_tier_fetch,
+        help="with --kv-tier: `auto` fetches a prompt's blocks from the tier only when the fetch is predicted to "
+        "beat computing them (a cost model fitted online from the instance's own fetches and prefill steps: "
+        "docs/kv-tier.md#fetch-or-recompute), else computes them; `always` fetches whatever the tier has "
+        "(default: %(default)s)",
     ),
     flag(
         "--router",
