@@ -292,7 +292,8 @@ FLAGS = (
         help="a shared KV tier (docs/kv-tier.md): instances fetch a prompt's blocks found there before "
         "computing, and store the full blocks of every request they finish; mooncake://HOST:PORT (a Mooncake "
         "master) or redis://HOST:PORT/DB. The cluster launcher also takes `mooncake`: it starts a Mooncake "
-        "master of its own, supervised, and gives every instance its URL (default: no tier)",
+        "master of its own, supervised, and gives every instance its URL (with --launcher ray, beside the "
+        "launcher, at this host's address on Ray's network) (default: no tier)",
     ),
     flag(
         "--kv-tier-fetch",
