@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-# The prior: a store on this host over TCP (Redis: ~1 ms a call, ~300 MiB/s; Mooncake faster)
+# The prior: a store on this host over TCP (Redis: ~1 ms a call, ~300 MB/s; Mooncake faster)
 # and an engine that computes a prompt token in 0.5 ms at the margin (a ~100M-parameter model
 # on one or two CPU cores). The first observations replace it.
 DEFAULT_LOOKUP_S = 1e-3
