@@ -21,7 +21,7 @@
     python bench.py footprint --json footprint.json --plot footprint.png  # what one streamed chat runs
     python bench.py events --json events.json --plot events.png  # the request event seam's cost per request
     python bench.py kvtier --json kvtier.json --plot kvtier.png  # multi-turn chat with and without the KV tier
-    python bench.py kvtier-ops --json kvtier-ops.json  # the shared KV tier's calls on each store
+    python bench.py kvtier-ops --json kvtier-ops.json  # the KV tier's calls; fetch vs recompute
 
 Every figure that depends on this machine's speed is reported next to a baseline measured
 in the same run (memcpy, a raw socket, a raw model loop), because absolute numbers on a
@@ -111,7 +111,8 @@ EXPERIMENTS = {
     ),
     "kvtier-ops": (
         "benchmarks.kvtier.kvtier_bench",
-        "the shared KV tier's store, lookup and fetch on each store (fake, Redis, Mooncake) vs memcpy",
+        "the shared KV tier's store, lookup and fetch on each store (fake, Redis, Mooncake) vs memcpy, "
+        "and fetching a prefix against computing it, over its length (the break-even)",
     ),
     "viewers": (
         "benchmarks.viewers.viewers_bench",

@@ -22,7 +22,9 @@ from minipd.disagg.tier_wire import TierWire
 from minipd.engine.engine import Engine, EngineConfig
 from minipd.engine.sampling_params import SamplingParams
 from minipd.kvtier.fake_backend import FakeBackend
+from minipd.kvtier.fetch_cost import fetch_choice
 from minipd.kvtier.open_tier import open_kv_tier
+from minipd.kvtier.pool_buffers import pool_block_bytes
 from minipd.kvtier.tier import KVTier
 
 BLOCK_SIZE = 16
@@ -36,10 +38,10 @@ def default_store(store: str | None) -> str:
 
 @asynccontextmanager
 async def instances(
-    model: str, num_blocks: int, max_model_len: int, count: int, tier: bool, url: str | None
+    model: str, num_blocks: int, max_model_len: int, count: int, tier: bool, url: str | None, fetch: str = "auto"
 ) -> AsyncIterator[tuple[list[Engine], list[TierWire | None]]]:
-    """`count` started engines and their wires (all None unless `tier`); the tiny model in
-    float32, so its greedy tokens do not depend on the batch."""
+    """`count` started engines and their wires (all None unless `tier`), fetching as `fetch`
+    says (`--kv-tier-fetch`); the tiny model in float32, so its greedy tokens do not depend on the batch."""
     config = EngineConfig.of(
         model=model,
         dtype="float32" if model == "tiny" else "auto",
@@ -58,7 +60,7 @@ async def instances(
             fake = FakeBackend()
             for i, engine in enumerate(engines):
                 store = await open_kv_tier(url, digest, BLOCK_SIZE) if url else KVTier(fake, digest, BLOCK_SIZE)
-                wires[i] = TierWire(engine, store)
+                wires[i] = TierWire(engine, store, fetch_choice(fetch, pool_block_bytes(engine.kv_pool), BLOCK_SIZE))
         yield engines, wires
     finally:
         for wire in wires:

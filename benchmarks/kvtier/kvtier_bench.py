@@ -11,6 +11,11 @@ stores: `fake` (the in-process dict: the tier's own cost, its checksums and copi
 (Debian's redis-server started here on a free port) and `mooncake` (a mooncake_master started
 here by minipd.kvtier.mooncake_master), each over TCP on this host; one whose software is
 missing is reported as skipped, with the reason.
+
+Then, on the same stores, fetch against recompute over the prefix length for each of `--models`
+(break_even.py): the break-even prefix from which fetching it from each store beats computing
+it, measured, beside the one the instances' fetch-or-recompute choice learns from the same run
+(`break_even` in the JSON, one entry a model).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import time
 
 import numpy as np
 
+from benchmarks.kvtier import break_even
 from benchmarks.loadgen.processes import Processes
 from minipd.kvtier.mooncake_master import MooncakeMaster
 from minipd.kvtier.open_tier import open_kv_tier
@@ -47,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-kib", type=int, default=32, help="KiB of one run (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per store (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    break_even.add_arguments(parser)
 
 
 def _missing(store: str) -> str | None:
@@ -133,6 +140,9 @@ def _memcpy_s(nbytes: int, rounds: int) -> float:
 def run(args: argparse.Namespace) -> dict:
     if args.quick:
         args.blocks, args.rounds = 16, 2
+        args.models, args.lengths, args.break_even_rounds = "tiny", "16,64", 1
+    models = [m for m in args.models.split(",") if m]
+    lengths = break_even.parse_lengths(args.lengths)
     stores = [s for s in args.stores.split(",") if s]
     unknown = set(stores) - set(STORES)
     if unknown:
@@ -150,34 +160,40 @@ def run(args: argparse.Namespace) -> dict:
         "skipped": {},
         "checks_failed": [],
     }
+    master = MooncakeMaster()
     with Processes("minipd-kvtier-bench") as processes:
-        for store in stores:
-            reason = _missing(store)
-            if reason:
-                result["skipped"][store] = reason
-                continue
-            master = MooncakeMaster() if store == "mooncake" else None
-            try:
-                if master is not None:
+        try:
+            urls = {}
+            for store in stores:
+                reason = _missing(store)
+                if reason:
+                    result["skipped"][store] = reason
+                    continue
+                if store == "mooncake":
                     master.start()
-                url = {"fake": "fake://", "redis": None, "mooncake": master and master.url}[store]
-                url = url or redis_url(processes)
-                runs, inexact = asyncio.run(_measure(url, args))
-            finally:
-                if master is not None:
-                    master.stop()
-            if inexact:
-                result["checks_failed"].append(f"{store}: {inexact} of {args.rounds} rounds not bytes-exact")
-            medians = {f"{name}_ms": statistics.median(runs[name]) * 1e3 for name in OPERATIONS}
-            result["stores"][store] = {
-                **medians,
-                "store_gbps": nbytes * 8 / (medians["store_ms"] * 1e6),
-                "fetch_gbps": nbytes * 8 / (medians["fetch_ms"] * 1e6),
-                "store_to_memcpy": medians["store_ms"] / result["memcpy_ms"],
-                "fetch_to_memcpy": medians["fetch_ms"] / result["memcpy_ms"],
-                "runs_ms": {name: [s * 1e3 for s in runs[name]] for name in OPERATIONS},
-            }
+                urls[store] = {"fake": "fake://", "redis": None, "mooncake": master.url}[store] or redis_url(processes)
+            for store, url in urls.items():
+                _ops(store, url, args, nbytes, result)
+            result["break_even"] = break_even.measure(models, lengths, urls, args)
+        finally:
+            master.stop()
     return result
+
+
+def _ops(store: str, url: str, args: argparse.Namespace, nbytes: int, result: dict) -> None:
+    """The calls on one store, into `result`."""
+    runs, inexact = asyncio.run(_measure(url, args))
+    if inexact:
+        result["checks_failed"].append(f"{store}: {inexact} of {args.rounds} rounds not bytes-exact")
+    medians = {f"{name}_ms": statistics.median(runs[name]) * 1e3 for name in OPERATIONS}
+    result["stores"][store] = {
+        **medians,
+        "store_gbps": nbytes * 8 / (medians["store_ms"] * 1e6),
+        "fetch_gbps": nbytes * 8 / (medians["fetch_ms"] * 1e6),
+        "store_to_memcpy": medians["store_ms"] / result["memcpy_ms"],
+        "fetch_to_memcpy": medians["fetch_ms"] / result["memcpy_ms"],
+        "runs_ms": {name: [s * 1e3 for s in runs[name]] for name in OPERATIONS},
+    }
 
 
 def print_table(result: dict) -> None:
@@ -197,6 +213,7 @@ def print_table(result: dict) -> None:
         print(f"  {name:10} skipped: {reason}")
     for failure in result["checks_failed"]:
         print(f"  FAILED: {failure}")
+    break_even.print_table(result.get("break_even", {}))
 
 
 def plot(result: dict, path: str) -> None:
@@ -206,7 +223,9 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     stores = list(result["stores"])
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    models = result.get("break_even", {})
+    fig, axes = plt.subplots(1, 1 + len(models), figsize=(7 + 4.5 * len(models), 3.2), squeeze=False)
+    ax = axes[0][0]
     width = 0.8 / len(OPERATIONS)
     for i, name in enumerate(OPERATIONS):
         values = [result["stores"][s][f"{name}_ms"] for s in stores]
@@ -217,5 +236,7 @@ def plot(result: dict, path: str) -> None:
     mib = result["bytes_per_round"] / (1 << 20)
     ax.set_title(f"the KV tier's calls, {result['blocks']} blocks ({mib:.0f} MiB)")
     ax.legend(fontsize=8)
+    for ax, (model, m) in zip(axes[0][1:], models.items()):
+        break_even.plot_model(ax, model, m)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

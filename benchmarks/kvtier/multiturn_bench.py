@@ -36,6 +36,7 @@ from benchmarks.loadgen.processes import Processes
 from minipd.disagg.tier_wire import TierWire
 from minipd.engine.engine import Engine
 from minipd.engine.sampling_params import SamplingParams
+from minipd.kvtier.fetch_cost import KV_TIER_FETCH_CHOICES
 
 ARMS = ("no_tier", "cache_aware", "tier")
 DRAIN_S = 30.0
@@ -51,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--answer-tokens", type=int, default=16, help="each answer (default: %(default)s)")
     parser.add_argument("--num-blocks", type=int, default=96, help="each instance's pool (default: %(default)s)")
     parser.add_argument("--store", choices=("redis", "fake"), default=None, help="(default: redis if installed)")
+    parser.add_argument(
+        "--kv-tier-fetch",
+        choices=KV_TIER_FETCH_CHOICES,
+        default="auto",
+        help="the tier arm's fetch-or-recompute choice, as the instances' flag (default: %(default)s; "
+        "--quick: always, since the tiny model computes a block faster than a store returns it)",
+    )
     parser.add_argument("--quick", action="store_true", help="a short smoke run (the tiny model)")
     replay_bench.add_arguments(parser)
 
@@ -61,6 +69,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.quick:
         args.model, args.users, args.rounds, args.instances = "tiny", 4, 3, 2
         args.system_tokens, args.message_tokens, args.answer_tokens, args.num_blocks = 64, 32, 8, 24
+        args.kv_tier_fetch = "always"  # the tier's mechanics: tiny would rightly compute instead
     store = default_store(args.store)
     with Processes() as processes:
         url = redis_url(processes) if store == "redis" else None
@@ -77,6 +86,7 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "model": args.model,
         "store": store,
+        "kv_tier_fetch": args.kv_tier_fetch,
         "users": args.users,
         "rounds": args.rounds,
         "instances": args.instances,
@@ -95,7 +105,10 @@ def _same_share(answers: list, reference: list) -> float:
 
 async def _run_arm(arm: str, args: argparse.Namespace, url: str | None) -> dict:
     max_model_len = args.system_tokens + args.rounds * (args.message_tokens + args.answer_tokens) + 8
-    async with instances(args.model, args.num_blocks, max_model_len, args.instances, arm == "tier", url) as cluster:
+    tier = arm == "tier"
+    async with instances(
+        args.model, args.num_blocks, max_model_len, args.instances, tier, url, args.kv_tier_fetch
+    ) as cluster:
         return await _conversations(arm, args, *cluster)
 
 
@@ -144,7 +157,8 @@ def print_table(result: dict) -> None:
         return replay_bench.print_table(result)
     print(
         f"multi-turn: {result['users']} users x {result['rounds']} rounds on {result['instances']} instances "
-        f"({result['num_blocks']} blocks each), {result['model']}, store {result['store']}"
+        f"({result['num_blocks']} blocks each), {result['model']}, store {result['store']} "
+        f"(fetch: {result['kv_tier_fetch']})"
     )
     print(f"  {'arm':12} {'computed':>9} {'local':>6} {'tier':>6}  TTFT p50 ms per round (p90)")
     for arm, m in result["arms"].items():

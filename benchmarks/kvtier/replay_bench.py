@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.quick:
         args.model, args.instances, args.num_blocks, args.answer_tokens = "tiny", 2, 64, 4
         args.window, args.compress, args.block_tokens, args.max_blocks = 200, 5.0, 16, 8
+        args.kv_tier_fetch = "always"  # the tier's mechanics: tiny would rightly compute instead
     if min(args.window, args.block_tokens, args.max_blocks, args.instances) < 1 or args.compress <= 0:
         raise ValueError("--window, --block-tokens, --max-blocks, --instances and --compress must be positive")
     if args.block_tokens % BLOCK_SIZE:
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> dict:
     return {
         "model": args.model,
         "store": store,
+        "kv_tier_fetch": args.kv_tier_fetch,
         "instances": args.instances,
         "num_blocks": args.num_blocks,
         "trace": args.trace,
@@ -100,7 +102,10 @@ def run(args: argparse.Namespace) -> dict:
 
 async def _run_arm(arm: str, args: argparse.Namespace, window: list[TraceRequest], url: str | None) -> dict:
     max_model_len = args.max_blocks * args.block_tokens + TAIL_TOKENS + args.answer_tokens + 8
-    async with instances(args.model, args.num_blocks, max_model_len, args.instances, arm == "tier", url) as cluster:
+    tier = arm == "tier"
+    async with instances(
+        args.model, args.num_blocks, max_model_len, args.instances, tier, url, args.kv_tier_fetch
+    ) as cluster:
         return await _replay(args, window, *cluster)
 
 
@@ -143,7 +148,8 @@ def print_table(result: dict) -> None:
         f"trace replay: requests {s['start']}..{s['start'] + s['window'] - 1} of {result['trace']} "
         f"({result['replay_seconds_trace']:.0f} s of trace / {s['compress']:g}), a hash id = {s['block_tokens']} "
         f"tokens, at most {s['max_blocks']} a prompt, + {s['tail_tokens']}; {result['instances']} instances "
-        f"of {result['num_blocks']} blocks, {result['model']}, store {result['store']}"
+        f"of {result['num_blocks']} blocks, {result['model']}, store {result['store']} "
+        f"(fetch: {result['kv_tier_fetch']})"
     )
     head = f"{'hit rate':>8} {'local':>6} {'tier':>6} {'saved':>7} {'computed':>8} {'TTFT p50':>9} {'p90':>7}"
     print(f"  {'arm':8} {head}")

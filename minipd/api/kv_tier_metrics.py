@@ -10,6 +10,8 @@ instance with `--kv-tier` carries in its stats (an instance without one has no s
   (over the bytes-in-flight bound) and `minipd_kv_tier_stores_failed_total{instance}`;
 - `minipd_kv_tier_fetch_fallbacks_total{instance}`: fetches that got fewer blocks than the tier
   said it had (the rest computed); `minipd_kv_tier_verification_failures_total{instance}`;
+- `minipd_kv_tier_fetches_declined_total{instance}`: lookups or fetches not made because
+  computing the blocks was predicted faster (kvtier/fetch_cost.py);
 - `minipd_kv_tier_timeouts_total{instance}`: tier calls that ran past their bound (a slow
   store: the prompt was computed after it);
 - `minipd_kv_tier_fetch_seconds{instance}`: a histogram of fetch latencies.
@@ -32,6 +34,7 @@ COUNTERS = (
     ("stores_skipped", "stores_skipped", "KV blocks not stored: over the bytes-in-flight bound"),
     ("stores_failed", "stores_failed", "KV blocks not stored: the store failed or ran past its bound"),
     ("fetch_fallbacks", "fetch_fallbacks", "Fetches that got fewer blocks than the tier had: the rest computed"),
+    ("fetches_declined", "fetches_declined", "Lookups or fetches not made: computing was predicted faster"),
     ("verification_failures", "verification_failures", "Fetched values that failed verification (never used)"),
     ("timeouts", "timeouts", "Tier calls that ran past their bound (a slow or black-holed store): misses"),
 )

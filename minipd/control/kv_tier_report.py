@@ -15,6 +15,7 @@ class KVTierReport(msgspec.Struct, frozen=True, kw_only=True):
     local_hit_tokens: int = 0  # of those, found in the local prefix cache
     tier_hit_tokens: int = 0  # fetched from the tier, verified, into the pool
     fetch_fallbacks: int = 0  # fetches that got fewer blocks than the tier said it had: the rest computed
+    fetches_declined: int = 0  # lookups or fetches not made: computing was predicted faster (fetch_cost.py)
     verification_failures: int = 0  # values under a valid key that failed the header or checksum check
     bytes_fetched: int = 0
     bytes_stored: int = 0

@@ -34,18 +34,16 @@ from minipd.control.role import Role
 from minipd.control.server import ControlServer
 from minipd.disagg.colocated_role import ColocatedRole
 from minipd.disagg.decode_role import DecodeRole
-from minipd.disagg.fingerprint import engine_fingerprint, kv_tier_digest
+from minipd.disagg.fingerprint import engine_fingerprint
 from minipd.disagg.instance_dispatch import SETTLE_TIMEOUT_S, InstanceDispatch
 from minipd.disagg.kv_event_publisher import KVEventPublisher
 from minipd.disagg.prefill_role import PrefillRole
 from minipd.disagg.reservations import Reservations
 from minipd.disagg.role_handler import RoleHandler
 from minipd.disagg.role_switch import RoleGuard
-from minipd.disagg.tier_wire import TierWire
+from minipd.disagg.tier_wire import TierWire, open_tier_wire
 from minipd.engine import cpu_placement
 from minipd.engine.engine import Engine
-from minipd.kvtier.open_tier import open_kv_tier
-from minipd.kvtier.pool_buffers import pool_buffer
 from minipd.transports.backends import create_transport
 from minipd.transports.base import Transport
 from minipd.transports.shared_secret import SharedSecret, new_nonce
@@ -119,9 +117,11 @@ class Instance(InstanceDispatch, ControlServer):
         liveness_timeout_s: float = DEFAULT_LIVENESS_TIMEOUT_S,
         start_epoch: int = 0,
         kv_tier: str | None = None,
+        kv_tier_fetch: str = "auto",
     ) -> "Instance":
         """`secret` also goes to the transport; `max_connections` caps the control port only.
-        `kv_tier`: the shared KV tier's URL (open_tier.py), opened here (its errors raised)."""
+        `kv_tier`: the shared KV tier's URL (open_tier.py), opened here (its errors raised);
+        `kv_tier_fetch`: "auto" or "always" (kvtier/fetch_cost.py)."""
         transport = create_transport(
             transport_name, engine.kv_pool, instance_id=instance_id, secret=secret, **(transport_options or {})
         )
@@ -130,7 +130,7 @@ class Instance(InstanceDispatch, ControlServer):
         tier_wire = None
         if kv_tier is not None:
             try:
-                tier_wire = await open_tier_wire(engine, kv_tier)
+                tier_wire = await open_tier_wire(engine, kv_tier, kv_tier_fetch)
             except BaseException:
                 await engine.close()
                 await transport.close()
@@ -237,15 +237,3 @@ class Instance(InstanceDispatch, ControlServer):
         if self.tier_wire is not None and not await self.tier_wire.drain(SETTLE_TIMEOUT_S):
             raise RuntimeError("blocks being stored in the KV tier are still held")
         self.engine.reset_pool()
-
-
-async def open_tier_wire(engine: Engine, url: str) -> TierWire:
-    """Open the KV tier at `url` for this engine's model and block size, register the pool
-    with it (a store that cannot register copies instead) and wire it into the request path."""
-    tier = await open_kv_tier(url, kv_tier_digest(engine_fingerprint(engine)), engine.config.block_size)
-    try:
-        await tier.register(pool_buffer(engine.kv_pool))
-        return TierWire(engine, tier)
-    except BaseException:
-        await tier.close()
-        raise

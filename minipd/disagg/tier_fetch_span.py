@@ -11,9 +11,11 @@ Its attributes:
 - `minipd.kv_tier.hit`: whether any block came from the tier;
 - `minipd.kv_tier.outcome`: `hit` (every block found was fetched), `partial` (fewer: the rest
   computed, a fetch fallback), `miss` (the tier has none), `no_room` (the pool had no spare
-  blocks: computed), `timeout` or `error` (a call of this fetch ran past its bound or failed in
-  the store: computed). `timeout` and `error` are read from the tier's counters around the
-  fetch, so a call of another request failing at the same moment may be counted in this one.
+  blocks: computed), `declined` (computing the blocks was predicted faster than asking for or
+  fetching them, kvtier/fetch_cost.py: computed), `timeout` or `error` (a call of this fetch
+  ran past its bound or failed in the store: computed). `timeout` and `error` are read from
+  the tier's counters around the fetch, so a call of another request failing at the same
+  moment may be counted in this one.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from minipd.tracing import names
 from minipd.tracing.spans import Span
 
 HIT, PARTIAL, MISS, NO_ROOM, TIMEOUT, ERROR = "hit", "partial", "miss", "no_room", "timeout", "error"
+DECLINED = "declined"
 
 
 @dataclasses.dataclass
@@ -37,6 +40,7 @@ class TierFetch:
     found: int = 0
     fetched: int = 0
     no_room: bool = False
+    declined: bool = False  # computing was predicted faster (fetch_cost.py)
     fallback: bool = False
     bytes: int = 0  # the fetched blocks' payload, set by the fetcher
     timed_out: bool = False
@@ -50,6 +54,8 @@ class TierFetch:
     def outcome(self) -> str:
         if self.fetched and not self.fallback:
             return HIT
+        if self.declined:
+            return DECLINED
         if self.timed_out:
             return TIMEOUT
         if self.failed:

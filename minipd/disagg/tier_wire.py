@@ -15,6 +15,13 @@ cached blocks from when references are given back to when the scheduler takes th
 engine step): the least recently freed cached blocks go first, so only a pool under pressure
 evicts them, and a request then computes them, as correct as before.
 
+**Fetch or recompute** (kvtier/fetch_cost.py): the tier is asked only when a lookup and a
+fetch of the blocks past the local hit are predicted to beat computing them, and the blocks it
+has are fetched only when their fetch is; else they are computed, and the decline counted
+(`fetches_declined`). The prediction is fitted online from this instance's own lookups and
+fetches (seconds against bytes) and its engine's steps that ran prompt tokens (seconds against
+tokens, `Engine.on_step`), from a prior; `Always` fetches whatever the tier has.
+
 **Store** (`Engine.on_finished`): when a request finishes unaborted, its full blocks whose KV
 is computed (a prefill's prompt, a decode's prompt and generated tail, so the next turn of a
 conversation finds the whole history) are stored in the background. Lifetime: the store takes
@@ -37,11 +44,14 @@ import time
 from typing import Callable, Sequence
 
 from minipd.control.kv_tier_report import FETCH_BUCKETS_S, KVTierReport
+from minipd.disagg.fingerprint import engine_fingerprint, kv_tier_digest
 from minipd.disagg.tier_fetch_span import TierFetch, end_fetch_span, fetch_span
 from minipd.engine.block_manager import OutOfBlocks, chain_hashes
 from minipd.engine.engine import Engine
 from minipd.engine.request import Request
-from minipd.kvtier.pool_buffers import block_buffers
+from minipd.kvtier.fetch_cost import FetchCost, fetch_choice
+from minipd.kvtier.open_tier import open_kv_tier
+from minipd.kvtier.pool_buffers import block_buffers, pool_block_bytes, pool_buffer
 from minipd.kvtier.tier import KVTier, TierBlock
 from minipd.tracing.spans import Span
 
@@ -52,14 +62,19 @@ class TierWire:
     """One instance's use of `tier`. Hooks itself into `engine` (its `on_finished`); all calls on
     the engine's event loop."""
 
-    def __init__(self, engine: Engine, tier: KVTier):
+    def __init__(self, engine: Engine, tier: KVTier, cost: FetchCost | None = None):
         if not engine.config.enable_prefix_caching:
             raise ValueError("kv_tier: needs the prefix cache (fetched blocks are registered in it)")
         if engine.kv_pool.device.type != "cpu":
             raise ValueError("kv_tier: the pool must be in host memory (the tier reads and writes it in place)")
         self.engine, self.tier = engine, tier
         self.block_size = engine.config.block_size
-        self._counts = dict.fromkeys(("lookup_tokens", "local_hit_tokens", "tier_hit_tokens", "fetch_fallbacks"), 0)
+        self.block_bytes = pool_block_bytes(engine.kv_pool)
+        # fetch or recompute (fetch_cost.py); fed this instance's lookups, fetches and steps
+        self.cost = cost if cost is not None else FetchCost(self.block_bytes, self.block_size)
+        self._counts = dict.fromkeys(
+            ("lookup_tokens", "local_hit_tokens", "tier_hit_tokens", "fetch_fallbacks", "fetches_declined"), 0
+        )
         self._fetch_buckets = [0] * (len(FETCH_BUCKETS_S) + 1)
         self._fetch_seconds = 0.0
         self._stores: set[asyncio.Task] = set()
@@ -70,6 +85,7 @@ class TierWire:
         # told the prefix hashes (block_manager.chain_hashes) of each store's blocks the tier now holds
         self.on_stored: Callable[[list[int]], None] | None = None
         engine.on_finished = self._store_finished
+        engine.on_step = self._observe_step
 
     # ---- fetch ------------------------------------------------------------------------
     async def prefetch_for(self, request_id: str, token_ids: Sequence[int], span: Span | None = None) -> bool:
@@ -124,9 +140,19 @@ class TierWire:
         """The blocks `local`..`usable` asked of the tier and fetched; how many leading ones were
         (`fetch` records what happened)."""
         bm, bs = self.engine.block_manager, self.block_size
+        if not self.cost.worth_asking(usable - local):
+            fetch.declined = True  # computing them is predicted faster than even asking
+            self._counts["fetches_declined"] += 1
+            return 0
         keys = self.tier.keys(token_ids[: usable * bs])
+        start = time.perf_counter()
         found = fetch.found = await self.tier.exists(keys[local:])
+        self.cost.observe_lookup(time.perf_counter() - start)
         if not found:
+            return 0
+        if not self.cost.worth_fetching(found):
+            fetch.declined = True
+            self._counts["fetches_declined"] += 1
             return 0
         wanted = local + found
         try:
@@ -145,7 +171,7 @@ class TierWire:
             result = await self.tier.fetch(
                 [TierBlock(keys[i], block_buffers(pool, block_ids[i])) for i in range(cached, wanted)]
             )
-            self._observe_fetch(time.perf_counter() - start)
+            self._observe_fetch(time.perf_counter() - start, (wanted - cached) * self.block_bytes)
             leading = fetch.fetched = result.leading
             fetch.bytes = leading * sum(b.nbytes for b in block_buffers(pool, block_ids[0]))
             if leading < wanted - cached:
@@ -156,9 +182,16 @@ class TierWire:
             self.engine.release_blocks(block_ids)
         return leading
 
-    def _observe_fetch(self, seconds: float) -> None:
+    def _observe_fetch(self, seconds: float, nbytes: int) -> None:
         self._fetch_buckets[bisect.bisect_left(FETCH_BUCKETS_S, seconds)] += 1
         self._fetch_seconds += seconds
+        if nbytes > 0:
+            self.cost.observe_fetch(nbytes, seconds)
+
+    def _observe_step(self, num_tokens: int, num_prompt_tokens: int, seconds: float) -> None:
+        """Engine.on_step: a step that ran prompt tokens prices computing them."""
+        if num_prompt_tokens > 0:
+            self.cost.observe_step(num_tokens, seconds)
 
     # ---- store ------------------------------------------------------------------------
     def _store_finished(self, request: Request) -> None:
@@ -210,6 +243,8 @@ class TierWire:
         then close the tier."""
         if self.engine.on_finished == self._store_finished:
             self.engine.on_finished = None
+        if self.engine.on_step == self._observe_step:
+            self.engine.on_step = None
         await self.drain(self.tier.timeout_s + self.tier.setup_timeout_s)
         await self.tier.close()
 
@@ -228,3 +263,16 @@ class TierWire:
             fetch_buckets=tuple(self._fetch_buckets),
             fetch_seconds_sum=self._fetch_seconds,
         )
+
+
+async def open_tier_wire(engine: Engine, url: str, fetch: str = "auto") -> TierWire:
+    """Open the KV tier at `url` for this engine's model and block size, register the pool
+    with it (a store that cannot register copies instead) and wire it into the request path,
+    fetching as `fetch` says (`--kv-tier-fetch`: kvtier/fetch_cost.py)."""
+    tier = await open_kv_tier(url, kv_tier_digest(engine_fingerprint(engine)), engine.config.block_size)
+    try:
+        await tier.register(pool_buffer(engine.kv_pool))
+        return TierWire(engine, tier, fetch_choice(fetch, pool_block_bytes(engine.kv_pool), engine.config.block_size))
+    except BaseException:
+        await tier.close()
+        raise

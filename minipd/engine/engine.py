@@ -203,15 +203,30 @@ class Engine(EngineBase):
             shape = StepLog.shape(output.chunks) if self.step_log is not None else None
             forward_start = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self._executor, self.runner.execute, output.chunks, hook)
+                self._step = self._executor.submit(self.runner.execute, output.chunks, hook)
+                results = await asyncio.wrap_future(self._step)
             except Exception as exc:  # the runner fails chunks, not steps; this is a last resort
                 log.exception("engine step failed")
                 results = [StepFailed(f"engine step failed: {type(exc).__name__}: {exc}")] * len(output.chunks)
             self.num_steps += 1
-            self._process(output, results, (forward_start, time.perf_counter()))
+            forward_end = time.perf_counter()
+            if self.on_step is not None:
+                self._observe_step(output, forward_end - forward_start)
+            self._process(output, results, (forward_start, forward_end))
             if shape is not None:
                 self.step_log.record(shape, step_start, time.perf_counter())
             self._notify_changed()
+
+    def _observe_step(self, output: SchedulerOutput, seconds: float) -> None:
+        """`on_step` for a step that ran, before its progress is applied."""
+        prompt = sum(
+            max(0, min(c.num_new_tokens, c.request.num_prompt_tokens - c.request.num_computed_tokens))
+            for c in output.chunks
+        )
+        try:
+            self.on_step(output.num_tokens, prompt, seconds)
+        except Exception:  # an observer's failure is not the step's
+            log.exception("on_step failed")
 
     @property
     def _wait_for_device(self) -> Callable[[], None] | None:

@@ -86,11 +86,17 @@ class EngineBase(GeneratesFromSubmit):
         self._idle: asyncio.Event | None = None  # set while the loop waits for work
         self._changed: asyncio.Event | None = None  # set (and replaced) at the end of every loop iteration
         self._loop_task: asyncio.Task | None = None
+        # The step on the compute thread, while one runs: it reads its requests' tokens and blocks,
+        # so nothing frees them until it is done (`close` waits for it).
+        self._step: concurrent.futures.Future | None = None
         self.num_steps = 0  # engine steps run since start: how others tell this engine moves on
         self.step_log = StepLog(config.step_log) if config.step_log else None
         # Called on the loop with each request that finishes unaborted, while it still holds its
         # blocks (the KV tier's write-through takes its own reference on them: disagg/tier_wire.py).
         self.on_finished: Callable[[Request], None] | None = None
+        # Called on the loop after each step that ran: (rows it ran, of which prompt tokens, its
+        # forward pass in seconds); the KV tier learns the cost of computing a prompt from it.
+        self.on_step: Callable[[int, int, float], None] | None = None
 
     def run_on_compute_thread(self, fn, *args):
         """Run `fn(*args)` on the compute thread and return its result (blocking; for set-up work)."""
@@ -105,17 +111,23 @@ class EngineBase(GeneratesFromSubmit):
             self._loop_task = asyncio.create_task(self._run(), name="minipd-engine")
 
     async def close(self) -> None:
-        """Abort every request, stop the loop and the compute thread."""
+        """Abort every request, stop the loop and the compute thread. The aborts are applied
+        (the requests' blocks freed) only once a step still on the compute thread has ended:
+        cancelling the loop does not stop that step, which reads its requests' blocks and
+        writes into them."""
         for request_id in list(self._streams):
             self.abort(request_id)
         if self._loop_task is not None:
-            self._apply_aborts()
             self._loop_task.cancel()
             try:
                 await self._loop_task
             except asyncio.CancelledError:
                 pass
             self._loop_task = None
+            if self._step is not None:
+                await asyncio.wait([asyncio.wrap_future(self._step)])
+                self._step = None
+            self._apply_aborts()
         self._executor.shutdown(wait=True)
         if self.step_log is not None:
             self.step_log.close()

@@ -24,7 +24,6 @@ from minipd.entrypoints.process_cluster import ProcessCluster
 from minipd.entrypoints.prompt_demo import answer_prompts, chat_wrapper
 from minipd.entrypoints.stop_signal import LauncherSignals, settle_heap
 from minipd.entrypoints.supervisor import Supervisor
-from minipd.entrypoints.tier_master import LOCAL_MASTER
 
 _STOPPED = object()
 
@@ -41,11 +40,6 @@ def _launcher(configs: RoleConfigs) -> ProcessCluster:
     """The cluster `--launcher` names; ValueError (exit status 2) when `ray` is not installed."""
     if configs.cluster.launcher != "ray":
         return ProcessCluster(configs)
-    if configs.instance.kv_tier == LOCAL_MASTER:  # its master listens on this host's loopback
-        raise ValueError(
-            "kv-tier: `--kv-tier mooncake` starts a master for local clusters; with --launcher ray, "
-            "give the URL of a store every node reaches (mooncake://HOST:PORT, redis://HOST:PORT/DB)"
-        )
     try:
         import ray  # noqa: F401
     except ImportError:

@@ -73,6 +73,7 @@ class InstanceConfig(msgspec.Struct, frozen=True, kw_only=True):
     step_log_dir: str | None = None  # the engine's step log goes to DIR/INSTANCE-ID.jsonl
     # the shared KV tier's URL (kvtier/open_tier.py); the launcher's "mooncake": a master of its own
     kv_tier: str | None = None
+    kv_tier_fetch: str = "auto"  # fetch or recompute: "auto" (kvtier/fetch_cost.py) or "always"
 
     def name(self, role: Role, pid: int) -> str:
         return self.instance_id or f"{role.value}-{pid}"

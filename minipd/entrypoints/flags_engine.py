@@ -19,6 +19,7 @@ from minipd.entrypoints.flag_spec import (
     non_negative_int,
     parse_address,
 )
+from minipd.kvtier.fetch_cost import KV_TIER_FETCH_CHOICES
 from minipd.models.arch.model_config import PRESETS
 from minipd.models.checkpoints.packaged_models import PACKAGED_MODELS
 from minipd.models.weights.quantized_linear import DENSE_MIN_ROWS
@@ -191,7 +192,17 @@ FLAGS = (
         help="a shared KV tier (docs/kv-tier.md): instances fetch a prompt's blocks found there before "
         "computing, and store the full blocks of every request they finish; mooncake://HOST:PORT (a Mooncake "
         "master) or redis://HOST:PORT/DB. The cluster launcher also takes `mooncake`: it starts a Mooncake "
-        "master of its own, supervised, and gives every instance its URL (default: no tier)",
+        "master of its own, supervised, and gives every instance its URL (with --launcher ray, beside the "
+        "launcher, at this host's address on Ray's network) (default: no tier)",
+    ),
+    _transport(
+        "--kv-tier-fetch",
+        sets="instance.kv_tier_fetch",
+        choices=KV_TIER_FETCH_CHOICES,
+        help="with --kv-tier: `auto` fetches a prompt's blocks from the tier only when the fetch is predicted to "
+        "beat computing them (a cost model fitted online from the instance's own fetches and prefill steps: "
+        "docs/kv-tier.md#fetch-or-recompute), else computes them; `always` fetches whatever the tier has "
+        "(default: %(default)s)",
     ),
     _instance(
         "--router",

@@ -41,9 +41,11 @@ class InProcessCluster(GeneratesFromSubmit):
         secret: SharedSecret | None = None,
         transport_options: dict | None = None,
         kv_tier: str | None = None,
+        kv_tier_fetch: str = "auto",
     ) -> "InProcessCluster":
         """`transport_options`: passed to every instance's loopback transport (e.g. `link_gbps`);
-        `kv_tier`: the shared KV tier's URL every instance opens (docs/kv-tier.md)."""
+        `kv_tier`: the shared KV tier's URL every instance opens (docs/kv-tier.md), and
+        `kv_tier_fetch` its fetch-or-recompute choice (`--kv-tier-fetch`)."""
         hub = LoopbackHub()
         instances: list[Instance] = []
         extra = {} if lease_s is None else {"lease_s": lease_s}
@@ -59,6 +61,7 @@ class InProcessCluster(GeneratesFromSubmit):
                         {"hub": hub, **(transport_options or {})},
                         secret=secret,
                         kv_tier=kv_tier,
+                        kv_tier_fetch=kv_tier_fetch,
                         **extra,
                     )
                     instances.append(instance)

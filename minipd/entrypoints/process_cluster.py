@@ -138,6 +138,7 @@ class ProcessCluster:
                 await self.tier_master.start()
             except (MasterFailed, FileNotFoundError) as exc:
                 raise RuntimeError(f"kv-tier: the cluster's Mooncake master did not start: {exc}") from None
+            print(f"kv-tier: the cluster's Mooncake master at {self.tier_master.url}", flush=True)
         spawns = [
             asyncio.ensure_future(
                 self._spawn(

@@ -21,6 +21,10 @@ temp dir is removed (with pool scaling, ray_scaling.py, it has the CPUs of every
 pools may grow to). With one, the launcher joins that cluster as a driver: its actors end
 with it. Every wait on Ray is bounded: an instance whose resources no node has fails at once
 naming them, one that no node has room for within `PLACEMENT_TIMEOUT_S` fails naming them too.
+
+`--kv-tier mooncake`: the cluster's own Mooncake master runs beside the launcher, supervised as
+the local launcher does it (tier_master.py), at this host's address on Ray's network, so the
+instances reach it from any node.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from minipd.entrypoints.flags import inherited_env
 from minipd.entrypoints.process_cluster import Child, ProcessCluster
 from minipd.entrypoints.ray_instance import InstanceSupervisor
 from minipd.entrypoints.ray_scaling import RayPoolScaling
+from minipd.entrypoints.tier_master import SupervisedMaster
 
 log = logging.getLogger(__name__)
 
@@ -170,6 +175,8 @@ class RayCluster(ProcessCluster):
             raise RuntimeError(f"could not start or join {where}: {exc}") from None
         if self.temp_dir is not None:
             print(f"ray: a local Ray for this run, temp dir {self.temp_dir}", flush=True)
+        if self.tier_master is not None:  # `--kv-tier mooncake`: beside the launcher, where every node reaches it
+            self.tier_master = SupervisedMaster(host=ray.util.get_node_ip_address())
         await super().start()  # stops everything on failure (self.stop)
 
     def _check_feasible(self, name: str, wanted: dict[str, float]) -> None:

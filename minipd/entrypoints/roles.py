@@ -142,6 +142,7 @@ async def run_instance(configs: RoleConfigs, engine: Engine) -> int:
                 liveness_timeout_s=process.liveness_timeout_s,
                 start_epoch=configs.instance.start_epoch,
                 kv_tier=configs.instance.kv_tier,
+                kv_tier_fetch=configs.instance.kv_tier_fetch,
             )
             port = await instance.serve(process.host, control_port)
         if http is not None:

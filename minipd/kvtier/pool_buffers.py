@@ -27,3 +27,8 @@ def pool_buffer(pool: torch.Tensor) -> memoryview:
     if pool.device.type != "cpu" or not pool.is_contiguous():
         raise ValueError("the KV tier reads and writes a contiguous pool in host memory")
     return memoryview(pool.reshape(-1).view(torch.uint8).numpy())
+
+
+def pool_block_bytes(pool: torch.Tensor) -> int:
+    """The bytes of one block across the model: its runs in every layer together."""
+    return pool.shape[0] * pool[0, 0].numel() * pool.element_size()

@@ -1,6 +1,7 @@
 """`python bench.py kvtier-ops --quick`: the shared KV tier's calls timed on every store this host has
-(the fake always), every round bytes-exact, against memcpy of the same bytes (strict JSON, a
-table, a PNG)."""
+(the fake always), every round bytes-exact, against memcpy of the same bytes; then fetch against
+recompute over the prefix length on the tiny model, with the break-even measured and the one the
+fetch-or-recompute choice learned in the same run (strict JSON, a table, a PNG)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,13 @@ def test_kvtier_bench_times_every_store_it_can_run(tmp_path):
         assert finite(*(measured[f"{name}_ms"] for name in OPERATIONS), measured["fetch_to_memcpy"])
         assert all(len(measured["runs_ms"][name]) == 2 for name in OPERATIONS)
     assert "fetch ms" in stdout and "memcpy" in stdout
+    tiny = result["break_even"]["tiny"]
+    assert tiny["lengths"] == [16, 64] and tiny["block_bytes"] > 0
+    assert finite(*tiny["recompute_ms"], *tiny["local_ms"], *tiny["compute_ms"])
+    assert set(tiny["stores"]) == set(result["stores"])  # every store that ran
+    for store in tiny["stores"].values():
+        assert finite(*store["fetch_ms"], *store["tier_ms"])
+        assert store["break_even_tokens"] in (None, 16, 64)
+        learned = store["model"]
+        assert finite(learned["lookup_ms"], learned["fetch_latency_ms"], learned["token_ms"])
+    assert "fetch vs recompute, tiny" in stdout and "break-even measured" in stdout

@@ -35,7 +35,9 @@ def redis():
 
 @pytest.fixture(scope="module")
 def cluster(redis, loop_thread):
-    c = loop_thread.run(InProcessCluster.start(CONFIG, num_prefill=2, num_decode=1, kv_tier=redis.url))
+    # fetches whatever the tier has (the tiny model computes faster than a store returns a block)
+    start = InProcessCluster.start(CONFIG, num_prefill=2, num_decode=1, kv_tier=redis.url, kv_tier_fetch="always")
+    c = loop_thread.run(start)
     yield c
     loop_thread.run(c.close())
 

@@ -16,7 +16,7 @@ import math
 
 import pytest
 from http_helpers import scrape, serving, start_cluster, wait_until_pools_full
-from kvtier_stores import redis_missing
+from kvtier_stores import ALWAYS_FETCH, redis_missing
 from selenium.webdriver.support.ui import WebDriverWait
 from tier_conversation import TIER_HIT_TOKENS, reference_answer, turn_one, turn_two
 
@@ -61,7 +61,7 @@ return {
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, redis_store):
     """The router's base URL."""
-    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", redis_store.url)
+    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", redis_store.url, *ALWAYS_FETCH)
     with serving(start_cluster(tmp_path_factory.mktemp("dashboard-tier"), *flags)) as base_url:
         yield base_url
 

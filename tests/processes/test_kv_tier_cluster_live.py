@@ -11,7 +11,7 @@ import random
 
 import pytest
 from engine_helpers import Completion, greedy
-from kvtier_stores import mooncake_missing
+from kvtier_stores import ALWAYS_FETCH, mooncake_missing
 
 from minipd.entrypoints.process_cluster import ProcessCluster
 
@@ -22,7 +22,7 @@ NUM_BLOCKS = 24  # small pools: three filler prompts evict a conversation from e
 ENGINE = dict(model="tiny", dtype="float32", block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS, max_model_len=256)
 ARGV = [
     *("--model", "tiny", "--dtype", "float32", "--block-size", str(BLOCK_SIZE), "--num-blocks", str(NUM_BLOCKS)),
-    *("--max-model-len", "256", "--max-num-batched-tokens", "64", "--kv-tier", "mooncake"),
+    *("--max-model-len", "256", "--max-num-batched-tokens", "64", "--kv-tier", "mooncake", *ALWAYS_FETCH),
 ]
 MAX_TOKENS = 8
 RESUME_TIMEOUT_S = 60.0

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from http_helpers import scrape, serving, start_cluster
-from kvtier_stores import redis_missing
+from kvtier_stores import ALWAYS_FETCH, redis_missing
 from otlp_receiver import OtlpReceiver, spans_summary
 from tier_conversation import reference_answer, turn_one, turn_two
 
@@ -33,7 +33,7 @@ def receiver():
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, redis_store, receiver):
     """The router's base URL."""
-    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", redis_store.url)
+    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", redis_store.url, *ALWAYS_FETCH)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # the children export every 200 ms
         server = start_cluster(

@@ -22,7 +22,7 @@ import time
 
 import pytest
 from http_helpers import scrape, serving, start_cluster, wait_until_pools_full
-from kvtier_stores import redis_missing
+from kvtier_stores import ALWAYS_FETCH, redis_missing
 from netns_hosts import unavailable_reason
 from redis_server import RedisServer, running_redis
 from store_host import StoreHost, netem_missing
@@ -51,7 +51,7 @@ def store():
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, store):
     """The router's base URL."""
-    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", store[1].url)
+    flags = ("--model", "tiny", "--dtype", "float32", "--kv-tier", store[1].url, *ALWAYS_FETCH)
     with serving(start_cluster(tmp_path_factory.mktemp("slow-store"), *flags)) as base_url:
         yield base_url
 

@@ -28,7 +28,7 @@ import urllib.request
 import openai
 import pytest
 from http_helpers import start_cluster, stop
-from kvtier_stores import redis_missing
+from kvtier_stores import ALWAYS_FETCH, redis_missing
 from prometheus_client.parser import text_string_to_metric_families
 from tier_conversation import TIER_HIT_TOKENS, reference_answer, turn_one, turn_two
 
@@ -74,7 +74,7 @@ def observed(tmp_path_factory, redis_store, make_engine, loop_thread):
     """(prometheus, what the client measured): the cluster served the known requests and
     Prometheus scraped it after the last one."""
     tmp = tmp_path_factory.mktemp("prometheus")
-    flags = ("--model", "tiny", "--dtype", "float32", "--api-key", API_KEY, "--kv-tier", redis_store.url)
+    flags = ("--model", "tiny", "--dtype", "float32", "--api-key", API_KEY, "--kv-tier", redis_store.url, *ALWAYS_FETCH)
     cluster = start_cluster(tmp, *flags, "--kv-admission-ratio", KV_ADMISSION_RATIO, *CONTROLLER_FLAGS)
     prometheus = None
     try:

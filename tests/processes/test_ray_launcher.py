@@ -6,6 +6,7 @@ and the run's temp dir, never by name."""
 from __future__ import annotations
 
 import os
+import random
 import re
 import resource
 import shutil
@@ -16,8 +17,18 @@ import tempfile
 import time
 
 import pytest
-from http_helpers import http_json
+from http_helpers import http_json, scrape
+from kvtier_stores import ALWAYS_FETCH, mooncake_missing
 from launcher_process import STARTUP_TIMEOUT_S, Launcher, gone, wait_gone
+from tier_conversation import (
+    STORE_TIMEOUT_S,
+    STORED_BLOCKS,
+    TIER_HIT_TOKENS,
+    TURN1_TOKENS,
+    complete,
+    reference_answer,
+    turn_two,
+)
 
 ray = pytest.importorskip("ray")
 from ray._private import state as gcs_state  # noqa: E402  (the GCS tables; the state API needs ray[default])
@@ -249,3 +260,47 @@ def test_sigterm_of_a_launcher_with_its_own_ray_leaves_nothing_running():
         f"own local Ray: ready in {ready_s:.1f} s, Ray processes {ray_mib:.0f} MiB resident, whole run "
         f"{time.monotonic() - started:.1f} s, {used.ru_utime - before.ru_utime:.1f} s CPU in the launcher"
     )
+
+
+def test_kv_tier_mooncake_runs_a_master_beside_the_launcher_that_every_instance_uses(
+    ray_address, make_engine, loop_thread
+):
+    """`--launcher ray --kv-tier mooncake`: the launcher's own Mooncake master, at this host's
+    address on Ray's network; the Ray-placed instances store into it and fetch from it (turn 2
+    of a conversation gets the tier's block), and it is gone once the launcher is."""
+    if mooncake_missing() is not None:
+        pytest.skip(mooncake_missing())
+    reference = reference_answer(make_engine, loop_thread)
+    cluster = Launcher(
+        "--launcher", "ray", "--ray-address", ray_address, *SMALL, "--dtype", "float32", "--kv-tier", "mooncake",
+        *ALWAYS_FETCH,
+    )  # fmt: skip
+    try:
+        cluster.ready()
+        announced = re.compile(r"^kv-tier: the cluster's Mooncake master at mooncake://(.+):(\d+)$")
+        where = next((m for line in cluster.stdout if (m := announced.match(line))), None)  # before `ready`
+        assert where is not None and where[1] == ray.util.get_node_ip_address(), cluster.output()
+        (master,) = _pids_naming(f"--rpc_port={where[2]}")
+
+        def tier_total(name: str, **labels: str) -> float:
+            samples = scrape(cluster.base_url).items()
+            return sum(v for (sample, got), v in samples if sample == name and set(labels.items()) <= got)
+
+        def reaches(name: str, value: float, **labels: str) -> float:
+            """`name` once the instances' reports (polled by the router) reach `value`, within the bound."""
+            deadline = time.monotonic() + STORE_TIMEOUT_S
+            while (total := tier_total(name, **labels)) < value and time.monotonic() < deadline:
+                time.sleep(0.1)  # poll interval of a bounded wait
+            return total
+
+        first = complete(cluster.base_url, [random.Random(7).randrange(256) for _ in range(TURN1_TOKENS)])
+        assert reaches("minipd_kv_tier_blocks_stored_total", STORED_BLOCKS) == STORED_BLOCKS, cluster.output()
+        turn_two(cluster.base_url, first, reference, seed=7)
+        hits = reaches("minipd_kv_tier_hit_tokens_total", TIER_HIT_TOKENS, source="tier")
+        assert hits == TIER_HIT_TOKENS, cluster.output()
+
+        cluster.process.send_signal(signal.SIGTERM)
+        assert cluster.exit_status(GONE_BOUND_S * 2) == 0, cluster.output()
+        assert wait_gone([master], GONE_BOUND_S) == [], cluster.output()
+    finally:
+        cluster.stop()

@@ -23,6 +23,10 @@ TIMEOUT_S = 1.0
 SETTINGS = TierSettings(timeout_s=TIMEOUT_S, setup_timeout_s=30.0)
 # Small segments: each client contributes one to the store, and the machine is shared.
 MOONCAKE_QUERY = "?segment_mib=128&staging_mib=32"
+# The tests of the tier's mechanics fetch whatever it has: the tiny model computes a block faster
+# than a store returns it, so the fetch-or-recompute choice would compute (tested on its own:
+# tests/unit/kvtier/test_fetch_cost.py, tests/unit/disagg/test_tier_wire.py).
+ALWAYS_FETCH = ("--kv-tier-fetch", "always")
 
 
 def mooncake_missing() -> str | None:

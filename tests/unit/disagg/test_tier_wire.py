@@ -1,7 +1,8 @@
 """The KV tier in an engine's request path (disagg/tier_wire.py), over the in-process fake store:
 blocks one engine computed are fetched by another, whose greedy tokens stay those computed
 without the tier; a fetch that fails (corrupted values, a store down) costs computing, never a
-wrong token or a leaked block; a traced request's fetch is a child span saying what it did."""
+wrong token or a leaked block; a traced request's fetch is a child span saying what it did;
+blocks predicted faster to compute than to fetch are computed, the tier not even asked."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from minipd.disagg.fingerprint import engine_fingerprint, kv_tier_digest
 from minipd.disagg.tier_wire import TierWire
 from minipd.kvtier.block_header import HEADER_BYTES
 from minipd.kvtier.fake_backend import FakeBackend
+from minipd.kvtier.fetch_cost import Always, FetchCost
 from minipd.kvtier.tier import KVTier
 
 BLOCK_SIZE = 16
@@ -29,11 +31,18 @@ def store():
 
 @pytest.fixture(scope="module")
 def engines(make_engine, store):
-    """Two engines of one model, each with its tier over the one store."""
+    """Two engines of one model, each with its tier over the one store, fetching whatever it
+    has (the tiny model may compute a block faster than even the fake store returns it: the
+    choice is tested on its own below)."""
     pair = [make_engine(**ENGINE) for _ in range(2)]
     digest = kv_tier_digest(engine_fingerprint(pair[0]))
     assert digest == kv_tier_digest(engine_fingerprint(pair[1]))
-    return [(engine, TierWire(engine, KVTier(store, digest, BLOCK_SIZE))) for engine in pair]
+    wires = []
+    for engine in pair:
+        wire = TierWire(engine, KVTier(store, digest, BLOCK_SIZE))
+        wire.cost = Always(wire.block_bytes, BLOCK_SIZE)
+        wires.append((engine, wire))
+    return wires
 
 
 @pytest.fixture(autouse=True)
@@ -181,3 +190,79 @@ def test_a_traced_fetch_is_a_child_span_saying_what_it_fetched(engines, store, l
     (down,) = span.children
     assert down.attributes["minipd.kv_tier.outcome"] == "error" and down.ended[0] == "error"
     assert down.attributes["minipd.kv_tier.hit"] is False
+
+
+class CountingStore(FakeBackend):
+    """The fake store, counting the lookups (a store's own look, `leading=False`, aside) and gets."""
+
+    def __init__(self, values: dict):
+        super().__init__()
+        self.values = values  # the module's store's, shared
+        self.lookups = self.gets = 0
+
+    async def exists(self, names, leading=False):
+        self.lookups += leading
+        return await super().exists(names, leading)
+
+    async def get(self, names, lengths, consume):
+        self.gets += 1
+        return await super().get(names, lengths, consume)
+
+
+def test_blocks_predicted_faster_to_compute_are_computed_and_the_tier_not_asked(engines, store, loop_thread):
+    """The fetch-or-recompute choice on both sides of its break-even, in the request path: a
+    store predicted slow is not asked; one predicted fast but whose blocks are too few to pay is
+    asked, not fetched from; one predicted fast enough is fetched from."""
+    (a, wire_a), (b, wire_b) = engines
+    turn1 = prompt(100, seed=7)  # 6 full blocks
+    _, expected, _ = loop_thread.run(serve(a, wire_a, turn1))
+    counting = CountingStore(store.values)
+    digest = wire_b.tier.model_digest
+    slow_store = FetchCost(wire_b.block_bytes, BLOCK_SIZE, fetch_latency_s=1.0, token_s=1e-3, probe_every=0)
+    # a lookup is cheap, the fetch's latency pays from 3 blocks on (3 * 16 tokens * 1 ms > 40 ms)
+    pays_from_3 = FetchCost(
+        wire_b.block_bytes,
+        BLOCK_SIZE,
+        lookup_s=1e-6,
+        fetch_latency_s=0.04,
+        fetch_bytes_per_s=1e12,
+        token_s=1e-3,
+        probe_every=0,
+    )
+    break_even = pays_from_3.lines().break_even_blocks(wire_b.block_bytes, BLOCK_SIZE, lookup=False)
+    assert break_even == pytest.approx(2.5, rel=1e-3)
+    wire = TierWire(b, KVTier(counting, digest, BLOCK_SIZE), cost=slow_store)
+    try:
+        span = RecordedSpan()
+        fetched, tokens, cached = loop_thread.run(serve(b, wire, turn1, span))
+        assert (fetched, cached, counting.lookups, counting.gets) == (0, 0, 0, 0)  # not even asked
+        assert tokens == expected and wire.report().fetches_declined == 1
+        (declined,) = span.children
+        assert declined.attributes["minipd.kv_tier.outcome"] == "declined" and declined.ended == ("ok", None)
+
+        b.reset_pool()
+        wire.cost = pays_from_3
+        two_of_six = turn1[: 2 * BLOCK_SIZE] + prompt(70, seed=9)  # six worth asking for; two found: too few
+        assert loop_thread.run(wire.prefetch(two_of_six)) == 0
+        assert (counting.lookups, counting.gets, wire.report().fetches_declined) == (1, 0, 2)
+        assert loop_thread.run(wire.prefetch(turn1)) == 6 * BLOCK_SIZE  # six pay
+        assert (counting.lookups, counting.gets, wire.report().fetches_declined) == (2, 1, 2)
+    finally:
+        loop_thread.run(wire.close())
+        b.on_finished, b.on_step = wire_b._store_finished, wire_b._observe_step  # the fixture's wire again
+
+
+def test_the_engine_s_prompt_steps_and_the_fetches_price_the_choice(engines, loop_thread):
+    (a, wire_a), (b, wire_b) = engines
+    wire_a.cost = FetchCost(wire_a.block_bytes, BLOCK_SIZE)
+    wire_b.cost = FetchCost(wire_b.block_bytes, BLOCK_SIZE, probe_every=1)  # fetches, whatever it predicts
+    try:
+        turn1 = prompt(100, seed=8)
+        loop_thread.run(serve(a, wire_a, turn1))
+        assert wire_a.cost._step.num_observed >= 1  # its prompt's step (decode steps are not prompt steps)
+        assert wire_a.cost._fetch.num_observed == 0  # nothing fetched
+        fetched, _, _ = loop_thread.run(serve(b, wire_b, turn1))
+        assert fetched == 6 * BLOCK_SIZE and wire_b.cost._fetch.num_observed == 1
+    finally:
+        for _, wire in engines:
+            wire.cost = Always(wire.block_bytes, BLOCK_SIZE)
