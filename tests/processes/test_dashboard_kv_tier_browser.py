@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from etcd_server import wait_until
 from http_helpers import scrape, serving, start_cluster, wait_until_pools_full
 from kvtier_stores import ALWAYS_FETCH, redis_missing
 from selenium.webdriver.support.ui import WebDriverWait
@@ -115,6 +116,13 @@ def test_the_tier_panel_shows_what_metrics_says_after_a_tier_hit(
     first, _ = turn_one(cluster, redis_store, seed=0)
     turn_two(cluster, first, reference, seed=0)
     wait_until_pools_full(cluster, timeout=PAGE_TIMEOUT_S)
+    # the router's view of the instances (what /metrics and the page show) comes with its stats
+    # polls: it can still be that of before the turns
+    wait_until(
+        lambda: metrics_figures(scrape(cluster)).get("prefill-0", {}).get("tier_hit_tokens") == TIER_HIT_TOKENS,
+        PAGE_TIMEOUT_S,
+        "/metrics shows turn 2's tier hit",
+    )
 
     def agrees(driver) -> dict | None:
         # the page's snapshot and /metrics read the instances' stats at different moments (the
